@@ -1,0 +1,12 @@
+# m3_test(NAME name LABEL unit|kernels|model|e2e|fuzz SOURCES ... LIBS ... [TIMEOUT s])
+function(m3_test)
+  cmake_parse_arguments(T "" "NAME;LABEL;TIMEOUT" "SOURCES;LIBS" ${ARGN})
+  add_executable(${T_NAME} ${T_SOURCES})
+  target_link_libraries(${T_NAME} PRIVATE ${T_LIBS} GTest::gtest GTest::gtest_main)
+  add_test(NAME ${T_NAME} COMMAND ${T_NAME})
+  if(NOT T_TIMEOUT)
+    set(T_TIMEOUT 600)
+  endif()
+  set_tests_properties(${T_NAME} PROPERTIES LABELS ${T_LABEL} TIMEOUT ${T_TIMEOUT}
+    ENVIRONMENT "M3_SOURCE_DIR=${PROJECT_SOURCE_DIR};M3_SHARED_DIR=${PROJECT_SOURCE_DIR}/../shared;M3_BINARY_DIR=${PROJECT_BINARY_DIR}")
+endfunction()
