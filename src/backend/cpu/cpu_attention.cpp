@@ -1,0 +1,127 @@
+// Paged causal GQA attention (dense and MSA block-sparse) and the MSA lightning indexer.
+// Every key is read through the page table; no contiguous copy of a sequence's KV is made.
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "backend/cpu/cpu_backend.h"
+#include "backend/cpu/eligibility.h"
+
+namespace m3::cpu {
+namespace {
+
+void attention_f32(const TensorView& q, const TensorView& k_cache, const TensorView& v_cache,
+                   const ops::AttentionMetadata& meta, const TensorView& selected, int top_k, const TensorView& out) {
+  const int64_t num_tokens = q.shape[0], q_heads = q.shape[1], head_dim = q.shape[2];
+  const int64_t kv_heads = k_cache.shape[1];
+  const int64_t group = q_heads / kv_heads;
+  const float scale = 1.0f / std::sqrt(float(head_dim));
+  const float* kc = k_cache.as<const float>();
+  const float* vc = v_cache.as<const float>();
+  const int32_t* sel = selected.data ? selected.as<const int32_t>() : nullptr;
+  std::vector<float> scores;
+  std::vector<int64_t> slots;
+  std::vector<char> block_on;
+  for (int s = 0; s < meta.num_seqs; ++s) {
+    for (int t = meta.query_start[s]; t < meta.query_start[s + 1]; ++t) {
+      const int64_t pos = meta.positions[t];
+      for (int64_t g = 0; g < kv_heads; ++g) {
+        // Keys this KV group may see: causal, and (MSA) inside its selected blocks.
+        slots.clear();
+        if (sel) {
+          block_on.assign(size_t(pos / meta.block_size + 1), 0);
+          for (int i = 0; i < top_k; ++i) {
+            int32_t b = sel[(g * num_tokens + t) * top_k + i];
+            if (b >= 0 && b < int32_t(block_on.size())) block_on[size_t(b)] = 1;
+          }
+        }
+        for (int64_t j = 0; j <= pos; ++j) {
+          if (sel && !block_on[size_t(j / meta.block_size)]) continue;
+          slots.push_back(meta.slot_of(s, j));
+        }
+        for (int64_t hq = g * group; hq < (g + 1) * group; ++hq) {
+          const float* qv = q.as<const float>() + (int64_t(t) * q_heads + hq) * head_dim;
+          scores.resize(slots.size());
+          float max_score = -std::numeric_limits<float>::infinity();
+          for (size_t i = 0; i < slots.size(); ++i) {
+            const float* kv = kc + (slots[i] * kv_heads + g) * head_dim;
+            float dot = 0.0f;
+            for (int64_t d = 0; d < head_dim; ++d) dot += qv[d] * kv[d];
+            scores[i] = dot * scale;
+            max_score = std::max(max_score, scores[i]);
+          }
+          float denom = 0.0f;
+          for (float& sc : scores) {
+            sc = std::exp(sc - max_score);
+            denom += sc;
+          }
+          float* o = out.as<float>() + (int64_t(t) * q_heads + hq) * head_dim;
+          std::fill(o, o + head_dim, 0.0f);
+          for (size_t i = 0; i < slots.size(); ++i) {
+            const float* vv = vc + (slots[i] * kv_heads + g) * head_dim;
+            const float p = scores[i] / denom;
+            for (int64_t d = 0; d < head_dim; ++d) o[d] += p * vv[d];
+          }
+        }
+      }
+    }
+  }
+}
+
+// Block score = max over the block's keys at or before the query (causal cut before pooling;
+// the partial last block is right-padded with -inf). The local block is always kept; the other
+// top_k - 1 are the highest-scoring earlier blocks (ties: lower block id). Output is ascending
+// block ids, then -1 padding.
+void indexer_topk_f32(const TensorView& index_q, const TensorView& index_k_cache, const ops::AttentionMetadata& meta,
+                      const ops::IndexerParams& params, const TensorView& selected) {
+  const int64_t num_tokens = index_q.shape[0], heads = index_q.shape[1], dim = index_q.shape[2];
+  const int bs = params.block_size, top_k = params.top_k;
+  const float* ik = index_k_cache.as<const float>();
+  int32_t* out = selected.as<int32_t>();
+  std::vector<float> block_score;
+  std::vector<int32_t> order;
+  for (int s = 0; s < meta.num_seqs; ++s) {
+    for (int t = meta.query_start[s]; t < meta.query_start[s + 1]; ++t) {
+      const int64_t pos = meta.positions[t];
+      const int32_t num_blocks = int32_t(pos / bs + 1), local = num_blocks - 1;
+      for (int64_t h = 0; h < heads; ++h) {
+        int32_t* dst = out + (h * num_tokens + t) * top_k;
+        std::fill(dst, dst + top_k, -1);
+        if (num_blocks <= top_k) {  // every valid block fits: exactly dense causal attention
+          for (int32_t b = 0; b < num_blocks; ++b) dst[b] = b;
+          continue;
+        }
+        const float* qv = index_q.as<const float>() + (int64_t(t) * heads + h) * dim;
+        block_score.assign(size_t(local), -std::numeric_limits<float>::infinity());
+        for (int32_t b = 0; b < local; ++b) {  // earlier blocks are complete and fully in the past
+          for (int64_t j = int64_t(b) * bs; j < int64_t(b + 1) * bs; ++j) {
+            const float* kv = ik + meta.slot_of(s, j) * dim;
+            float dot = 0.0f;
+            for (int64_t d = 0; d < dim; ++d) dot += qv[d] * kv[d];
+            block_score[size_t(b)] = std::max(block_score[size_t(b)], dot);
+          }
+        }
+        order.resize(size_t(local));
+        for (int32_t b = 0; b < local; ++b) order[size_t(b)] = b;
+        std::partial_sort(order.begin(), order.begin() + (top_k - 1), order.end(), [&](int32_t a, int32_t b) {
+          float sa = block_score[size_t(a)], sb = block_score[size_t(b)];
+          return sa > sb || (sa == sb && a < b);
+        });
+        std::copy(order.begin(), order.begin() + (top_k - 1), dst);
+        dst[top_k - 1] = local;
+        std::sort(dst, dst + top_k);
+      }
+    }
+  }
+}
+
+}  // namespace
+
+void register_attention(ops::KernelTable& table) {
+  table.attention.add({"attention.paged_reference.cpu", "host F32 KV cache; dense or block-sparse (any block size)",
+                       need_cpu_f32, attention_f32});
+  table.indexer_topk.add({"indexer_topk.reference.cpu", "host F32 index-K cache", need_cpu_f32, indexer_topk_f32});
+}
+
+}  // namespace m3::cpu

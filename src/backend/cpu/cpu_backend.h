@@ -1,0 +1,14 @@
+#pragma once
+// The CPU reference backend: fp32 activations and accumulation, exact semantics, BLAS GEMMs.
+// Every other backend's kernels are checked against these.
+#include "ops/ops.h"
+
+namespace m3::cpu {
+
+void register_cpu_kernels(ops::KernelTable& table);
+
+// Building blocks shared by the CPU kernels (and by tests as loop references).
+// y[M,N] = x[M,K] * w[N,K]^T, fp32.
+void sgemm_xwt(const float* x, const float* w, float* y, int64_t m, int64_t n, int64_t k);
+
+}  // namespace m3::cpu

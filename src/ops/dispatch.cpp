@@ -1,0 +1,66 @@
+#include "ops/dispatch.h"
+
+#include <stdexcept>
+
+#include "core/log.h"
+
+namespace m3::ops {
+namespace {
+// Shapes are bucketed to powers of two so a trace line appears once per regime, not per size.
+std::string bucket(int64_t v) {
+  if (v <= 1) return std::to_string(v);
+  int64_t p = 1;
+  while (p < v) p <<= 1;
+  return "<=" + std::to_string(p);
+}
+const char* device_name(Device d) { return d == Device::kCpu ? "cpu" : "cuda"; }
+}  // namespace
+
+std::string Problem::shape_class() const {
+  return std::string(device_name(device)) + " " + std::string(dtype_name(dtype)) + " m" + bucket(m) + " n" +
+         bucket(n) + " k" + bucket(k) + (extra ? " x" + std::to_string(extra) : "");
+}
+
+void DispatchStats::record(const Problem& problem, const std::string& entry, const std::string& reason) {
+  std::lock_guard<std::mutex> lock(mu_);
+  counts_[{problem.op, entry}]++;
+  shapes_[problem.op][{problem.m, problem.n, problem.k}]++;
+  step_paths_.insert(std::string(problem.op) + "=" + entry);
+  auto key = std::make_tuple(std::string(problem.op), entry, problem.shape_class());
+  if (seen_.insert(key).second) {
+    first_uses_.push_back({problem.op, entry, problem.shape_class(), reason});
+    if (trace_to_log_) {
+      log_line(LogLevel::kInfo, "dispatch: " + std::string(problem.op) + " -> " + entry + " [" +
+                                    problem.shape_class() + "] because " + reason);
+    }
+  }
+}
+
+std::map<std::pair<std::string, std::string>, int64_t> DispatchStats::entry_counts() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return counts_;
+}
+
+std::map<std::string, std::map<std::tuple<int64_t, int64_t, int64_t>, int64_t>> DispatchStats::shape_histogram() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return shapes_;
+}
+
+std::vector<DispatchRecord> DispatchStats::first_uses() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return first_uses_;
+}
+
+std::vector<std::string> DispatchStats::take_step_paths() {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<std::string> out(step_paths_.begin(), step_paths_.end());
+  step_paths_.clear();
+  return out;
+}
+
+void throw_no_kernel_error(const Problem& problem, const std::string& reasons) {
+  throw std::runtime_error("no eligible kernel for op " + std::string(problem.op) + " [" + problem.shape_class() +
+                           "]:" + reasons);
+}
+
+}  // namespace m3::ops

@@ -1,0 +1,100 @@
+#pragma once
+// One dispatch table per op. Each entry states its eligibility for a problem (empty reason =
+// eligible, otherwise why not); selection takes the first eligible entry and records it, so
+// "is this supported?" and "which kernel runs?" can never disagree (llama.cpp's lesson).
+// DispatchStats is per engine (no globals): counts per (op, entry), a histogram of the
+// local shapes each op saw, and a first-use trace with the reason.
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <set>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace m3::ops {
+
+// What an entry's eligibility check sees: the op's local problem shape.
+struct Problem {
+  const char* op = "";
+  Device device = Device::kCpu;
+  DType dtype = DType::kF32;  // the dominant operand type (weights for GEMMs)
+  int64_t m = 0, n = 0, k = 0;
+  int64_t extra = 0;          // op-specific (e.g. top-k, block size)
+  std::string shape_class() const;  // bucketed (M, N, K) used for first-use tracing
+};
+
+struct DispatchRecord {
+  std::string op, entry, shape_class, reason;
+};
+
+class DispatchStats {
+ public:
+  explicit DispatchStats(bool trace_to_log = false) : trace_to_log_(trace_to_log) {}
+  void record(const Problem& problem, const std::string& entry, const std::string& reason);
+  void set_trace(bool on) { trace_to_log_ = on; }
+
+  std::map<std::pair<std::string, std::string>, int64_t> entry_counts() const;
+  // op -> ((m, n, k) -> count)
+  std::map<std::string, std::map<std::tuple<int64_t, int64_t, int64_t>, int64_t>> shape_histogram() const;
+  std::vector<DispatchRecord> first_uses() const;
+  // Entries chosen since the last call (for per-step stats), as "op=entry".
+  std::vector<std::string> take_step_paths();
+
+ private:
+  mutable std::mutex mu_;
+  bool trace_to_log_;
+  std::map<std::pair<std::string, std::string>, int64_t> counts_;
+  std::map<std::string, std::map<std::tuple<int64_t, int64_t, int64_t>, int64_t>> shapes_;
+  std::set<std::tuple<std::string, std::string, std::string>> seen_;
+  std::vector<DispatchRecord> first_uses_;
+  std::set<std::string> step_paths_;
+};
+
+template <class Fn>
+struct KernelEntry {
+  std::string name;       // "<op>.<variant>.<arch>", the exact string traces print
+  std::string condition;  // human-readable eligibility rule (for docs/kernel_paths.md)
+  std::function<std::string(const Problem&)> ineligible;  // "" when eligible
+  Fn fn;
+};
+
+template <class Fn>
+class OpTable {
+ public:
+  explicit OpTable(const char* op) : op_(op) {}
+  void add(KernelEntry<Fn> entry) { entries_.push_back(std::move(entry)); }
+  const std::vector<KernelEntry<Fn>>& entries() const { return entries_; }
+  const char* op() const { return op_; }
+
+  // The first eligible entry; throws std::runtime_error listing every entry's reason if none.
+  const KernelEntry<Fn>& select(const Problem& problem, DispatchStats* stats) const {
+    std::string reasons;
+    for (const auto& e : entries_) {
+      std::string why = e.ineligible(problem);
+      if (why.empty()) {
+        if (stats) stats->record(problem, e.name, e.condition);
+        return e;
+      }
+      reasons += "\n  " + e.name + ": " + why;
+    }
+    throw_no_kernel(problem, reasons);
+  }
+
+ private:
+  [[noreturn]] static void throw_no_kernel(const Problem& problem, const std::string& reasons);
+  const char* op_;
+  std::vector<KernelEntry<Fn>> entries_;
+};
+
+[[noreturn]] void throw_no_kernel_error(const Problem& problem, const std::string& reasons);
+
+template <class Fn>
+void OpTable<Fn>::throw_no_kernel(const Problem& problem, const std::string& reasons) {
+  throw_no_kernel_error(problem, reasons);
+}
+
+}  // namespace m3::ops

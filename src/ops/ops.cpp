@@ -1,0 +1,89 @@
+#include "ops/ops.h"
+
+namespace m3::ops {
+namespace {
+Problem problem(const OpContext& ctx, const char* op, DType dtype, int64_t m, int64_t n, int64_t k, int64_t extra = 0) {
+  Problem p;
+  p.op = op;
+  p.device = ctx.device;
+  p.dtype = dtype;
+  p.m = m;
+  p.n = n;
+  p.k = k;
+  p.extra = extra;
+  return p;
+}
+}  // namespace
+
+void embedding(const OpContext& ctx, const int32_t* ids, int num_tokens, const TensorView& table, const TensorView& out) {
+  auto& e = ctx.kernels->embedding.select(problem(ctx, "embedding", table.dtype, num_tokens, table.shape[1], table.shape[0]), ctx.stats);
+  e.fn(ids, num_tokens, table, out);
+}
+
+void rms_norm(const OpContext& ctx, const TensorView& x, const TensorView& weight, float eps, const TensorView& out) {
+  auto& e = ctx.kernels->rms_norm.select(problem(ctx, "rms_norm", x.dtype, x.shape[0], x.shape[1], 0), ctx.stats);
+  e.fn(x, weight, eps, out);
+}
+
+void rope(const OpContext& ctx, const TensorView& x, const int32_t* positions, int rotary_dim, double theta) {
+  auto& e = ctx.kernels->rope.select(problem(ctx, "rope", x.dtype, x.shape[0], x.shape[1], x.shape[2], rotary_dim), ctx.stats);
+  e.fn(x, positions, rotary_dim, theta);
+}
+
+void linear(const OpContext& ctx, const TensorView& x, const LinearWeight& w, const TensorView& y) {
+  auto& e = ctx.kernels->linear.select(problem(ctx, "linear", w.data.dtype, x.shape[0], w.out_features(), w.in_features()), ctx.stats);
+  e.fn(x, w, y);
+}
+
+void kv_write(const OpContext& ctx, const TensorView& src, const int64_t* slot_mapping, const TensorView& cache) {
+  auto& e = ctx.kernels->kv_write.select(problem(ctx, "kv_write", cache.dtype, src.shape[0], src.numel() / std::max<int64_t>(1, src.shape[0]), 0), ctx.stats);
+  e.fn(src, slot_mapping, cache);
+}
+
+void attention(const OpContext& ctx, const TensorView& q, const TensorView& k_cache, const TensorView& v_cache,
+               const AttentionMetadata& meta, const TensorView& selected, int top_k, const TensorView& out) {
+  // m = query tokens, n = query heads, k = head dim; extra = top-k blocks (0 = dense).
+  auto& e = ctx.kernels->attention.select(
+      problem(ctx, selected.data ? "attention_sparse" : "attention_dense", k_cache.dtype, q.shape[0], q.shape[1], q.shape[2],
+              selected.data ? top_k : 0),
+      ctx.stats);
+  e.fn(q, k_cache, v_cache, meta, selected, top_k, out);
+}
+
+void indexer_topk(const OpContext& ctx, const TensorView& index_q, const TensorView& index_k_cache,
+                  const AttentionMetadata& meta, const IndexerParams& params, const TensorView& selected) {
+  auto& e = ctx.kernels->indexer_topk.select(
+      problem(ctx, "indexer_topk", index_k_cache.dtype, index_q.shape[0], index_q.shape[1], index_q.shape[2], params.top_k),
+      ctx.stats);
+  e.fn(index_q, index_k_cache, meta, params, selected);
+}
+
+void moe_router(const OpContext& ctx, const TensorView& x, const TensorView& router_w, const TensorView& bias,
+                const RouterParams& params, const TensorView& expert_ids, const TensorView& expert_weights) {
+  auto& e = ctx.kernels->router.select(
+      problem(ctx, "moe_router", router_w.dtype, x.shape[0], router_w.shape[0], router_w.shape[1], params.top_k), ctx.stats);
+  e.fn(x, router_w, bias, params, expert_ids, expert_weights);
+}
+
+void moe_experts(const OpContext& ctx, const TensorView& x, const TensorView& expert_ids,
+                 const TensorView& expert_weights, const ExpertWeights& experts, const SwigluParams& act,
+                 const TensorView& out) {
+  auto& e = ctx.kernels->moe.select(
+      problem(ctx, "moe_experts", experts.gate[0].data.dtype, x.shape[0], experts.gate[0].out_features(),
+              x.shape[1], expert_ids.shape[1]),
+      ctx.stats);
+  e.fn(x, expert_ids, expert_weights, experts, act, out);
+}
+
+void dense_mlp(const OpContext& ctx, const TensorView& x, const LinearWeight& gate, const LinearWeight& up,
+               const LinearWeight& down, const SwigluParams& act, const TensorView& out) {
+  auto& e = ctx.kernels->mlp.select(problem(ctx, "dense_mlp", gate.data.dtype, x.shape[0], gate.out_features(), x.shape[1]), ctx.stats);
+  e.fn(x, gate, up, down, act, out);
+}
+
+void add(const OpContext& ctx, const TensorView& x, const TensorView& y) {
+  auto& e = ctx.kernels->add.select(problem(ctx, "add", x.dtype, x.numel(), 0, 0), ctx.stats);
+  e.fn(x, y);
+}
+
+}  // namespace m3::ops

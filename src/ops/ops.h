@@ -1,0 +1,128 @@
+#pragma once
+// The model's only entry points to computation. Each op builds a Problem, asks its table
+// for the first eligible kernel (recorded in DispatchStats), and runs it. Tensors are views;
+// whether they are host or device memory is the backend's business.
+#include <cstdint>
+
+#include "core/tensor.h"
+#include "ops/attention_metadata.h"
+#include "ops/dispatch.h"
+
+namespace m3::ops {
+
+// A GEMM weight [out, in] as the backend holds it: F32/BF16 data, or F8E4M3 data with a
+// U8 e8m0 scale [out, in/32] (MXFP8).
+struct LinearWeight {
+  TensorView data;
+  TensorView scale;  // empty unless MXFP8
+  int64_t out_features() const { return data.shape[0]; }
+  int64_t in_features() const { return data.shape[1]; }
+};
+
+// Experts of one MoE layer. Index num_routed is the shared expert (always chosen, weight 1).
+struct ExpertWeights {
+  int num_routed = 0;
+  bool has_shared = false;
+  const LinearWeight* gate = nullptr;  // [num_routed + has_shared] entries each
+  const LinearWeight* up = nullptr;
+  const LinearWeight* down = nullptr;
+};
+
+struct SwigluParams {
+  float alpha = 1.702f;
+  float limit = 7.0f;
+  float beta = 1.0f;  // added to the clamped up projection
+};
+
+struct RouterParams {
+  int top_k = 4;
+  float routed_scale = 2.0f;
+  bool use_bias = true;
+};
+
+struct IndexerParams {
+  int block_size = 128;
+  int top_k = 16;  // blocks kept per (query, KV group), local block included
+};
+
+using EmbeddingFn = void (*)(const int32_t* ids, int num_tokens, const TensorView& table, const TensorView& out);
+using RmsNormFn = void (*)(const TensorView& x, const TensorView& weight, float eps, const TensorView& out);
+using RopeFn = void (*)(const TensorView& x, const int32_t* positions, int rotary_dim, double theta);
+using LinearFn = void (*)(const TensorView& x, const LinearWeight& w, const TensorView& y);
+using KvWriteFn = void (*)(const TensorView& src, const int64_t* slot_mapping, const TensorView& cache);
+using AttentionFn = void (*)(const TensorView& q, const TensorView& k_cache, const TensorView& v_cache,
+                             const AttentionMetadata& meta, const TensorView& selected, int top_k,
+                             const TensorView& out);
+using IndexerTopkFn = void (*)(const TensorView& index_q, const TensorView& index_k_cache,
+                               const AttentionMetadata& meta, const IndexerParams& params,
+                               const TensorView& selected);
+using RouterFn = void (*)(const TensorView& x, const TensorView& router_w, const TensorView& bias,
+                          const RouterParams& params, const TensorView& expert_ids, const TensorView& expert_weights);
+using MoeFn = void (*)(const TensorView& x, const TensorView& expert_ids, const TensorView& expert_weights,
+                       const ExpertWeights& experts, const SwigluParams& act, const TensorView& out);
+using MlpFn = void (*)(const TensorView& x, const LinearWeight& gate, const LinearWeight& up,
+                       const LinearWeight& down, const SwigluParams& act, const TensorView& out);
+using AddFn = void (*)(const TensorView& x, const TensorView& y);  // x += y
+
+// Every op's table; backends append their entries at start-up (CPU last, as the reference).
+struct KernelTable {
+  OpTable<EmbeddingFn> embedding{"embedding"};
+  OpTable<RmsNormFn> rms_norm{"rms_norm"};
+  OpTable<RopeFn> rope{"rope"};
+  OpTable<LinearFn> linear{"linear"};
+  OpTable<KvWriteFn> kv_write{"kv_write"};
+  OpTable<AttentionFn> attention{"attention"};
+  OpTable<IndexerTopkFn> indexer_topk{"indexer_topk"};
+  OpTable<RouterFn> router{"moe_router"};
+  OpTable<MoeFn> moe{"moe_experts"};
+  OpTable<MlpFn> mlp{"dense_mlp"};
+  OpTable<AddFn> add{"add"};
+};
+
+struct OpContext {
+  const KernelTable* kernels = nullptr;
+  DispatchStats* stats = nullptr;
+  Device device = Device::kCpu;
+};
+
+void embedding(const OpContext& ctx, const int32_t* ids, int num_tokens, const TensorView& table, const TensorView& out);
+// Gemma RMSNorm over the last dim: y = x * rsqrt(mean(x^2) + eps) * (1 + w). x: [rows, dim].
+void rms_norm(const OpContext& ctx, const TensorView& x, const TensorView& weight, float eps, const TensorView& out);
+// NeoX rotation of the first rotary_dim dims of every head, in place. x: [tokens, heads, head_dim].
+void rope(const OpContext& ctx, const TensorView& x, const int32_t* positions, int rotary_dim, double theta);
+void linear(const OpContext& ctx, const TensorView& x, const LinearWeight& w, const TensorView& y);
+// cache[slot_mapping[t]] = src[t]. src: [tokens, ...], cache: [slots, ...] of the same row size.
+void kv_write(const OpContext& ctx, const TensorView& src, const int64_t* slot_mapping, const TensorView& cache);
+// Causal GQA attention through page tables. `selected` empty = dense; else [kv_heads, tokens, top_k]
+// block ids (-1 padded) restricting each KV group's keys (MSA).
+void attention(const OpContext& ctx, const TensorView& q, const TensorView& k_cache, const TensorView& v_cache,
+               const AttentionMetadata& meta, const TensorView& selected, int top_k, const TensorView& out);
+// MSA lightning indexer: per (index head = KV group, query) the top-k blocks, local block forced,
+// ascending block ids then -1 padding. index_q: [tokens, heads, dim]; selected: [heads, tokens, top_k].
+void indexer_topk(const OpContext& ctx, const TensorView& index_q, const TensorView& index_k_cache,
+                  const AttentionMetadata& meta, const IndexerParams& params, const TensorView& selected);
+// Sigmoid router with selection-only bias; weights renormalised and scaled. ids/weights: [tokens, top_k].
+void moe_router(const OpContext& ctx, const TensorView& x, const TensorView& router_w, const TensorView& bias,
+                const RouterParams& params, const TensorView& expert_ids, const TensorView& expert_weights);
+// Routed experts plus the shared expert (index num_routed, weight 1), SwiGLU-OAI.
+void moe_experts(const OpContext& ctx, const TensorView& x, const TensorView& expert_ids,
+                 const TensorView& expert_weights, const ExpertWeights& experts, const SwigluParams& act,
+                 const TensorView& out);
+void dense_mlp(const OpContext& ctx, const TensorView& x, const LinearWeight& gate, const LinearWeight& up,
+               const LinearWeight& down, const SwigluParams& act, const TensorView& out);
+void add(const OpContext& ctx, const TensorView& x, const TensorView& y);
+
+// SwiGLU-OAI on one element pair; shared by every backend's reference and tests.
+inline float swiglu_oai(float gate, float up, const SwigluParams& p);
+
+}  // namespace m3::ops
+
+#include <algorithm>
+#include <cmath>
+namespace m3::ops {
+inline float swiglu_oai(float gate, float up, const SwigluParams& p) {
+  const float g = std::min(gate, p.limit);
+  const float u = std::clamp(up, -p.limit, p.limit);
+  return (u + p.beta) * g * (1.0f / (1.0f + std::exp(-p.alpha * g)));
+}
+}  // namespace m3::ops

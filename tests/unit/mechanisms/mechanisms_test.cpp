@@ -1,0 +1,278 @@
+// The M3 mechanisms checked against tiny loop references and hand-computed cases:
+// indexer selection rules, per-group selection, SwiGLU-OAI clamps, router bias, partial RoPE.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "backend/cpu/cpu_backend.h"
+
+namespace m3 {
+namespace {
+
+struct Fixture {
+  ops::KernelTable table;
+  ops::DispatchStats stats;
+  ops::OpContext ctx;
+  Fixture() {
+    cpu::register_cpu_kernels(table);
+    ctx = {&table, &stats, Device::kCpu};
+  }
+};
+
+// One sequence of `len` tokens, identity page table, all tokens queried.
+struct OneSeq {
+  std::vector<int32_t> query_start, positions, seq_lens, block_table;
+  std::vector<int64_t> slots;
+  ops::AttentionMetadata meta;
+  OneSeq(int len, int block_size, int first_query = 0) {
+    query_start = {0, len - first_query};
+    for (int p = first_query; p < len; ++p) positions.push_back(p);
+    seq_lens = {len};
+    const int blocks = (len + block_size - 1) / block_size;
+    // A shuffled page table proves reads go through it.
+    block_table.resize(size_t(blocks));
+    std::iota(block_table.begin(), block_table.end(), 0);
+    std::reverse(block_table.begin(), block_table.end());
+    meta.num_seqs = 1;
+    meta.num_tokens = len - first_query;
+    meta.query_start = query_start.data();
+    meta.positions = positions.data();
+    meta.seq_lens = seq_lens.data();
+    meta.block_tables = block_table.data();
+    meta.max_blocks_per_seq = blocks;
+    meta.block_size = block_size;
+    for (int p = first_query; p < len; ++p) slots.push_back(meta.slot_of(0, p));
+    meta.slot_mapping = slots.data();
+  }
+};
+
+TensorView f32(std::vector<float>& v, Shape s) { return TensorView{v.data(), DType::kF32, std::move(s), Device::kCpu}; }
+TensorView i32(std::vector<int32_t>& v, Shape s) { return TensorView{v.data(), DType::kI32, std::move(s), Device::kCpu}; }
+
+// Index keys with a chosen score per token: dim 1 keys, query 1.0, so score = key value.
+struct IndexerCase {
+  Fixture f;
+  int block_size, top_k, heads;
+  OneSeq seq;
+  std::vector<float> iq, ik_cache;
+  std::vector<int32_t> sel;
+  IndexerCase(int len, int bs, int k, int h, const std::vector<std::vector<float>>& key_scores_per_head)
+      : block_size(bs), top_k(k), heads(h), seq(len, bs) {
+    // dim = heads: key j has component hh = score for head hh; query of head hh is e_hh.
+    const int dim = heads;
+    ik_cache.assign(size_t(seq.meta.max_blocks_per_seq * bs * dim), 0.0f);
+    for (int j = 0; j < len; ++j)
+      for (int hh = 0; hh < heads; ++hh) ik_cache[size_t(seq.meta.slot_of(0, j) * dim + hh)] = key_scores_per_head[size_t(hh)][size_t(j)];
+    iq.assign(size_t(len * heads * dim), 0.0f);
+    for (int t = 0; t < len; ++t)
+      for (int hh = 0; hh < heads; ++hh) iq[size_t((t * heads + hh) * dim + hh)] = 1.0f;
+    sel.assign(size_t(heads * len * k), 7777);
+    ops::indexer_topk(f.ctx, f32(iq, {len, heads, dim}),
+                      f32(ik_cache, {int64_t(ik_cache.size()) / dim, dim}), seq.meta,
+                      ops::IndexerParams{bs, k}, i32(sel, {heads, len, k}));
+  }
+  std::vector<int32_t> at(int head, int t) const {
+    auto b = sel.begin() + (int64_t(head) * seq.meta.num_tokens + t) * top_k;
+    return std::vector<int32_t>(b, b + top_k);
+  }
+};
+
+TEST(Indexer, FewerBlocksThanTopKIsDenseWithMinusOnePadding) {
+  std::vector<float> scores(40, 0.0f);
+  IndexerCase c(40, 16, 4, 1, {scores});
+  EXPECT_EQ(c.at(0, 0), (std::vector<int32_t>{0, -1, -1, -1}));
+  EXPECT_EQ(c.at(0, 15), (std::vector<int32_t>{0, -1, -1, -1}));
+  EXPECT_EQ(c.at(0, 16), (std::vector<int32_t>{0, 1, -1, -1}));
+  EXPECT_EQ(c.at(0, 39), (std::vector<int32_t>{0, 1, 2, -1}));
+}
+
+TEST(Indexer, LocalBlockForcedAndTopScoresKept) {
+  // 6 blocks of 4; top-3. Block scores (max): b0=1, b1=9, b2=3, b3=8, b4=0.5, local b5 = -100.
+  std::vector<float> s(24, -100.0f);
+  s[1] = 1; s[6] = 9; s[9] = 3; s[13] = 8; s[17] = 0.5f;
+  IndexerCase c(24, 4, 3, 1, {s});
+  EXPECT_EQ(c.at(0, 23), (std::vector<int32_t>{1, 3, 5}));  // local 5 forced despite lowest score
+  EXPECT_EQ(c.at(0, 20), (std::vector<int32_t>{1, 3, 5}));
+  // Query at 19 (block 4 local): candidates b0..b3 -> b1, b3.
+  EXPECT_EQ(c.at(0, 19), (std::vector<int32_t>{1, 3, 4}));
+}
+
+TEST(Indexer, TiesBreakTowardsLowerBlockIds) {
+  std::vector<float> s(20, 2.0f);  // every block scores 2
+  IndexerCase c(20, 4, 3, 1, {s});
+  EXPECT_EQ(c.at(0, 19), (std::vector<int32_t>{0, 1, 4}));
+}
+
+TEST(Indexer, CausalCutBeforePoolingAndPartialLastBlock) {
+  // Query at position 9 (block 2 local, partial). Block 1 holds a huge score at position 7 only.
+  // Future tokens (positions > query) must not count: give position 10 (future, in local block)
+  // a huge score — irrelevant since the local block is forced anyway; and for the query at
+  // position 5 (block 1 local), block 1's position 7 is in the future and must not lift block 1.
+  std::vector<float> s(12, 0.0f);
+  s[7] = 50.0f;
+  s[2] = 1.0f;  // block 0
+  IndexerCase c(12, 4, 2, 1, {s});
+  EXPECT_EQ(c.at(0, 9), (std::vector<int32_t>{1, 2}));   // block 1 (max 50) beats block 0
+  EXPECT_EQ(c.at(0, 11), (std::vector<int32_t>{1, 2}));
+  EXPECT_EQ(c.at(0, 5), (std::vector<int32_t>{0, 1}));   // only 2 valid blocks: dense
+}
+
+TEST(Indexer, SelectionIsPerKvGroup) {
+  // Two index heads that prefer different blocks must select differently.
+  std::vector<float> h0(32, 0.0f), h1(32, 0.0f);
+  h0[1] = 5.0f;   // head 0 likes block 0
+  h1[13] = 5.0f;  // head 1 likes block 3
+  IndexerCase c(32, 4, 2, 2, {h0, h1});
+  EXPECT_EQ(c.at(0, 31), (std::vector<int32_t>{0, 7}));
+  EXPECT_EQ(c.at(1, 31), (std::vector<int32_t>{3, 7}));
+}
+
+TEST(Indexer, MatchesBruteForceReferenceOnRandomInput) {
+  std::mt19937 rng(5);
+  std::normal_distribution<float> nd;
+  const int len = 150, bs = 8, k = 5, heads = 2;
+  std::vector<std::vector<float>> scores(heads, std::vector<float>(len));
+  for (auto& h : scores) for (auto& x : h) x = nd(rng);
+  IndexerCase c(len, bs, k, heads, scores);
+  for (int hh = 0; hh < heads; ++hh) {
+    for (int t = 0; t < len; ++t) {
+      const int nb = t / bs + 1;
+      std::vector<int32_t> want;
+      if (nb <= k) {
+        for (int b = 0; b < nb; ++b) want.push_back(b);
+      } else {
+        std::vector<std::pair<float, int>> cand;
+        for (int b = 0; b < nb - 1; ++b) {
+          float m = -1e30f;
+          for (int j = b * bs; j < (b + 1) * bs; ++j) m = std::max(m, scores[size_t(hh)][size_t(j)]);
+          cand.push_back({-m, b});
+        }
+        std::sort(cand.begin(), cand.end());
+        for (int i = 0; i < k - 1; ++i) want.push_back(cand[size_t(i)].second);
+        want.push_back(nb - 1);
+        std::sort(want.begin(), want.end());
+      }
+      while (int(want.size()) < k) want.push_back(-1);
+      ASSERT_EQ(c.at(hh, t), want) << "head " << hh << " t " << t;
+    }
+  }
+}
+
+TEST(SwigluOai, ClampsAndFormula) {
+  ops::SwigluParams p;
+  auto ref = [](float g, float u) {
+    float gc = std::min(g, 7.0f), uc = std::max(-7.0f, std::min(u, 7.0f));
+    return (uc + 1.0f) * gc / (1.0f + std::exp(-1.702f * gc));
+  };
+  EXPECT_FLOAT_EQ(ops::swiglu_oai(1.0f, 2.0f, p), ref(1.0f, 2.0f));
+  // Gate clamp is upper-only: large negative gate is not clamped.
+  EXPECT_FLOAT_EQ(ops::swiglu_oai(-20.0f, 1.0f, p), 2.0f * -20.0f / (1.0f + std::exp(1.702f * 20.0f)));
+  EXPECT_FLOAT_EQ(ops::swiglu_oai(100.0f, 0.0f, p), ops::swiglu_oai(7.0f, 0.0f, p));
+  // Up clamp is symmetric, and +1 is applied after the clamp.
+  EXPECT_FLOAT_EQ(ops::swiglu_oai(1.0f, 50.0f, p), ops::swiglu_oai(1.0f, 7.0f, p));
+  EXPECT_FLOAT_EQ(ops::swiglu_oai(1.0f, -50.0f, p), ops::swiglu_oai(1.0f, -7.0f, p));
+  EXPECT_FLOAT_EQ(ops::swiglu_oai(1.0f, -1.0f, p), 0.0f);
+  EXPECT_NE(ops::swiglu_oai(1.0f, 0.0f, p), 0.0f);  // not plain SiLU*up
+}
+
+TEST(Router, BiasChangesChoiceButNotWeights) {
+  Fixture f;
+  const int experts = 4, hidden = 2;
+  // logits = x . w_e ; x = (1, 0) -> logits = w_e[0] = {2, 1, 0, -1}
+  std::vector<float> w = {2, 0, 1, 0, 0, 0, -1, 0}, x = {1, 0};
+  std::vector<float> no_bias(4, 0.0f), bias = {0, 0, 0, 10};
+  std::vector<int32_t> ids(2);
+  std::vector<float> wts(2);
+  ops::moe_router(f.ctx, f32(x, {1, hidden}), f32(w, {experts, hidden}), f32(no_bias, {experts}),
+                  ops::RouterParams{2, 2.0f, true}, i32(ids, {1, 2}), f32(wts, {1, 2}));
+  EXPECT_EQ(ids, (std::vector<int32_t>{0, 1}));
+  auto sig = [](float z) { return 1.0f / (1.0f + std::exp(-z)); };
+  EXPECT_FLOAT_EQ(wts[0], 2.0f * sig(2) / (sig(2) + sig(1)));
+  ops::moe_router(f.ctx, f32(x, {1, hidden}), f32(w, {experts, hidden}), f32(bias, {experts}),
+                  ops::RouterParams{2, 2.0f, true}, i32(ids, {1, 2}), f32(wts, {1, 2}));
+  EXPECT_EQ(ids, (std::vector<int32_t>{3, 0}));  // bias pulls expert 3 in...
+  // ...but its weight comes from the unbiased sigmoid, renormalised, times 2.
+  EXPECT_FLOAT_EQ(wts[0], 2.0f * sig(-1) / (sig(-1) + sig(2)));
+  EXPECT_FLOAT_EQ(wts[1], 2.0f * sig(2) / (sig(-1) + sig(2)));
+}
+
+TEST(Rope, RotatesExactlyTheFirst64DimsWithNeoxPairing) {
+  Fixture f;
+  const int head_dim = 128, rotary = 64;
+  std::vector<float> x(head_dim);
+  for (int i = 0; i < head_dim; ++i) x[size_t(i)] = float(i + 1) * 0.01f;
+  std::vector<float> orig = x;
+  std::vector<int32_t> pos = {1234};
+  ops::rope(f.ctx, f32(x, {1, 1, head_dim}), pos.data(), rotary, 5e6);
+  for (int d = 64; d < 128; ++d) EXPECT_EQ(x[size_t(d)], orig[size_t(d)]) << d;  // pass-through
+  for (int d = 0; d < 32; ++d) {
+    const double inv = 1.0 / std::pow(5e6, 2.0 * d / 64.0);
+    const double a = 1234.0 * inv;
+    const double want0 = orig[size_t(d)] * std::cos(a) - orig[size_t(d + 32)] * std::sin(a);
+    const double want1 = orig[size_t(d + 32)] * std::cos(a) + orig[size_t(d)] * std::sin(a);
+    EXPECT_NEAR(x[size_t(d)], want0, 2e-4) << d;
+    EXPECT_NEAR(x[size_t(d + 32)], want1, 2e-4) << d;
+  }
+  EXPECT_NE(x[1], orig[1]);
+}
+
+TEST(Attention, SparseWithAllBlocksSelectedEqualsDense) {
+  Fixture f;
+  std::mt19937 rng(1);
+  std::normal_distribution<float> nd;
+  const int len = 37, bs = 8, hq = 4, hkv = 2, d = 16;
+  OneSeq seq(len, bs);
+  const int64_t slots = int64_t(seq.meta.max_blocks_per_seq) * bs;
+  std::vector<float> q(size_t(len * hq * d)), kc(size_t(slots * hkv * d)), vc(kc.size()), o1(q.size()), o2(q.size());
+  for (auto* v : {&q, &kc, &vc}) for (auto& e : *v) e = nd(rng);
+  const int top_k = 5;  // 5 blocks cover all 37 tokens
+  std::vector<int32_t> sel(size_t(hkv * len * top_k), -1);
+  for (int g = 0; g < hkv; ++g)
+    for (int t = 0; t < len; ++t)
+      for (int b = 0; b <= t / bs; ++b) sel[size_t((g * len + t) * top_k + b)] = b;
+  ops::attention(f.ctx, f32(q, {len, hq, d}), f32(kc, {slots, hkv, d}), f32(vc, {slots, hkv, d}), seq.meta, TensorView{}, 0,
+                 f32(o1, {len, hq, d}));
+  ops::attention(f.ctx, f32(q, {len, hq, d}), f32(kc, {slots, hkv, d}), f32(vc, {slots, hkv, d}), seq.meta,
+                 i32(sel, {hkv, len, top_k}), top_k, f32(o2, {len, hq, d}));
+  for (size_t i = 0; i < o1.size(); ++i) ASSERT_FLOAT_EQ(o1[i], o2[i]);
+  // Dropping block 0 for group 1 changes only group 1's heads (2, 3) at positions >= 8.
+  for (int t = 8; t < len; ++t) {
+    auto* s = &sel[size_t((1 * len + t) * top_k)];
+    std::remove(s, s + top_k, 0);
+    s[top_k - 1] = -1;
+  }
+  ops::attention(f.ctx, f32(q, {len, hq, d}), f32(kc, {slots, hkv, d}), f32(vc, {slots, hkv, d}), seq.meta,
+                 i32(sel, {hkv, len, top_k}), top_k, f32(o2, {len, hq, d}));
+  for (int t = 0; t < len; ++t)
+    for (int h = 0; h < hq; ++h) {
+      const bool changed = h >= 2 && t >= 8;
+      float diff = 0;
+      for (int e = 0; e < d; ++e) diff += std::fabs(o1[size_t((t * hq + h) * d + e)] - o2[size_t((t * hq + h) * d + e)]);
+      if (changed) EXPECT_GT(diff, 1e-4f) << t << " " << h;
+      else EXPECT_EQ(diff, 0.0f) << t << " " << h;
+    }
+}
+
+TEST(Dispatch, TraceRecordsEntryAndReasonAndNoKernelErrorListsReasons) {
+  Fixture f;
+  std::vector<float> x(8, 1.0f), w(4, 0.0f), y(8);
+  ops::rms_norm(f.ctx, f32(x, {2, 4}), f32(w, {4}), 1e-6f, f32(y, {2, 4}));
+  auto uses = f.stats.first_uses();
+  ASSERT_EQ(uses.size(), 1u);
+  EXPECT_EQ(uses[0].entry, "rms_norm.gemma.cpu");
+  EXPECT_FLOAT_EQ(y[0], 1.0f / std::sqrt(1.0f + 1e-6f));
+  std::vector<uint16_t> xb(8);
+  TensorView bad{xb.data(), DType::kBF16, {2, 4}, Device::kCpu};
+  try {
+    ops::rms_norm(f.ctx, bad, f32(w, {4}), 1e-6f, f32(y, {2, 4}));
+    FAIL() << "expected no eligible kernel";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("rms_norm.gemma.cpu: CPU reference takes F32"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace m3
