@@ -24,7 +24,7 @@ struct Shape {
   int64_t numel() const {
     return std::accumulate(dims.begin(), dims.end(), int64_t{1}, std::multiplies<int64_t>());
   }
-  bool operator==(const Shape&) const = default;
+  bool operator==(const Shape& other) const { return dims == other.dims; }
   std::string str() const;
 };
 

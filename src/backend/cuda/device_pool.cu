@@ -1,0 +1,48 @@
+#include <string>
+
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/device_pool.h"
+
+namespace m3::cuda {
+
+DeviceArena::DeviceArena(size_t capacity_bytes) : capacity_(capacity_bytes) {
+  M3_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&base_), capacity_bytes));
+}
+
+DeviceArena::~DeviceArena() {
+  if (base_) cudaFree(base_);
+}
+
+void* DeviceArena::allocate(size_t size_bytes) {
+  const size_t start = (used_ + 255) / 256 * 256;
+  if (start + size_bytes > capacity_) {
+    throw std::runtime_error("device arena full: asked " + std::to_string(size_bytes) + " bytes, " +
+                             std::to_string(capacity_ - start) + " left of " + std::to_string(capacity_));
+  }
+  used_ = start + size_bytes;
+  return base_ + start;
+}
+
+int device_count() {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) {
+    cudaGetLastError();  // clear the sticky "no driver" error
+    return 0;
+  }
+  return count;
+}
+
+DeviceInfo device_info(int device) {
+  cudaDeviceProp prop{};
+  M3_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
+  DeviceInfo info;
+  info.device = device;
+  info.sm_count = prop.multiProcessorCount;
+  info.cc_major = prop.major;
+  info.cc_minor = prop.minor;
+  info.total_memory_bytes = prop.totalGlobalMem;
+  info.l2_bytes = size_t(prop.l2CacheSize);
+  return info;
+}
+
+}  // namespace m3::cuda
