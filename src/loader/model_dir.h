@@ -1,7 +1,9 @@
 #pragma once
 // An HF model directory exactly as shipped: config.json, and either model.safetensors or
-// model.safetensors.index.json + shards (all mmapped). Text tensors are looked up under the
-// `language_model.` prefix first, then bare; vision and `mtp.` tensors are never touched.
+// model.safetensors.index.json + shards (all mmapped). Callers pass full checkpoint names
+// (`language_model.model...`); a checkpoint saved text-only (names without that prefix) is
+// found too. Vision and `mtp.` tensors are indexed but never read by the text model.
+#include <map>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -16,18 +18,22 @@ namespace m3 {
 
 class ModelDir {
  public:
+  // Reads config.json (must exist and be a JSON object), then the sharded index or the single
+  // file; every shard the index names must exist and hold the tensors mapped to it.
   static Result<std::unique_ptr<ModelDir>> open(const std::string& dir);
 
   const std::string& path() const { return dir_; }
   const nlohmann::json& config_json() const { return config_; }
 
-  // The tensor stored under `name`, or nullptr.
+  // The tensor stored under `name` or, when `name` starts with `language_model.` and is
+  // absent, under the name without that prefix; nullptr when neither exists.
   const TensorInfo* find(std::string_view name) const;
   // The tensor, checked against the expected dtype and shape; the error names the file,
-  // the tensor and what was expected ("missing", "dtype F32, expected BF16", "shape ...").
+  // the tensor and what was expected ("not found", "dtype F32, expected BF16", "shape ...").
   Result<const TensorInfo*> get(std::string_view name, DType dtype, const Shape& shape) const;
   std::vector<std::string> tensor_names() const;
-  size_t total_bytes() const;
+  size_t total_bytes() const;  // sum of all tensors' data bytes
+  size_t num_files() const { return files_.size(); }
 
  private:
   std::string dir_;
