@@ -1,0 +1,130 @@
+#include "exec/sampler.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <numeric>
+#include <unordered_map>
+
+namespace m3 {
+
+std::vector<std::string> SamplingParams::validate() const {
+  std::vector<std::string> p;
+  if (!(temperature >= 0.0f) || !std::isfinite(temperature)) p.push_back("temperature must be a finite number >= 0");
+  if (!(top_p > 0.0f && top_p <= 1.0f)) p.push_back("top_p must be in (0, 1]");
+  if (top_k < -1) p.push_back("top_k must be -1, 0 (off) or a positive integer");
+  if (!(min_p >= 0.0f && min_p <= 1.0f)) p.push_back("min_p must be in [0, 1]");
+  if (!(repetition_penalty > 0.0f) || !std::isfinite(repetition_penalty)) p.push_back("repetition_penalty must be > 0");
+  if (!(presence_penalty >= -2.0f && presence_penalty <= 2.0f)) p.push_back("presence_penalty must be in [-2, 2]");
+  if (!(frequency_penalty >= -2.0f && frequency_penalty <= 2.0f)) p.push_back("frequency_penalty must be in [-2, 2]");
+  if (max_tokens < 1) p.push_back("max_tokens must be >= 1");
+  if (logprobs > 20) p.push_back("logprobs must be <= 20");
+  return p;
+}
+
+Sampler::Sampler(const SamplingParams& params)
+    : params_(params), rng_(params.seed >= 0 ? uint64_t(params.seed) : std::random_device{}()) {}
+
+namespace {
+
+// log-softmax of the raw logits, for reported logprobs (before any sampling transform).
+void log_softmax(const float* logits, int64_t vocab, std::vector<float>& out) {
+  out.resize(size_t(vocab));
+  const float max_v = *std::max_element(logits, logits + vocab);
+  double sum = 0.0;
+  for (int64_t i = 0; i < vocab; ++i) sum += std::exp(double(logits[i] - max_v));
+  const float log_z = max_v + float(std::log(sum));
+  for (int64_t i = 0; i < vocab; ++i) out[size_t(i)] = logits[i] - log_z;
+}
+
+}  // namespace
+
+SampleResult Sampler::sample(float* logits, int64_t vocab, const std::vector<int32_t>& prompt_ids,
+                             const std::vector<int32_t>& output_ids) {
+  SampleResult result;
+  std::vector<float> logp;
+  if (params_.logprobs >= 0) log_softmax(logits, vocab, logp);
+
+  // Penalties (vLLM semantics): repetition over prompt + output; presence/frequency over output.
+  if (params_.repetition_penalty != 1.0f) {
+    std::vector<char> seen(size_t(vocab), 0);
+    for (int32_t t : prompt_ids) if (t >= 0 && t < vocab) seen[size_t(t)] = 1;
+    for (int32_t t : output_ids) if (t >= 0 && t < vocab) seen[size_t(t)] = 1;
+    for (int64_t i = 0; i < vocab; ++i) {
+      if (!seen[size_t(i)]) continue;
+      logits[i] = logits[i] > 0 ? logits[i] / params_.repetition_penalty : logits[i] * params_.repetition_penalty;
+    }
+  }
+  if (params_.presence_penalty != 0.0f || params_.frequency_penalty != 0.0f) {
+    std::unordered_map<int32_t, int> counts;
+    for (int32_t t : output_ids) counts[t]++;
+    for (auto [t, n] : counts) {
+      if (t < 0 || t >= vocab) continue;
+      logits[t] -= params_.frequency_penalty * float(n) + params_.presence_penalty;
+    }
+  }
+
+  int32_t chosen = 0;
+  if (params_.temperature == 0.0f) {
+    chosen = int32_t(std::max_element(logits, logits + vocab) - logits);  // first max: lowest id
+  } else {
+    // Candidates sorted by logit (desc, id asc), then top-k, then top-p / min-p on the
+    // temperature-scaled distribution.
+    std::vector<int32_t> order(static_cast<size_t>(vocab));
+    std::iota(order.begin(), order.end(), 0);
+    size_t keep = size_t(vocab);
+    if (params_.top_k > 0) keep = std::min(keep, size_t(params_.top_k));
+    auto cmp = [&](int32_t a, int32_t b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); };
+    if (keep < order.size()) {
+      std::partial_sort(order.begin(), order.begin() + std::ptrdiff_t(keep), order.end(), cmp);
+      order.resize(keep);
+    } else {
+      std::sort(order.begin(), order.end(), cmp);
+    }
+    std::vector<double> prob(order.size());
+    const double max_v = logits[order[0]];
+    double sum = 0.0;
+    for (size_t i = 0; i < order.size(); ++i) {
+      prob[i] = std::exp((double(logits[order[i]]) - max_v) / params_.temperature);
+      sum += prob[i];
+    }
+    for (double& p : prob) p /= sum;
+    size_t cut = order.size();
+    if (params_.top_p < 1.0f) {
+      double acc = 0.0;
+      for (size_t i = 0; i < order.size(); ++i) {
+        acc += prob[i];
+        if (acc >= params_.top_p) { cut = i + 1; break; }
+      }
+    }
+    if (params_.min_p > 0.0f) {
+      const double floor_p = params_.min_p * prob[0];
+      size_t n = 0;
+      while (n < cut && prob[n] >= floor_p) ++n;
+      cut = std::max<size_t>(1, n);
+    }
+    double total = 0.0;
+    for (size_t i = 0; i < cut; ++i) total += prob[i];
+    std::uniform_real_distribution<double> uni(0.0, total);
+    double r = uni(rng_), acc = 0.0;
+    chosen = order[cut - 1];
+    for (size_t i = 0; i < cut; ++i) {
+      acc += prob[i];
+      if (r < acc) { chosen = order[i]; break; }
+    }
+  }
+  result.token = chosen;
+  if (params_.logprobs >= 0) {
+    result.logprob = logp[size_t(chosen)];
+    std::vector<int32_t> idx(logp.size());
+    std::iota(idx.begin(), idx.end(), 0);
+    const size_t n = std::min(idx.size(), size_t(params_.logprobs));
+    std::partial_sort(idx.begin(), idx.begin() + std::ptrdiff_t(n), idx.end(), [&](int32_t a, int32_t b) {
+      return logp[size_t(a)] > logp[size_t(b)] || (logp[size_t(a)] == logp[size_t(b)] && a < b);
+    });
+    for (size_t i = 0; i < n; ++i) result.top.push_back({idx[i], logp[size_t(idx[i])]});
+  }
+  return result;
+}
+
+}  // namespace m3

@@ -1,0 +1,54 @@
+#pragma once
+// Per-request sampling on host logits: penalties, temperature, top-k, top-p, min-p, a seeded
+// generator per request, and top-N logprobs. Greedy (temperature 0) is deterministic argmax
+// with ties to the lower token id.
+#include <cstdint>
+#include <random>
+#include <vector>
+
+#include "core/status.h"
+
+namespace m3 {
+
+struct SamplingParams {
+  float temperature = 1.0f;  // 0 = greedy
+  float top_p = 1.0f;
+  int top_k = 0;             // 0 or -1 = off
+  float min_p = 0.0f;
+  float repetition_penalty = 1.0f;  // > 1 discourages tokens already in prompt or output
+  float presence_penalty = 0.0f;
+  float frequency_penalty = 0.0f;
+  int64_t seed = -1;          // -1 = nondeterministic
+  int max_tokens = 16;
+  std::vector<int32_t> stop_token_ids;
+  bool ignore_eos = false;
+  int logprobs = -1;          // -1 = none; N >= 0 = the sampled token's plus the top N
+
+  // Every problem at once, phrased for an API error ("temperature must be >= 0").
+  std::vector<std::string> validate() const;
+};
+
+struct TokenLogprob {
+  int32_t token = 0;
+  float logprob = 0.0f;
+};
+
+struct SampleResult {
+  int32_t token = 0;
+  float logprob = 0.0f;              // of the sampled token under the unmodified distribution
+  std::vector<TokenLogprob> top;     // top-N by logprob (unmodified distribution)
+};
+
+class Sampler {
+ public:
+  explicit Sampler(const SamplingParams& params);
+  // logits: [vocab]; prompt/output ids feed the penalties. `logits` is modified in place.
+  SampleResult sample(float* logits, int64_t vocab, const std::vector<int32_t>& prompt_ids,
+                      const std::vector<int32_t>& output_ids);
+
+ private:
+  SamplingParams params_;
+  std::mt19937_64 rng_;
+};
+
+}  // namespace m3
