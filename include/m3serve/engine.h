@@ -1,0 +1,84 @@
+#pragma once
+// The public engine API: submit token-id requests, step the engine, read per-request
+// outputs and per-step stats, abort. Everything else in m3serve is private.
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/status.h"
+#include "exec/sampler.h"
+#include "ops/dispatch.h"
+#include "sched/request.h"
+#include "sched/schedule_plan.h"
+
+namespace m3 {
+
+struct EngineConfig {
+  std::string model_dir;
+  int32_t max_num_batched_tokens = 2048;  // token budget per step (chunked prefill beyond it)
+  int32_t max_num_seqs = 64;
+  int32_t max_model_len = 0;              // 0 = the model's max_position_embeddings, capped by the pool
+  int32_t num_kv_blocks = 0;              // 0 = derived from kv_cache_memory_bytes
+  int64_t kv_cache_memory_bytes = int64_t(1) << 30;
+  bool enable_prefix_caching = true;
+  uint64_t prefix_hash_seed = 0;          // same on every process that shares KV
+  bool trace_dispatch = false;            // log first use of each (op, kernel, shape class)
+  bool check_invariants = false;          // run the KV/scheduler invariant checker every step (tests)
+};
+
+struct GenerationRequest {
+  std::vector<int32_t> prompt_token_ids;
+  SamplingParams sampling;
+};
+
+struct TokenOutput {
+  int32_t token = 0;
+  float logprob = 0.0f;
+  std::vector<TokenLogprob> top_logprobs;
+};
+
+struct RequestEvent {
+  RequestId request_id = 0;
+  std::vector<TokenOutput> new_tokens;
+  bool finished = false;
+  FinishReason finish_reason = FinishReason::kNone;
+  int32_t num_prompt_tokens = 0;
+  int32_t num_cached_prompt_tokens = 0;  // prefix-cache hit at (first) admission
+};
+
+struct EngineStepStats {
+  StepStats scheduler;                    // scheduled tokens, running/waiting, preemptions, KV use, prefix hits
+  std::vector<std::string> kernel_paths;  // "op=entry" for every kernel this step ran
+  double step_ms = 0.0;
+  double forward_ms = 0.0;
+};
+
+struct ModelSummary {
+  int64_t vocab_size = 0;
+  int32_t max_model_len = 0;
+  int32_t block_size = 0;
+  int32_t num_kv_blocks = 0;
+  std::vector<int32_t> eos_token_ids;
+  int32_t bos_token_id = 0;
+};
+
+class Engine {
+ public:
+  static Result<std::unique_ptr<Engine>> create(const EngineConfig& config);
+  virtual ~Engine() = default;
+
+  // Rejects invalid sampling parameters, out-of-vocabulary ids, and prompts that could never
+  // fit (max_model_len or the whole KV pool) with a message naming the problem.
+  virtual Result<RequestId> submit(GenerationRequest request) = 0;
+  // Frees the request's KV blocks immediately; its final event reports kAborted.
+  virtual Status abort(RequestId request_id) = 0;
+  // One scheduling + forward + sampling step. Returns the events it produced.
+  virtual std::vector<RequestEvent> step(EngineStepStats* stats = nullptr) = 0;
+  virtual bool has_unfinished_requests() const = 0;
+  virtual const ModelSummary& model() const = 0;
+  virtual const ops::DispatchStats& dispatch_stats() const = 0;
+  virtual Status check_invariants() const = 0;
+};
+
+}  // namespace m3

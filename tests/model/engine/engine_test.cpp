@@ -1,0 +1,222 @@
+// The engine on the tiny random checkpoint: batching, chunked prefill, prefix caching and
+// preemption must not change a single greedy token; abort frees blocks at once.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <map>
+#include <random>
+
+#include "backend/cpu/cpu_backend.h"
+#include "exec/sequence_runner.h"
+#include "m3serve/engine.h"
+#include "model/minimax_m3/make_model.h"
+
+namespace m3 {
+namespace {
+
+namespace fs = std::filesystem;
+
+const std::string& tiny_dir() {
+  static const std::string dir = [] {
+    const char* b = std::getenv("M3_BINARY_DIR");
+    fs::path p = fs::path(b ? b : "/tmp") / "engine_test_tiny";
+    fs::remove_all(p);
+    MakeModelOptions o;
+    o.config = *MiniMaxM3Config::preset("tiny");
+    o.out_dir = p.string();
+    o.seed = 7;
+    if (!make_model(o).is_ok()) std::abort();
+    return p.string();
+  }();
+  return dir;
+}
+
+std::vector<int32_t> prompt(int len, int seed) {
+  std::mt19937 rng(uint32_t(seed));
+  std::vector<int32_t> p;
+  for (int i = 0; i < len; ++i) p.push_back(3 + int32_t(rng() % 500));
+  return p;
+}
+
+SamplingParams greedy(int max_tokens) {
+  SamplingParams s;
+  s.temperature = 0.0f;
+  s.max_tokens = max_tokens;
+  s.ignore_eos = true;
+  return s;
+}
+
+// Runs every request to completion, checking invariants after every step.
+std::map<RequestId, std::vector<int32_t>> run_all(Engine& engine, int64_t* preemptions = nullptr,
+                                                  int64_t* hit_tokens = nullptr) {
+  std::map<RequestId, std::vector<int32_t>> out;
+  int steps = 0;
+  while (engine.has_unfinished_requests()) {
+    EngineStepStats st;
+    for (auto& ev : engine.step(&st))
+      for (auto& t : ev.new_tokens) out[ev.request_id].push_back(t.token);
+    if (preemptions) *preemptions += st.scheduler.num_preemptions;
+    if (hit_tokens) *hit_tokens += st.scheduler.prefix_hit_tokens;
+    EXPECT_TRUE(engine.check_invariants().is_ok()) << engine.check_invariants().message();
+    if (++steps > 100000) { ADD_FAILURE() << "engine did not finish"; break; }
+  }
+  return out;
+}
+
+// One-at-a-time reference through the single-sequence runner.
+std::vector<int32_t> reference(const std::vector<int32_t>& p, int n) {
+  static auto model = std::move(*MiniMaxM3Model::load(tiny_dir()));
+  ops::KernelTable table;
+  cpu::register_cpu_kernels(table);
+  ops::OpContext ctx{&table, nullptr, Device::kCpu};
+  SequenceRunner r(*model, ctx, int64_t(p.size()) + n);
+  auto logits = r.extend(p, false);
+  std::vector<int32_t> out;
+  for (int i = 0; i < n; ++i) {
+    int32_t t = int32_t(std::max_element(logits.begin(), logits.end()) - logits.begin());
+    out.push_back(t);
+    if (i + 1 < n) logits = r.extend({t}, false);
+  }
+  return out;
+}
+
+TEST(Engine, BatchedChunkedEqualsOneAtATime) {
+  EngineConfig cfg;
+  cfg.model_dir = tiny_dir();
+  cfg.max_num_batched_tokens = 24;  // forces chunked prefill of most prompts
+  cfg.max_num_seqs = 8;
+  cfg.num_kv_blocks = 256;
+  cfg.check_invariants = true;
+  auto engine = Engine::create(cfg);
+  ASSERT_TRUE(engine.is_ok()) << engine.error();
+  std::vector<std::vector<int32_t>> prompts;
+  std::map<RequestId, size_t> which;
+  for (int i = 0; i < 10; ++i) {
+    prompts.push_back(prompt(5 + i * 17, i));
+    auto id = (*engine)->submit({prompts.back(), greedy(12)});
+    ASSERT_TRUE(id.is_ok()) << id.error();
+    which[*id] = size_t(i);
+  }
+  auto out = run_all(**engine);
+  ASSERT_EQ(out.size(), prompts.size());
+  for (auto& [id, toks] : out) EXPECT_EQ(toks, reference(prompts[which[id]], 12)) << "request " << id;
+}
+
+TEST(Engine, PrefixHitReusesBlocksAndKeepsTokens) {
+  EngineConfig cfg;
+  cfg.model_dir = tiny_dir();
+  cfg.num_kv_blocks = 128;
+  cfg.check_invariants = true;
+  auto engine = std::move(*Engine::create(cfg));
+  auto shared = prompt(100, 42);  // 6 full blocks of 16 + 4
+  auto a = shared, b = shared;
+  a.push_back(7);
+  b.insert(b.end(), {9, 10, 11});
+  ASSERT_TRUE(engine->submit({a, greedy(6)}).is_ok());
+  auto first = run_all(*engine);
+  int64_t hits = 0;
+  auto id_b = engine->submit({b, greedy(6)});
+  ASSERT_TRUE(id_b.is_ok());
+  auto second = run_all(*engine, nullptr, &hits);
+  EXPECT_EQ(hits, 96);  // the six full blocks of the shared prefix (index-K included)
+  EXPECT_EQ(second[*id_b], reference(b, 6));
+  // Whole-prompt hit: the same prompt again still computes its last token.
+  int64_t hits2 = 0;
+  auto id_a2 = engine->submit({a, greedy(6)});
+  auto third = run_all(*engine, nullptr, &hits2);
+  EXPECT_EQ(hits2, 96);
+  EXPECT_EQ(third[*id_a2], first.begin()->second);
+}
+
+TEST(Engine, PreemptionUnderTinyPoolKeepsOutputs) {
+  EngineConfig cfg;
+  cfg.model_dir = tiny_dir();
+  cfg.num_kv_blocks = 12;  // 192 tokens for 6 requests of ~60 tokens: must preempt
+  cfg.max_num_batched_tokens = 64;
+  cfg.enable_prefix_caching = false;
+  cfg.check_invariants = true;
+  auto engine = std::move(*Engine::create(cfg));
+  std::vector<std::vector<int32_t>> prompts;
+  std::map<RequestId, size_t> which;
+  for (int i = 0; i < 6; ++i) {
+    prompts.push_back(prompt(40 + i * 3, 100 + i));
+    which[*engine->submit({prompts.back(), greedy(20)})] = size_t(i);
+  }
+  int64_t preemptions = 0;
+  auto out = run_all(*engine, &preemptions);
+  EXPECT_GT(preemptions, 0);
+  for (auto& [id, toks] : out) EXPECT_EQ(toks, reference(prompts[which[id]], 20));
+  EngineStepStats st;
+  engine->step(&st);
+  EXPECT_EQ(st.scheduler.kv_blocks_used, 0);  // nothing leaked
+}
+
+TEST(Engine, AbortFreesBlocksImmediately) {
+  EngineConfig cfg;
+  cfg.model_dir = tiny_dir();
+  cfg.num_kv_blocks = 64;
+  cfg.check_invariants = true;
+  auto engine = std::move(*Engine::create(cfg));
+  auto id = *engine->submit({prompt(70, 3), greedy(50)});
+  EngineStepStats st;
+  engine->step(&st);
+  engine->step(&st);
+  EXPECT_GT(st.scheduler.kv_blocks_used, 0);
+  ASSERT_TRUE(engine->abort(id).is_ok());
+  EXPECT_TRUE(engine->check_invariants().is_ok());
+  auto events = engine->step(&st);
+  ASSERT_EQ(events.size(), 1u);
+  EXPECT_EQ(events[0].finish_reason, FinishReason::kAborted);
+  EXPECT_EQ(st.scheduler.kv_blocks_used, 0);
+  EXPECT_FALSE(engine->has_unfinished_requests());
+}
+
+TEST(Engine, RejectsBadRequestsWithClearErrors) {
+  EngineConfig cfg;
+  cfg.model_dir = tiny_dir();
+  cfg.num_kv_blocks = 8;  // 128 tokens
+  auto engine = std::move(*Engine::create(cfg));
+  auto too_long = engine->submit({prompt(200, 1), greedy(4)});
+  EXPECT_FALSE(too_long.is_ok());
+  auto bad_id = engine->submit({{1, 2, 100000}, greedy(4)});
+  ASSERT_FALSE(bad_id.is_ok());
+  EXPECT_NE(bad_id.error().find("outside the vocabulary"), std::string::npos);
+  SamplingParams s = greedy(4);
+  s.temperature = -1;
+  auto bad_t = engine->submit({{1, 2}, s});
+  ASSERT_FALSE(bad_t.is_ok());
+  EXPECT_NE(bad_t.error().find("temperature"), std::string::npos);
+}
+
+TEST(Engine, SeededSamplingIsReproducibleAndLogprobsReported) {
+  EngineConfig cfg;
+  cfg.model_dir = tiny_dir();
+  cfg.num_kv_blocks = 64;
+  auto engine = std::move(*Engine::create(cfg));
+  SamplingParams s;
+  s.temperature = 0.8f;
+  s.top_p = 0.9f;
+  s.top_k = 50;
+  s.seed = 1234;
+  s.max_tokens = 10;
+  s.ignore_eos = true;
+  s.logprobs = 3;
+  auto p = prompt(30, 5);
+  auto a = *engine->submit({p, s});
+  auto b = *engine->submit({p, s});
+  std::map<RequestId, std::vector<TokenOutput>> out;
+  while (engine->has_unfinished_requests())
+    for (auto& ev : engine->step())
+      for (auto& t : ev.new_tokens) out[ev.request_id].push_back(t);
+  ASSERT_EQ(out[a].size(), 10u);
+  for (size_t i = 0; i < out[a].size(); ++i) {
+    EXPECT_EQ(out[a][i].token, out[b][i].token);
+    ASSERT_EQ(out[a][i].top_logprobs.size(), 3u);
+    EXPECT_LE(out[a][i].logprob, 0.0f);
+    EXPECT_GE(out[a][i].top_logprobs[0].logprob, out[a][i].top_logprobs[1].logprob);
+  }
+}
+
+}  // namespace
+}  // namespace m3
