@@ -1,0 +1,167 @@
+#include "kv/kv_cache_manager.h"
+
+#include <algorithm>
+#include <map>
+
+#include "core/check.h"
+
+namespace m3 {
+
+Status KvCacheConfig::validate() const {
+  std::string problems;
+  if (num_blocks <= 0) problems += "num_blocks must be > 0 (got " + std::to_string(num_blocks) + "); ";
+  if (block_size_tokens <= 0) {
+    problems += "block_size_tokens must be > 0 (got " + std::to_string(block_size_tokens) + "); ";
+  }
+  if (problems.empty()) return Status::ok();
+  problems.resize(problems.size() - 2);
+  return Status::error("KvCacheConfig: " + problems);
+}
+
+Result<KvCacheManager> KvCacheManager::create(const KvCacheConfig& config) {
+  M3_RETURN_IF_ERROR(config.validate());
+  return KvCacheManager(config);
+}
+
+KvCacheManager::KvCacheManager(const KvCacheConfig& config)
+    : config_(config),
+      hasher_(config.hash_seed, config.block_size_tokens, config.hash_extra_keys),
+      pool_(config.num_blocks) {}
+
+PrefixMatch KvCacheManager::find_cached_prefix(RequestId request_id,
+                                               std::span<const TokenId> tokens) {
+  PrefixMatch match;
+  if (!config_.enable_prefix_caching || tokens.empty()) return match;
+  const int32_t max_hit_blocks = static_cast<int32_t>((tokens.size() - 1) / block_size());
+  RequestBlocks& rb = requests_[request_id];
+  hasher_.extend_block_hashes(tokens, &rb.block_hashes, max_hit_blocks);
+  for (int32_t i = 0; i < max_hit_blocks; ++i) {
+    const BlockId b = pool_.find_cached(rb.block_hashes[i]);
+    if (b == kNoBlock) break;
+    match.block_ids.push_back(b);
+  }
+  match.num_tokens = static_cast<int32_t>(match.block_ids.size()) * block_size();
+  return match;
+}
+
+bool KvCacheManager::allocate_slots(RequestId request_id, int32_t num_computed_tokens,
+                                    int32_t num_new_tokens, const PrefixMatch* hit) {
+  RequestBlocks& rb = requests_[request_id];
+  const int32_t num_hit_blocks = hit ? static_cast<int32_t>(hit->block_ids.size()) : 0;
+  M3_CHECK(num_hit_blocks == 0 || rb.table.num_blocks() == 0,
+           "prefix hit for request %llu that already holds blocks",
+           static_cast<unsigned long long>(request_id));
+  const int32_t num_needed = blocks_for_tokens(int64_t{num_computed_tokens} + num_new_tokens);
+  const int32_t num_fresh = std::max(0, num_needed - rb.table.num_blocks() - num_hit_blocks);
+  // Hit blocks that are cached-free leave the free list when acquired: they are not
+  // available as fresh blocks in the same call.
+  int32_t num_hits_on_free_list = 0;
+  for (int32_t i = 0; i < num_hit_blocks; ++i) {
+    if (pool_.ref_count(hit->block_ids[i]) == 0) ++num_hits_on_free_list;
+  }
+  if (num_fresh > pool_.num_free_blocks() - num_hits_on_free_list) return false;
+  for (int32_t i = 0; i < num_hit_blocks; ++i) {
+    pool_.acquire(hit->block_ids[i]);
+    rb.table.append(hit->block_ids[i]);
+  }
+  rb.num_published_blocks += num_hit_blocks;
+  for (int32_t i = 0; i < num_fresh; ++i) {
+    const BlockId b = pool_.allocate();
+    M3_CHECK(b != kNoBlock, "free count said a block was available");
+    rb.table.append(b);
+  }
+  return true;
+}
+
+void KvCacheManager::mark_computed(RequestId request_id, std::span<const TokenId> tokens,
+                                   int32_t num_computed_tokens) {
+  if (!config_.enable_prefix_caching) return;
+  auto it = requests_.find(request_id);
+  M3_CHECK(it != requests_.end(), "mark_computed for unknown request");
+  RequestBlocks& rb = it->second;
+  const int32_t num_full = num_computed_tokens / block_size();
+  M3_CHECK(num_full <= rb.table.num_blocks(), "computed tokens beyond allocated blocks");
+  if (num_full <= rb.num_published_blocks) return;
+  hasher_.extend_block_hashes(tokens.first(num_computed_tokens), &rb.block_hashes, num_full);
+  for (int32_t i = rb.num_published_blocks; i < num_full; ++i) {
+    // A duplicate (same content computed twice) stays private; the table keeps using it.
+    pool_.register_hash(rb.table[i], rb.block_hashes[i]);
+  }
+  rb.num_published_blocks = num_full;
+}
+
+void KvCacheManager::free(RequestId request_id) {
+  auto it = requests_.find(request_id);
+  if (it == requests_.end()) return;
+  const std::vector<BlockId>& ids = it->second.table.block_ids();
+  for (auto b = ids.rbegin(); b != ids.rend(); ++b) pool_.release(*b);
+  requests_.erase(it);
+}
+
+bool KvCacheManager::holds_blocks(RequestId request_id) const {
+  auto it = requests_.find(request_id);
+  return it != requests_.end() && it->second.table.num_blocks() > 0;
+}
+
+const BlockTable& KvCacheManager::block_table(RequestId request_id) const {
+  static const BlockTable kEmpty;  // immutable, so not mutable global state
+  auto it = requests_.find(request_id);
+  return it == requests_.end() ? kEmpty : it->second.table;
+}
+
+void KvCacheManager::record_prefix_query(int32_t num_query_tokens, int32_t num_hit_tokens) {
+  prefix_query_tokens_ += num_query_tokens;
+  prefix_hit_tokens_ += num_hit_tokens;
+}
+
+KvStats KvCacheManager::stats() const {
+  KvStats s;
+  s.num_blocks = pool_.num_blocks();
+  s.num_used_blocks = pool_.num_used_blocks();
+  s.num_free_blocks = pool_.num_free_blocks();
+  s.num_cached_blocks = pool_.num_cached_blocks();
+  s.num_evictions = pool_.num_evictions();
+  s.prefix_query_tokens = prefix_query_tokens_;
+  s.prefix_hit_tokens = prefix_hit_tokens_;
+  return s;
+}
+
+Status KvCacheManager::check_invariants() const {
+  M3_RETURN_IF_ERROR(pool_.check_invariants());
+  std::vector<int32_t> holders(pool_.num_blocks(), 0);
+  for (const auto& [id, rb] : requests_) {
+    std::map<BlockId, int> seen;
+    for (BlockId b : rb.table.block_ids()) {
+      if (b < 0 || b >= pool_.num_blocks()) {
+        return Status::error("request " + std::to_string(id) + " holds invalid block " +
+                             std::to_string(b));
+      }
+      if (seen[b]++ > 0) {
+        return Status::error("request " + std::to_string(id) + " holds block " +
+                             std::to_string(b) + " twice");
+      }
+      ++holders[b];
+    }
+    if (rb.num_published_blocks > rb.table.num_blocks()) {
+      return Status::error("request " + std::to_string(id) + " published unallocated blocks");
+    }
+    // A published block that carries a hash must carry this request's chained hash.
+    for (int32_t i = 0; i < rb.num_published_blocks; ++i) {
+      const auto& h = pool_.block_hash(rb.table[i]);
+      if (h && i < static_cast<int32_t>(rb.block_hashes.size()) && *h != rb.block_hashes[i]) {
+        return Status::error("request " + std::to_string(id) + " block " + std::to_string(i) +
+                             " carries a foreign hash");
+      }
+    }
+  }
+  for (BlockId b = 0; b < pool_.num_blocks(); ++b) {
+    if (holders[b] != pool_.ref_count(b)) {
+      return Status::error("block " + std::to_string(b) + " ref " +
+                           std::to_string(pool_.ref_count(b)) + " but held by " +
+                           std::to_string(holders[b]) + " tables");
+    }
+  }
+  return Status::ok();
+}
+
+}  // namespace m3

@@ -1,0 +1,105 @@
+#pragma once
+// Per-request KV block tables over one BlockPool, with prefix caching.
+//
+// Protocol per request (the scheduler drives it):
+//   find_cached_prefix(id, tokens)       → longest cached run of full blocks (≤ len-1 tokens)
+//   allocate_slots(id, tokens, computed, new, &hit)  → all-or-nothing, no side effect on failure
+//   mark_computed(id, tokens, computed)  → publishes newly full, computed blocks' hashes
+//   free(id)                             → refs dropped, blocks become (cached-)free
+#include <span>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "core/status.h"
+#include "kv/block_pool.h"
+#include "kv/block_table.h"
+#include "kv/prefix_hash.h"
+
+namespace m3 {
+
+struct KvCacheConfig {
+  int32_t num_blocks = 0;
+  int32_t block_size_tokens = 0;  // = the model's MSA block: 128 for M3, 16 for tiny models
+  bool enable_prefix_caching = true;
+  uint64_t hash_seed = 0;                    // same on every node that shares KV
+  std::vector<std::string> hash_extra_keys;  // e.g. "model_rev=<sha>", "kv_dtype=bf16"
+  Status validate() const;                   // every problem, in one message
+};
+
+struct PrefixMatch {
+  std::vector<BlockId> block_ids;  // physical blocks of logical blocks 0..n-1
+  int32_t num_tokens = 0;          // block_ids.size() * block_size
+};
+
+struct KvStats {
+  int32_t num_blocks = 0;
+  int32_t num_used_blocks = 0;    // ref > 0
+  int32_t num_free_blocks = 0;    // ref == 0, cached-free included
+  int32_t num_cached_blocks = 0;  // carrying a prefix hash (used or free)
+  int64_t num_evictions = 0;
+  int64_t prefix_query_tokens = 0;  // cumulative, see record_prefix_query
+  int64_t prefix_hit_tokens = 0;
+};
+
+class KvCacheManager {
+ public:
+  static Result<KvCacheManager> create(const KvCacheConfig& config);
+
+  const KvCacheConfig& config() const { return config_; }
+  int32_t block_size() const { return config_.block_size_tokens; }
+  int32_t num_blocks() const { return config_.num_blocks; }
+  int32_t num_free_blocks() const { return pool_.num_free_blocks(); }
+  int32_t blocks_for_tokens(int64_t num_tokens) const {
+    return static_cast<int32_t>((num_tokens + block_size() - 1) / block_size());
+  }
+
+  // Longest prefix of `tokens` made of cached full blocks, capped at tokens.size()-1 tokens
+  // (rounded down to whole blocks) so the last token is always computed and can be sampled.
+  // Takes no references; pass the result to allocate_slots in the same step.
+  PrefixMatch find_cached_prefix(RequestId request_id, std::span<const TokenId> tokens);
+
+  // Makes room for positions [0, num_computed_tokens + num_new_tokens). num_computed_tokens
+  // includes `hit` tokens; `hit` may only be given while the request holds no blocks.
+  // All-or-nothing: returns false with nothing changed when the pool is short.
+  bool allocate_slots(RequestId request_id, int32_t num_computed_tokens, int32_t num_new_tokens,
+                      const PrefixMatch* hit = nullptr);
+
+  // Tokens [0, num_computed_tokens) now hold valid KV: their full blocks become hits for
+  // later requests.
+  void mark_computed(RequestId request_id, std::span<const TokenId> tokens,
+                     int32_t num_computed_tokens);
+
+  // Drops the request's references (tail blocks first, so they are evicted first).
+  void free(RequestId request_id);
+
+  bool holds_blocks(RequestId request_id) const;
+  const BlockTable& block_table(RequestId request_id) const;  // empty table if unknown
+
+  // Prefix-cache accounting, called once per admission by the scheduler.
+  void record_prefix_query(int32_t num_query_tokens, int32_t num_hit_tokens);
+
+  KvStats stats() const;
+
+  // Pool invariants plus: each block's ref count equals the number of tables holding it,
+  // and a table never holds a block twice.
+  Status check_invariants() const;
+
+ private:
+  struct RequestBlocks {
+    BlockTable table;
+    std::vector<Hash128> block_hashes;  // chained hashes of the request's full blocks
+    int32_t num_published_blocks = 0;   // leading blocks whose hash is registered or known
+  };
+
+  explicit KvCacheManager(const KvCacheConfig& config);
+
+  KvCacheConfig config_;
+  PrefixHasher hasher_;
+  BlockPool pool_;
+  std::unordered_map<RequestId, RequestBlocks> requests_;
+  int64_t prefix_query_tokens_ = 0;
+  int64_t prefix_hit_tokens_ = 0;
+};
+
+}  // namespace m3

@@ -1,0 +1,70 @@
+#pragma once
+// A request as the scheduler sees it: known tokens (prompt + generated), how many of them
+// have KV computed, and a lifecycle state whose transitions are checked in one place.
+#include <string_view>
+#include <vector>
+
+#include "kv/kv_types.h"
+
+namespace m3 {
+
+enum class RequestState {
+  kWaiting,    // submitted, never admitted
+  kRunning,    // admitted: holds KV blocks, scheduled every step while budget lasts
+  kPreempted,  // blocks freed for recompute; queued at the front of waiting
+  kFinished,   // terminal; see FinishReason
+};
+
+enum class FinishReason { kNone, kStopToken, kMaxTokens, kCallerStop, kAborted };
+
+std::string_view to_string(RequestState state);
+std::string_view to_string(FinishReason reason);
+
+// The only legal moves: waiting→running, running→preempted, preempted→running, and any
+// non-terminal state→finished (abort reaches waiting/preempted requests too).
+bool is_valid_transition(RequestState from, RequestState to);
+
+// What the engine submits.
+struct RequestSpec {
+  RequestId request_id = 0;
+  std::vector<TokenId> prompt_token_ids;
+  int32_t max_tokens = 0;               // generated tokens, ≥ 1
+  std::vector<TokenId> stop_token_ids;  // finishing on one keeps it as the last output token
+};
+
+class Request {
+ public:
+  explicit Request(RequestSpec spec);
+
+  RequestId id() const { return spec_.request_id; }
+  RequestState state() const { return state_; }
+  FinishReason finish_reason() const { return finish_reason_; }
+  const std::vector<TokenId>& token_ids() const { return token_ids_; }  // prompt + output
+  int32_t num_tokens() const { return static_cast<int32_t>(token_ids_.size()); }
+  int32_t num_prompt_tokens() const { return static_cast<int32_t>(spec_.prompt_token_ids.size()); }
+  int32_t num_output_tokens() const { return num_tokens() - num_prompt_tokens(); }
+  int32_t max_tokens() const { return spec_.max_tokens; }
+  int32_t num_computed_tokens() const { return num_computed_tokens_; }
+  int32_t num_preemptions() const { return num_preemptions_; }
+  uint64_t admission_seq() const { return admission_seq_; }
+
+  // Aborts (internal invariant) on an illegal transition.
+  void transition(RequestState to, FinishReason reason = FinishReason::kNone);
+  void set_num_computed_tokens(int32_t value);
+  void set_admission_seq(uint64_t seq) { admission_seq_ = seq; }
+  void count_preemption() { ++num_preemptions_; }
+
+  // Appends one generated token; returns the reason it finishes the request, or kNone.
+  FinishReason append_output_token(TokenId token);
+
+ private:
+  RequestSpec spec_;
+  std::vector<TokenId> token_ids_;
+  RequestState state_ = RequestState::kWaiting;
+  FinishReason finish_reason_ = FinishReason::kNone;
+  int32_t num_computed_tokens_ = 0;
+  int32_t num_preemptions_ = 0;
+  uint64_t admission_seq_ = 0;
+};
+
+}  // namespace m3

@@ -1,0 +1,66 @@
+#pragma once
+// The value one Scheduler::schedule() call returns: everything the runner needs to build
+// attention metadata for one forward pass, and nothing it must look up elsewhere.
+#include <vector>
+
+#include "kv/block_table.h"
+#include "kv/kv_types.h"
+
+namespace m3 {
+
+struct ScheduledRequest {
+  RequestId request_id = 0;
+  // Absolute positions computed this step: [start_pos, end_pos). start_pos is the number
+  // of tokens whose KV is already cached (computed earlier or prefix hit); the chunk
+  // need not start or end on a block boundary.
+  int32_t start_pos = 0;
+  int32_t end_pos = 0;
+  std::vector<TokenId> token_ids;  // the input tokens at [start_pos, end_pos)
+  // True when end_pos reaches the end of the known tokens: sample one token from the
+  // logits at position end_pos - 1. False for a non-final prefill chunk.
+  bool samples = false;
+  // First step since (re)admission: drop any per-request state kept from before.
+  bool is_new_admission = false;
+  int32_t num_prefix_hit_tokens = 0;  // tokens reused from the prefix cache at admission
+  // Physical block of each logical block covering [0, end_pos): attention reads keys
+  // [0, end_pos) through it; the tokens computed here are written to slot(p).
+  std::vector<BlockId> block_table;
+
+  int32_t num_scheduled_tokens() const { return end_pos - start_pos; }
+  int64_t slot(int32_t position, int32_t block_size_tokens) const {
+    return slot_index(block_table, position, block_size_tokens);
+  }
+};
+
+struct StepStats {
+  int32_t num_scheduled_requests = 0;
+  int32_t num_prefill_tokens = 0;  // prompt chunks and recomputation after preemption
+  int32_t num_decode_tokens = 0;   // single generated tokens fed back
+  int32_t num_running = 0;         // after this step's admissions and preemptions
+  int32_t num_waiting = 0;         // waiting + preempted
+  int32_t num_preemptions = 0;
+  int32_t kv_blocks_used = 0;
+  int32_t kv_blocks_free = 0;      // cached-free included
+  int32_t kv_blocks_cached = 0;
+  int32_t prefix_query_tokens = 0;  // this step's admissions
+  int32_t prefix_hit_tokens = 0;
+};
+
+struct SchedulePlan {
+  uint64_t step_id = 0;
+  int32_t block_size_tokens = 0;
+  std::vector<ScheduledRequest> scheduled;  // batch order: running first, then admissions
+  std::vector<RequestId> preempted;         // lost their blocks this step; not scheduled
+  std::vector<RequestId> finished;          // finished or aborted since the previous plan
+  StepStats stats;
+
+  bool empty() const { return scheduled.empty(); }
+  int32_t num_scheduled_tokens() const;
+  // Flattened in batch order (what the runner uploads): absolute position and cache slot
+  // of every scheduled token, and each request's token offset into that flat batch.
+  std::vector<int32_t> positions() const;
+  std::vector<int64_t> slot_mapping() const;
+  std::vector<int32_t> query_start_offsets() const;  // size scheduled.size() + 1
+};
+
+}  // namespace m3

@@ -1,0 +1,286 @@
+#include "sched/scheduler.h"
+
+#include <algorithm>
+#include <string>
+#include <unordered_set>
+
+#include "core/check.h"
+
+namespace m3 {
+
+Status SchedulerConfig::validate() const {
+  std::string problems;
+  auto need_positive = [&](const char* name, int32_t value) {
+    if (value <= 0) problems += std::string(name) + " must be > 0 (got " + std::to_string(value) + "); ";
+  };
+  need_positive("max_num_batched_tokens", max_num_batched_tokens);
+  need_positive("max_num_seqs", max_num_seqs);
+  need_positive("max_model_len", max_model_len);
+  if (problems.empty()) return Status::ok();
+  problems.resize(problems.size() - 2);
+  return Status::error("SchedulerConfig: " + problems);
+}
+
+Result<Scheduler> Scheduler::create(const SchedulerConfig& config, const KvCacheConfig& kv_config) {
+  M3_RETURN_IF_ERROR(config.validate());
+  Result<KvCacheManager> kv = KvCacheManager::create(kv_config);
+  if (!kv) return kv.status();
+  return Scheduler(config, std::move(kv).value());
+}
+
+Scheduler::Scheduler(const SchedulerConfig& config, KvCacheManager kv)
+    : config_(config), kv_(std::move(kv)) {}
+
+Status Scheduler::submit(RequestSpec spec) {
+  const std::string who = "request " + std::to_string(spec.request_id) + ": ";
+  const int64_t num_prompt = static_cast<int64_t>(spec.prompt_token_ids.size());
+  if (num_prompt == 0) return Status::error(who + "empty prompt");
+  if (spec.max_tokens < 1) {
+    return Status::error(who + "max_tokens must be >= 1 (got " + std::to_string(spec.max_tokens) + ")");
+  }
+  if (requests_.count(spec.request_id)) return Status::error(who + "id already in use");
+  const int64_t num_total = num_prompt + spec.max_tokens;
+  if (num_total > config_.max_model_len) {
+    return Status::error(who + "prompt (" + std::to_string(num_prompt) + " tokens) + max_tokens (" +
+                         std::to_string(spec.max_tokens) + ") exceeds max_model_len " +
+                         std::to_string(config_.max_model_len));
+  }
+  // The last sampled token is never fed back, so its KV is never needed.
+  const int32_t num_blocks_needed = kv_.blocks_for_tokens(num_total - 1);
+  if (num_blocks_needed > kv_.num_blocks()) {
+    return Status::error(who + "needs " + std::to_string(num_blocks_needed) +
+                         " KV blocks at its longest but the pool has " +
+                         std::to_string(kv_.num_blocks()) + " (" + std::to_string(num_prompt) +
+                         " prompt tokens + " + std::to_string(spec.max_tokens) + " max_tokens, " +
+                         std::to_string(kv_.block_size()) + " tokens per block)");
+  }
+  auto request = std::make_unique<Request>(std::move(spec));
+  waiting_.push_back(request.get());
+  requests_.emplace(request->id(), std::move(request));
+  return Status::ok();
+}
+
+void Scheduler::add_entry(const Request& request, int32_t num_new_tokens, bool is_new_admission,
+                          int32_t num_prefix_hit_tokens, SchedulePlan* plan) const {
+  ScheduledRequest e;
+  e.request_id = request.id();
+  e.start_pos = request.num_computed_tokens();
+  e.end_pos = e.start_pos + num_new_tokens;
+  e.token_ids.assign(request.token_ids().begin() + e.start_pos,
+                     request.token_ids().begin() + e.end_pos);
+  e.samples = e.end_pos == request.num_tokens();
+  e.is_new_admission = is_new_admission;
+  e.num_prefix_hit_tokens = num_prefix_hit_tokens;
+  e.block_table = kv_.block_table(request.id()).block_ids();
+  const bool is_decode = num_new_tokens == 1 && e.samples && e.start_pos >= request.num_prompt_tokens();
+  (is_decode ? plan->stats.num_decode_tokens : plan->stats.num_prefill_tokens) += num_new_tokens;
+  plan->scheduled.push_back(std::move(e));
+}
+
+void Scheduler::preempt(Request* request, SchedulePlan* plan) {
+  kv_.free(request->id());
+  request->set_num_computed_tokens(0);
+  request->transition(RequestState::kPreempted);
+  request->count_preemption();
+  waiting_.push_front(request);
+  plan->preempted.push_back(request->id());
+  ++plan->stats.num_preemptions;
+}
+
+void Scheduler::schedule_running(SchedulePlan* plan, int32_t* budget) {
+  size_t i = 0;
+  while (i < running_.size() && *budget > 0) {
+    Request* r = running_[i];
+    const int32_t remaining = r->num_tokens() - r->num_computed_tokens();
+    M3_CHECK(remaining > 0, "running request %llu has nothing to compute",
+             static_cast<unsigned long long>(r->id()));
+    const int32_t num_new = std::min(remaining, *budget);
+    bool self_preempted = false;
+    while (!kv_.allocate_slots(r->id(), r->num_computed_tokens(), num_new)) {
+      // Requests after i are unscheduled this step, so taking the newest never has to
+      // undo an entry already in the plan.
+      Request* victim = running_.back();
+      running_.pop_back();
+      preempt(victim, plan);
+      if (victim == r) {
+        self_preempted = true;
+        break;
+      }
+    }
+    if (self_preempted) break;
+    add_entry(*r, num_new, /*is_new_admission=*/false, 0, plan);
+    *budget -= num_new;
+    ++i;
+  }
+}
+
+void Scheduler::admit_waiting(SchedulePlan* plan, int32_t* budget) {
+  while (!waiting_.empty() && *budget > 0 &&
+         static_cast<int32_t>(running_.size()) < config_.max_num_seqs) {
+    Request* r = waiting_.front();
+    const PrefixMatch hit = kv_.find_cached_prefix(r->id(), r->token_ids());
+    const int32_t num_new = std::min(r->num_tokens() - hit.num_tokens, *budget);
+    if (!kv_.allocate_slots(r->id(), hit.num_tokens, num_new, &hit)) break;  // FCFS: no skipping
+    waiting_.pop_front();
+    kv_.record_prefix_query(r->num_tokens(), hit.num_tokens);
+    plan->stats.prefix_query_tokens += r->num_tokens();
+    plan->stats.prefix_hit_tokens += hit.num_tokens;
+    r->set_num_computed_tokens(hit.num_tokens);
+    r->transition(RequestState::kRunning);
+    r->set_admission_seq(next_admission_seq_++);
+    running_.push_back(r);
+    add_entry(*r, num_new, /*is_new_admission=*/true, hit.num_tokens, plan);
+    *budget -= num_new;
+  }
+}
+
+SchedulePlan Scheduler::schedule() {
+  M3_CHECK(outstanding_step_id_ == 0, "schedule() called before update() of step %llu",
+           static_cast<unsigned long long>(outstanding_step_id_));
+  SchedulePlan plan;
+  plan.step_id = next_step_id_++;
+  plan.block_size_tokens = kv_.block_size();
+  plan.finished = std::move(finished_since_last_plan_);
+  finished_since_last_plan_.clear();
+
+  int32_t budget = config_.max_num_batched_tokens;
+  schedule_running(&plan, &budget);
+  // After a preemption the pool is known to be short: admitting now would only thrash.
+  if (plan.preempted.empty()) admit_waiting(&plan, &budget);
+
+  const KvStats kv = kv_.stats();
+  plan.stats.num_scheduled_requests = static_cast<int32_t>(plan.scheduled.size());
+  plan.stats.num_running = num_running();
+  plan.stats.num_waiting = num_waiting();
+  plan.stats.kv_blocks_used = kv.num_used_blocks;
+  plan.stats.kv_blocks_free = kv.num_free_blocks;
+  plan.stats.kv_blocks_cached = kv.num_cached_blocks;
+  if (!plan.empty()) outstanding_step_id_ = plan.step_id;
+  return plan;
+}
+
+void Scheduler::finish(Request* request, FinishReason reason) {
+  kv_.free(request->id());
+  if (request->state() == RequestState::kRunning) {
+    running_.erase(std::find(running_.begin(), running_.end(), request));
+  } else {
+    waiting_.erase(std::find(waiting_.begin(), waiting_.end(), request));
+  }
+  request->transition(RequestState::kFinished, reason);
+  finished_since_last_plan_.push_back(request->id());
+  requests_.erase(request->id());  // destroys *request
+}
+
+Result<std::vector<RequestOutput>> Scheduler::update(const SchedulePlan& plan,
+                                                     std::span<const SampledTokens> sampled) {
+  if (plan.empty()) {
+    if (!sampled.empty()) return Status::error("update: samples given for an empty plan");
+    return std::vector<RequestOutput>{};
+  }
+  if (plan.step_id != outstanding_step_id_) {
+    return Status::error("update: plan of step " + std::to_string(plan.step_id) +
+                         " is not the one awaiting results (" +
+                         std::to_string(outstanding_step_id_) + ")");
+  }
+  // Validate everything before changing anything.
+  std::unordered_map<RequestId, const ScheduledRequest*> entries;
+  for (const ScheduledRequest& e : plan.scheduled) entries.emplace(e.request_id, &e);
+  std::unordered_map<RequestId, const SampledTokens*> samples;
+  for (const SampledTokens& s : sampled) {
+    auto it = entries.find(s.request_id);
+    if (it == entries.end() || !it->second->samples) {
+      return Status::error("update: request " + std::to_string(s.request_id) +
+                           " was not scheduled to sample in step " + std::to_string(plan.step_id));
+    }
+    if (s.token_ids.empty()) {
+      return Status::error("update: no token for request " + std::to_string(s.request_id));
+    }
+    if (!samples.emplace(s.request_id, &s).second) {
+      return Status::error("update: request " + std::to_string(s.request_id) + " sampled twice");
+    }
+  }
+  for (const ScheduledRequest& e : plan.scheduled) {
+    auto it = requests_.find(e.request_id);
+    const bool live = it != requests_.end() && it->second->state() == RequestState::kRunning;
+    if (live && e.samples && !samples.count(e.request_id)) {
+      return Status::error("update: missing sampled token for request " +
+                           std::to_string(e.request_id));
+    }
+  }
+
+  outstanding_step_id_ = 0;
+  std::vector<RequestOutput> outputs;
+  for (const ScheduledRequest& e : plan.scheduled) {
+    auto it = requests_.find(e.request_id);
+    // Aborted while the step ran (any later request with this id cannot be running yet).
+    if (it == requests_.end() || it->second->state() != RequestState::kRunning) continue;
+    Request* r = it->second.get();
+    M3_CHECK(r->num_computed_tokens() == e.start_pos, "plan and request disagree on progress");
+    r->set_num_computed_tokens(e.end_pos);
+    kv_.mark_computed(r->id(), r->token_ids(), e.end_pos);
+    if (!e.samples) continue;
+    const SampledTokens& s = *samples.at(e.request_id);
+    RequestOutput out;
+    out.request_id = r->id();
+    for (TokenId t : s.token_ids) {
+      out.new_token_ids.push_back(t);
+      out.finish_reason = r->append_output_token(t);
+      if (out.finish_reason != FinishReason::kNone) break;
+    }
+    if (out.finish_reason == FinishReason::kNone && s.stop) out.finish_reason = FinishReason::kCallerStop;
+    out.finished = out.finish_reason != FinishReason::kNone;
+    if (out.finished) finish(r, out.finish_reason);
+    outputs.push_back(std::move(out));
+  }
+  return outputs;
+}
+
+Status Scheduler::abort(RequestId request_id) {
+  auto it = requests_.find(request_id);
+  if (it == requests_.end()) {
+    return Status::error("abort: request " + std::to_string(request_id) + " is not live");
+  }
+  finish(it->second.get(), FinishReason::kAborted);
+  return Status::ok();
+}
+
+const Request* Scheduler::find_request(RequestId request_id) const {
+  auto it = requests_.find(request_id);
+  return it == requests_.end() ? nullptr : it->second.get();
+}
+
+Status Scheduler::check_invariants() const {
+  M3_RETURN_IF_ERROR(kv_.check_invariants());
+  if (running_.size() + waiting_.size() != requests_.size()) {
+    return Status::error("queues hold " + std::to_string(running_.size() + waiting_.size()) +
+                         " requests but " + std::to_string(requests_.size()) + " are live");
+  }
+  if (static_cast<int32_t>(running_.size()) > config_.max_num_seqs) {
+    return Status::error("more running requests than max_num_seqs");
+  }
+  std::unordered_set<const Request*> seen;
+  uint64_t prev_seq = 0;
+  for (const Request* r : running_) {
+    const std::string who = "running request " + std::to_string(r->id());
+    if (!seen.insert(r).second) return Status::error(who + " queued twice");
+    if (r->state() != RequestState::kRunning) return Status::error(who + " in state " + std::string(to_string(r->state())));
+    if (r->admission_seq() <= prev_seq) return Status::error(who + " out of admission order");
+    prev_seq = r->admission_seq();
+    if (r->num_computed_tokens() >= r->num_tokens()) return Status::error(who + " has nothing to compute");
+    if (kv_.block_table(r->id()).num_blocks() < kv_.blocks_for_tokens(r->num_computed_tokens())) {
+      return Status::error(who + " computed tokens beyond its blocks");
+    }
+  }
+  for (const Request* r : waiting_) {
+    const std::string who = "waiting request " + std::to_string(r->id());
+    if (!seen.insert(r).second) return Status::error(who + " queued twice");
+    if (r->state() != RequestState::kWaiting && r->state() != RequestState::kPreempted) {
+      return Status::error(who + " in state " + std::string(to_string(r->state())));
+    }
+    if (r->num_computed_tokens() != 0) return Status::error(who + " has computed tokens");
+    if (kv_.holds_blocks(r->id())) return Status::error(who + " holds KV blocks");
+  }
+  return Status::ok();
+}
+
+}  // namespace m3

@@ -1,0 +1,105 @@
+#pragma once
+// Pure, deterministic continuous-batching scheduler (no phases: every running request's
+// computed-token count catches up to its known-token count under one token budget).
+//
+// Step loop driven by the engine:
+//   plan = schedule();                    // a value; empty() → nothing to run
+//   run the model on plan; sample one token for every entry with samples == true
+//   outputs = update(plan, sampled);      // appends tokens, publishes prefix blocks, finishes
+// update() must follow every non-empty plan before the next schedule(). abort() may be
+// called at any time; an aborted request's entry in an in-flight plan is then ignored.
+//
+// Policy, in order, each step:
+//  1. Running requests, oldest admission first, each get min(remaining, budget) tokens.
+//     If the pool cannot hold them, the newest-admitted running request is preempted
+//     (blocks freed, num_computed reset to 0, queued at the front of waiting) until it
+//     fits; when the request itself is the newest, it is the one preempted.
+//  2. If nothing was preempted, waiting requests are admitted FCFS while budget, seats
+//     (max_num_seqs) and blocks last: prefix-cache hit first, then a prefill chunk.
+// Submit rejects what could never run (prompt + max_tokens beyond max_model_len or
+// beyond the whole pool), so a lone oldest request always fits and steps never hang.
+#include <deque>
+#include <memory>
+#include <span>
+#include <unordered_map>
+#include <vector>
+
+#include "core/status.h"
+#include "kv/kv_cache_manager.h"
+#include "sched/request.h"
+#include "sched/schedule_plan.h"
+
+namespace m3 {
+
+struct SchedulerConfig {
+  int32_t max_num_batched_tokens = 0;  // token budget per step
+  int32_t max_num_seqs = 0;            // running requests at most
+  int32_t max_model_len = 0;           // prompt + max_tokens at most
+  Status validate() const;             // every problem, in one message
+};
+
+// What the runner sampled for one scheduled request with samples == true.
+struct SampledTokens {
+  RequestId request_id = 0;
+  std::vector<TokenId> token_ids;  // usually one; tokens after a finishing one are dropped
+  bool stop = false;               // the caller finishes it (e.g. a stop string matched)
+};
+
+struct RequestOutput {
+  RequestId request_id = 0;
+  std::vector<TokenId> new_token_ids;  // appended by this update
+  bool finished = false;
+  FinishReason finish_reason = FinishReason::kNone;
+};
+
+class Scheduler {
+ public:
+  static Result<Scheduler> create(const SchedulerConfig& config, const KvCacheConfig& kv_config);
+
+  // Rejects an empty prompt, max_tokens < 1, a live duplicate id, prompt + max_tokens >
+  // max_model_len, or a request whose KV could never fit the whole pool.
+  Status submit(RequestSpec spec);
+
+  SchedulePlan schedule();
+
+  // Applies the model's results for `plan` (the latest one). Fails without changing
+  // anything on a stale plan, a missing sample, or a sample nobody asked for.
+  Result<std::vector<RequestOutput>> update(const SchedulePlan& plan,
+                                            std::span<const SampledTokens> sampled);
+
+  // Finishes a live request now and frees its blocks; error if unknown.
+  Status abort(RequestId request_id);
+
+  bool has_unfinished_requests() const { return !requests_.empty(); }
+  int32_t num_running() const { return static_cast<int32_t>(running_.size()); }
+  int32_t num_waiting() const { return static_cast<int32_t>(waiting_.size()); }
+  const Request* find_request(RequestId request_id) const;  // live requests only
+  const SchedulerConfig& config() const { return config_; }
+  const KvCacheManager& kv() const { return kv_; }
+
+  // Request states agree with the queues, running requests' tables cover their computed
+  // tokens, waiting ones hold nothing, plus KvCacheManager::check_invariants().
+  Status check_invariants() const;
+
+ private:
+  Scheduler(const SchedulerConfig& config, KvCacheManager kv);
+
+  void schedule_running(SchedulePlan* plan, int32_t* budget);
+  void admit_waiting(SchedulePlan* plan, int32_t* budget);
+  void preempt(Request* request, SchedulePlan* plan);
+  void add_entry(const Request& request, int32_t num_new_tokens, bool is_new_admission,
+                 int32_t num_prefix_hit_tokens, SchedulePlan* plan) const;
+  void finish(Request* request, FinishReason reason);
+
+  SchedulerConfig config_;
+  KvCacheManager kv_;
+  std::unordered_map<RequestId, std::unique_ptr<Request>> requests_;  // live requests
+  std::vector<Request*> running_;  // admission order: back() is the newest
+  std::deque<Request*> waiting_;   // preempted ones go to the front
+  std::vector<RequestId> finished_since_last_plan_;
+  uint64_t next_step_id_ = 1;
+  uint64_t next_admission_seq_ = 1;
+  uint64_t outstanding_step_id_ = 0;  // non-empty plan awaiting update(), 0 if none
+};
+
+}  // namespace m3
