@@ -1,14 +1,14 @@
-// `m3serve generate`: continue token-id prompts, greedily or sampled, and report timing.
+// `m3serve generate`: offline batched generation of token-id prompts through the public
+// engine API (greedy or sampled); prints the ids, per-step stats on request, and throughput.
 #include <chrono>
 #include <cstdio>
 #include <fstream>
+#include <map>
 #include <sstream>
 #include <stdexcept>
 
 #include "app/commands.h"
-#include "backend/cpu/cpu_backend.h"
-#include "exec/sampler.h"
-#include "exec/sequence_runner.h"
+#include "m3serve/engine.h"
 
 namespace m3::app {
 namespace {
@@ -18,9 +18,12 @@ std::vector<int32_t> parse_ids(const std::string& text) {
   std::stringstream ss(text);
   std::string item;
   while (std::getline(ss, item, ',')) {
-    if (item.find_first_not_of(" \t") == std::string::npos) continue;
+    if (item.find_first_not_of(" \t\r") == std::string::npos) continue;
     try {
-      ids.push_back(int32_t(std::stol(item)));
+      size_t used = 0;
+      long v = std::stol(item, &used);
+      if (item.find_first_not_of(" \t\r", used) != std::string::npos) throw std::invalid_argument(item);
+      ids.push_back(int32_t(v));
     } catch (...) {
       throw std::runtime_error("prompt ids must be comma-separated integers, got '" + item + "'");
     }
@@ -32,29 +35,37 @@ std::vector<int32_t> parse_ids(const std::string& text) {
 }  // namespace
 
 void register_generate(CLI::App& app) {
-  auto* cmd = app.add_subcommand("generate", "Offline generation from token-id prompts");
+  auto* cmd = app.add_subcommand("generate", "Offline batched generation from token-id prompts");
   struct Opts {
-    std::string model, prompt_file;
+    EngineConfig engine;
+    std::string prompt_file;
     std::vector<std::string> prompts;
     SamplingParams sampling;
-    bool trace_dispatch = false;
+    bool print_steps = false;
+    bool no_prefix = false;
   };
   auto opts = std::make_shared<Opts>();
   opts->sampling.temperature = 0.0f;
-  cmd->add_option("--model", opts->model, "HF model directory")->required();
+  cmd->add_option("--model", opts->engine.model_dir, "HF model directory")->required();
   cmd->add_option("--prompt-ids", opts->prompts, "comma-separated token ids (repeatable)");
   cmd->add_option("--prompt-file", opts->prompt_file, "one comma-separated prompt per line");
-  cmd->add_option("--max-tokens", opts->sampling.max_tokens, "tokens to generate")->capture_default_str();
+  cmd->add_option("--max-tokens", opts->sampling.max_tokens, "tokens to generate per prompt")->capture_default_str();
   cmd->add_option("--temperature", opts->sampling.temperature, "0 = greedy")->capture_default_str();
   cmd->add_option("--top-p", opts->sampling.top_p)->capture_default_str();
   cmd->add_option("--top-k", opts->sampling.top_k)->capture_default_str();
   cmd->add_option("--min-p", opts->sampling.min_p)->capture_default_str();
   cmd->add_option("--seed", opts->sampling.seed, "-1 = random")->capture_default_str();
   cmd->add_flag("--ignore-eos", opts->sampling.ignore_eos);
-  cmd->add_flag("--trace-dispatch", opts->trace_dispatch, "log the first use of each (op, kernel, shape class)");
+  cmd->add_option("--max-num-batched-tokens", opts->engine.max_num_batched_tokens)->capture_default_str();
+  cmd->add_option("--max-num-seqs", opts->engine.max_num_seqs)->capture_default_str();
+  cmd->add_option("--max-model-len", opts->engine.max_model_len, "0 = model / pool limit")->capture_default_str();
+  cmd->add_option("--num-kv-blocks", opts->engine.num_kv_blocks, "0 = from --kv-cache-memory")->capture_default_str();
+  cmd->add_option("--kv-cache-memory", opts->engine.kv_cache_memory_bytes, "bytes of KV cache")->capture_default_str();
+  cmd->add_flag("--no-enable-prefix-caching", opts->no_prefix, "disable prefix caching");
+  cmd->add_flag("--trace-dispatch", opts->engine.trace_dispatch, "log the first use of each (op, kernel, shape class)");
+  cmd->add_flag("--print-steps", opts->print_steps, "print every step's stats");
   cmd->callback([opts] {
-    auto problems = opts->sampling.validate();
-    if (!problems.empty()) throw std::runtime_error(problems[0]);
+    opts->engine.enable_prefix_caching = !opts->no_prefix;
     std::vector<std::vector<int32_t>> prompts;
     for (const auto& p : opts->prompts) prompts.push_back(parse_ids(p));
     if (!opts->prompt_file.empty()) {
@@ -65,45 +76,49 @@ void register_generate(CLI::App& app) {
     }
     if (prompts.empty()) throw std::runtime_error("give --prompt-ids or --prompt-file");
     auto t0 = std::chrono::steady_clock::now();
-    auto model = MiniMaxM3Model::load(opts->model);
-    if (!model) throw std::runtime_error(model.error());
-    const auto& cfg = (*model)->config();
-    for (const auto& p : prompts)
-      for (int32_t id : p)
-        if (id < 0 || id >= cfg.vocab_size)
-          throw std::runtime_error("token id " + std::to_string(id) + " outside the vocabulary [0, " +
-                                   std::to_string(cfg.vocab_size) + ")");
-    double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    std::printf("loaded %s in %.2f s\n", opts->model.c_str(), load_s);
-    ops::KernelTable table;
-    cpu::register_cpu_kernels(table);
-    ops::DispatchStats stats(opts->trace_dispatch);
-    ops::OpContext ctx{&table, &stats, Device::kCpu};
+    auto engine = Engine::create(opts->engine);
+    if (!engine) throw std::runtime_error(engine.error());
+    std::printf("loaded %s in %.2f s (%d KV blocks of %d tokens, max_model_len %d)\n", opts->engine.model_dir.c_str(),
+                std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(),
+                (*engine)->model().num_kv_blocks, (*engine)->model().block_size, (*engine)->model().max_model_len);
+    std::map<RequestId, size_t> index;
+    int64_t prompt_tokens = 0;
     for (size_t i = 0; i < prompts.size(); ++i) {
-      const auto& prompt = prompts[i];
-      SequenceRunner runner(**model, ctx, int64_t(prompt.size()) + opts->sampling.max_tokens);
-      Sampler sampler(opts->sampling);
-      std::vector<int32_t> out;
-      auto tp = std::chrono::steady_clock::now();
-      auto logits = runner.extend(prompt, false);
-      double prefill_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - tp).count();
-      auto td = std::chrono::steady_clock::now();
-      for (int n = 0; n < opts->sampling.max_tokens; ++n) {
-        int32_t tok = sampler.sample(logits.data(), cfg.vocab_size, prompt, out).token;
-        out.push_back(tok);
-        bool stop = false;
-        for (int32_t s : opts->sampling.stop_token_ids) stop |= tok == s;
-        if (!opts->sampling.ignore_eos)
-          for (int32_t e : cfg.eos_token_ids) stop |= tok == e;
-        if (stop || n + 1 == opts->sampling.max_tokens) break;
-        logits = runner.extend({tok}, false);
-      }
-      double decode_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - td).count();
-      std::printf("prompt %zu (%zu tokens) -> %zu tokens:", i, prompt.size(), out.size());
-      for (int32_t t : out) std::printf(" %d", t);
-      std::printf("\n  prefill %.1f ms (%.0f tok/s), decode %.1f ms (%.1f tok/s)\n", prefill_s * 1e3,
-                  double(prompt.size()) / prefill_s, decode_s * 1e3, double(out.size()) / std::max(decode_s, 1e-9));
+      auto id = (*engine)->submit({prompts[i], opts->sampling});
+      if (!id) throw std::runtime_error("prompt " + std::to_string(i) + ": " + id.error());
+      index[*id] = i;
+      prompt_tokens += int64_t(prompts[i].size());
     }
+    std::vector<std::vector<int32_t>> outputs(prompts.size());
+    auto ts = std::chrono::steady_clock::now();
+    int64_t steps = 0, output_tokens = 0;
+    while ((*engine)->has_unfinished_requests()) {
+      EngineStepStats st;
+      for (auto& ev : (*engine)->step(&st))
+        for (auto& t : ev.new_tokens) {
+          outputs[index[ev.request_id]].push_back(t.token);
+          ++output_tokens;
+        }
+      ++steps;
+      if (opts->print_steps) {
+        std::printf("step %lld: prefill %d decode %d running %d waiting %d preempted %d kv %d/%d prefix hit %d/%d "
+                    "tokens, %.1f ms\n",
+                    (long long)steps, st.scheduler.num_prefill_tokens, st.scheduler.num_decode_tokens,
+                    st.scheduler.num_running, st.scheduler.num_waiting, st.scheduler.num_preemptions,
+                    st.scheduler.kv_blocks_used, st.scheduler.kv_blocks_used + st.scheduler.kv_blocks_free,
+                    st.scheduler.prefix_hit_tokens, st.scheduler.prefix_query_tokens, st.step_ms);
+      }
+    }
+    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - ts).count();
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      std::printf("prompt %zu (%zu tokens) -> %zu tokens:", i, prompts[i].size(), outputs[i].size());
+      for (int32_t t : outputs[i]) std::printf(" %d", t);
+      std::printf("\n");
+    }
+    std::printf("%zu requests, %lld prompt + %lld output tokens in %.3f s over %lld steps: %.1f output tok/s, "
+                "%.1f total tok/s\n",
+                prompts.size(), (long long)prompt_tokens, (long long)output_tokens, secs, (long long)steps,
+                double(output_tokens) / secs, double(prompt_tokens + output_tokens) / secs);
   });
 }
 
