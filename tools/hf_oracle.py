@@ -422,6 +422,145 @@ def run_prompt(model, rec, ids, device, topk_blocks, block_size, k_experts, gree
 
 
 # ---------------------------------------------------------------------------------------------
+# Optional: independent float64 re-implementation of m3-architecture.md section 2
+
+
+class SpecReference:
+    """Reads our config.json directly (not through HF) so a field HF misreads shows up as a diff.
+
+    Weights are fetched per use (no cache): meant for small checkpoints such as the tiny preset.
+    """
+
+    def __init__(self, raw, ckpt, device, quant_block):
+        self.ckpt, self.dev, self.block = ckpt, device, quant_block
+        t = raw["text_config"]
+        sp = t.get("sparse_attention_config") or {}
+        self.L = t["num_hidden_layers"]
+        self.NH, self.KV = t["num_attention_heads"], t["num_key_value_heads"]
+        self.HD = t.get("head_dim") or t["hidden_size"] // self.NH
+        self.R = expected_rotary_width(t)
+        self.theta, self.eps = float(t["rope_theta"]), float(t["rms_norm_eps"])
+        self.sparse = sp.get("sparse_attention_freq") or [0] * self.L
+        self.moe = t["moe_layer_freq"]
+        self.BS = sp.get("sparse_block_size", t.get("index_block_size"))
+        self.TOPK = sp.get("sparse_topk_blocks", t.get("index_topk_blocks"))
+        self.IH = sp.get("sparse_num_index_heads", t.get("index_n_heads"))
+        self.ID = sp.get("sparse_index_dim", t.get("index_head_dim"))
+        self.E, self.K = t["num_local_experts"], t["num_experts_per_tok"]
+        self.alpha, self.limit = float(t["swiglu_alpha"]), float(t["swiglu_limit"])
+        self.beta = float(t.get("swiglu_beta", 1.0))
+        self.scale = float(t["routed_scaling_factor"])
+        self.use_bias = bool(t.get("use_routing_bias", True))
+
+    def w(self, name):
+        t = self.ckpt.get(name, self.dev)
+        if name + "_scale_inv" in self.ckpt:
+            t = dequant_mxfp8(t, self.ckpt.get(name + "_scale_inv", self.dev), self.block)
+        return t.to(torch.float64)
+
+    def rms(self, x, name):
+        return x * torch.rsqrt((x * x).mean(-1, keepdim=True) + self.eps) * (1 + self.w(name))
+
+    def rope(self, x, pos):  # NeoX halves inside the first R dims
+        R = self.R
+        inv = 1.0 / (self.theta ** (torch.arange(0, R, 2, dtype=torch.float64, device=self.dev) / R))
+        ang = pos[:, None].double() * inv[None]
+        c, s = torch.cos(ang), torch.sin(ang)
+        a, b = x[..., : R // 2], x[..., R // 2: R]
+        return torch.cat([a * c - b * s, b * c + a * s, x[..., R:]], -1)
+
+    def swiglu(self, g, u):
+        g, u = g.clamp(max=self.limit), u.clamp(-self.limit, self.limit)
+        return (u + self.beta) * g * torch.sigmoid(self.alpha * g)
+
+    def mlp(self, x, p):
+        return self.swiglu(x @ self.w(p + "gate_proj.weight").T, x @ self.w(p + "up_proj.weight").T) \
+            @ self.w(p + "down_proj.weight").T
+
+    @torch.no_grad()
+    def forward(self, ids):
+        dev, T = self.dev, len(ids)
+        pos = torch.arange(T, device=dev)
+        P = TEXT_PREFIX + "model."
+        h = self.w(P + "embed_tokens.weight")[torch.tensor(ids, device=dev)]
+        causal = pos[None, :] <= pos[:, None]
+        sels, exps = [], []
+        for l in range(self.L):
+            p = f"{P}layers.{l}."
+            x = self.rms(h, p + "input_layernorm.weight")
+            q = (x @ self.w(p + "self_attn.q_proj.weight").T).view(T, self.NH, self.HD).transpose(0, 1)
+            k = (x @ self.w(p + "self_attn.k_proj.weight").T).view(T, self.KV, self.HD).transpose(0, 1)
+            v = (x @ self.w(p + "self_attn.v_proj.weight").T).view(T, self.KV, self.HD).transpose(0, 1)
+            q = self.rope(self.rms(q, p + "self_attn.q_norm.weight"), pos)
+            k = self.rope(self.rms(k, p + "self_attn.k_norm.weight"), pos)
+            allow = causal[None].expand(self.KV, T, T)
+            if self.sparse[l]:
+                iq = (x @ self.w(p + "self_attn.index_q_proj.weight").T).view(T, self.IH, self.ID).transpose(0, 1)
+                iq = self.rope(self.rms(iq, p + "self_attn.index_q_norm.weight"), pos)
+                ik = self.rope(self.rms(x @ self.w(p + "self_attn.index_k_proj.weight").T,
+                                        p + "self_attn.index_k_norm.weight"), pos)
+                nb = (T + self.BS - 1) // self.BS
+                sc = (iq @ ik.T).masked_fill(~causal[None], float("-inf"))
+                sc = torch.nn.functional.pad(sc, (0, nb * self.BS - T), value=float("-inf"))
+                bsc = sc.view(self.IH, T, nb, self.BS).amax(-1)
+                blk = torch.arange(nb, device=dev)
+                bsc = torch.where(blk[None, None, :] == (pos // self.BS)[None, :, None], float("inf"), bsc)
+                keep = torch.zeros(self.IH, T, nb, dtype=torch.bool, device=dev)
+                # min(topk, n) best valid blocks per (group, query); ties broken by lower block id.
+                order = torch.sort(bsc, dim=-1, descending=True, stable=True).indices[..., : self.TOPK]
+                keep.scatter_(-1, order, True)
+                keep &= torch.isfinite(bsc) | (bsc > 0)
+                allow = allow & keep.repeat_interleave(self.BS, -1)[..., :T]
+                ids_ = torch.where(keep, blk[None, None, :], torch.full_like(keep, -1, dtype=torch.int64))
+                ids_ = torch.sort(torch.where(ids_ < 0, nb, ids_), -1).values[..., : self.TOPK]
+                ids_ = torch.where(ids_ == nb, -1, ids_)
+                if ids_.shape[-1] < self.TOPK:
+                    ids_ = torch.nn.functional.pad(ids_, (0, self.TOPK - ids_.shape[-1]), value=-1)
+                sels.append(ids_.transpose(0, 1))
+            rep = self.NH // self.KV
+            att = (q @ k.repeat_interleave(rep, 0).transpose(1, 2)) * self.HD ** -0.5
+            att = att.masked_fill(~allow.repeat_interleave(rep, 0), float("-inf"))
+            o = torch.softmax(att, -1) @ v.repeat_interleave(rep, 0)
+            h = h + o.transpose(0, 1).reshape(T, -1) @ self.w(p + "self_attn.o_proj.weight").T
+            x = self.rms(h, p + "post_attention_layernorm.weight")
+            if self.moe[l]:
+                m = p + "block_sparse_moe."
+                sg = torch.sigmoid(x @ self.w(m + "gate.weight").T)
+                choice = sg + self.w(m + "e_score_correction_bias") if self.use_bias else sg
+                idx = choice.topk(self.K, -1).indices
+                wts = sg.gather(-1, idx)
+                wts = wts / wts.sum(-1, keepdim=True)
+                exps.append(idx.sort(-1).values)
+                y = torch.zeros_like(x)
+                for e in range(self.E):
+                    rows, slot = (idx == e).nonzero(as_tuple=True)
+                    if rows.numel():
+                        xe, px = x[rows], f"{m}experts.{e}."
+                        a = self.swiglu(xe @ self.w(px + "w1.weight").T, xe @ self.w(px + "w3.weight").T)
+                        y.index_add_(0, rows, (a @ self.w(px + "w2.weight").T) * wts[rows, slot, None])
+                y = self.scale * y
+                if m + "shared_experts.gate_proj.weight" in self.ckpt:
+                    y = y + self.mlp(x, m + "shared_experts.")
+            else:
+                y = self.mlp(x, p + "mlp.")
+            h = h + y
+        h = self.rms(h, P + "norm.weight")
+        logits = h @ self.w(TEXT_PREFIX + "lm_head.weight").T
+        return logits, sels, exps
+
+    def compare(self, ids, res):
+        logits, sels, exps = self.forward(ids)
+        gl = res["logits"].to(self.dev, torch.float64)
+        rel = float((logits - gl).norm() / gl.norm())
+        if len(sels) != res["selected_blocks"].shape[0] or len(exps) != res["expert_ids"].shape[0]:
+            return {"logits_rel": rel, "selection_equal": False, "experts_equal": False,
+                    "note": "sparse/MoE layer counts differ between config.json and HF"}
+        sel_ok = all(bool((a.cpu() == b.long()).all()) for a, b in zip(sels, res["selected_blocks"]))
+        exp_ok = all(bool((a.cpu() == b.long()).all()) for a, b in zip(exps, res["expert_ids"]))
+        return {"logits_rel": rel, "selection_equal": sel_ok, "experts_equal": exp_ok}
+
+
+# ---------------------------------------------------------------------------------------------
 # Optional: compare with HF's own from_pretrained conversion
 
 
@@ -476,6 +615,9 @@ def main():
     ap.add_argument("--device", default=None, help="default: cuda if available, else cpu")
     ap.add_argument("--check-hf-load", action="store_true",
                     help="also load through HF from_pretrained and compare parameters (diagnostic)")
+    ap.add_argument("--spec-check", action="store_true",
+                    help="also run an independent float64 implementation of the architecture spec and "
+                         "compare logits / selections / experts with HF (small checkpoints only)")
     args = ap.parse_args()
     if args.greedy_tokens < 0:
         fail("--greedy-tokens must be >= 0")
@@ -509,7 +651,8 @@ def main():
     rot = check_rotary(model, info["raw"]["text_config"])
     ckpt = Checkpoint(args.model)
     n_written, n_deq = load_weights_manually(model, ckpt, info["quant"], device)
-    del ckpt
+    block = int((info["quant"] or {}).get("weight_block_size", [1, 32])[1])
+    spec = SpecReference(info["raw"], ckpt, device, block) if args.spec_check else None
     hf_load = check_hf_load(args.model, model, device) if args.check_hf_load else None
     rec = Recorder(model)
     want_sparse = [i for i, t in enumerate(tc.layer_types) if t == "minimax_m3_sparse"]
@@ -526,6 +669,7 @@ def main():
 
     tensors = {}
     all_problems = []
+    spec_results = []
     for i, ids in enumerate(prompts):
         t1 = time.time()
         res, problems = run_prompt(model, rec, ids, device, tc.index_topk_blocks, tc.index_block_size,
@@ -533,6 +677,11 @@ def main():
         for k, v in res.items():
             tensors[f"prompt.{i}.{k}"] = v
         all_problems += [f"prompt {i} {q}" for q in problems]
+        if spec is not None:
+            c = spec.compare(ids, res)
+            spec_results.append(c)
+            if c["logits_rel"] > 1e-4 or not c["selection_equal"] or not c["experts_equal"]:
+                all_problems.append(f"prompt {i} spec reference disagrees with HF: {c}")
         lg = res["logits"]
         sel = res["selected_blocks"]
         T = len(ids)
@@ -541,12 +690,14 @@ def main():
         print(f"  prompt {i}: T={T} last-argmax={int(lg[-1].argmax())} logit-range=[{float(lg.min()):.3f}, "
               f"{float(lg.max()):.3f}] positions-with-real-selection={sparse_pos} "
               f"greedy[:12]={res['greedy'][:12].tolist()} ({time.time() - t1:.1f}s)")
+        if spec is not None:
+            print(f"    spec reference: {spec_results[-1]}")
         if sel.numel() and sparse_pos:
             t_last = T - 1
             print(f"    layer {want_sparse[0]} pos {t_last} blocks per kv group: "
                   f"{sel[0, t_last].tolist()}")
     for q in all_problems:
-        print(f"hf_oracle: WARNING HF selection contract: {q}")
+        print(f"hf_oracle: WARNING: {q}")
     for q in quirks:
         print(f"hf_oracle: quirk: {q}")
 
@@ -569,9 +720,10 @@ def main():
         "index_topk_blocks": str(tc.index_topk_blocks),
         "num_index_heads": str(tc.index_n_heads),
         "experts_per_tok": str(tc.num_experts_per_tok),
-        "selection_contract_warnings": json.dumps(all_problems),
+        "warnings": json.dumps(all_problems),
         "hf_quirks": json.dumps(quirks),
         "hf_load_check": hf_load or "not run",
+        "spec_check": json.dumps(spec_results) if spec is not None else "not run",
     }
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     save_file(tensors, args.out, metadata=meta)
