@@ -9,7 +9,7 @@ checkpoint conversion rules; `--check-hf-load` additionally loads through `from_
 and reports whether HF's own conversion gives the same parameters.
 
     python3 tools/hf_oracle.py --model DIR --prompts prompts.json --out golden.safetensors \
-        [--greedy-tokens 64] [--device cuda|cpu] [--check-hf-load]
+        [--greedy-tokens 64] [--device cuda|cpu] [--check-hf-load] [--spec-check]
 
 prompts.json: {"prompts": [[ids...], ...]}. Output tensors per prompt i (see docs/oracle.md):
   prompt.{i}.input_ids       I32 [T]
