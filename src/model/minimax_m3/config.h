@@ -73,7 +73,7 @@ struct MiniMaxM3Config {
   // Parses a whole config.json (top level with text_config, or a bare text config).
   static Result<MiniMaxM3Config> from_json(const nlohmann::json& root);
   static Result<MiniMaxM3Config> from_file(const std::string& path);
-  // Deployment-shaped config.json (what MiniMaxAI ships), plus the flattened index_* names.
+  // Deployment-shaped config.json (what MiniMaxAI ships; HF 5.17 reads it as is).
   nlohmann::json to_json() const;
 
   // Named presets: "tiny", "m3", "m3-layers:N".
