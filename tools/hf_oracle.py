@@ -612,6 +612,9 @@ def main():
     ap.add_argument("--prompts", required=True, help='JSON file {"prompts": [[ids...], ...]}')
     ap.add_argument("--out", required=True, help="output .safetensors")
     ap.add_argument("--greedy-tokens", type=int, default=64)
+    ap.add_argument("--meta", action="append", default=[], metavar="KEY=VALUE",
+                    help="extra metadata stored in the golden file (e.g. m3_preset=tiny m3_seed=0 m3_mxfp8=1), "
+                         "so the engine's test can regenerate the exact checkpoint")
     ap.add_argument("--device", default=None, help="default: cuda if available, else cpu")
     ap.add_argument("--check-hf-load", action="store_true",
                     help="also load through HF from_pretrained and compare parameters (diagnostic)")
@@ -725,6 +728,11 @@ def main():
         "hf_load_check": hf_load or "not run",
         "spec_check": json.dumps(spec_results) if spec is not None else "not run",
     }
+    for kv in args.meta:
+        if "=" not in kv:
+            fail(f"--meta expects KEY=VALUE, got {kv!r}")
+        key, value = kv.split("=", 1)
+        meta[key] = value
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     save_file(tensors, args.out, metadata=meta)
     print(f"hf_oracle: wrote {args.out} ({len(tensors)} tensors, {len(prompts)} prompts) "
