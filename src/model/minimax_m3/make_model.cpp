@@ -47,12 +47,51 @@ double uniform_at(uint64_t key, uint64_t k) {
   return (double(mix64(key + (k + 1) * kGamma) >> 11) + 0.5) * 0x1p-53;
 }
 
+// ln(u) for u in (0, 1] from +, -, *, / only: libm's log / sin / cos may differ in the last
+// bit between versions and CPU-specific variants, which would break bit-identical draws.
+// (x86-64 without -mfma never contracts these into FMAs.)
+double det_log(double u) {
+  int k;
+  double m = std::frexp(u, &k);  // exact: u = m * 2^k, m in [0.5, 1)
+  if (m < 0.70710678118654752440) {
+    m *= 2.0;
+    k -= 1;
+  }
+  // ln(m) = 2 atanh(s), s = (m - 1) / (m + 1), |s| <= 0.1716
+  const double s = (m - 1.0) / (m + 1.0), s2 = s * s;
+  double term = s, sum = s;
+  for (int n = 3; n <= 27; n += 2) {
+    term *= s2;
+    sum += term / double(n);
+  }
+  constexpr double kLn2Hi = 6.93147180369123816490e-01, kLn2Lo = 1.90821492927058770002e-10;
+  return double(k) * kLn2Hi + (2.0 * sum + double(k) * kLn2Lo);
+}
+
+// sin and cos of 2*pi*u for u in [0, 1], same rules as det_log.
+void det_sincos_turns(double u, double& sin_out, double& cos_out) {
+  const double q = std::nearbyint(u * 4.0);  // quadrant; u * 4 is exact
+  const double x = (u - q * 0.25) * kTwoPi;  // the subtraction is exact; |x| <= pi/4
+  const double x2 = x * x;
+  double sn = 1.0, cs = 1.0;
+  for (int n = 16; n >= 2; n -= 2) sn = 1.0 - x2 / double(n * (n + 1)) * sn;
+  sn *= x;
+  for (int n = 17; n >= 1; n -= 2) cs = 1.0 - x2 / double(n * (n + 1)) * cs;
+  switch (int(q) & 3) {
+    case 0: sin_out = sn; cos_out = cs; break;
+    case 1: sin_out = cs; cos_out = -sn; break;
+    case 2: sin_out = -sn; cos_out = -cs; break;
+    default: sin_out = -cs; cos_out = sn; break;
+  }
+}
+
 void normal_pair(uint64_t key, uint64_t pair, double& z0, double& z1) {
   const double u1 = uniform_at(key, 2 * pair), u2 = uniform_at(key, 2 * pair + 1);
-  const double r = std::sqrt(-2.0 * std::log(u1));
-  const double t = kTwoPi * u2;
-  z0 = r * std::cos(t);
-  z1 = r * std::sin(t);
+  const double r = std::sqrt(-2.0 * det_log(u1));  // sqrt is correctly rounded everywhere
+  double s, c;
+  det_sincos_turns(u2, s, c);
+  z0 = r * c;
+  z1 = r * s;
 }
 
 // Elements [begin, begin + count) of the tensor's draw: element 2p is the cosine half of

@@ -108,6 +108,7 @@ TEST(MakeModel, TinyBf16Layout) {
   EXPECT_FALSE(d->config_json().contains("quantization_config"));
   EXPECT_EQ(cfg->hidden_size, 128);
   EXPECT_EQ(cfg->num_hidden_layers, 4);
+  EXPECT_EQ(cfg->to_json(), tiny().to_json());  // config.json round-trips the preset exactly
   json gen = json::parse(slurp(fs::path(dir) / "generation_config.json"));
   EXPECT_EQ(gen["bos_token_id"], 1);
   EXPECT_EQ(gen["eos_token_id"], 2);
@@ -205,6 +206,9 @@ TEST(MakeModel, Mxfp8MatchesBf16Draws) {
   auto cfg = MiniMaxM3Config::from_json(m->config_json());
   ASSERT_TRUE(cfg.is_ok()) << cfg.error();
   ASSERT_EQ(cfg->quant_method, QuantMethod::kMxfp8);
+  MiniMaxM3Config want = tiny();
+  want.quant_method = QuantMethod::kMxfp8;
+  EXPECT_EQ(cfg->to_json(), want.to_json());
   const json& qc = m->config_json()["quantization_config"];
   EXPECT_EQ(qc["quant_method"], "mxfp8");
   EXPECT_EQ(qc["weight_block_size"], json({1, 32}));
