@@ -117,7 +117,9 @@ void fuzz_one(uint64_t seed, int32_t num_steps, FuzzStats* totals) {
       EXPECT_TRUE(ids.insert(r.request_id).second);
       EXPECT_GT(r.end_pos, r.start_pos);
       EXPECT_LE(r.end_pos, sc.max_model_len);
-      if (r.is_new_admission) EXPECT_EQ(r.start_pos, r.num_prefix_hit_tokens);
+      if (r.is_new_admission) {
+        EXPECT_EQ(r.start_pos, r.num_prefix_hit_tokens);
+      }
       EXPECT_EQ(r.num_prefix_hit_tokens % kc.block_size_tokens, 0);
     }
     for (RequestId id : plan.preempted) EXPECT_FALSE(ids.count(id));
