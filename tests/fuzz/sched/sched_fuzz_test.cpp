@@ -42,6 +42,7 @@ void fuzz_one(uint64_t seed, int32_t num_steps, FuzzStats* totals) {
   sc.max_num_batched_tokens = rng.uniform(1, 48);
   sc.max_num_seqs = rng.uniform(1, 8);
   sc.max_model_len = rng.uniform(8, 160);
+  sc.max_chunk_tokens = rng.chance(30) ? rng.uniform(1, 16) : 0;
   Result<Scheduler> created = Scheduler::create(sc, kc);
   ASSERT_TRUE(created.is_ok()) << created.status().message();
   Scheduler sched = std::move(created).value();
@@ -116,6 +117,9 @@ void fuzz_one(uint64_t seed, int32_t num_steps, FuzzStats* totals) {
     for (const ScheduledRequest& r : plan.scheduled) {
       EXPECT_TRUE(ids.insert(r.request_id).second);
       EXPECT_GT(r.end_pos, r.start_pos);
+      if (sc.max_chunk_tokens > 0) {
+        EXPECT_LE(r.num_scheduled_tokens(), sc.max_chunk_tokens);
+      }
       EXPECT_LE(r.end_pos, sc.max_model_len);
       if (r.is_new_admission) {
         EXPECT_EQ(r.start_pos, r.num_prefix_hit_tokens);

@@ -24,8 +24,8 @@ struct Knobs {
   bool prefix_caching = true;
 };
 
-Scheduler make_scheduler(const Knobs& s) {
-  SchedulerConfig c{s.budget, s.max_seqs, s.max_model_len};
+Scheduler make_scheduler_with(const Knobs& s, int32_t max_chunk_tokens) {
+  SchedulerConfig c{s.budget, s.max_seqs, s.max_model_len, max_chunk_tokens};
   KvCacheConfig k;
   k.num_blocks = s.num_blocks;
   k.block_size_tokens = s.block_size;
@@ -36,6 +36,8 @@ Scheduler make_scheduler(const Knobs& s) {
   EXPECT_TRUE(r.is_ok()) << r.status().message();
   return std::move(r).value();
 }
+
+Scheduler make_scheduler(const Knobs& s) { return make_scheduler_with(s, 0); }
 
 RequestSpec make_spec(RequestId id, int32_t prompt_len, int32_t max_tokens, TokenId first = 1,
                       std::vector<TokenId> stop = {}) {
@@ -83,6 +85,8 @@ TEST(Scheduler, ConfigValidationReportsEveryProblem) {
   EXPECT_NE(r.error().find("max_num_seqs"), std::string::npos);
   EXPECT_NE(r.error().find("max_model_len"), std::string::npos);
   EXPECT_FALSE(Scheduler::create(SchedulerConfig{8, 2, 64}, KvCacheConfig{}).is_ok());
+  EXPECT_FALSE(Scheduler::create(SchedulerConfig{8, 2, 64, -1}, k).is_ok());
+  EXPECT_TRUE(Scheduler::create(SchedulerConfig{8, 2, 64, 4}, k).is_ok());
 }
 
 TEST(Scheduler, PlanCarriesPositionsSlotsAndTables) {
@@ -106,6 +110,8 @@ TEST(Scheduler, PlanCarriesPositionsSlotsAndTables) {
     EXPECT_EQ(slots[p], int64_t{r.block_table[p / 4]} * 4 + p % 4);
   }
   EXPECT_EQ(plan.query_start_offsets(), (std::vector<int32_t>{0, 6}));
+  EXPECT_EQ(plan.seq_lens(), (std::vector<int32_t>{6}));
+  EXPECT_TRUE(plan.sample_token_indices().empty());
   EXPECT_EQ(plan.stats.num_prefill_tokens, 6);
   EXPECT_EQ(plan.stats.num_decode_tokens, 0);
   ASSERT_TRUE(sched.update(plan, {}).is_ok());
@@ -136,6 +142,40 @@ TEST(Scheduler, PlanCarriesPositionsSlotsAndTables) {
   const SchedulePlan plan4 = sched.schedule();
   EXPECT_TRUE(plan4.empty());
   EXPECT_EQ(plan4.finished, (std::vector<RequestId>{1}));
+}
+
+TEST(Scheduler, FlatBatchHelpersFollowBatchOrder) {
+  Knobs s;
+  s.budget = 12;
+  Scheduler sched = make_scheduler(s);
+  ASSERT_TRUE(sched.submit(make_spec(1, 3, 2)).is_ok());
+  ASSERT_TRUE(sched.submit(make_spec(2, 20, 2, 30)).is_ok());
+  const SchedulePlan p = sched.schedule();
+  ASSERT_EQ(p.scheduled.size(), 2u);
+  EXPECT_EQ(p.query_start_offsets(), (std::vector<int32_t>{0, 3, 12}));
+  EXPECT_EQ(p.seq_lens(), (std::vector<int32_t>{3, 9}));
+  EXPECT_EQ(p.sample_token_indices(), (std::vector<int32_t>{2}));  // request 2 is mid-prompt
+  const std::vector<int32_t> pos = p.positions();
+  EXPECT_EQ(pos[2], 2);
+  EXPECT_EQ(pos[3], 0);
+  EXPECT_EQ(pos[11], 8);
+}
+
+TEST(Scheduler, ChunkCapLetsNewerRequestsDecodeDuringALongPrefill) {
+  Knobs s;
+  s.budget = 16;
+  Scheduler sched = make_scheduler_with(s, /*max_chunk_tokens=*/5);
+  FakeModel model(s.num_blocks, s.block_size, kVocab);
+  std::vector<RequestSpec> specs = {make_spec(1, 2, 30), make_spec(2, 120, 3, 8)};
+  for (const RequestSpec& spec : specs) ASSERT_TRUE(sched.submit(spec).is_ok());
+  const fake::DriveResult r = drive(sched, model);
+  int32_t steps_with_both = 0;
+  for (const SchedulePlan& p : r.plans) {
+    for (const ScheduledRequest& e : p.scheduled) EXPECT_LE(e.num_scheduled_tokens(), 5);
+    steps_with_both += p.scheduled.size() == 2;
+  }
+  EXPECT_GT(steps_with_both, 20);  // request 1 decodes alongside 2's 24 chunks
+  expect_matches_reference(specs, r);
 }
 
 TEST(Scheduler, ChunkedPrefillWithTinyBudgetMatchesOneAtATime) {
