@@ -28,20 +28,31 @@ KvCacheManager::KvCacheManager(const KvCacheConfig& config)
       hasher_(config.hash_seed, config.block_size_tokens, config.hash_extra_keys),
       pool_(config.num_blocks) {}
 
-PrefixMatch KvCacheManager::find_cached_prefix(RequestId request_id,
-                                               std::span<const TokenId> tokens) {
+PrefixMatch KvCacheManager::match_hashes(std::span<const Hash128> hashes) const {
   PrefixMatch match;
-  if (!config_.enable_prefix_caching || tokens.empty()) return match;
-  const int32_t max_hit_blocks = static_cast<int32_t>((tokens.size() - 1) / block_size());
-  RequestBlocks& rb = requests_[request_id];
-  hasher_.extend_block_hashes(tokens, &rb.block_hashes, max_hit_blocks);
-  for (int32_t i = 0; i < max_hit_blocks; ++i) {
-    const BlockId b = pool_.find_cached(rb.block_hashes[i]);
+  for (const Hash128& h : hashes) {
+    const BlockId b = pool_.find_cached(h);
     if (b == kNoBlock) break;
     match.block_ids.push_back(b);
   }
   match.num_tokens = static_cast<int32_t>(match.block_ids.size()) * block_size();
   return match;
+}
+
+PrefixMatch KvCacheManager::find_cached_prefix(RequestId request_id,
+                                               std::span<const TokenId> tokens) {
+  if (!config_.enable_prefix_caching || tokens.empty()) return {};
+  const int32_t max_blocks = max_hit_blocks(tokens.size());
+  RequestBlocks& rb = requests_[request_id];  // the hashes are kept for later steps
+  hasher_.extend_block_hashes(tokens, &rb.block_hashes, max_blocks);
+  return match_hashes(std::span(rb.block_hashes).first(max_blocks));
+}
+
+PrefixMatch KvCacheManager::find_cached_prefix(std::span<const TokenId> tokens) const {
+  if (!config_.enable_prefix_caching || tokens.empty()) return {};
+  std::vector<Hash128> hashes;
+  hasher_.extend_block_hashes(tokens, &hashes, max_hit_blocks(tokens.size()));
+  return match_hashes(hashes);
 }
 
 bool KvCacheManager::allocate_slots(RequestId request_id, int32_t num_computed_tokens,

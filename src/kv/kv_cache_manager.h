@@ -58,6 +58,8 @@ class KvCacheManager {
   // (rounded down to whole blocks) so the last token is always computed and can be sampled.
   // Takes no references; pass the result to allocate_slots in the same step.
   PrefixMatch find_cached_prefix(RequestId request_id, std::span<const TokenId> tokens);
+  // Same lookup for a token sequence no request owns (e.g. routing, hit-rate estimates).
+  PrefixMatch find_cached_prefix(std::span<const TokenId> tokens) const;
 
   // Makes room for positions [0, num_computed_tokens + num_new_tokens). num_computed_tokens
   // includes `hit` tokens; `hit` may only be given while the request holds no blocks.
@@ -93,6 +95,10 @@ class KvCacheManager {
   };
 
   explicit KvCacheManager(const KvCacheConfig& config);
+  PrefixMatch match_hashes(std::span<const Hash128> hashes) const;
+  int32_t max_hit_blocks(size_t num_tokens) const {
+    return num_tokens == 0 ? 0 : static_cast<int32_t>((num_tokens - 1) / block_size());
+  }
 
   KvCacheConfig config_;
   PrefixHasher hasher_;

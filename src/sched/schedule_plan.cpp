@@ -33,4 +33,21 @@ std::vector<int32_t> SchedulePlan::query_start_offsets() const {
   return out;
 }
 
+std::vector<int32_t> SchedulePlan::seq_lens() const {
+  std::vector<int32_t> out;
+  out.reserve(scheduled.size());
+  for (const ScheduledRequest& r : scheduled) out.push_back(r.end_pos);
+  return out;
+}
+
+std::vector<int32_t> SchedulePlan::sample_token_indices() const {
+  std::vector<int32_t> out;
+  int32_t offset = 0;
+  for (const ScheduledRequest& r : scheduled) {
+    offset += r.num_scheduled_tokens();
+    if (r.samples) out.push_back(offset - 1);
+  }
+  return out;
+}
+
 }  // namespace m3

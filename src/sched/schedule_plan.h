@@ -61,6 +61,9 @@ struct SchedulePlan {
   std::vector<int32_t> positions() const;
   std::vector<int64_t> slot_mapping() const;
   std::vector<int32_t> query_start_offsets() const;  // size scheduled.size() + 1
+  std::vector<int32_t> seq_lens() const;  // end_pos per request: keys attention may read
+  // Flat indices (into positions()) of the tokens whose logits are sampled, in batch order.
+  std::vector<int32_t> sample_token_indices() const;
 };
 
 }  // namespace m3

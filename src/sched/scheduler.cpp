@@ -16,6 +16,9 @@ Status SchedulerConfig::validate() const {
   need_positive("max_num_batched_tokens", max_num_batched_tokens);
   need_positive("max_num_seqs", max_num_seqs);
   need_positive("max_model_len", max_model_len);
+  if (max_chunk_tokens < 0) {
+    problems += "max_chunk_tokens must be >= 0 (got " + std::to_string(max_chunk_tokens) + "); ";
+  }
   if (problems.empty()) return Status::ok();
   problems.resize(problems.size() - 2);
   return Status::error("SchedulerConfig: " + problems);
@@ -94,7 +97,7 @@ void Scheduler::schedule_running(SchedulePlan* plan, int32_t* budget) {
     const int32_t remaining = r->num_tokens() - r->num_computed_tokens();
     M3_CHECK(remaining > 0, "running request %llu has nothing to compute",
              static_cast<unsigned long long>(r->id()));
-    const int32_t num_new = std::min(remaining, *budget);
+    const int32_t num_new = std::min(remaining, chunk_limit(*budget));
     bool self_preempted = false;
     while (!kv_.allocate_slots(r->id(), r->num_computed_tokens(), num_new)) {
       // Requests after i are unscheduled this step, so taking the newest never has to
@@ -119,7 +122,7 @@ void Scheduler::admit_waiting(SchedulePlan* plan, int32_t* budget) {
          static_cast<int32_t>(running_.size()) < config_.max_num_seqs) {
     Request* r = waiting_.front();
     const PrefixMatch hit = kv_.find_cached_prefix(r->id(), r->token_ids());
-    const int32_t num_new = std::min(r->num_tokens() - hit.num_tokens, *budget);
+    const int32_t num_new = std::min(r->num_tokens() - hit.num_tokens, chunk_limit(*budget));
     if (!kv_.allocate_slots(r->id(), hit.num_tokens, num_new, &hit)) break;  // FCFS: no skipping
     waiting_.pop_front();
     kv_.record_prefix_query(r->num_tokens(), hit.num_tokens);

@@ -8,9 +8,11 @@
 //   outputs = update(plan, sampled);      // appends tokens, publishes prefix blocks, finishes
 // update() must follow every non-empty plan before the next schedule(). abort() may be
 // called at any time; an aborted request's entry in an in-flight plan is then ignored.
+// Not thread-safe: one engine thread owns it.
 //
 // Policy, in order, each step:
-//  1. Running requests, oldest admission first, each get min(remaining, budget) tokens.
+//  1. Running requests, oldest admission first, each get min(remaining, budget,
+//     max_chunk_tokens) tokens.
 //     If the pool cannot hold them, the newest-admitted running request is preempted
 //     (blocks freed, num_computed reset to 0, queued at the front of waiting) until it
 //     fits; when the request itself is the newest, it is the one preempted.
@@ -18,6 +20,7 @@
 //     (max_num_seqs) and blocks last: prefix-cache hit first, then a prefill chunk.
 // Submit rejects what could never run (prompt + max_tokens beyond max_model_len or
 // beyond the whole pool), so a lone oldest request always fits and steps never hang.
+#include <algorithm>
 #include <deque>
 #include <memory>
 #include <span>
@@ -35,6 +38,9 @@ struct SchedulerConfig {
   int32_t max_num_batched_tokens = 0;  // token budget per step
   int32_t max_num_seqs = 0;            // running requests at most
   int32_t max_model_len = 0;           // prompt + max_tokens at most
+  // Longest chunk one request gets per step (0: the whole budget). Bounds how long an
+  // old, long prefill can hold the budget while newer requests wait to decode.
+  int32_t max_chunk_tokens = 0;
   Status validate() const;             // every problem, in one message
 };
 
@@ -90,6 +96,9 @@ class Scheduler {
   void add_entry(const Request& request, int32_t num_new_tokens, bool is_new_admission,
                  int32_t num_prefix_hit_tokens, SchedulePlan* plan) const;
   void finish(Request* request, FinishReason reason);
+  int32_t chunk_limit(int32_t budget) const {
+    return config_.max_chunk_tokens > 0 ? std::min(budget, config_.max_chunk_tokens) : budget;
+  }
 
   SchedulerConfig config_;
   KvCacheManager kv_;

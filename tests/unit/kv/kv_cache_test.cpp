@@ -164,6 +164,10 @@ TEST(KvCacheManager, PrefixHitsFullBlocksOnlyAndNeverTheLastToken) {
   std::vector<TokenId> f = a;
   f[0] = 1;
   EXPECT_EQ(kv.find_cached_prefix(6, f).num_tokens, 0);
+  // The request-free lookup agrees.
+  EXPECT_EQ(kv.find_cached_prefix(b).block_ids, hit.block_ids);
+  EXPECT_EQ(kv.find_cached_prefix(d).num_tokens, 4);
+  EXPECT_EQ(kv.find_cached_prefix(f).num_tokens, 0);
 
   ASSERT_TRUE(kv.allocate_slots(2, hit.num_tokens, 1, &hit));
   EXPECT_EQ(kv.block_table(2)[0], ta[0]);
