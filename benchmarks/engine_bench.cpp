@@ -96,7 +96,7 @@ int main(int argc, char** argv) {
     ec.enable_prefix_caching = false;
     auto engine = m3::Engine::create(ec);
     if (!engine) { std::fprintf(stderr, "%s\n", engine.error().c_str()); return 1; }
-    std::mt19937 rng(uint32_t(batch));
+    std::mt19937 rng{uint32_t(batch)};
     for (int b = 0; b < batch; ++b) {
       m3::GenerationRequest r;
       for (int i = 0; i < input_len; ++i) r.prompt_token_ids.push_back(3 + int32_t(rng() % uint32_t(cfg->vocab_size - 3)));
