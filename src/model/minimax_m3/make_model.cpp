@@ -62,7 +62,7 @@ double det_log(double u) {
   double term = s, sum = s;
   for (int n = 3; n <= 27; n += 2) {
     term *= s2;
-    sum += term / double(n);
+    sum += term * (1.0 / double(n));  // reciprocals of constants: folded when unrolled
   }
   constexpr double kLn2Hi = 6.93147180369123816490e-01, kLn2Lo = 1.90821492927058770002e-10;
   return double(k) * kLn2Hi + (2.0 * sum + double(k) * kLn2Lo);
@@ -74,9 +74,9 @@ void det_sincos_turns(double u, double& sin_out, double& cos_out) {
   const double x = (u - q * 0.25) * kTwoPi;  // the subtraction is exact; |x| <= pi/4
   const double x2 = x * x;
   double sn = 1.0, cs = 1.0;
-  for (int n = 16; n >= 2; n -= 2) sn = 1.0 - x2 / double(n * (n + 1)) * sn;
+  for (int n = 16; n >= 2; n -= 2) sn = 1.0 - x2 * (1.0 / double(n * (n + 1))) * sn;
   sn *= x;
-  for (int n = 17; n >= 1; n -= 2) cs = 1.0 - x2 / double(n * (n + 1)) * cs;
+  for (int n = 17; n >= 1; n -= 2) cs = 1.0 - x2 * (1.0 / double(n * (n + 1))) * cs;
   switch (int(q) & 3) {
     case 0: sin_out = sn; cos_out = cs; break;
     case 1: sin_out = cs; cos_out = -sn; break;
@@ -237,7 +237,8 @@ void quantize_mxfp8_row(const float* w, int64_t k, uint8_t* q, uint8_t* scales) 
     }
     e = std::clamp(e, -127, 127);
     scales[b] = uint8_t(e + 127);
-    for (int i = 0; i < kMxBlock; ++i) q[b * kMxBlock + i] = f32_to_fp8_e4m3(float(std::ldexp(double(x[i]), -e)));
+    const double inv_scale = std::ldexp(1.0, -e);  // exact power of two; products are exact in double
+    for (int i = 0; i < kMxBlock; ++i) q[b * kMxBlock + i] = f32_to_fp8_e4m3(float(double(x[i]) * inv_scale));
   }
 }
 

@@ -351,6 +351,49 @@ TEST(SafetensorsFile, ValidHandWrittenFile) {
   EXPECT_EQ((*f)->find("zz"), nullptr);
 }
 
+// Every truncation of a valid file is rejected, and random header corruption never crashes
+// nor yields a tensor outside the file.
+TEST(SafetensorsFile, TruncationsAndCorruptionAreRejectedSafely) {
+  TempDir tmp;
+  SafetensorsWriter w(tmp.str(), 1 << 20);
+  auto items = sample_items();
+  for (const Item& it : items) w.add(it.name, it.dtype, it.shape, it.bytes.data());
+  ASSERT_TRUE(w.finish().is_ok());
+  std::ifstream in(tmp.file("model.safetensors"), std::ios::binary);
+  const std::string good((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const std::string p = tmp.file("x.safetensors");
+  for (size_t len = 0; len < good.size(); len += (len < 64 ? 1 : 37)) {
+    write_text(p, good.substr(0, len));
+    auto r = SafetensorsFile::open(p);
+    ASSERT_FALSE(r.is_ok()) << "truncated to " << len;
+    expect_contains(r.error(), p);
+  }
+  static const char kJsonChars[] = "0123456789[]{},:\"- ";
+  std::mt19937 rng(1234);
+  uint64_t header_len = 0;
+  for (int i = 7; i >= 0; --i) header_len = (header_len << 8) | uint8_t(good[size_t(i)]);
+  int accepted = 0;
+  for (int iter = 0; iter < 150; ++iter) {
+    std::string bad = good;
+    const int flips = 1 + int(rng() % 3);
+    for (int f = 0; f < flips; ++f) {
+      const size_t pos = rng() % (8 + header_len);
+      bad[pos] = char(iter % 2 ? uint8_t(rng()) : uint8_t(kJsonChars[rng() % (sizeof(kJsonChars) - 1)]));
+    }
+    write_text(p, bad);
+    auto r = SafetensorsFile::open(p);
+    if (!r.is_ok()) {
+      expect_contains(r.error(), p);
+      continue;
+    }
+    ++accepted;
+    for (const auto& [name, t] : (*r)->tensors()) {
+      EXPECT_EQ(t.size_bytes, size_t(t.shape.numel()) * dtype_size_bytes(t.dtype)) << name;
+    }
+  }
+  EXPECT_LT(accepted, 150);
+}
+
 // ----- ModelDir -----
 
 void write_single(const TempDir& tmp, const std::vector<Item>& items) {
