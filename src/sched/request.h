@@ -47,12 +47,15 @@ class Request {
   int32_t num_computed_tokens() const { return num_computed_tokens_; }
   int32_t num_preemptions() const { return num_preemptions_; }
   uint64_t admission_seq() const { return admission_seq_; }
+  // Prompt tokens served from the prefix cache at the first admission (usage reporting).
+  int32_t num_cached_prompt_tokens() const { return num_cached_prompt_tokens_; }
 
   // Aborts (internal invariant) on an illegal transition.
   void transition(RequestState to, FinishReason reason = FinishReason::kNone);
   void set_num_computed_tokens(int32_t value);
   void set_admission_seq(uint64_t seq) { admission_seq_ = seq; }
   void count_preemption() { ++num_preemptions_; }
+  void set_num_cached_prompt_tokens(int32_t value) { num_cached_prompt_tokens_ = value; }
 
   // Appends one generated token; returns the reason it finishes the request, or kNone.
   FinishReason append_output_token(TokenId token);
@@ -64,6 +67,7 @@ class Request {
   FinishReason finish_reason_ = FinishReason::kNone;
   int32_t num_computed_tokens_ = 0;
   int32_t num_preemptions_ = 0;
+  int32_t num_cached_prompt_tokens_ = 0;
   uint64_t admission_seq_ = 0;
 };
 

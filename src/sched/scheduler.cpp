@@ -129,6 +129,7 @@ void Scheduler::admit_waiting(SchedulePlan* plan, int32_t* budget) {
     plan->stats.prefix_query_tokens += r->num_tokens();
     plan->stats.prefix_hit_tokens += hit.num_tokens;
     r->set_num_computed_tokens(hit.num_tokens);
+    if (r->state() == RequestState::kWaiting) r->set_num_cached_prompt_tokens(hit.num_tokens);
     r->transition(RequestState::kRunning);
     r->set_admission_seq(next_admission_seq_++);
     running_.push_back(r);

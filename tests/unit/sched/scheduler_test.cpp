@@ -248,6 +248,7 @@ TEST(Scheduler, PrefixHitsCountFullBlocksOnlyAndComputeTheLastToken) {
     ASSERT_EQ(plan.scheduled.size(), 1u);
     const ScheduledRequest& r = plan.scheduled[0];
     EXPECT_EQ(r.num_prefix_hit_tokens, c.expected_hit) << "request " << c.spec.request_id;
+    EXPECT_EQ(sched.find_request(c.spec.request_id)->num_cached_prompt_tokens(), c.expected_hit);
     EXPECT_EQ(r.start_pos, c.expected_hit);
     EXPECT_GE(r.num_scheduled_tokens(), 1);
     EXPECT_EQ(plan.stats.prefix_hit_tokens, c.expected_hit);
