@@ -34,7 +34,6 @@ class EngineImpl final : public Engine {
         stats_(config.trace_dispatch) {
     cpu::register_cpu_kernels(kernels_);
     ctx_ = ops::OpContext{&kernels_, &stats_, Device::kCpu};
-    cache_views_.block_size = summary_.block_size;
   }
 
   Result<RequestId> submit(GenerationRequest request) override {

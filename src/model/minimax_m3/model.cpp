@@ -13,11 +13,13 @@ KvCacheTensors HostKvCache::views() const {
   for (const auto& x : k) t.k.push_back(x.view);
   for (const auto& x : v) t.v.push_back(x.view);
   for (const auto& x : index_k) t.index_k.push_back(x.view);
+  t.block_size = block_size;
   return t;
 }
 
 HostKvCache HostKvCache::allocate(const MiniMaxM3Config& c, int64_t num_blocks, int block_size) {
   HostKvCache cache;
+  cache.block_size = block_size;
   const int64_t slots = num_blocks * block_size;
   for (int l = 0; l < c.num_hidden_layers; ++l) {
     cache.k.push_back(HostTensor::empty(DType::kF32, {slots, c.num_key_value_heads, c.head_dim}));

@@ -25,6 +25,7 @@ struct KvCacheTensors {
 // Host storage for KvCacheTensors (the CPU backend's cache).
 struct HostKvCache {
   std::vector<HostTensor> k, v, index_k;
+  int block_size = 0;
   KvCacheTensors views() const;
   static HostKvCache allocate(const MiniMaxM3Config& config, int64_t num_blocks, int block_size);
 };

@@ -33,7 +33,7 @@ const std::string& tiny_dir() {
 }
 
 std::vector<int32_t> prompt(int len, int seed) {
-  std::mt19937 rng(uint32_t(seed));
+  std::mt19937 rng{uint32_t(seed)};
   std::vector<int32_t> p;
   for (int i = 0; i < len; ++i) p.push_back(3 + int32_t(rng() % 500));
   return p;
