@@ -180,7 +180,12 @@ std::vector<std::pair<size_t, size_t>> SplitRegex::find_all(std::string_view tex
   while (offset <= text.size()) {
     // The subject was validated once; later calls skip the UTF check.
     const uint32_t options = offset == 0 ? 0 : PCRE2_NO_UTF_CHECK;
-    const int rc = pcre2_match(code, subject, text.size(), offset, options, data, nullptr);
+    int rc = pcre2_match(code, subject, text.size(), offset, options, data, nullptr);
+    if (rc < 0 && rc != PCRE2_ERROR_NOMATCH) {
+      // JIT stack or match limits on pathological input: retry with the interpreter so
+      // the split never silently stops early.
+      rc = pcre2_match(code, subject, text.size(), offset, options | PCRE2_NO_JIT, data, nullptr);
+    }
     if (rc < 0) break;
     const PCRE2_SIZE* ovector = pcre2_get_ovector_pointer(data);
     const size_t begin = ovector[0];
