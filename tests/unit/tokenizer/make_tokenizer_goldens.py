@@ -4,6 +4,7 @@
 Usage: make_tokenizer_goldens.py CORPUS_DIR OUT_DIR
 
 Writes OUT_DIR/json_split/tokenizer.json      (Split(regex) + ByteLevel, merges as lists),
+       OUT_DIR/json_o200k/tokenizer.json      (o200k-style Split + ByteLevel),
        OUT_DIR/json_bytelevel/tokenizer.json  (ByteLevel with its regex, merges as "a b"),
        OUT_DIR/vocab_merges/{vocab.json,merges.txt,tokenizer_config.json},
        OUT_DIR/goldens.json                   (hex strings and expected ids / decodes).
@@ -24,6 +25,10 @@ SPECIALS = [
 ]
 NON_SPECIAL = ["<tool_call>", "</tool_call>", "<invoke name=", "</invoke>"]
 STRIPPED = "<|strip|>"
+# o200k-style: case classes, marks, possessive quantifiers (PCRE2 and Oniguruma both have them).
+O200K_REGEX = (r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+               r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+               r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]++[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 SPLIT_REGEX = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
                r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 
@@ -134,6 +139,16 @@ def main():
     ])
     tok_a.save(os.path.join(split_dir, "tokenizer.json"))
 
+    # Variant D: o200k-style Split (possessive quantifiers, \p{Lu}/\p{M}) + ByteLevel.
+    o200k_dir = os.path.join(out_dir, "json_o200k")
+    os.makedirs(o200k_dir, exist_ok=True)
+    tok_d = Tokenizer.from_str(tok.to_str())
+    tok_d.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(O200K_REGEX), behavior="isolated", invert=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+    ])
+    tok_d.save(os.path.join(o200k_dir, "tokenizer.json"))
+
     # Variant C: vocab.json + merges.txt + added tokens in tokenizer_config.json (same ids as B).
     vm_dir = os.path.join(out_dir, "vocab_merges")
     os.makedirs(vm_dir, exist_ok=True)
@@ -149,13 +164,14 @@ def main():
     texts = [c.decode("utf-8", errors="replace") for c in raw_cases]
     enc_a = [e.ids for e in tok_a.encode_batch(texts, add_special_tokens=False)]
     enc_b = [e.ids for e in tok_b.encode_batch(texts, add_special_tokens=False)]
+    enc_d = [e.ids for e in tok_d.encode_batch(texts, add_special_tokens=False)]
     tok_b.encode_special_tokens = True
     enc_b_plain = [e.ids for e in tok_b.encode_batch(texts, add_special_tokens=False)]
     tok_b.encode_special_tokens = False
 
     cases = []
-    for raw, text, a, b, plain in zip(raw_cases, texts, enc_a, enc_b, enc_b_plain):
-        case = {"hex": raw.hex(), "split": a, "bytelevel": b, "bytelevel_no_special": plain}
+    for raw, text, a, b, d, plain in zip(raw_cases, texts, enc_a, enc_b, enc_d, enc_b_plain):
+        case = {"hex": raw.hex(), "split": a, "bytelevel": b, "o200k": d, "bytelevel_no_special": plain}
         decoded = tok_b.decode(b, skip_special_tokens=False)
         if decoded != text:  # stripping added tokens swallow whitespace
             case["decoded_hex"] = decoded.encode("utf-8").hex()

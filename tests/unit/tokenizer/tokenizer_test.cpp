@@ -133,6 +133,12 @@ TEST_F(HfParity, SplitRegexThenByteLevel) {
   EXPECT_EQ(check_encode(*tok, "split", true), 0);
 }
 
+TEST_F(HfParity, PossessiveCaseClassRegex) {
+  auto tok = load("json_o200k");
+  ASSERT_TRUE(tok);
+  EXPECT_EQ(check_encode(*tok, "o200k", true), 0);
+}
+
 TEST_F(HfParity, ByteLevelWithStringMerges) {
   auto tok = load("json_bytelevel");
   ASSERT_TRUE(tok);
