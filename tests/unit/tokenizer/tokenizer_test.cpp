@@ -84,6 +84,26 @@ TEST(Tokenizer, MissingAndMalformedFilesAreErrors) {
   fs::remove_all(dir);
 }
 
+TEST(Tokenizer, VocabMergesWithAddedTokensJson) {
+  const fs::path dir = fs::temp_directory_path() / "m3_tokenizer_vm";
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  // "Ġ" is the byte-level spelling of a space.
+  std::ofstream(dir / "vocab.json") << R"({"a": 0, "b": 1, "ab": 2, "\u0120": 3, "\u0120ab": 4})";
+  std::ofstream(dir / "merges.txt") << "#version: 0.2\na b\n\u0120 ab\n";
+  std::ofstream(dir / "added_tokens.json") << R"({"<x>": 5})";
+  auto tok = Tokenizer::from_dir(dir.string());
+  ASSERT_TRUE(tok.is_ok()) << tok.error();
+  EXPECT_EQ((*tok)->encode("ab<x> ab"), (std::vector<int32_t>{2, 5, 4}));
+  EXPECT_EQ((*tok)->encode("abc"), (std::vector<int32_t>{2}));  // 'c' is not representable: dropped
+  EXPECT_EQ((*tok)->decode({2, 5, 4}), "ab<x> ab");
+  EXPECT_EQ((*tok)->vocab_size(), 6);
+  EXPECT_FALSE((*tok)->is_special(5));
+  EXPECT_EQ((*tok)->token_to_id("<x>"), std::optional<int32_t>(5));
+  EXPECT_EQ((*tok)->id_to_token(4), "\u0120ab");
+  fs::remove_all(dir);
+}
+
 class HfParity : public ::testing::Test {
  protected:
   void SetUp() override {
