@@ -191,12 +191,16 @@ std::vector<int32_t> BpeTokenizer::encode(std::string_view text, bool allow_spec
 
   std::vector<int32_t> ids;
   ids.reserve(text.size() / 3 + 4);
+  std::vector<std::string_view> words;
+  std::deque<std::string> arena;
   for (const Segment& segment : segments) {
     if (segment.added_id >= 0) {
       ids.push_back(segment.added_id);
       continue;
     }
-    for (const std::string& word : pre_tokenizer_.split(segment.text)) bpe_word(word, ids);
+    words.clear();
+    pre_tokenizer_.split(segment.text, words, arena);
+    for (std::string_view word : words) bpe_word(word, ids);
   }
   return ids;
 }
@@ -206,10 +210,9 @@ void BpeTokenizer::bpe_word(std::string_view word, std::vector<int32_t>& out) co
     bpe_uncached(word, out);
     return;
   }
-  const std::string key(word);
   {
     std::lock_guard<std::mutex> lock(cache_mutex_);
-    auto it = cache_.find(key);
+    auto it = cache_.find(word);
     if (it != cache_.end()) {
       out.insert(out.end(), it->second.begin(), it->second.end());
       return;
@@ -220,7 +223,7 @@ void BpeTokenizer::bpe_word(std::string_view word, std::vector<int32_t>& out) co
   out.insert(out.end(), ids.begin(), ids.end());
   std::lock_guard<std::mutex> lock(cache_mutex_);
   if (cache_.size() >= kMaxCacheEntries) cache_.clear();
-  cache_.emplace(key, std::move(ids));
+  cache_.emplace(std::string(word), std::move(ids));
 }
 
 void BpeTokenizer::bpe_uncached(std::string_view word, std::vector<int32_t>& out) const {

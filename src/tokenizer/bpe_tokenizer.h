@@ -72,8 +72,13 @@ class BpeTokenizer final : public Tokenizer {
   int32_t unk_id_ = -1;
   bool ignore_merges_ = false;
 
+  // Lookups by string_view without building a key string.
+  struct WordHash {
+    using is_transparent = void;
+    size_t operator()(std::string_view word) const { return std::hash<std::string_view>{}(word); }
+  };
   mutable std::mutex cache_mutex_;
-  mutable std::unordered_map<std::string, std::vector<int32_t>> cache_;
+  mutable std::unordered_map<std::string, std::vector<int32_t>, WordHash, std::equal_to<>> cache_;
 };
 
 }  // namespace m3

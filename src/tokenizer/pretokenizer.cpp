@@ -9,8 +9,9 @@ namespace {
 using Span = std::pair<std::pair<size_t, size_t>, bool>;  // (offsets, is_match)
 
 // Cuts `text` into matched and unmatched spans, then groups them like HF's
-// SplitDelimiterBehavior does.
-std::vector<std::string> split_with(std::string_view text, const PreTokenizeStep& step) {
+// SplitDelimiterBehavior does; appends the non-empty pieces (views of `text`).
+void split_with(std::string_view text, const PreTokenizeStep& step, SplitBehavior behavior,
+                bool invert, std::vector<std::string_view>& pieces) {
   std::vector<Span> spans;
   size_t prev = 0;
   for (auto [begin, end] : step.regex->find_all(text)) {
@@ -19,14 +20,14 @@ std::vector<std::string> split_with(std::string_view text, const PreTokenizeStep
     prev = end;
   }
   if (prev != text.size()) spans.push_back({{prev, text.size()}, false});
-  if (step.invert) {
+  if (invert) {
     for (auto& span : spans) span.second = !span.second;
   }
 
   std::vector<Span> grouped;
-  switch (step.behavior) {
+  switch (behavior) {
     case SplitBehavior::kIsolated:
-      grouped = spans;
+      grouped = std::move(spans);
       break;
     case SplitBehavior::kRemoved:
       for (const auto& span : spans) {
@@ -71,13 +72,11 @@ std::vector<std::string> split_with(std::string_view text, const PreTokenizeStep
       break;
     }
   }
-  std::vector<std::string> pieces;
   for (const auto& span : grouped) {
     if (span.first.second > span.first.first) {
-      pieces.emplace_back(text.substr(span.first.first, span.first.second - span.first.first));
+      pieces.push_back(text.substr(span.first.first, span.first.second - span.first.first));
     }
   }
-  return pieces;
 }
 
 Result<SplitBehavior> parse_behavior(const nlohmann::json& value) {
@@ -229,28 +228,31 @@ Result<PreTokenizer> PreTokenizer::gpt2() {
   return pre;
 }
 
-std::vector<std::string> PreTokenizer::split(std::string_view segment) const {
-  std::vector<std::string> pieces{std::string(segment)};
+void PreTokenizer::split(std::string_view segment, std::vector<std::string_view>& words,
+                         std::deque<std::string>& arena) const {
+  std::vector<std::string_view> pieces{segment};
+  std::vector<std::string_view> next;
   for (const auto& step : steps_) {
-    std::vector<std::string> next;
-    for (auto& piece : pieces) {
+    next.clear();
+    for (std::string_view piece : pieces) {
       if (step.kind == PreTokenizeStep::Kind::kByteLevel) {
-        if (step.add_prefix_space && (piece.empty() || piece[0] != ' ')) piece = " " + piece;
-        if (!step.regex) {
-          next.push_back(std::move(piece));
-          continue;
+        if (step.add_prefix_space && (piece.empty() || piece[0] != ' ')) {
+          std::string& prefixed = arena.emplace_back(1, ' ');
+          prefixed.append(piece);
+          piece = prefixed;
         }
-        PreTokenizeStep isolated = step;
-        isolated.behavior = SplitBehavior::kIsolated;
-        isolated.invert = false;
-        for (auto& sub : split_with(piece, isolated)) next.push_back(std::move(sub));
+        if (!step.regex) {
+          next.push_back(piece);
+        } else {
+          split_with(piece, step, SplitBehavior::kIsolated, false, next);
+        }
       } else {
-        for (auto& sub : split_with(piece, step)) next.push_back(std::move(sub));
+        split_with(piece, step, step.behavior, step.invert, next);
       }
     }
-    pieces = std::move(next);
+    pieces.swap(next);
   }
-  return pieces;
+  words.insert(words.end(), pieces.begin(), pieces.end());
 }
 
 }  // namespace m3

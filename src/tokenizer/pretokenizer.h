@@ -1,6 +1,7 @@
 #pragma once
 // Pre-tokenisation steps HF writes for byte-level BPE: Split(regex or literal) and
 // ByteLevel(add_prefix_space, use_regex), applied in order to each non-added-token segment.
+#include <deque>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -47,8 +48,10 @@ class PreTokenizer {
   static Result<PreTokenizer> from_json(const nlohmann::json& config);
   // The GPT-2 default (ByteLevel, no prefix space, GPT-2 regex).
   static Result<PreTokenizer> gpt2();
-  // Splits one text segment into words (raw bytes, before the byte-level mapping).
-  std::vector<std::string> split(std::string_view segment) const;
+  // Splits one text segment into words (raw bytes, before the byte-level mapping),
+  // appended to `words`; they view `segment` or strings kept in `arena` (prefix spaces).
+  void split(std::string_view segment, std::vector<std::string_view>& words,
+             std::deque<std::string>& arena) const;
 
  private:
   std::vector<PreTokenizeStep> steps_;
