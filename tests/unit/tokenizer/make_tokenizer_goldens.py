@@ -5,6 +5,7 @@ Usage: make_tokenizer_goldens.py CORPUS_DIR OUT_DIR
 
 Writes OUT_DIR/json_split/tokenizer.json      (Split(regex) + ByteLevel, merges as lists),
        OUT_DIR/json_o200k/tokenizer.json      (o200k-style Split + ByteLevel),
+       OUT_DIR/json_prefix_space/tokenizer.json (ByteLevel with add_prefix_space),
        OUT_DIR/json_bytelevel/tokenizer.json  (ByteLevel with its regex, merges as "a b"),
        OUT_DIR/vocab_merges/{vocab.json,merges.txt,tokenizer_config.json},
        OUT_DIR/goldens.json                   (hex strings and expected ids / decodes).
@@ -149,6 +150,13 @@ def main():
     ])
     tok_d.save(os.path.join(o200k_dir, "tokenizer.json"))
 
+    # Variant E: ByteLevel with add_prefix_space (a space before every non-added segment).
+    prefix_dir = os.path.join(out_dir, "json_prefix_space")
+    os.makedirs(prefix_dir, exist_ok=True)
+    tok_e = Tokenizer.from_str(tok.to_str())
+    tok_e.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=True)
+    tok_e.save(os.path.join(prefix_dir, "tokenizer.json"))
+
     # Variant C: vocab.json + merges.txt + added tokens in tokenizer_config.json (same ids as B).
     vm_dir = os.path.join(out_dir, "vocab_merges")
     os.makedirs(vm_dir, exist_ok=True)
@@ -165,13 +173,15 @@ def main():
     enc_a = [e.ids for e in tok_a.encode_batch(texts, add_special_tokens=False)]
     enc_b = [e.ids for e in tok_b.encode_batch(texts, add_special_tokens=False)]
     enc_d = [e.ids for e in tok_d.encode_batch(texts, add_special_tokens=False)]
+    enc_e = [e.ids for e in tok_e.encode_batch(texts, add_special_tokens=False)]
     tok_b.encode_special_tokens = True
     enc_b_plain = [e.ids for e in tok_b.encode_batch(texts, add_special_tokens=False)]
     tok_b.encode_special_tokens = False
 
     cases = []
-    for raw, text, a, b, d, plain in zip(raw_cases, texts, enc_a, enc_b, enc_d, enc_b_plain):
-        case = {"hex": raw.hex(), "split": a, "bytelevel": b, "o200k": d, "bytelevel_no_special": plain}
+    for raw, text, a, b, d, e, plain in zip(raw_cases, texts, enc_a, enc_b, enc_d, enc_e, enc_b_plain):
+        case = {"hex": raw.hex(), "split": a, "bytelevel": b, "o200k": d, "prefix_space": e,
+                "bytelevel_no_special": plain}
         decoded = tok_b.decode(b, skip_special_tokens=False)
         if decoded != text:  # stripping added tokens swallow whitespace
             case["decoded_hex"] = decoded.encode("utf-8").hex()

@@ -159,6 +159,12 @@ TEST_F(HfParity, PossessiveCaseClassRegex) {
   EXPECT_EQ(check_encode(*tok, "o200k", true), 0);
 }
 
+TEST_F(HfParity, AddPrefixSpace) {
+  auto tok = load("json_prefix_space");
+  ASSERT_TRUE(tok);
+  EXPECT_EQ(check_encode(*tok, "prefix_space", true), 0);
+}
+
 TEST_F(HfParity, ByteLevelWithStringMerges) {
   auto tok = load("json_bytelevel");
   ASSERT_TRUE(tok);
