@@ -271,20 +271,44 @@ bool ToolCallParser::step_block(OutputDelta& out, bool final) {
 bool ToolCallParser::step_frame(OutputDelta& out, bool final) {
   Frame& frame = frames_.back();
   if (frame.kind == Kind::kString || frame.kind == Kind::kScalar) {
-    const std::string close = std::string(kNamespaceToken) + "</" + frame.tag + ">";
-    const size_t end = buffer_.find(close);
-    const size_t take = end != std::string::npos ? end
-                        : buffer_.size() - (final ? 0 : partial_suffix(buffer_, close));
-    if (frame.kind == Kind::kString) {
-      emit_args(escape_json(std::string_view(buffer_).substr(0, take)), out);
-    } else {
-      frame.text.append(buffer_, 0, take);
+    // The value runs to its closing tag. A closing tag of an enclosing element (or of the
+    // block) also ends it, for output that forgot one; other "</x>" text is literal.
+    const std::string close_prefix = std::string(kNamespaceToken) + "</";
+    auto consume = [&](size_t length) {
+      if (frame.kind == Kind::kString) {
+        emit_args(escape_json(std::string_view(buffer_).substr(0, length)), out);
+      } else {
+        frame.text.append(buffer_, 0, length);
+      }
+      buffer_.erase(0, length);
+    };
+    size_t search_from = 0;
+    while (true) {
+      const size_t at = buffer_.find(close_prefix, search_from);
+      if (at == std::string::npos) {
+        consume(buffer_.size() - (final ? 0 : partial_suffix(buffer_, close_prefix)));
+        return false;
+      }
+      const size_t gt = buffer_.find('>', at + close_prefix.size());
+      if (gt == std::string::npos) {
+        if (!final && buffer_.size() - at <= kMaxTagBytes) {
+          consume(at);
+          return false;
+        }
+        search_from = at + 1;
+        continue;
+      }
+      const std::string name = buffer_.substr(at + close_prefix.size(), gt - at - close_prefix.size());
+      bool closes_outer = name == "tool_call";
+      for (const Frame& outer : frames_) closes_outer = closes_outer || outer.tag == name;
+      if (name == frame.tag || closes_outer) {
+        consume(at);
+        if (name == frame.tag) buffer_.erase(0, gt + 1 - at);
+        close_frame(out);  // an outer tag stays in the buffer for the enclosing frame
+        return true;
+      }
+      search_from = gt + 1;
     }
-    buffer_.erase(0, take);
-    if (end == std::string::npos) return false;
-    buffer_.erase(0, close.size());
-    close_frame(out);
-    return true;
   }
 
   if (frame.kind == Kind::kUnknown) {

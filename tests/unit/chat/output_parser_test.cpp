@@ -257,6 +257,20 @@ TEST(ToolCallParser, UnknownToolsRawJsonAndTruncation) {
   EXPECT_EQ(cut.tool_calls[0].arguments, R"({"filter":{"site":"half a str"}})");
 }
 
+TEST(ToolCallParser, MissingClosingTagsAreRecovered) {
+  const std::string missing_param_close = kNs + "<tool_call>" + kNs + "<invoke name=\"search\">" + kNs +
+                                          "<query>a </b> b" + kNs + "<limit>4" + kNs + "</invoke>" + kNs +
+                                          "<invoke name=\"get_weather\">" + kNs + "<city>Rome" + kNs +
+                                          "</tool_call>tail";
+  auto parsed = parse_all_ways(missing_param_close, options(ThinkingMode::kAdaptive));
+  ASSERT_EQ(parsed.tool_calls.size(), 2u);
+  // "<limit>" sits inside the unterminated string; "</invoke>" still ends the value.
+  EXPECT_EQ(OrderedJson::parse(parsed.tool_calls[0].arguments),
+            OrderedJson::parse(R"({"query": "a </b> b]<]minimax[>[<limit>4"})"));
+  EXPECT_EQ(parsed.tool_calls[1].arguments, R"({"city":"Rome"})");
+  EXPECT_EQ(parsed.content, "tail");
+}
+
 // The renderer's XML for a tool call parses back to the same arguments.
 TEST(ToolCallParser, RoundTripsTheTemplateRendering) {
   const OrderedJson arguments = OrderedJson::parse(R"({
