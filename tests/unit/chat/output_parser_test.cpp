@@ -271,6 +271,26 @@ TEST(ToolCallParser, MissingClosingTagsAreRecovered) {
   EXPECT_EQ(parsed.content, "tail");
 }
 
+// Random fragment soup: never hangs or crashes, streaming equals one-shot, arguments are
+// always valid JSON objects, and content never carries the namespace string.
+TEST(OutputParser, RandomFragmentsKeepInvariants) {
+  const std::vector<std::string> fragments = {
+      kNs, kNs + "<tool_call>", kNs + "</tool_call>", kNs + "<invoke name=\"search\">",
+      kNs + "<invoke name=\"nope\">", kNs + "</invoke>", kNs + "<query>", kNs + "</query>",
+      kNs + "<tags>", kNs + "</tags>", kNs + "<item>", kNs + "</item>", kNs + "<filter>",
+      kNs + "</filter>", kNs + "<limit>", kNs + "</limit>", "<mm:think>", "</mm:think>", "text",
+      " ", "\n", "5", "true", "null", "<", ">", "]", "[", "]<]", "min", "\"", "\\", "é", "😀", "{\"a\": 1}"};
+  std::mt19937 rng(7);
+  for (int round = 0; round < 300; ++round) {
+    std::string text;
+    const int length = 1 + static_cast<int>(rng() % 40);
+    for (int i = 0; i < length; ++i) text += fragments[rng() % fragments.size()];
+    const auto mode = static_cast<ThinkingMode>(rng() % 3);
+    SCOPED_TRACE(text);
+    parse_all_ways(text, options(mode));
+  }
+}
+
 // The renderer's XML for a tool call parses back to the same arguments.
 TEST(ToolCallParser, RoundTripsTheTemplateRendering) {
   const OrderedJson arguments = OrderedJson::parse(R"({
