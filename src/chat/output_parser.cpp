@@ -9,6 +9,8 @@
 namespace m3 {
 namespace {
 
+using namespace text_scan;  // NOLINT: small local helpers
+
 constexpr std::string_view kToolCallOpen = "<tool_call>";
 
 std::string random_call_prefix() {

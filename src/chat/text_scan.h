@@ -3,7 +3,7 @@
 #include <string>
 #include <string_view>
 
-namespace m3 {
+namespace m3::text_scan {
 
 inline bool starts_with(std::string_view text, std::string_view prefix) {
   return text.size() >= prefix.size() && text.compare(0, prefix.size(), prefix) == 0;
@@ -26,4 +26,4 @@ inline size_t partial_suffix(std::string_view text, std::string_view marker) {
 
 inline bool is_space(char c) { return c == ' ' || c == '\n' || c == '\t' || c == '\r'; }
 
-}  // namespace m3
+}  // namespace m3::text_scan

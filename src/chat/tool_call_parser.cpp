@@ -14,6 +14,8 @@
 namespace m3 {
 namespace {
 
+using namespace text_scan;  // NOLINT: small local helpers
+
 using Json = OrderedJson;
 
 constexpr std::string_view kToolCallOpen = "<tool_call>";
