@@ -6,6 +6,7 @@ Usage: make_tokenizer_goldens.py CORPUS_DIR OUT_DIR
 Writes OUT_DIR/json_split/tokenizer.json      (Split(regex) + ByteLevel, merges as lists),
        OUT_DIR/json_o200k/tokenizer.json      (o200k-style Split + ByteLevel),
        OUT_DIR/json_prefix_space/tokenizer.json (ByteLevel with add_prefix_space),
+       OUT_DIR/json_ignore_merges/tokenizer.json (json_split with model.ignore_merges),
        OUT_DIR/json_bytelevel/tokenizer.json  (ByteLevel with its regex, merges as "a b"),
        OUT_DIR/vocab_merges/{vocab.json,merges.txt,tokenizer_config.json},
        OUT_DIR/goldens.json                   (hex strings and expected ids / decodes).
@@ -157,6 +158,18 @@ def main():
     tok_e.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=True)
     tok_e.save(os.path.join(prefix_dir, "tokenizer.json"))
 
+    # Variant F: ignore_merges (a word that is itself in the vocab is one token).
+    ignore_dir = os.path.join(out_dir, "json_ignore_merges")
+    os.makedirs(ignore_dir, exist_ok=True)
+    spec_f = json.loads(tok_a.to_str())
+    spec_f["model"]["ignore_merges"] = True
+    # Without some merges many vocab words are unreachable by merging, so the whole-word
+    # lookup decides the result.
+    spec_f["model"]["merges"] = [m for i, m in enumerate(spec_f["model"]["merges"]) if i % 5 != 3]
+    with open(os.path.join(ignore_dir, "tokenizer.json"), "w", encoding="utf-8") as f:
+        json.dump(spec_f, f, ensure_ascii=False)
+    tok_f = Tokenizer.from_file(os.path.join(ignore_dir, "tokenizer.json"))
+
     # Variant C: vocab.json + merges.txt + added tokens in tokenizer_config.json (same ids as B).
     vm_dir = os.path.join(out_dir, "vocab_merges")
     os.makedirs(vm_dir, exist_ok=True)
@@ -174,14 +187,16 @@ def main():
     enc_b = [e.ids for e in tok_b.encode_batch(texts, add_special_tokens=False)]
     enc_d = [e.ids for e in tok_d.encode_batch(texts, add_special_tokens=False)]
     enc_e = [e.ids for e in tok_e.encode_batch(texts, add_special_tokens=False)]
+    enc_f = [e.ids for e in tok_f.encode_batch(texts, add_special_tokens=False)]
     tok_b.encode_special_tokens = True
     enc_b_plain = [e.ids for e in tok_b.encode_batch(texts, add_special_tokens=False)]
     tok_b.encode_special_tokens = False
 
     cases = []
-    for raw, text, a, b, d, e, plain in zip(raw_cases, texts, enc_a, enc_b, enc_d, enc_e, enc_b_plain):
+    for raw, text, a, b, d, e, f_ids, plain in zip(raw_cases, texts, enc_a, enc_b, enc_d, enc_e, enc_f,
+                                                   enc_b_plain):
         case = {"hex": raw.hex(), "split": a, "bytelevel": b, "o200k": d, "prefix_space": e,
-                "bytelevel_no_special": plain}
+                "ignore_merges": f_ids, "bytelevel_no_special": plain}
         decoded = tok_b.decode(b, skip_special_tokens=False)
         if decoded != text:  # stripping added tokens swallow whitespace
             case["decoded_hex"] = decoded.encode("utf-8").hex()

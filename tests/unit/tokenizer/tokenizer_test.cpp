@@ -165,6 +165,12 @@ TEST_F(HfParity, AddPrefixSpace) {
   EXPECT_EQ(check_encode(*tok, "prefix_space", true), 0);
 }
 
+TEST_F(HfParity, IgnoreMerges) {
+  auto tok = load("json_ignore_merges");
+  ASSERT_TRUE(tok);
+  EXPECT_EQ(check_encode(*tok, "ignore_merges", true), 0);
+}
+
 TEST_F(HfParity, ByteLevelWithStringMerges) {
   auto tok = load("json_bytelevel");
   ASSERT_TRUE(tok);
