@@ -12,6 +12,7 @@ namespace {
 using namespace text_scan;  // NOLINT: small local helpers
 
 constexpr std::string_view kToolCallOpen = "<tool_call>";
+constexpr size_t kMaxLeadingBlanks = 256;
 
 std::string random_call_prefix() {
   std::random_device device;
@@ -57,19 +58,23 @@ void ReasoningParser::drain(Split& out, bool final) {
       // (dropped), after optional whitespace; anything else decides the default.
       size_t ws = 0;
       while (ws < buffer_.size() && is_space(buffer_[ws])) ++ws;
-      const std::string_view rest = std::string_view(buffer_).substr(ws);
-      if (starts_with(rest, kThinkBegin)) {
-        buffer_.erase(0, ws + kThinkBegin.size());
-        state_ = State::kReasoning;
-        continue;
-      }
-      if (starts_with(rest, kThinkEnd)) {
-        buffer_.erase(0, ws + kThinkEnd.size());
-        state_ = State::kContent;
-        continue;
-      }
-      if (!final && (rest.empty() || is_partial_of(rest, kThinkBegin) || is_partial_of(rest, kThinkEnd))) {
-        return;
+      // Blanks before the tag are bounded, so a run of newlines decides (the same way for
+      // any chunking) instead of being rescanned on every push.
+      if (ws <= kMaxLeadingBlanks) {
+        const std::string_view rest = std::string_view(buffer_).substr(ws);
+        if (starts_with(rest, kThinkBegin)) {
+          buffer_.erase(0, ws + kThinkBegin.size());
+          state_ = State::kReasoning;
+          continue;
+        }
+        if (starts_with(rest, kThinkEnd)) {
+          buffer_.erase(0, ws + kThinkEnd.size());
+          state_ = State::kContent;
+          continue;
+        }
+        if (!final && (rest.empty() || is_partial_of(rest, kThinkBegin) || is_partial_of(rest, kThinkEnd))) {
+          return;
+        }
       }
       state_ = default_state_;
       continue;

@@ -145,6 +145,11 @@ TEST(ReasoningParser, ModesDecideWhereOutputStarts) {
   EXPECT_EQ(repeated_open.reasoning_content, "r");
   EXPECT_EQ(repeated_open.content, "c");
 
+  auto long_blanks = parse_all_ways(std::string(300, '\n') + "<mm:think>x</mm:think>y",
+                                   options(ThinkingMode::kAdaptive));
+  EXPECT_EQ(long_blanks.reasoning_content, "");  // too far from the start to be the opener
+  EXPECT_EQ(long_blanks.content, std::string(300, '\n') + "<mm:think>x</mm:think>y");
+
   OutputParserOptions raw = options(ThinkingMode::kEnabled);
   raw.parse_reasoning = false;
   EXPECT_EQ(OutputParser::parse("a</mm:think>b", raw).content, "a</mm:think>b");
