@@ -11,6 +11,7 @@ Problem problem(const OpContext& ctx, const char* op, DType dtype, int64_t m, in
   p.n = n;
   p.k = k;
   p.extra = extra;
+  p.batch_invariant = ctx.batch_invariant;
   return p;
 }
 }  // namespace

@@ -83,6 +83,9 @@ struct OpContext {
   const KernelTable* kernels = nullptr;
   DispatchStats* stats = nullptr;
   Device device = Device::kCpu;
+  // Results per token independent of batch composition and chunking (so a prefix-cache hit,
+  // a chunked prefill and a cold run give bit-identical logits). Costs GEMM efficiency.
+  bool batch_invariant = true;
 };
 
 void embedding(const OpContext& ctx, const int32_t* ids, int num_tokens, const TensorView& table, const TensorView& out);
