@@ -1,0 +1,63 @@
+#include "bench/load_runner.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <random>
+#include <thread>
+
+#include "bench/progress.h"
+
+namespace m3::bench {
+
+LoadResult run_load(const LoadConfig& config, const std::vector<RequestSpec>& specs,
+                    const std::vector<double>& arrival_s, ProgressBar* progress) {
+  LoadResult result;
+  result.outcomes.resize(specs.size());
+  if (specs.empty()) return result;
+  size_t num_workers = specs.size();
+  if (config.max_concurrency > 0) num_workers = std::min<size_t>(num_workers, config.max_concurrency);
+  num_workers = std::min<size_t>(num_workers, std::max(1, config.max_threads));
+
+  std::atomic<size_t> next{0};
+  const Clock::time_point start = Clock::now();
+  auto worker = [&]() {
+    HttpClient client(config.scheme_host_port, config.timeout_s);
+    for (;;) {
+      const size_t idx = next.fetch_add(1);
+      if (idx >= specs.size()) return;
+      if (idx < arrival_s.size() && arrival_s[idx] > 0) {
+        std::this_thread::sleep_until(start + std::chrono::duration_cast<Clock::duration>(
+                                                  std::chrono::duration<double>(arrival_s[idx])));
+      }
+      RequestOutcome outcome = send_request(client, config.path, specs[idx], config.options, start);
+      const bool ok = outcome.success;
+      result.outcomes[idx] = std::move(outcome);
+      if (progress != nullptr) progress->add(ok);
+    }
+  };
+  std::vector<std::thread> threads;
+  threads.reserve(num_workers);
+  for (size_t i = 0; i < num_workers; ++i) threads.emplace_back(worker);
+  for (std::thread& t : threads) t.join();
+  result.duration_s = std::chrono::duration<double>(Clock::now() - start).count();
+  if (progress != nullptr) progress->finish();
+  return result;
+}
+
+std::vector<double> make_arrival_times(size_t n, double request_rate, double burstiness,
+                                       uint64_t seed) {
+  std::vector<double> out(n, 0.0);
+  if (!std::isfinite(request_rate) || request_rate <= 0) return out;
+  std::mt19937_64 rng(seed);
+  const double shape = burstiness > 0 ? burstiness : 1.0;
+  std::gamma_distribution<double> gap(shape, 1.0 / (request_rate * shape));
+  double t = 0;
+  for (size_t i = 0; i < n; ++i) {
+    out[i] = t;  // the first request goes at once, as in vLLM
+    t += gap(rng);
+  }
+  return out;
+}
+
+}  // namespace m3::bench
