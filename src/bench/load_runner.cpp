@@ -12,10 +12,16 @@ namespace m3::bench {
 
 LoadResult run_load(const LoadConfig& config, const std::vector<RequestSpec>& specs,
                     const std::vector<double>& arrival_s, ProgressBar* progress) {
+  return run_load(config, specs.size(), [&specs](size_t i) { return specs[i]; }, arrival_s, progress);
+}
+
+LoadResult run_load(const LoadConfig& config, size_t num_requests,
+                    const std::function<RequestSpec(size_t)>& make_spec,
+                    const std::vector<double>& arrival_s, ProgressBar* progress) {
   LoadResult result;
-  result.outcomes.resize(specs.size());
-  if (specs.empty()) return result;
-  size_t num_workers = specs.size();
+  result.outcomes.resize(num_requests);
+  if (num_requests == 0) return result;
+  size_t num_workers = num_requests;
   if (config.max_concurrency > 0) num_workers = std::min<size_t>(num_workers, config.max_concurrency);
   num_workers = std::min<size_t>(num_workers, std::max(1, config.max_threads));
 
@@ -25,12 +31,13 @@ LoadResult run_load(const LoadConfig& config, const std::vector<RequestSpec>& sp
     HttpClient client(config.scheme_host_port, config.timeout_s);
     for (;;) {
       const size_t idx = next.fetch_add(1);
-      if (idx >= specs.size()) return;
+      if (idx >= num_requests) return;
+      const RequestSpec spec = make_spec(idx);  // built before its arrival time, not after
       if (idx < arrival_s.size() && arrival_s[idx] > 0) {
         std::this_thread::sleep_until(start + std::chrono::duration_cast<Clock::duration>(
                                                   std::chrono::duration<double>(arrival_s[idx])));
       }
-      RequestOutcome outcome = send_request(client, config.path, specs[idx], config.options, start);
+      RequestOutcome outcome = send_request(client, config.path, spec, config.options, start);
       const bool ok = outcome.success;
       result.outcomes[idx] = std::move(outcome);
       if (progress != nullptr) progress->add(ok);

@@ -3,6 +3,7 @@
 // time, with at most max_concurrency in flight (requests are taken in order, so a full
 // window delays later ones exactly as a semaphore would).
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -29,6 +30,12 @@ struct LoadResult {
 
 // arrival_s: offsets from the start, one per spec (non-decreasing); empty means all at once.
 LoadResult run_load(const LoadConfig& config, const std::vector<RequestSpec>& specs,
+                    const std::vector<double>& arrival_s, ProgressBar* progress);
+
+// The same, with request i built by make_spec(i) on a worker thread just before it is sent
+// (so a long trace's prompts need not all be held at once); make_spec must be thread-safe.
+LoadResult run_load(const LoadConfig& config, size_t num_requests,
+                    const std::function<RequestSpec(size_t)>& make_spec,
                     const std::vector<double>& arrival_s, ProgressBar* progress);
 
 // Arrival offsets for n requests at request_rate per second: gamma-distributed gaps with
