@@ -32,10 +32,11 @@ std::vector<double> nice_ticks(double lo, double hi, int target_count) {
     step = m * mag;
     if (step >= raw) break;
   }
+  // Integer multiples of step (no accumulated error), from below lo to at or above hi.
+  const auto first = static_cast<long>(std::floor(lo / step + 1e-9));
+  const auto last = static_cast<long>(std::ceil(hi / step - 1e-9));
   std::vector<double> ticks;
-  for (double t = std::floor(lo / step) * step; t <= hi + step * 1e-9; t += step) {
-    ticks.push_back(std::abs(t) < step * 1e-9 ? 0.0 : t);
-  }
+  for (long k = first; k <= last; ++k) ticks.push_back(static_cast<double>(k) * step);
   return ticks;
 }
 
