@@ -184,7 +184,7 @@ std::string format_summary(const BenchSummary& s, const std::string& title) {
     line(os, "Output throughput per GPU (tok/s):", s.output_throughput / s.num_gpus);
     line(os, "Total throughput per GPU (tok/s):", s.total_token_throughput / s.num_gpus);
   }
-  line(os, "Interactivity (tok/s/user, 1/median TPOT):", s.interactivity_tok_s);
+  line(os, "Interactivity (tok/s/user):", s.interactivity_tok_s);
   os << "---------------Time to First Token----------------\n";
   dist_lines(os, "TTFT", s.ttft_ms);
   os << "-----Time per Output Token (excl. 1st token)------\n";
