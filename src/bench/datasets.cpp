@@ -40,9 +40,11 @@ std::vector<int32_t> non_special_ids(const Tokenizer& tokenizer) {
 
 TextForLength text_with_token_length(const Tokenizer& tokenizer, std::vector<int32_t> ids,
                                      int64_t target_len, const std::vector<int32_t>& pool,
-                                     uint64_t seed) {
+                                     const std::vector<int32_t>& stable_pool, uint64_t seed) {
   std::mt19937_64 rng(seed);
   std::uniform_int_distribution<size_t> pick(0, pool.empty() ? 0 : pool.size() - 1);
+  std::uniform_int_distribution<size_t> pick_stable(0, stable_pool.empty() ? 0 : stable_pool.size() - 1);
+  constexpr size_t kStableTail = 8;
   const auto target = static_cast<size_t>(std::max<int64_t>(0, target_len));
   TextForLength best;
   size_t best_gap = SIZE_MAX;
@@ -58,7 +60,12 @@ TextForLength text_with_token_length(const Tokenizer& tokenizer, std::vector<int
     if (gap == 0) break;
     // Work on the re-encoded ids: they are what the server will see for this text.
     ids = std::move(encoded);
-    if (ids.size() > target) {
+    const bool stable = attempt >= 2 && !stable_pool.empty();
+    if (stable) {
+      const size_t tail = std::min(target, kStableTail << std::min(attempt - 2, 10));
+      ids.resize(std::min(ids.size(), target - tail));
+      while (ids.size() < target) ids.push_back(stable_pool[pick_stable(rng)]);
+    } else if (ids.size() > target) {
       ids.resize(target);
     } else {
       while (ids.size() < target && !pool.empty()) ids.push_back(pool[pick(rng)]);
@@ -88,6 +95,7 @@ Result<std::vector<BenchPrompt>> make_random_dataset(const Tokenizer& tokenizer,
   }
   const std::vector<int32_t> pool = non_special_ids(tokenizer);
   if (pool.empty()) return Status::error("tokenizer has no non-special tokens");
+  const std::vector<int32_t> stable_pool = word_token_pool(tokenizer, 4096);
   const std::vector<int64_t> input_lens =
       sample_lengths(config.num_prompts, config.input_len, config.range_ratio, 1, config.seed);
   const std::vector<int64_t> output_lens =
@@ -103,7 +111,7 @@ Result<std::vector<BenchPrompt>> make_random_dataset(const Tokenizer& tokenizer,
     std::vector<int32_t> ids = prefix;
     for (int64_t k = 0; k < input_lens[i]; ++k) ids.push_back(pool[pick(rng)]);
     const int64_t target = static_cast<int64_t>(prefix.size()) + input_lens[i];
-    TextForLength t = text_with_token_length(tokenizer, std::move(ids), target, pool, rng());
+    TextForLength t = text_with_token_length(tokenizer, std::move(ids), target, pool, stable_pool, rng());
     BenchPrompt p;
     p.prompt_len = static_cast<int64_t>(t.ids.size());
     p.text = std::move(t.text);

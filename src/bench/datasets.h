@@ -35,9 +35,11 @@ struct TextForLength {
 };
 // Decodes ids and re-encodes, truncating or extending with random ids from pool, until the
 // text's tokenisation has target_len tokens (or attempts run out: then the closest found).
+// After two attempts a growing tail (8, 16, 32.. tokens) is replaced by tokens from stable_pool
+// (word tokens, see word_token_pool), which stops merges across the cut from oscillating.
 TextForLength text_with_token_length(const Tokenizer& tokenizer, std::vector<int32_t> ids,
                                      int64_t target_len, const std::vector<int32_t>& pool,
-                                     uint64_t seed);
+                                     const std::vector<int32_t>& stable_pool, uint64_t seed);
 
 struct RandomDatasetConfig {
   int64_t input_len = 1024;

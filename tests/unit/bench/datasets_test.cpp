@@ -32,7 +32,7 @@ TEST(TextForLength, ReachesTheTargetAfterRetokenisation) {
     ids.push_back('b');
   }
   for (int64_t target : {1, 17, 64, 120, 300}) {
-    const TextForLength t = text_with_token_length(tok, ids, target, pool, 5);
+    const TextForLength t = text_with_token_length(tok, ids, target, pool, word_token_pool(tok), 5);
     EXPECT_EQ(static_cast<int64_t>(t.ids.size()), target);
     EXPECT_EQ(tok.encode(t.text), t.ids);
   }
