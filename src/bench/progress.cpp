@@ -2,12 +2,15 @@
 
 #include <algorithm>
 
+#include <unistd.h>
+
 namespace m3::bench {
 
 ProgressBar::ProgressBar(std::string label, int64_t total, bool enabled, std::FILE* out)
     : label_(std::move(label)),
       total_(total),
       enabled_(enabled),
+      tty_(isatty(fileno(out)) != 0),
       out_(out),
       start_(std::chrono::steady_clock::now()),
       last_draw_(start_ - std::chrono::seconds(1)) {}
@@ -50,18 +53,23 @@ void ProgressBar::add(bool success) {
 void ProgressBar::finish() {
   std::lock_guard<std::mutex> lock(mu_);
   if (finished_) return;
-  draw_locked(true);
-  if (enabled_) std::fputc('\n', out_);
+  if (done_ != total_) draw_locked(true);  // add() already drew the completed bar
+  if (enabled_ && tty_) std::fputc('\n', out_);
   finished_ = true;
 }
 
 void ProgressBar::draw_locked(bool force) {
   if (!enabled_ || finished_) return;
   const auto now = std::chrono::steady_clock::now();
-  if (!force && now - last_draw_ < std::chrono::milliseconds(100)) return;
+  if (!force && now - last_draw_ < (tty_ ? std::chrono::milliseconds(100) : std::chrono::milliseconds(10000))) return;
   last_draw_ = now;
   const double elapsed = std::chrono::duration<double>(now - start_).count();
-  std::fprintf(out_, "\r%s", render(label_, done_, failed_, total_, elapsed).c_str());
+  const std::string line = render(label_, done_, failed_, total_, elapsed);
+  if (tty_) {
+    std::fprintf(out_, "\r%s", line.c_str());
+  } else {
+    std::fprintf(out_, "%s\n", line.c_str());
+  }
   std::fflush(out_);
 }
 

@@ -1,5 +1,6 @@
 #pragma once
-// A one-line progress bar on stderr, redrawn at most every 100 ms; thread-safe.
+// A progress bar on stderr, thread-safe: on a terminal one line redrawn at most every 100 ms;
+// otherwise (a log file) a plain line every 10 s and at the end.
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -22,6 +23,7 @@ class ProgressBar {
   std::string label_;
   int64_t total_;
   bool enabled_;
+  bool tty_;
   std::FILE* out_;
   std::mutex mu_;
   int64_t done_ = 0;

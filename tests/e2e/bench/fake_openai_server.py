@@ -125,6 +125,7 @@ def main():
             for line in f:
                 ex = json.loads(line)
                 ANSWERS[ex["question"]] = ex["answer"].rsplit("#### ", 1)[1].strip()
+    ThreadingHTTPServer.request_queue_size = 256  # the default backlog of 5 drops bursts
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     server.daemon_threads = True
     print(server.server_address[1], flush=True)
