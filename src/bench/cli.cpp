@@ -136,6 +136,8 @@ void add_replay(CLI::App& bench) {
   cmd->add_option("--trace", cfg->traces, "trace file or directory (repeatable)")->required();
   cmd->add_option("--time-scale", cfg->time_scale, "send at trace time * this (0.1: 10x faster)")->capture_default_str();
   cmd->add_flag("--fixed-concurrency", cfg->fixed_concurrency, "ignore timestamps; keep --max-concurrency in flight");
+  cmd->add_flag("--sessions", cfg->sessions,
+                "agentic: a session's next request waits for its previous one, plus the recorded gap * time-scale");
   cmd->add_option("--max-concurrency", cfg->max_concurrency, "0: unlimited")->capture_default_str();
   cmd->add_option("--session-stagger", cfg->session_stagger_s, "seconds between trace files' starts")->capture_default_str();
   cmd->add_option("--max-requests", cfg->max_requests, "0: all")->capture_default_str();

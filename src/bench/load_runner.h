@@ -32,11 +32,20 @@ struct LoadResult {
 LoadResult run_load(const LoadConfig& config, const std::vector<RequestSpec>& specs,
                     const std::vector<double>& arrival_s, ProgressBar* progress);
 
+// Request i may wait for an earlier request to finish (a conversation's next turn): it is
+// sent no earlier than that request's completion plus gap_s (and its own arrival time).
+struct RequestDependency {
+  int64_t after = -1;  // index of an earlier request, or -1
+  double gap_s = 0.0;
+};
+
 // The same, with request i built by make_spec(i) on a worker thread just before it is sent
 // (so a long trace's prompts need not all be held at once); make_spec must be thread-safe.
+// dependencies: empty, or one per request.
 LoadResult run_load(const LoadConfig& config, size_t num_requests,
                     const std::function<RequestSpec(size_t)>& make_spec,
-                    const std::vector<double>& arrival_s, ProgressBar* progress);
+                    const std::vector<double>& arrival_s, ProgressBar* progress,
+                    const std::vector<RequestDependency>& dependencies = {});
 
 // Arrival offsets for n requests at request_rate per second: gamma-distributed gaps with
 // shape `burstiness` (1 = Poisson) and mean 1/rate; all zero when the rate is infinite.

@@ -140,6 +140,11 @@ Result<json> run_replay(const ReplayConfig& c, const Tokenizer* tokenizer) {
       traces.push_back(std::move(*trace));
     }
   }
+  if (c.sessions) {
+    for (const Trace& t : traces) {
+      if (t.format != TraceFormat::kAgentic) return Status::error("--sessions needs agentic traces, not " + t.path);
+    }
+  }
   std::vector<TraceRequest> requests = merge_traces(traces, c.session_stagger_s);
   size_t skipped_long = 0;
   if (c.max_input_len > 0) {
@@ -202,6 +207,15 @@ Result<json> run_replay(const ReplayConfig& c, const Tokenizer* tokenizer) {
   if (!c.fixed_concurrency) {
     for (size_t i = 0; i < requests.size(); ++i) arrivals[i] = (requests[i].arrival_s - t0) * c.time_scale;
   }
+  std::vector<RequestDependency> dependencies;
+  if (c.sessions) {
+    for (const SessionLink& link : session_links(requests, c.time_scale)) {
+      dependencies.push_back({link.after, link.gap_s});
+    }
+    for (size_t i = 0; i < requests.size(); ++i) {
+      if (dependencies[i].after >= 0) arrivals[i] = 0.0;  // paced by its predecessor instead
+    }
+  }
 
   LoadConfig load;
   load.scheme_host_port = base->scheme_host_port;
@@ -222,7 +236,7 @@ Result<json> run_replay(const ReplayConfig& c, const Tokenizer* tokenizer) {
   {
     KvUsagePoller poller(base->scheme_host_port, metrics_path, before.ok ? c.metrics_interval_s : 0.0);
     ProgressBar bar("replay", static_cast<int64_t>(requests.size()), c.progress);
-    run = run_load(load, requests.size(), make_spec, arrivals, &bar);
+    run = run_load(load, requests.size(), make_spec, arrivals, &bar, dependencies);
     poller.stop();
     kv_samples = poller.samples();
   }
@@ -268,6 +282,7 @@ Result<json> run_replay(const ReplayConfig& c, const Tokenizer* tokenizer) {
               {"traces", trace_paths},
               {"time_scale", c.time_scale},
               {"fixed_concurrency", c.fixed_concurrency},
+              {"sessions", c.sessions},
               {"max_concurrency", c.max_concurrency},
               {"session_stagger_s", c.session_stagger_s},
               {"max_requests", c.max_requests},

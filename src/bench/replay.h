@@ -23,6 +23,10 @@ struct ReplayConfig {
   std::vector<std::string> traces;  // files or directories of *.json / *.jsonl
   double time_scale = 1.0;          // send at trace time * time_scale (0.1: ten times faster)
   bool fixed_concurrency = false;   // ignore timestamps; keep max_concurrency in flight
+  // Agentic traces as closed loops: a session's next request is sent when its previous one
+  // finishes plus the recorded gap (think and tool time) * time_scale; the first request of
+  // each session (and sub-agent) keeps its scaled trace time.
+  bool sessions = false;
   int max_concurrency = 0;          // 0: unlimited
   double session_stagger_s = 0.0;   // trace file k starts k * this later
   size_t max_requests = 0;          // 0: all (the earliest first)

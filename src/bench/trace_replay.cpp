@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <sstream>
 #include <unordered_set>
 
@@ -116,6 +117,7 @@ Status add_agentic_requests(const json& list, double base_s, const std::string& 
     req.block_size = block_size;
     req.hash_ids = std::move(*ids);
     req.agent = agent;
+    req.api_time_s = r.value("api_time", 0.0);
     out.push_back(std::move(req));
   }
   return Status::ok();
@@ -176,6 +178,25 @@ std::vector<TraceRequest> merge_traces(const std::vector<Trace>& traces, double 
   }
   sort_by_arrival(all);
   return all;
+}
+
+std::vector<SessionLink> session_links(const std::vector<TraceRequest>& requests, double time_scale) {
+  std::vector<SessionLink> links(requests.size());
+  std::map<std::pair<uint32_t, std::string>, size_t> last_of_session;
+  for (size_t i = 0; i < requests.size(); ++i) {
+    const TraceRequest& r = requests[i];
+    auto key = std::make_pair(r.scope, r.agent);
+    auto it = last_of_session.find(key);
+    if (it != last_of_session.end()) {
+      const TraceRequest& prev = requests[it->second];
+      links[i].after = static_cast<int64_t>(it->second);
+      links[i].gap_s = std::max(0.0, r.arrival_s - prev.arrival_s - prev.api_time_s) * time_scale;
+      it->second = i;
+    } else {
+      last_of_session.emplace(std::move(key), i);
+    }
+  }
+  return links;
 }
 
 PromptSynthesizer::PromptSynthesizer(std::vector<int32_t> pool, uint64_t seed)

@@ -24,6 +24,7 @@ struct TraceRequest {
   int64_t output_len = 0;
   int64_t block_size = 0;
   std::vector<int64_t> hash_ids;
+  double api_time_s = 0;  // agentic: how long the recorded call took (0 if unknown)
   uint32_t scope = 0;  // which file: hash ids are only comparable within one
   std::string agent;   // sub-agent id, "" for the main session
 };
@@ -45,6 +46,15 @@ Result<std::vector<std::string>> list_trace_files(const std::string& path);
 // All requests of several traces on one timeline (file k starts at k * stagger_s), each
 // file its own hash scope, sorted by arrival.
 std::vector<TraceRequest> merge_traces(const std::vector<Trace>& traces, double stagger_s);
+
+// Agentic sessions as conversations: each request of a session (file and agent) depends on
+// the session's previous one, with the recorded gap between that call's end and this call's
+// start (t - previous t - previous api_time, at least 0), times time_scale.
+struct SessionLink {
+  int64_t after = -1;
+  double gap_s = 0;
+};
+std::vector<SessionLink> session_links(const std::vector<TraceRequest>& requests, double time_scale);
 
 class PromptSynthesizer {
  public:

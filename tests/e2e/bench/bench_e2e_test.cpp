@@ -170,6 +170,28 @@ TEST_F(BenchE2E, ReplaySendsTokenIdsAndServerHitsMatchTheory) {
   EXPECT_TRUE(fs::exists(c.result_dir + "/bench-replay.json"));
 }
 
+TEST_F(BenchE2E, ReplaySessionsWaitForTheirPreviousTurn) {
+  ReplayConfig c;
+  c.base_url = server_->base_url();
+  c.model = "m";
+  c.traces = {testing::write_mini_trace(::testing::TempDir() + "/mini_trace3.json")};
+  c.sessions = true;
+  c.time_scale = 1.0;
+  c.progress = false;
+  c.metrics_interval_s = 0;
+  c.save_detailed = true;
+  c.result_dir = result_dir("replay_sessions");
+  auto r = run_replay(c, &tokenizer_);
+  ASSERT_TRUE(r) << r.error();
+  ASSERT_EQ((*r)["summary"]["completed"], 4);
+  // Main session: requests 0, 1 and 3 (by arrival); each starts after the previous ends.
+  const json& q = (*r)["requests"];
+  auto end_s = [&](int i) { return q[i]["start_s"].get<double>() + q[i]["latency_s"].get<double>(); };
+  EXPECT_GE(q[1]["start_s"].get<double>(), end_s(0) + 0.01 - 1e-3);  // recorded gap 0.01 s
+  EXPECT_GE(q[3]["start_s"].get<double>(), end_s(1) + 0.04 - 1e-3);
+  EXPECT_LT(q[2]["start_s"].get<double>(), end_s(1) + 0.04);  // the sub-agent does not wait
+}
+
 TEST_F(BenchE2E, ReplayFallsBackToTextWhenIdsAreRejected) {
   ReplayConfig c;
   c.base_url = server_->base_url();

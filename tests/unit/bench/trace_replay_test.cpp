@@ -45,6 +45,7 @@ TEST(TraceFiles, AgenticWithSubagents) {
   EXPECT_EQ(sub->agent, "agent_001");
   EXPECT_DOUBLE_EQ(sub->arrival_s, 79.224);
   EXPECT_EQ(sub->input_len, 11651);
+  EXPECT_DOUBLE_EQ(sub->api_time_s, 2.16);
   size_t subagent_requests = 0;
   for (size_t i = 0; i < trace->requests.size(); ++i) {
     const TraceRequest& r = trace->requests[i];
@@ -185,6 +186,29 @@ TEST(PrefixHits, InfiniteCacheChainsOnFullBlocks) {
   EXPECT_DOUBLE_EQ(s.hit_rate(), 60.0 / 140.0);
   const PrefixHitStats s16 = theoretical_prefix_hits(reqs, 16);
   EXPECT_EQ(s16.hit_tokens_server_blocks, 16 + 0 + 16);
+}
+
+TEST(Sessions, EachRequestFollowsItsSessionsPrevious) {
+  auto req = [](double t, double api, uint32_t scope, std::string agent) {
+    TraceRequest r;
+    r.arrival_s = t;
+    r.api_time_s = api;
+    r.scope = scope;
+    r.agent = std::move(agent);
+    return r;
+  };
+  const std::vector<TraceRequest> reqs = {req(0, 2, 0, ""), req(1, 1, 1, ""), req(3, 5, 0, "a1"),
+                                          req(5, 1, 0, ""), req(5.5, 1, 0, "a1"), req(6, 0, 1, "")};
+  const auto links = session_links(reqs, 0.5);
+  EXPECT_EQ(links[0].after, -1);
+  EXPECT_EQ(links[1].after, -1);
+  EXPECT_EQ(links[2].after, -1);  // a sub-agent is its own session
+  EXPECT_EQ(links[3].after, 0);
+  EXPECT_DOUBLE_EQ(links[3].gap_s, (5 - 0 - 2) * 0.5);
+  EXPECT_EQ(links[4].after, 2);
+  EXPECT_DOUBLE_EQ(links[4].gap_s, 0.0);  // 5.5 - 3 - 5 < 0
+  EXPECT_EQ(links[5].after, 1);
+  EXPECT_DOUBLE_EQ(links[5].gap_s, (6 - 1 - 1) * 0.5);
 }
 
 TEST(TraceFiles, MalformedInputIsAnError) {
