@@ -70,7 +70,10 @@ TEST(Gsm8kPrompt, FewShotFormat) {
 
 TEST(Gsm8kPrompt, FewShotIsDeterministicAndDistinct) {
   std::vector<Gsm8kExample> pool;
-  for (int i = 0; i < 100; ++i) pool.push_back({"q" + std::to_string(i), "#### " + std::to_string(i)});
+  for (int i = 0; i < 100; ++i) {
+    // append(), not "literal" + string: GCC 12 warns falsely (-Wrestrict) on the latter.
+    pool.push_back({std::string("q").append(std::to_string(i)), std::string("#### ").append(std::to_string(i))});
+  }
   const auto a = pick_fewshot(pool, 5, 1234);
   const auto b = pick_fewshot(pool, 5, 1234);
   const auto c = pick_fewshot(pool, 5, 99);
