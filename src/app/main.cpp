@@ -6,6 +6,9 @@
 
 #include "app/commands.h"
 #include "core/log.h"
+#ifdef M3_HAVE_M3_BENCH
+#include "bench/cli.h"
+#endif
 
 int main(int argc, char** argv) {
   CLI::App app{"m3serve: a serving engine for MiniMax-M3 (MSA + MoE)"};
@@ -20,6 +23,10 @@ int main(int argc, char** argv) {
   });
   m3::app::register_make_model(app);
   m3::app::register_generate(app);
+#ifdef M3_HAVE_M3_BENCH
+  register_bench_commands(app);
+  register_eval_commands(app);
+#endif
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
