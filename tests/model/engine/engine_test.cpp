@@ -19,18 +19,21 @@ namespace {
 
 namespace fs = std::filesystem;
 
+// A fresh tiny checkpoint under the build dir.
+std::string make_tiny(const std::string& name, uint64_t seed) {
+  const char* b = std::getenv("M3_BINARY_DIR");
+  fs::path p = fs::path(b ? b : "/tmp") / name;
+  fs::remove_all(p);
+  MakeModelOptions o;
+  o.config = *MiniMaxM3Config::preset("tiny");
+  o.out_dir = p.string();
+  o.seed = seed;
+  if (!make_model(o).is_ok()) std::abort();
+  return p.string();
+}
+
 const std::string& tiny_dir() {
-  static const std::string dir = [] {
-    const char* b = std::getenv("M3_BINARY_DIR");
-    fs::path p = fs::path(b ? b : "/tmp") / "engine_test_tiny";
-    fs::remove_all(p);
-    MakeModelOptions o;
-    o.config = *MiniMaxM3Config::preset("tiny");
-    o.out_dir = p.string();
-    o.seed = 7;
-    if (!make_model(o).is_ok()) std::abort();
-    return p.string();
-  }();
+  static const std::string dir = make_tiny("engine_test_tiny", 7);
   return dir;
 }
 
@@ -186,16 +189,8 @@ TEST(Engine, ReproducesOracleGreedyContinuations) {
   auto golden = SafetensorsFile::open(std::string(src ? src : M3_SOURCE_DIR_DEFAULT) +
                                       "/tests/fixtures/goldens/tiny_bf16/golden.safetensors");
   ASSERT_TRUE(golden.is_ok()) << golden.error();
-  const char* b = std::getenv("M3_BINARY_DIR");
-  fs::path dir = fs::path(b ? b : "/tmp") / "engine_test_golden_tiny";
-  fs::remove_all(dir);
-  MakeModelOptions o;
-  o.config = *MiniMaxM3Config::preset("tiny");
-  o.out_dir = dir.string();
-  o.seed = std::stoull((*golden)->metadata().at("m3_seed"));
-  ASSERT_TRUE(make_model(o).is_ok());
   EngineConfig cfg;
-  cfg.model_dir = dir.string();
+  cfg.model_dir = make_tiny("engine_test_golden_tiny", std::stoull((*golden)->metadata().at("m3_seed")));
   cfg.max_num_batched_tokens = 40;  // the 300-token prompt prefills in 8 chunks
   cfg.num_kv_blocks = 64;
   cfg.check_invariants = true;
