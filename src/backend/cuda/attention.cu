@@ -87,7 +87,7 @@ __global__ void __launch_bounds__(kAttnWarps * 32)
   for (int li = 0; li < num_listed; ++li) {
     const int b = sel ? blocks[li] : li;
     const int64_t start = int64_t(b) * a.block_size;
-    const int64_t end = min(start + a.block_size, pos + 1);
+    const int64_t end = start + a.block_size < pos + 1 ? start + a.block_size : pos + 1;
     const int64_t page_base = int64_t(table[b]) * a.block_size;
     for (int64_t j = start + warp; j < end; j += kAttnWarps) {
       const int64_t row = ((page_base + (j - start)) * kv_heads + g) * head_dim;

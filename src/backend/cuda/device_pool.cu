@@ -25,11 +25,11 @@ void* DeviceArena::allocate(size_t size_bytes) {
 }
 
 Scratch::Scratch(size_t size_bytes) {
-  if (size_bytes > 0) M3_CUDA_CHECK(cudaMallocAsync(&ptr_, size_bytes, cudaStreamLegacy));
+  if (size_bytes > 0) M3_CUDA_CHECK(cudaMallocAsync(&ptr_, size_bytes, cudaStream_t{}));
 }
 
 Scratch::~Scratch() {
-  if (ptr_) cudaFreeAsync(ptr_, cudaStreamLegacy);  // a destructor cannot throw; the pool reports later
+  if (ptr_) cudaFreeAsync(ptr_, cudaStream_t{});  // a destructor cannot throw; the pool reports later
 }
 
 int device_count() {

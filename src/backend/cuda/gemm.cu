@@ -5,6 +5,7 @@
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 #include <vector>
@@ -320,7 +321,13 @@ void register_gemm(ops::KernelTable& table) {
                  need_cuda_gemm_weight, dense_mlp_entry<false>});
   table.router.add({"moe_router.sigmoid_bias_topk.sm90",
                     "device F32 router weight and bias; fixed-order fp32 logits, one thread per token selects",
-                    need_cuda_f32, router_entry});
+                    [](const ops::Problem& p) -> std::string {
+                      std::string why = need_cuda_f32(p);
+                      if (!why.empty()) return why;
+                      if (p.extra < 1 || p.extra > p.n) return "top_k must be in [1, experts]";
+                      return "";
+                    },
+                    router_entry});
   table.moe.add({"moe_experts.permuted_rowdot_invariant.sm90",
                  "device F32/BF16 expert weights, batch-invariant; routing read back to the host to permute; "
                  "shared expert as the last expert",
