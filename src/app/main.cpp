@@ -23,6 +23,7 @@ int main(int argc, char** argv) {
   });
   m3::app::register_make_model(app);
   m3::app::register_generate(app);
+  m3::app::register_kernel_paths(app);
 #ifdef M3_HAVE_M3_BENCH
   register_bench_commands(app);
   register_eval_commands(app);

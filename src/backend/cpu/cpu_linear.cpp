@@ -71,11 +71,11 @@ void dense_mlp_f32(const TensorView& x, const ops::LinearWeight& gate, const ops
 }  // namespace
 
 void register_linear(ops::KernelTable& table) {
-  table.linear.add({"linear.sgemv_rows.cpu", "host F32 weight, batch-invariant (fixed-order dot per output; BLAS is not row-invariant)",
+  table.linear.add({"linear.rowdot_invariant.cpu", "host F32 weight, batch-invariant (fixed-order dot per output; BLAS is not row-invariant)",
                     need_cpu_f32_invariant, linear_f32<true>});
   table.linear.add({"linear.sgemm.cpu", "host F32 weight (BLAS sgemm over the batch, fp32 accumulate)",
                     need_cpu_f32, linear_f32<false>});
-  table.mlp.add({"dense_mlp.sgemv_rows_swiglu_oai.cpu", "host F32 weights, batch-invariant", need_cpu_f32_invariant,
+  table.mlp.add({"dense_mlp.rowdot_invariant_swiglu_oai.cpu", "host F32 weights, batch-invariant", need_cpu_f32_invariant,
                  dense_mlp_f32<true>});
   table.mlp.add({"dense_mlp.sgemm_swiglu_oai.cpu", "host F32 weights", need_cpu_f32, dense_mlp_f32<false>});
 }

@@ -96,7 +96,7 @@ void moe_f32(const TensorView& x, const TensorView& expert_ids, const TensorView
 
 void register_moe(ops::KernelTable& table) {
   table.router.add({"moe_router.sigmoid_bias_topk.cpu", "host F32 router weight and bias", need_cpu_f32, router_f32});
-  table.moe.add({"moe_experts.grouped_sgemv_rows.cpu",
+  table.moe.add({"moe_experts.grouped_rowdot_invariant.cpu",
                  "host F32 expert weights, batch-invariant; shared expert as the last expert", need_cpu_f32_invariant,
                  moe_f32<true>});
   table.moe.add({"moe_experts.grouped_sgemm.cpu", "host F32 expert weights; shared expert as the last expert",
