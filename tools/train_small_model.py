@@ -476,9 +476,55 @@ def cmd_train(args):
     return 0
 
 
+def cmd_plot(args):
+    """curve.json -> a dependency-free SVG line chart (train and held-out loss vs tokens)."""
+    with open(args.curve) as f:
+        c = json.load(f)
+    W, H, L, R, T, B = 640, 360, 60, 20, 20, 50
+    xs = [t / 1e6 for t in c["tokens"]]
+    series = [("train", c["train_loss"], "#1f77b4"), ("held-out", c["val"], "#d62728")]
+    y_lo, y_hi = 2.5, 9.0
+    x_hi = max(xs)
+
+    def px(x):
+        return L + (W - L - R) * x / x_hi
+
+    def py(y):
+        return T + (H - T - B) * (y_hi - min(max(y, y_lo), y_hi)) / (y_hi - y_lo)
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" font-family="sans-serif" font-size="12">',
+           f'<rect width="{W}" height="{H}" fill="white"/>']
+    for y in range(3, 10):
+        out.append(f'<line x1="{L}" y1="{py(y):.1f}" x2="{W - R}" y2="{py(y):.1f}" stroke="#ddd"/>'
+                   f'<text x="{L - 8}" y="{py(y) + 4:.1f}" text-anchor="end">{y}</text>')
+    step = 2 if x_hi <= 20 else 5
+    for x in range(0, int(x_hi) + 1, step):
+        out.append(f'<line x1="{px(x):.1f}" y1="{T}" x2="{px(x):.1f}" y2="{H - B}" stroke="#eee"/>'
+                   f'<text x="{px(x):.1f}" y="{H - B + 16}" text-anchor="middle">{x}</text>')
+    out.append(f'<text x="{(L + W - R) / 2}" y="{H - 12}" text-anchor="middle">training tokens (millions)</text>')
+    out.append(f'<text x="16" y="{(T + H - B) / 2}" transform="rotate(-90 16 {(T + H - B) / 2})" '
+               f'text-anchor="middle">cross-entropy (nats/token)</text>')
+    for i, (name, ys, color) in enumerate(series):
+        pts = " ".join(f"{px(x):.1f},{py(y):.1f}" for x, y in zip(xs, ys))
+        out.append(f'<polyline fill="none" stroke="{color}" stroke-width="2" points="{pts}"/>')
+        out.append(f'<text x="{W - R - 110}" y="{T + 18 + 16 * i}" fill="{color}">{name}</text>')
+    if args.best_step:
+        k = c["step"].index(args.best_step)
+        out.append(f'<circle cx="{px(xs[k]):.1f}" cy="{py(c["val"][k]):.1f}" r="4" fill="#d62728"/>'
+                   f'<text x="{px(xs[k]) + 6:.1f}" y="{py(c["val"][k]) - 8:.1f}">kept: step {args.best_step}, '
+                   f'{c["val"][k]:.3f}</text>')
+    out.append("</svg>")
+    with open(args.out, "w") as f:
+        f.write("\n".join(out) + "\n")
+    return 0
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
+    g = sub.add_parser("plot")
+    g.add_argument("--curve", required=True)
+    g.add_argument("--out", required=True)
+    g.add_argument("--best-step", type=int, default=0)
     p = sub.add_parser("prepare")
     p.add_argument("--tokenizer", default=os.path.join(os.path.dirname(HERE), "models", "m3-small"))
     p.add_argument("--corpus", default=None)
@@ -503,7 +549,7 @@ def main():
     t.add_argument("--val-windows", type=int, default=0, help="0 = the whole held-out split")
     t.add_argument("--cpu", action="store_true")
     args = ap.parse_args()
-    return cmd_prepare(args) if args.cmd == "prepare" else cmd_train(args)
+    return {"prepare": cmd_prepare, "train": cmd_train, "plot": cmd_plot}[args.cmd](args)
 
 
 if __name__ == "__main__":
