@@ -2,6 +2,7 @@
 // The public engine API: submit token-id requests, step the engine, read per-request
 // outputs and per-step stats, abort. Everything else in m3serve is private.
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -25,6 +26,7 @@ struct EngineConfig {
   uint64_t prefix_hash_seed = 0;          // same on every process that shares KV
   bool trace_dispatch = false;            // log first use of each (op, kernel, shape class)
   bool check_invariants = false;          // run the KV/scheduler invariant checker every step (tests)
+  std::function<void(size_t done_bytes, size_t total_bytes)> on_load_progress;  // weight loading progress
 };
 
 struct GenerationRequest {

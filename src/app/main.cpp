@@ -6,6 +6,9 @@
 
 #include "app/commands.h"
 #include "core/log.h"
+#ifdef M3_HAVE_M3_SERVER
+#include "server/cli.h"
+#endif
 
 int main(int argc, char** argv) {
   CLI::App app{"m3serve: a serving engine for MiniMax-M3 (MSA + MoE)"};
@@ -20,6 +23,9 @@ int main(int argc, char** argv) {
   });
   m3::app::register_make_model(app);
   m3::app::register_generate(app);
+#ifdef M3_HAVE_M3_SERVER
+  m3::server::register_serve_command(app);
+#endif
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

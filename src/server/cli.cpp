@@ -1,0 +1,148 @@
+// `m3serve serve`: loads the tokenizer and the engine, starts the HTTP server, and on
+// SIGINT/SIGTERM drains in-flight requests before exiting.
+#include "server/cli.h"
+
+#include <pthread.h>
+#include <signal.h>
+
+#include <cstdio>
+#include <ctime>
+#include <memory>
+#include <stdexcept>
+#include <thread>
+
+#include "chat/chat_template.h"
+#include "core/log.h"
+#include "server/async_engine.h"
+#include "server/routes.h"
+
+#ifndef M3_DEFAULT_MODEL_DIR
+#define M3_DEFAULT_MODEL_DIR "models/m3-small"
+#endif
+
+namespace m3::server {
+namespace {
+
+struct ServeOptions {
+  std::string model_dir = M3_DEFAULT_MODEL_DIR;
+  std::string tokenizer_dir;
+  std::string host = "0.0.0.0";
+  int port = 8000;
+  EngineConfig engine;
+  std::vector<std::string> served_model_names;
+  std::string api_key;
+  int32_t max_pending = 1024;
+  int http_threads = 1100;
+};
+
+// A one-line progress bar on stderr, redrawn when the percentage changes.
+std::function<void(size_t, size_t)> progress_bar() {
+  auto last = std::make_shared<int>(-1);
+  return [last](size_t done, size_t total) {
+    if (total == 0) return;
+    const int pct = int(100.0 * double(done) / double(total));
+    if (pct == *last) return;
+    *last = pct;
+    const int width = 40, filled = pct * width / 100;
+    std::fprintf(stderr, "\rloading weights [%s%s] %3d%% %.1f/%.1f MB", std::string(size_t(filled), '#').c_str(),
+                 std::string(size_t(width - filled), '.').c_str(), pct, double(done) / 1e6, double(total) / 1e6);
+    if (done >= total) std::fprintf(stderr, "\n");
+    std::fflush(stderr);
+  };
+}
+
+void serve(ServeOptions& o) {
+  // Signals are taken synchronously by this thread (sigwait); every thread started below
+  // inherits the blocked mask. A client that vanishes must not kill the process.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+
+  o.engine.model_dir = o.model_dir;
+  o.engine.on_load_progress = progress_bar();
+  if (o.served_model_names.empty()) o.served_model_names.push_back(o.model_dir);
+  const std::string tokenizer_dir = o.tokenizer_dir.empty() ? o.model_dir : o.tokenizer_dir;
+
+  auto tokenizer = Tokenizer::from_dir(tokenizer_dir);
+  if (!tokenizer) throw std::runtime_error("tokenizer: " + tokenizer.error());
+  ChatTemplateCheck check = check_chat_template(o.model_dir);
+  if (!check.found) M3_LOG_INFO("chat template: " + check.message);
+  else if (!check.matches) M3_LOG_WARN("chat template: " + check.message);
+  else M3_LOG_INFO("chat template: " + check.message);
+
+  auto engine = Engine::create(o.engine);
+  if (!engine) throw std::runtime_error("engine: " + engine.error());
+  const ModelSummary summary = (*engine)->model();
+  M3_LOG_INFO("model " + o.model_dir + ": vocab " + std::to_string(summary.vocab_size) + ", max_model_len " +
+              std::to_string(summary.max_model_len) + ", " + std::to_string(summary.num_kv_blocks) + " KV blocks of " +
+              std::to_string(summary.block_size) + " tokens");
+  if ((*tokenizer)->vocab_size() > summary.vocab_size)
+    M3_LOG_WARN("the tokenizer has " + std::to_string((*tokenizer)->vocab_size()) + " ids but the model only " +
+                std::to_string(summary.vocab_size));
+
+  Metrics metrics(o.served_model_names.front());
+  AsyncEngine async(std::move(*engine), metrics, AsyncEngineConfig{o.max_pending});
+  ServerOptions server_options{o.served_model_names, o.model_dir, o.api_key};
+  ApiServer api(server_options, **tokenizer, async, metrics);
+
+  httplib::Server http;
+  const size_t threads = size_t(std::max(4, o.http_threads));
+  http.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
+  http.set_payload_max_length(size_t(64) << 20);
+  http.set_read_timeout(30, 0);
+  http.set_write_timeout(30, 0);
+  api.install(http);
+  if (!http.bind_to_port(o.host, o.port))
+    throw std::runtime_error("cannot listen on " + o.host + ":" + std::to_string(o.port));
+  std::thread listener([&http] { http.listen_after_bind(); });
+  M3_LOG_INFO("serving " + o.served_model_names.front() + " on http://" + o.host + ":" + std::to_string(o.port) +
+              " (" + std::to_string(threads) + " HTTP threads, max " + std::to_string(o.max_pending) + " pending)");
+
+  int sig = 0;
+  sigwait(&signals, &sig);
+  M3_LOG_INFO(std::string("received ") + (sig == SIGINT ? "SIGINT" : "SIGTERM") + ": draining " +
+              std::to_string(async.num_in_flight()) + " in-flight requests (signal again to stop waiting)");
+  api.start_draining();
+  while (api.num_active() > 0 || async.num_in_flight() > 0) {
+    timespec wait{0, 50 * 1000 * 1000};
+    if (sigtimedwait(&signals, nullptr, &wait) > 0) {
+      M3_LOG_WARN("second signal: closing connections without waiting");
+      break;
+    }
+  }
+  http.stop();
+  listener.join();
+  async.shutdown();
+  M3_LOG_INFO("server stopped");
+}
+
+}  // namespace
+
+void register_serve_command(CLI::App& app) {
+  auto* cmd = app.add_subcommand("serve", "OpenAI-compatible HTTP server (vllm serve flags)");
+  auto o = std::make_shared<ServeOptions>();
+  cmd->add_option("model", o->model_dir, "HF model directory (default: the bundled m3-small)")->capture_default_str();
+  cmd->add_option("--tokenizer", o->tokenizer_dir, "tokenizer directory (default: the model directory)");
+  cmd->add_option("--host", o->host)->capture_default_str();
+  cmd->add_option("--port", o->port)->capture_default_str();
+  cmd->add_option("--max-model-len", o->engine.max_model_len, "0 = the model / KV pool limit")->capture_default_str();
+  cmd->add_option("--max-num-seqs", o->engine.max_num_seqs)->capture_default_str();
+  cmd->add_option("--max-num-batched-tokens", o->engine.max_num_batched_tokens)->capture_default_str();
+  cmd->add_flag("--enable-prefix-caching,!--no-enable-prefix-caching", o->engine.enable_prefix_caching,
+                "prefix caching (on by default)");
+  cmd->add_option("--served-model-name", o->served_model_names, "model name(s) clients use (default: the model dir)");
+  cmd->add_option("--api-key", o->api_key, "require 'Authorization: Bearer KEY' on every route but /health");
+  cmd->add_option("--kv-cache-memory", o->engine.kv_cache_memory_bytes, "bytes of KV cache")->capture_default_str();
+  cmd->add_option("--num-gpu-blocks-override", o->engine.num_kv_blocks, "KV blocks (overrides --kv-cache-memory)");
+  cmd->add_flag("--trace-dispatch", o->engine.trace_dispatch, "log the first use of each (op, kernel, shape class)");
+  cmd->add_option("--max-pending", o->max_pending, "requests in flight before new ones get 503")->capture_default_str();
+  cmd->add_option("--http-threads", o->http_threads, "HTTP worker threads (one per open connection)")
+      ->capture_default_str();
+  cmd->add_option("--prefix-hash-seed", o->engine.prefix_hash_seed, "seed of the prefix-cache block hashes");
+  cmd->callback([o] { serve(*o); });
+}
+
+}  // namespace m3::server
