@@ -4,6 +4,7 @@
 
 #include <pthread.h>
 #include <signal.h>
+#include <sys/socket.h>
 
 #include <cstdio>
 #include <ctime>
@@ -22,6 +23,8 @@
 
 namespace m3::server {
 namespace {
+
+constexpr int kListenBacklog = 4096;
 
 struct ServeOptions {
   std::string model_dir = M3_DEFAULT_MODEL_DIR;
@@ -94,9 +97,18 @@ void serve(ServeOptions& o) {
   http.set_payload_max_length(size_t(64) << 20);
   http.set_read_timeout(30, 0);
   http.set_write_timeout(30, 0);
+  // cpp-httplib 0.11 listens with a backlog of 5, which resets connections under a burst;
+  // remember the socket and widen the backlog after binding (listen() again updates it).
+  auto listen_socket = std::make_shared<socket_t>(INVALID_SOCKET);
+  http.set_socket_options([listen_socket](socket_t sock) {
+    httplib::default_socket_options(sock);
+    *listen_socket = sock;
+  });
   api.install(http);
   if (!http.bind_to_port(o.host, o.port))
     throw std::runtime_error("cannot listen on " + o.host + ":" + std::to_string(o.port));
+  if (*listen_socket != INVALID_SOCKET && ::listen(*listen_socket, kListenBacklog) != 0)
+    M3_LOG_WARN("could not widen the listen backlog");
   std::thread listener([&http] { http.listen_after_bind(); });
   M3_LOG_INFO("serving " + o.served_model_names.front() + " on http://" + o.host + ":" + std::to_string(o.port) +
               " (" + std::to_string(threads) + " HTTP threads, max " + std::to_string(o.max_pending) + " pending)");

@@ -152,7 +152,11 @@ OrderedJson completion_logprobs_json(const Tokenizer& tok, const std::vector<Log
     tokens.push_back(text);
     lps.push_back(e.logprob);
     OrderedJson top = OrderedJson::object();
-    for (const auto& t : e.top) top[token_text(tok, t.token)] = t.logprob;
+    for (const auto& t : e.top) {
+      // Keyed by text: tokens that decode alike (e.g. partial UTF-8) keep the best logprob.
+      const std::string key = token_text(tok, t.token);
+      if (!top.contains(key)) top[key] = t.logprob;
+    }
     tops.push_back(std::move(top));
     offsets.push_back(text_offset);
     text_offset += text.size();

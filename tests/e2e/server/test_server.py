@@ -42,7 +42,7 @@ class Server:
     def __init__(self, extra=(), api_key=API_KEY):
         self.port = free_port()
         cmd = [ARGS.m3serve, "serve", ARGS.fixture, "--host", "127.0.0.1", "--port", str(self.port),
-               "--served-model-name", MODEL, "--max-model-len", "256", "--num-gpu-blocks-override", "400",
+               "--served-model-name", MODEL, "--max-model-len", "2048", "--num-gpu-blocks-override", "400",
                "--max-num-seqs", "32", *extra]
         if api_key:
             cmd += ["--api-key", api_key]
@@ -155,7 +155,7 @@ class ServerTest(unittest.TestCase):
         self.assertEqual(len(lp.token_logprobs), 4)
         for lps, top in zip(lp.token_logprobs, lp.top_logprobs):
             self.assertLessEqual(lps, 0.0)
-            self.assertEqual(len(top), 3)
+            self.assertTrue(1 <= len(top) <= 3)  # keyed by text: tokens that decode alike collapse
             self.assertAlmostEqual(max(top.values()), lps, places=4)  # greedy picks the top token
         self.assertEqual(lp.text_offset[0], 0)
 
@@ -268,7 +268,7 @@ class ServerTest(unittest.TestCase):
         self.assertEqual(status, 200)
         status, detok = self.server.json("POST", "/detokenize", {"tokens": tok["tokens"]})
         self.assertEqual(detok["prompt"], "Hello world")
-        self.assertEqual(tok["max_model_len"], 256)
+        self.assertEqual(tok["max_model_len"], 2048)
 
     def test_debug_endpoints(self):
         self.server.client().completions.create(model=MODEL, prompt="x", max_tokens=2)
@@ -336,7 +336,8 @@ class ServerTest(unittest.TestCase):
 
     # ---- bad input (plain HTTP) ---------------------------------------------------------------
 
-    def check_error(self, body, param_part, status=400, path="/v1/chat/completions", raw=None, etype=None):
+    def check_error(self, body, param_part, status=400, path="/v1/chat/completions", raw=None, etype=None,
+                    param=None):
         st, payload = self.server.request("POST", path, body, raw=raw)
         self.assertEqual(st, status, payload)
         err = json.loads(payload)["error"]
@@ -344,7 +345,7 @@ class ServerTest(unittest.TestCase):
         self.assertEqual(err["type"], etype or "invalid_request_error")
         if param_part:
             self.assertIn(param_part, err["message"])
-            self.assertIn(param_part.split(".")[0].split("[")[0], err["param"] or "")
+            self.assertIn(param or param_part.split(".")[0].split("[")[0], err["param"] or "")
         return err
 
     def chat(self, **kw):
@@ -376,12 +377,12 @@ class ServerTest(unittest.TestCase):
         self.check_error(self.chat(tool_choice={"type": "function", "function": {"name": "nope"}},
                                    tools=[WEATHER_TOOL]), "tool_choice")
         self.check_error(self.chat(chat_template_kwargs={"thinking_mode": "sometimes"}), "thinking_mode")
-        long_prompt = "word " * 400
+        long_prompt = "word " * 3000
         self.check_error({"model": MODEL, "prompt": long_prompt, "max_tokens": 2}, "prompt", path="/v1/completions")
-        self.check_error({"model": MODEL, "prompt": "hi", "max_tokens": 250}, "max_tokens", path="/v1/completions")
+        self.check_error({"model": MODEL, "prompt": "hi", "max_tokens": 2100}, "max_tokens", path="/v1/completions")
         self.check_error({"model": MODEL, "prompt": [99999], "max_tokens": 2}, "", path="/v1/completions")
         self.check_error({"model": MODEL, "max_tokens": 2}, "prompt", path="/v1/completions")
-        err = self.check_error(self.chat(model="gpt-9"), "gpt-9", status=404, etype="NotFoundError")
+        err = self.check_error(self.chat(model="gpt-9"), "gpt-9", status=404, etype="NotFoundError", param="model")
         self.assertEqual(err["param"], "model")
         # Unknown route, bad key, /health without a key.
         st, payload = self.server.request("GET", "/v1/nothing")
@@ -450,13 +451,14 @@ class ShutdownTest(unittest.TestCase):
                 headers={"Content-Type": "application/json"})
             resp = conn.getresponse()
             self.assertEqual(resp.status, 200)
-            first = resp.fp.readline()
+            first = resp.readline()
             self.assertTrue(first.startswith(b"data: "), first)
             server.proc.send_signal(signal.SIGTERM)
             rest = resp.read()
             self.assertIn(b"[DONE]", rest)
             self.assertIn(b'"finish_reason":"length"', rest)
             self.assertEqual(server.proc.wait(30), 0)
+            conn.close()
         finally:
             server.stop()
 

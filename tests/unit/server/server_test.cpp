@@ -182,7 +182,7 @@ TEST(ChoiceAssembler, SplitUtf8NeverReachesTheWire) {
   Generation gen(test_tokenizer(), spec_for(false, 1, opts));
   gen.bind({1});
   std::vector<RequestId> to_abort;
-  const std::string text = "a\xe4\xb8\xad\xf0\x9f\x98\x80b\xc3\xa9";
+  const std::string text = "a\xe4\xb8\xad\xf0\x9f\x98\x80" "b\xc3\xa9";
   std::string sse = feed_one_by_one(gen, 1, tokens_of(text), FinishReason::kMaxTokens, to_abort);
   std::string streamed;
   for (const auto& c : chunks_of(sse)) streamed += c["choices"][0]["text"].get<std::string>();
@@ -257,7 +257,8 @@ TEST(ChatGeneration, ToolChoiceNoneDropsCalls) {
   feed_one_by_one(gen, 5, tokens_of("ok" + ns + "<tool_call>\n" + ns + "<invoke name=\"f\">" + ns + "</invoke>\n" + ns +
                                     "</tool_call>"),
                   FinishReason::kStopToken, to_abort);
-  const auto& msg = gen.response()["choices"][0]["message"];
+  const OrderedJson body = gen.response();
+  const auto& msg = body["choices"][0]["message"];
   EXPECT_EQ(msg["content"], "ok");
   EXPECT_FALSE(msg.contains("tool_calls"));
   EXPECT_EQ(gen.response()["choices"][0]["finish_reason"], "stop");
@@ -270,7 +271,8 @@ TEST(ChatGeneration, ThinkingEnabledStartsInReasoning) {
   gen.bind({1});
   std::vector<RequestId> to_abort;
   feed_one_by_one(gen, 1, tokens_of("plan</mm:think>answer"), FinishReason::kMaxTokens, to_abort);
-  const auto& msg = gen.response()["choices"][0]["message"];
+  const OrderedJson body = gen.response();
+  const auto& msg = body["choices"][0]["message"];
   EXPECT_EQ(msg["reasoning_content"], "plan");
   EXPECT_EQ(msg["content"], "answer");
 }
@@ -317,7 +319,8 @@ TEST(Generation, CompletionLogprobsShape) {
   gen.bind({1});
   std::vector<RequestId> to_abort;
   feed_one_by_one(gen, 1, tokens_of("abc"), FinishReason::kMaxTokens, to_abort);
-  const auto& lp = gen.response()["choices"][0]["logprobs"];
+  const OrderedJson body = gen.response();
+  const auto& lp = body["choices"][0]["logprobs"];
   EXPECT_EQ(lp["tokens"], OrderedJson::array({"a", "b", "c"}));
   EXPECT_EQ(lp["text_offset"], OrderedJson::array({0, 1, 2}));
   EXPECT_EQ(lp["top_logprobs"][0].size(), 2u);
