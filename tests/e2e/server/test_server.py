@@ -441,6 +441,82 @@ class ServerTest(unittest.TestCase):
         print("\n1000 streams: %d completed, %d refused with 503" % (done, refused), file=sys.stderr)
 
 
+NS = "]<]minimax[>["
+SCRIPT = ("<mm:think>The user wants the weather.</mm:think>Checking now." + NS + "<tool_call>\n" + NS +
+          "<invoke name=\"get_weather\">" + NS + "<city>San Francisco" + NS + "</city>" + NS + "<days>14" + NS +
+          "</days>" + NS + "</invoke>\n" + NS + "</tool_call>")
+
+
+class ToolCallTest(unittest.TestCase):
+    """Known output through the real binary: `serve --scripted-output` replays SCRIPT as the
+    model's tokens (a random model never writes a tool call)."""
+
+    @classmethod
+    def setUpClass(cls):
+        path = os.path.join(ARGS.work, "tool_script.txt")
+        with open(path, "w") as f:
+            f.write(SCRIPT)
+        cls.server = Server(extra=["--scripted-output", path])
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.server.stop()
+
+    def request(self, **kw):
+        return dict(model=MODEL, messages=[{"role": "user", "content": "Weather in SF for two weeks?"}],
+                    tools=[WEATHER_TOOL], max_tokens=200, **kw)
+
+    def test_tool_call_non_stream(self):
+        r = self.server.client().chat.completions.create(**self.request())
+        msg = r.choices[0].message
+        self.assertEqual(r.choices[0].finish_reason, "tool_calls")
+        self.assertEqual(msg.reasoning_content, "The user wants the weather.")
+        self.assertEqual(msg.content, "Checking now.")
+        self.assertEqual(len(msg.tool_calls), 1)
+        self.assertEqual(msg.tool_calls[0].type, "function")
+        self.assertEqual(msg.tool_calls[0].function.name, "get_weather")
+        self.assertEqual(json.loads(msg.tool_calls[0].function.arguments), {"city": "San Francisco", "days": 14})
+        self.assertTrue(msg.tool_calls[0].id)
+
+    def test_tool_call_streamed_arguments(self):
+        calls, fragments, reasoning, content, finish = {}, 0, "", "", None
+        for chunk in self.server.client().chat.completions.create(stream=True, **self.request()):
+            for ch in chunk.choices:
+                d = ch.delta
+                reasoning += getattr(d, "reasoning_content", None) or ""
+                content += d.content or ""
+                for tc in d.tool_calls or []:
+                    entry = calls.setdefault(tc.index, {"id": None, "name": None, "arguments": ""})
+                    if tc.id:
+                        entry["id"] = tc.id
+                    if tc.function and tc.function.name:
+                        entry["name"] = tc.function.name
+                    if tc.function and tc.function.arguments:
+                        entry["arguments"] += tc.function.arguments
+                        fragments += 1
+                finish = ch.finish_reason or finish
+        self.assertEqual(reasoning, "The user wants the weather.")
+        self.assertEqual(content, "Checking now.")
+        self.assertEqual(list(calls), [0])
+        self.assertEqual(calls[0]["name"], "get_weather")
+        self.assertEqual(json.loads(calls[0]["arguments"]), {"city": "San Francisco", "days": 14})
+        self.assertGreater(fragments, 3)  # the arguments arrive incrementally
+        self.assertEqual(finish, "tool_calls")
+
+    def test_tool_choice_none_drops_the_call(self):
+        r = self.server.client().chat.completions.create(tool_choice="none", **self.request())
+        self.assertIsNone(r.choices[0].message.tool_calls)
+        self.assertEqual(r.choices[0].finish_reason, "stop")
+
+    def test_thinking_enabled_and_stop_string(self):
+        r = self.server.client().chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "x"}], max_tokens=200, stop=["now"],
+            extra_body={"chat_template_kwargs": {"thinking_mode": "enabled"}})
+        self.assertEqual(r.choices[0].message.reasoning_content, "The user wants the weather.")
+        self.assertEqual(r.choices[0].message.content, "Checking ")
+        self.assertEqual(r.choices[0].finish_reason, "stop")
+
+
 class ShutdownTest(unittest.TestCase):
     def test_sigterm_drains_in_flight(self):
         server = Server(api_key=None)
