@@ -4,9 +4,11 @@
 
 #include <pthread.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 
 #include <cstdio>
+#include <filesystem>
 #include <ctime>
 #include <fstream>
 #include <sstream>
@@ -84,12 +86,21 @@ void serve(ServeOptions& o) {
   sigaddset(&signals, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
   signal(SIGPIPE, SIG_IGN);
+  // One socket per open connection: take the hard file limit, as a server should.
+  rlimit files{};
+  if (getrlimit(RLIMIT_NOFILE, &files) == 0 && files.rlim_cur < files.rlim_max) {
+    files.rlim_cur = files.rlim_max;
+    setrlimit(RLIMIT_NOFILE, &files);
+  }
 
   o.engine.model_dir = o.model_dir;
   o.engine.on_load_progress = progress_bar();
   if (o.served_model_names.empty()) o.served_model_names.push_back(o.model_dir);
   const std::string tokenizer_dir = o.tokenizer_dir.empty() ? o.model_dir : o.tokenizer_dir;
 
+  if (!std::filesystem::is_directory(o.model_dir))
+    throw std::runtime_error("model directory " + o.model_dir + " not found" +
+                             (o.model_dir == M3_DEFAULT_MODEL_DIR ? " (the bundled m3-small is not there; pass MODEL_DIR)" : ""));
   auto tokenizer = Tokenizer::from_dir(tokenizer_dir);
   if (!tokenizer) throw std::runtime_error("tokenizer: " + tokenizer.error());
   ChatTemplateCheck check = check_chat_template(o.model_dir);

@@ -293,13 +293,21 @@ void ApiServer::handle_generation(const httplib::Request& req, httplib::Response
   ++active_;
 
   if (!common.stream) {
+    // On any exit (including an exception), the engine requests must not outlive the handler.
+    struct Guard {
+      ApiServer* self;
+      Generation& gen;
+      ~Guard() {
+        for (RequestId id : gen.unfinished_ids()) self->engine_.abort(id);
+        --self->active_;
+      }
+    } guard{this, *generation};
     while (!generation->done()) {
       std::vector<RequestId> to_abort;
       generation->on_events(channel->wait(kPollInterval), to_abort);
       for (RequestId id : to_abort) engine_.abort(id);
     }
     send_json(res, generation->response());
-    --active_;
     return;
   }
 

@@ -10,7 +10,7 @@ import asyncio
 import http.client
 import json
 import os
-import re
+import resource
 import signal
 import socket
 import subprocess
@@ -551,6 +551,9 @@ def main():
     except ImportError as e:
         print("SKIP: python package missing: %s" % e)
         return 77
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)  # 1000 client sockets at once
+    if hard == resource.RLIM_INFINITY or hard > soft:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard if hard != resource.RLIM_INFINITY else 65536, hard))
     ARGS.work = os.path.dirname(os.path.abspath(ARGS.fixture))
     subprocess.run([sys.executable, os.path.join(os.path.dirname(__file__), "make_fixture.py"), ARGS.m3serve,
                     ARGS.fixture], check=True)
