@@ -7,11 +7,14 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <random>
 
+#include "server/async_engine.h"
 #include "server/generation.h"
 #include "server/metrics.h"
 #include "server/openai_protocol.h"
+#include "server/scripted_engine.h"
 
 namespace m3::server {
 namespace {
@@ -471,6 +474,101 @@ TEST(Metrics, RendersPrometheusText) {
   EXPECT_NE(text.find("vllm:generation_tokens_total{model_name=\"tiny\"} 4\n"), std::string::npos);
   m.observe_idle();
   EXPECT_NE(m.render().find("vllm:num_requests_running{model_name=\"tiny\"} 0\n"), std::string::npos);
+}
+
+// ---- AsyncEngine over the scripted engine ---------------------------------------------------
+
+std::unique_ptr<Engine> scripted(size_t script_tokens) {
+  ScriptedEngineConfig config;
+  config.script.assign(script_tokens, 40);
+  config.vocab_size = 300;
+  config.max_model_len = 1 << 30;
+  config.eos_token_id = kEos;
+  return make_scripted_engine(std::move(config));
+}
+
+GenerationRequest gen_request(int max_tokens) {
+  GenerationRequest r;
+  r.prompt_token_ids = {5, 6};
+  r.sampling.max_tokens = max_tokens;
+  return r;
+}
+
+// Collects a channel's events until every id has finished.
+std::map<RequestId, std::pair<int, FinishReason>> drain(RequestChannel& channel, size_t num_requests) {
+  std::map<RequestId, std::pair<int, FinishReason>> out;
+  size_t finished = 0;
+  for (int spins = 0; finished < num_requests && spins < 2000; ++spins) {
+    for (auto& ev : channel.wait(std::chrono::milliseconds(10))) {
+      out[ev.request_id].first += int(ev.new_tokens.size());
+      if (ev.finished) {
+        out[ev.request_id].second = ev.finish_reason;
+        ++finished;
+      }
+    }
+  }
+  return out;
+}
+
+TEST(AsyncEngine, RoutesEventsAndCountsInFlight) {
+  Metrics metrics("m");
+  AsyncEngine engine(scripted(5), metrics, AsyncEngineConfig{8});
+  auto channel = std::make_shared<RequestChannel>();
+  std::vector<GenerationRequest> reqs;
+  reqs.push_back(gen_request(3));
+  reqs.push_back(gen_request(100));
+  SubmitOutcome out = engine.submit(std::move(reqs), channel);
+  ASSERT_TRUE(out.ok()) << out.error;
+  ASSERT_EQ(out.ids.size(), 2u);
+  auto events = drain(*channel, 2);
+  EXPECT_EQ(events[out.ids[0]], std::make_pair(3, FinishReason::kMaxTokens));
+  EXPECT_EQ(events[out.ids[1]], std::make_pair(6, FinishReason::kStopToken));  // 5 script tokens + EOS
+  EXPECT_EQ(engine.num_in_flight(), 0);
+  EXPECT_NE(metrics.render().find("vllm:generation_tokens_total{model_name=\"m\"} 9\n"), std::string::npos);
+}
+
+TEST(AsyncEngine, RejectsAllOrNoneAndRefusesOverCapacity) {
+  Metrics metrics("m");
+  AsyncEngine engine(scripted(5), metrics, AsyncEngineConfig{2});
+  auto channel = std::make_shared<RequestChannel>();
+  std::vector<GenerationRequest> three(3, gen_request(1));
+  SubmitOutcome over = engine.submit(three, channel);
+  EXPECT_TRUE(over.overloaded);
+  std::vector<GenerationRequest> bad = {gen_request(1), gen_request(1)};
+  bad[1].prompt_token_ids = {999};  // outside the vocabulary
+  SubmitOutcome rejected = engine.submit(bad, channel);
+  EXPECT_FALSE(rejected.ok());
+  EXPECT_FALSE(rejected.overloaded);
+  EXPECT_NE(rejected.error.find("vocabulary"), std::string::npos);
+  EXPECT_EQ(engine.num_in_flight(), 0);
+  EXPECT_TRUE(channel->wait(std::chrono::milliseconds(50)).empty());  // the withdrawn one reports nothing
+}
+
+TEST(AsyncEngine, AbortEndsARequestEarly) {
+  Metrics metrics("m");
+  AsyncEngine engine(scripted(1 << 22), metrics, AsyncEngineConfig{4});
+  auto channel = std::make_shared<RequestChannel>();
+  SubmitOutcome out = engine.submit({gen_request(1 << 22)}, channel);
+  ASSERT_TRUE(out.ok());
+  ASSERT_FALSE(channel->wait(std::chrono::milliseconds(1000)).empty());
+  engine.abort(out.ids[0]);
+  auto events = drain(*channel, 1);
+  EXPECT_EQ(events[out.ids[0]].second, FinishReason::kAborted);
+  EXPECT_LT(events[out.ids[0]].first, 1 << 22);
+  EXPECT_EQ(engine.num_in_flight(), 0);
+  EXPECT_NE(metrics.render().find("finished_reason=\"abort\"} 1\n"), std::string::npos);
+}
+
+TEST(AsyncEngine, ShutdownFinishesInFlightRequests) {
+  Metrics metrics("m");
+  auto engine = std::make_unique<AsyncEngine>(scripted(50), metrics, AsyncEngineConfig{4});
+  auto channel = std::make_shared<RequestChannel>();
+  SubmitOutcome out = engine->submit({gen_request(40)}, channel);
+  ASSERT_TRUE(out.ok());
+  engine->shutdown();
+  EXPECT_TRUE(engine->submit({gen_request(1)}, channel).overloaded);  // refused after shutdown
+  auto events = drain(*channel, 1);
+  EXPECT_EQ(events[out.ids[0]], std::make_pair(40, FinishReason::kMaxTokens));
 }
 
 }  // namespace
