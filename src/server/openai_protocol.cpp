@@ -23,6 +23,16 @@ const char* type_name(const OrderedJson& v) {
   }
 }
 
+// GCC 12 warns (-Wrestrict, a false positive) on "'" + std::string(...); build it in place.
+std::string quoted(const std::string& field) {
+  std::string out;
+  out.reserve(field.size() + 2);
+  out += '\'';
+  out += field;
+  out += '\'';
+  return out;
+}
+
 ApiError wrong_type(const std::string& field, const char* expected, const OrderedJson& got) {
   return invalid_request("'" + field + "' must be " + expected + ", got " + type_name(got), field);
 }
@@ -47,7 +57,7 @@ std::optional<ApiError> get_number(const OrderedJson& body, const char* key, std
   if (!v) return std::nullopt;
   if (!v->is_number()) return wrong_type(key, "a number", *v);
   double d = v->get<double>();
-  if (!std::isfinite(d)) return invalid_request("'" + std::string(key) + "' must be finite", key);
+  if (!std::isfinite(d)) return invalid_request(quoted(key) + " must be finite", key);
   out = d;
   return std::nullopt;
 }
@@ -57,7 +67,7 @@ std::optional<ApiError> get_int(const OrderedJson& body, const char* key, std::o
   if (!v) return std::nullopt;
   if (v->is_number_integer() || v->is_number_unsigned()) {
     if (v->is_number_unsigned() && v->get<uint64_t>() > uint64_t(INT64_MAX))
-      return invalid_request("'" + std::string(key) + "' is out of range", key);
+      return invalid_request(quoted(key) + " is out of range", key);
     out = v->get<int64_t>();
     return std::nullopt;
   }
@@ -72,7 +82,7 @@ std::optional<ApiError> get_int(const OrderedJson& body, const char* key, std::o
 }
 
 std::optional<ApiError> check_range(const char* key, double value, double lo, double hi, const char* rule) {
-  if (value < lo || value > hi) return invalid_request("'" + std::string(key) + "' must be " + rule, key);
+  if (value < lo || value > hi) return invalid_request(quoted(key) + " must be " + rule, key);
   return std::nullopt;
 }
 
@@ -98,8 +108,8 @@ std::optional<ApiError> parse_common(const OrderedJson& body, bool chat, CommonR
     i.reset();
     M3_TRY(get_int(body, key, i));
     if (i) {
-      if (*i < 1) return invalid_request("'" + std::string(key) + "' must be at least 1", key);
-      if (*i > INT32_MAX) return invalid_request("'" + std::string(key) + "' is too large", key);
+      if (*i < 1) return invalid_request(quoted(key) + " must be at least 1", key);
+      if (*i > INT32_MAX) return invalid_request(quoted(key) + " is too large", key);
       out.max_tokens = int(*i);
     }
   }
@@ -174,6 +184,15 @@ std::optional<ApiError> parse_common(const OrderedJson& body, bool chat, CommonR
     }
   }
   M3_TRY(get_bool(body, "ignore_eos", s.ignore_eos));
+  // Constraints the engine cannot honour are refused rather than silently ignored.
+  if (const OrderedJson* v = member(body, "logit_bias"); v && !(v->is_object() && v->empty()))
+    return invalid_request("'logit_bias' is not supported", "logit_bias");
+  if (const OrderedJson* v = member(body, "response_format");
+      v && !(v->is_object() && v->value("type", std::string("text")) == "text"))
+    return invalid_request("'response_format' other than {\"type\": \"text\"} is not supported", "response_format");
+  i.reset();
+  M3_TRY(get_int(body, "best_of", i));
+  if (i && *i != out.n && *i != 1) return invalid_request("'best_of' is not supported", "best_of");
   M3_TRY(get_bool(body, "stream", out.stream));
   if (const OrderedJson* v = member(body, "stream_options")) {
     if (!v->is_object()) return wrong_type("stream_options", "an object", *v);

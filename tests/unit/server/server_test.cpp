@@ -404,6 +404,8 @@ TEST(Protocol, ErrorsNameTheField) {
       {R"({"messages":[{"role":"user","content":"x"}],"chat_template_kwargs":{"thinking_mode":"maybe"}})",
        "chat_template_kwargs.thinking_mode"},
       {R"({"model":3,"messages":[{"role":"user","content":"x"}]})", "model"},
+      {R"({"messages":[{"role":"user","content":"x"}],"logit_bias":{"5":100}})", "logit_bias"},
+      {R"({"messages":[{"role":"user","content":"x"}],"response_format":{"type":"json_object"}})", "response_format"},
       {R"([])", ""},
   };
   for (const auto& c : cases) {
