@@ -11,6 +11,9 @@ namespace m3::server {
 namespace {
 
 constexpr auto kPollInterval = std::chrono::milliseconds(50);
+// An SSE comment after this much silence (queued or in a long prefill): a write is the only
+// way to notice that a streaming client went away, and SSE clients ignore comments.
+constexpr auto kHeartbeatInterval = std::chrono::seconds(1);
 
 int64_t unix_seconds() {
   return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
@@ -316,6 +319,7 @@ void ApiServer::handle_generation(const httplib::Request& req, httplib::Response
     std::shared_ptr<RequestChannel> channel;
     bool started = false;
     bool complete = false;
+    std::chrono::steady_clock::time_point last_write = std::chrono::steady_clock::now();
   };
   auto state = std::make_shared<StreamState>(StreamState{generation, channel});
   res.set_header("Cache-Control", "no-cache");
@@ -332,7 +336,12 @@ void ApiServer::handle_generation(const httplib::Request& req, httplib::Response
         for (RequestId id : to_abort) engine_.abort(id);
         const bool done = state->generation->done();
         if (done) out += state->generation->stream_end();
-        if (!out.empty() && !sink.write(out.data(), out.size())) return false;  // client went away
+        const auto now = std::chrono::steady_clock::now();
+        if (out.empty() && now - state->last_write >= kHeartbeatInterval) out = ": keep-alive\n\n";
+        if (!out.empty()) {
+          if (!sink.write(out.data(), out.size())) return false;  // client went away
+          state->last_write = now;
+        }
         if (done) {
           state->complete = true;
           sink.done();
