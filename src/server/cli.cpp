@@ -4,6 +4,7 @@
 
 #include <pthread.h>
 #include <signal.h>
+#include <unistd.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 
@@ -64,15 +65,17 @@ Result<std::unique_ptr<Engine>> scripted_engine(const ServeOptions& o, const Tok
 // A one-line progress bar on stderr, redrawn when the percentage changes.
 std::function<void(size_t, size_t)> progress_bar() {
   auto last = std::make_shared<int>(-1);
-  return [last](size_t done, size_t total) {
+  const int step = isatty(STDERR_FILENO) ? 1 : 25;  // a log file gets a few lines, a terminal a live bar
+  return [last, step](size_t done, size_t total) {
     if (total == 0) return;
-    const int pct = int(100.0 * double(done) / double(total));
+    const int pct = int(100.0 * double(done) / double(total)) / step * step;
     if (pct == *last) return;
     *last = pct;
     const int width = 40, filled = pct * width / 100;
-    std::fprintf(stderr, "\rloading weights [%s%s] %3d%% %.1f/%.1f MB", std::string(size_t(filled), '#').c_str(),
+    std::fprintf(stderr, "%sloading weights [%s%s] %3d%% %.1f/%.1f MB", step == 1 ? "\r" : "",
+                 std::string(size_t(filled), '#').c_str(),
                  std::string(size_t(width - filled), '.').c_str(), pct, double(done) / 1e6, double(total) / 1e6);
-    if (done >= total) std::fprintf(stderr, "\n");
+    if (done >= total || step > 1) std::fprintf(stderr, "\n");
     std::fflush(stderr);
   };
 }
