@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <ctime>
+#include <future>
 #include <fstream>
 #include <sstream>
 #include <memory>
@@ -31,6 +32,7 @@ namespace m3::server {
 namespace {
 
 constexpr int kListenBacklog = 4096;
+constexpr int kIdleCloseWaitSeconds = 1;
 
 struct ServeOptions {
   std::string model_dir = M3_DEFAULT_MODEL_DIR;
@@ -132,6 +134,9 @@ void serve(ServeOptions& o) {
   http.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
   http.set_payload_max_length(size_t(64) << 20);
   http.set_read_timeout(30, 0);
+  // httplib closes a connection whose (first) request has not arrived within the keep-alive
+  // timeout (5 s by default): too short for a burst of clients on a busy host.
+  http.set_keep_alive_timeout(30);
   http.set_write_timeout(30, 0);
   // cpp-httplib 0.11 listens with a backlog of 5, which resets connections under a burst;
   // remember the socket and widen the backlog after binding (listen() again updates it).
@@ -145,7 +150,12 @@ void serve(ServeOptions& o) {
     throw std::runtime_error("cannot listen on " + o.host + ":" + std::to_string(o.port));
   if (*listen_socket != INVALID_SOCKET && ::listen(*listen_socket, kListenBacklog) != 0)
     M3_LOG_WARN("could not widen the listen backlog");
-  std::thread listener([&http] { http.listen_after_bind(); });
+  std::promise<void> listener_done;
+  std::future<void> listener_finished = listener_done.get_future();
+  std::thread listener([&http, &listener_done] {
+    http.listen_after_bind();
+    listener_done.set_value();
+  });
   M3_LOG_INFO("serving " + o.served_model_names.front() + " on http://" + o.host + ":" + std::to_string(o.port) +
               " (" + std::to_string(threads) + " HTTP threads, max " + std::to_string(o.max_pending) + " pending)");
 
@@ -162,8 +172,16 @@ void serve(ServeOptions& o) {
     }
   }
   http.stop();
-  listener.join();
   async.shutdown();
+  // Every response is written by now. httplib 0.11 joins its workers only when idle
+  // keep-alive connections time out (up to the keep-alive timeout), and cannot close them
+  // early; give them a moment, then exit without waiting for idle sockets.
+  if (listener_finished.wait_for(std::chrono::seconds(kIdleCloseWaitSeconds)) != std::future_status::ready) {
+    M3_LOG_INFO("server stopped (idle keep-alive connections closed)");
+    std::fflush(nullptr);
+    std::_Exit(0);
+  }
+  listener.join();
   M3_LOG_INFO("server stopped");
 }
 

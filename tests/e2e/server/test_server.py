@@ -533,7 +533,7 @@ class ShutdownTest(unittest.TestCase):
             rest = resp.read()
             self.assertIn(b"[DONE]", rest)
             self.assertIn(b'"finish_reason":"length"', rest)
-            self.assertEqual(server.proc.wait(30), 0)
+            self.assertEqual(server.proc.wait(30), 0)  # the idle keep-alive connection does not hold it up
             conn.close()
         finally:
             server.stop()
