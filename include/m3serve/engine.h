@@ -2,6 +2,7 @@
 // The public engine API: submit token-id requests, step the engine, read per-request
 // outputs and per-step stats, abort. Everything else in m3serve is private.
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -28,6 +29,7 @@ struct EngineConfig {
   // Kernels whose per-token results do not depend on batching or chunking: prefix hits and
   // chunked prefill give bit-identical logits to a cold single-sequence run.
   bool batch_invariant = true;
+  std::function<void(size_t done_bytes, size_t total_bytes)> on_load_progress;  // weight loading progress
 };
 
 struct GenerationRequest {

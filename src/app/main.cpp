@@ -9,6 +9,9 @@
 #ifdef M3_HAVE_M3_BENCH
 #include "bench/cli.h"
 #endif
+#ifdef M3_HAVE_M3_SERVER
+#include "server/cli.h"
+#endif
 
 int main(int argc, char** argv) {
   CLI::App app{"m3serve: a serving engine for MiniMax-M3 (MSA + MoE)"};
@@ -24,6 +27,9 @@ int main(int argc, char** argv) {
   m3::app::register_make_model(app);
   m3::app::register_generate(app);
   m3::app::register_kernel_paths(app);
+#ifdef M3_HAVE_M3_SERVER
+  m3::server::register_serve_command(app);
+#endif
 #ifdef M3_HAVE_M3_BENCH
   register_bench_commands(app);
   register_eval_commands(app);

@@ -197,7 +197,9 @@ class EngineImpl final : public Engine {
 }  // namespace
 
 Result<std::unique_ptr<Engine>> Engine::create(const EngineConfig& config) {
-  auto model = MiniMaxM3Model::load(config.model_dir);
+  LoadProgress progress;
+  progress.on_progress = config.on_load_progress;
+  auto model = MiniMaxM3Model::load(config.model_dir, progress);
   if (!model) return model.status();
   const MiniMaxM3Config& c = (*model)->config();
   const int32_t bs = c.index_block_size;

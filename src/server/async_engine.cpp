@@ -1,0 +1,186 @@
+// The engine thread: drain commands, step while work remains, route events to channels,
+// record request timings.
+#include "server/async_engine.h"
+
+#include "core/log.h"
+
+namespace m3::server {
+namespace {
+
+double seconds(std::chrono::steady_clock::duration d) { return std::chrono::duration<double>(d).count(); }
+
+const char* finished_label(FinishReason reason) {
+  switch (reason) {
+    case FinishReason::kMaxTokens: return "length";
+    case FinishReason::kAborted: return "abort";
+    default: return "stop";
+  }
+}
+
+}  // namespace
+
+void RequestChannel::push(RequestEvent event) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    events_.push_back(std::move(event));
+  }
+  cv_.notify_one();
+}
+
+std::vector<RequestEvent> RequestChannel::wait(std::chrono::milliseconds timeout) {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait_for(lock, timeout, [&] { return !events_.empty(); });
+  std::vector<RequestEvent> out(std::make_move_iterator(events_.begin()), std::make_move_iterator(events_.end()));
+  events_.clear();
+  return out;
+}
+
+AsyncEngine::AsyncEngine(std::unique_ptr<Engine> engine, Metrics& metrics, AsyncEngineConfig config)
+    : engine_(std::move(engine)), metrics_(metrics), config_(config), summary_(engine_->model()) {
+  metrics_.set_kv_total_blocks(summary_.num_kv_blocks);
+  thread_ = std::thread([this] { run(); });
+}
+
+AsyncEngine::~AsyncEngine() { shutdown(); }
+
+SubmitOutcome AsyncEngine::submit(std::vector<GenerationRequest> requests, std::shared_ptr<RequestChannel> channel) {
+  const int32_t count = int32_t(requests.size());
+  // Reserve the slots up front so concurrent submitters cannot overshoot max_pending.
+  int32_t before = in_flight_.fetch_add(count);
+  if (before + count > config_.max_pending) {
+    in_flight_.fetch_sub(count);
+    SubmitOutcome out;
+    out.overloaded = true;
+    out.error = "the server is at capacity (" + std::to_string(config_.max_pending) +
+                " requests in flight); retry later";
+    return out;
+  }
+  std::future<SubmitOutcome> reply;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopping_) {
+      in_flight_.fetch_sub(count);
+      SubmitOutcome out;
+      out.overloaded = true;
+      out.error = "the server is shutting down";
+      return out;
+    }
+    submits_.push_back(Submit{std::move(requests), std::move(channel), {}});
+    reply = submits_.back().reply.get_future();
+  }
+  cv_.notify_one();
+  return reply.get();
+}
+
+void AsyncEngine::abort(RequestId id) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    aborts_.push_back(id);
+  }
+  cv_.notify_one();
+}
+
+void AsyncEngine::shutdown() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+  }
+  cv_.notify_one();
+  if (thread_.joinable()) thread_.join();
+}
+
+void AsyncEngine::handle_submit(Submit& cmd) {
+  SubmitOutcome out;
+  const auto now = std::chrono::steady_clock::now();
+  for (auto& req : cmd.requests) {
+    auto id = engine_->submit(std::move(req));
+    if (!id) {
+      out.error = id.error();
+      break;
+    }
+    out.ids.push_back(*id);
+  }
+  if (!out.ok()) {
+    // All or none: withdraw the ones already accepted. Their abort events find no route.
+    for (RequestId id : out.ids) (void)engine_->abort(id);
+    in_flight_.fetch_sub(int32_t(cmd.requests.size()));
+    out.ids.clear();
+  } else {
+    // Requests that can never run were refused above, so every accepted one will finish.
+    for (RequestId id : out.ids) routes_[id] = Route{cmd.channel, now, now, 0, 0.0};
+  }
+  cmd.reply.set_value(std::move(out));
+}
+
+void AsyncEngine::deliver(std::vector<RequestEvent> events) {
+  const auto now = std::chrono::steady_clock::now();
+  for (auto& ev : events) {
+    auto it = routes_.find(ev.request_id);
+    if (it == routes_.end()) continue;
+    Route& r = it->second;
+    for (size_t k = 0; k < ev.new_tokens.size(); ++k) {
+      if (r.num_generated == 0) {
+        r.ttft_s = seconds(now - r.arrival);
+        metrics_.observe_first_token(r.ttft_s);
+      } else {
+        metrics_.observe_inter_token(seconds(now - r.last_token));
+      }
+      ++r.num_generated;
+      r.last_token = now;
+    }
+    if (ev.finished) {
+      const double e2e = seconds(now - r.arrival);
+      const double tpot = r.num_generated > 1 ? (e2e - r.ttft_s) / (r.num_generated - 1) : 0.0;
+      metrics_.observe_finished(finished_label(ev.finish_reason), e2e, ev.num_prompt_tokens, r.num_generated, tpot);
+      auto channel = std::move(r.channel);
+      routes_.erase(it);
+      in_flight_.fetch_sub(1);
+      channel->push(std::move(ev));
+    } else {
+      r.channel->push(std::move(ev));
+    }
+  }
+}
+
+void AsyncEngine::run() {
+  // After the last request finishes, one more (empty) step reads the freed KV state.
+  bool need_refresh = false;
+  for (;;) {
+    std::deque<Submit> submits;
+    std::vector<RequestId> aborts;
+    bool stopping = false;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [&] {
+        return !submits_.empty() || !aborts_.empty() || stopping_ || need_refresh || engine_->has_unfinished_requests();
+      });
+      submits.swap(submits_);
+      aborts.swap(aborts_);
+      stopping = stopping_;
+    }
+    for (auto& cmd : submits) handle_submit(cmd);
+    for (RequestId id : aborts) (void)engine_->abort(id);  // already finished: nothing to free
+    const bool busy = engine_->has_unfinished_requests();
+    if (!busy && stopping && routes_.empty()) break;
+    // Aborts leave their final events pending inside the engine until the next step.
+    if (!busy && aborts.empty() && !need_refresh) continue;
+    EngineStepStats stats;
+    try {
+      deliver(engine_->step(&stats));
+    } catch (const std::exception& e) {
+      // An engine failure is fatal for the requests in it; keep serving the rest.
+      M3_LOG_ERROR(std::string("engine step failed: ") + e.what());
+      for (auto& entry : routes_) (void)engine_->abort(entry.first);
+      need_refresh = true;
+      continue;
+    }
+    metrics_.observe_step(stats);
+    need_refresh = false;
+    if (!engine_->has_unfinished_requests()) {
+      metrics_.observe_idle();
+      need_refresh = busy || !aborts.empty();
+    }
+  }
+}
+
+}  // namespace m3::server

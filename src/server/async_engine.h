@@ -1,0 +1,100 @@
+#pragma once
+// The Engine is synchronous and not thread-safe, so one engine thread owns it and runs the
+// step loop (sleeping on a condition variable when idle). HTTP threads submit and abort
+// through a locked command queue and receive RequestEvents through per-HTTP-request
+// channels (one channel may carry several engine requests, e.g. n > 1).
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <future>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "m3serve/engine.h"
+#include "server/metrics.h"
+
+namespace m3::server {
+
+class RequestChannel {
+ public:
+  void push(RequestEvent event);
+  // Everything queued, waiting up to `timeout` for the first event.
+  std::vector<RequestEvent> wait(std::chrono::milliseconds timeout);
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<RequestEvent> events_;
+};
+
+struct AsyncEngineConfig {
+  int32_t max_pending = 1024;  // engine requests in flight (waiting + running) before 503
+};
+
+struct SubmitOutcome {
+  std::vector<RequestId> ids;  // one per GenerationRequest, on success
+  std::string error;           // engine rejection (400) or overload (503)
+  bool overloaded = false;
+  bool ok() const { return error.empty(); }
+};
+
+class AsyncEngine {
+ public:
+  AsyncEngine(std::unique_ptr<Engine> engine, Metrics& metrics, AsyncEngineConfig config);
+  ~AsyncEngine();  // shutdown() + join
+  AsyncEngine(const AsyncEngine&) = delete;
+  AsyncEngine& operator=(const AsyncEngine&) = delete;
+
+  // Submits all requests or none; events for them arrive on `channel`. Blocks until the
+  // engine thread has accepted or rejected them.
+  SubmitOutcome submit(std::vector<GenerationRequest> requests, std::shared_ptr<RequestChannel> channel);
+  // Frees the request's KV blocks; its final (kAborted) event still reaches the channel.
+  void abort(RequestId id);
+  // Engine requests submitted and not yet finished.
+  int32_t num_in_flight() const { return in_flight_.load(); }
+  // Finishes every in-flight request, then stops the engine thread. New submits are refused.
+  void shutdown();
+
+  const ModelSummary& model() const { return summary_; }
+  // DispatchStats locks internally, so HTTP threads may read it while the engine runs.
+  const ops::DispatchStats& dispatch_stats() const { return engine_->dispatch_stats(); }
+
+ private:
+  struct Submit {
+    std::vector<GenerationRequest> requests;
+    std::shared_ptr<RequestChannel> channel;
+    std::promise<SubmitOutcome> reply;
+  };
+  struct Route {
+    std::shared_ptr<RequestChannel> channel;
+    std::chrono::steady_clock::time_point arrival, last_token;
+    int32_t num_generated = 0;
+    double ttft_s = 0.0;
+  };
+  void run();
+  void handle_submit(Submit& cmd);
+  void deliver(std::vector<RequestEvent> events);
+
+  std::unique_ptr<Engine> engine_;
+  Metrics& metrics_;
+  AsyncEngineConfig config_;
+  ModelSummary summary_;
+  std::atomic<int32_t> in_flight_{0};
+
+  std::mutex mu_;  // guards the command queues and stopping_
+  std::condition_variable cv_;
+  std::deque<Submit> submits_;
+  std::vector<RequestId> aborts_;
+  bool stopping_ = false;
+
+  std::map<RequestId, Route> routes_;  // engine thread only
+  std::thread thread_;
+};
+
+}  // namespace m3::server

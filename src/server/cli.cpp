@@ -1,0 +1,216 @@
+// `m3serve serve`: loads the tokenizer and the engine, starts the HTTP server, and on
+// SIGINT/SIGTERM drains in-flight requests before exiting.
+#include "server/cli.h"
+
+#include <pthread.h>
+#include <signal.h>
+#include <unistd.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <ctime>
+#include <future>
+#include <fstream>
+#include <sstream>
+#include <memory>
+#include <stdexcept>
+#include <thread>
+
+#include "chat/chat_template.h"
+#include "core/log.h"
+#include "server/async_engine.h"
+#include "server/routes.h"
+#include "server/scripted_engine.h"
+
+#ifndef M3_DEFAULT_MODEL_DIR
+#define M3_DEFAULT_MODEL_DIR "models/m3-small"
+#endif
+
+namespace m3::server {
+namespace {
+
+constexpr int kListenBacklog = 4096;
+constexpr int kIdleCloseWaitSeconds = 1;
+
+struct ServeOptions {
+  std::string model_dir = M3_DEFAULT_MODEL_DIR;
+  std::string tokenizer_dir;
+  std::string host = "0.0.0.0";
+  int port = 8000;
+  EngineConfig engine;
+  std::vector<std::string> served_model_names;
+  std::string api_key;
+  int32_t max_pending = 1024;
+  int http_threads = 1100;
+  std::string scripted_output;  // test / demo mode: no model, every answer is this text
+};
+
+Result<std::unique_ptr<Engine>> scripted_engine(const ServeOptions& o, const Tokenizer& tokenizer) {
+  std::ifstream in(o.scripted_output, std::ios::binary);
+  if (!in) return Status::error("cannot read " + o.scripted_output);
+  std::stringstream text;
+  text << in.rdbuf();
+  auto eos = tokenizer.token_to_id(kEndOfMessage);
+  if (!eos) return Status::error("the tokenizer has no end-of-message token for --scripted-output");
+  ScriptedEngineConfig config;
+  config.script = tokenizer.encode(text.str(), /*allow_special=*/true);
+  config.vocab_size = tokenizer.vocab_size();
+  config.max_model_len = o.engine.max_model_len > 0 ? o.engine.max_model_len : 4096;
+  config.eos_token_id = *eos;
+  M3_LOG_WARN("--scripted-output: no model is loaded; every request gets the " + std::to_string(config.script.size()) +
+              " tokens of " + o.scripted_output);
+  return make_scripted_engine(std::move(config));
+}
+
+// A one-line progress bar on stderr, redrawn when the percentage changes.
+std::function<void(size_t, size_t)> progress_bar() {
+  auto last = std::make_shared<int>(-1);
+  const int step = isatty(STDERR_FILENO) ? 1 : 25;  // a log file gets a few lines, a terminal a live bar
+  return [last, step](size_t done, size_t total) {
+    if (total == 0) return;
+    const int pct = int(100.0 * double(done) / double(total)) / step * step;
+    if (pct == *last) return;
+    *last = pct;
+    const int width = 40, filled = pct * width / 100;
+    std::fprintf(stderr, "%sloading weights [%s%s] %3d%% %.1f/%.1f MB", step == 1 ? "\r" : "",
+                 std::string(size_t(filled), '#').c_str(),
+                 std::string(size_t(width - filled), '.').c_str(), pct, double(done) / 1e6, double(total) / 1e6);
+    if (done >= total || step > 1) std::fprintf(stderr, "\n");
+    std::fflush(stderr);
+  };
+}
+
+void serve(ServeOptions& o) {
+  // Signals are taken synchronously by this thread (sigwait); every thread started below
+  // inherits the blocked mask. A client that vanishes must not kill the process.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+  // One socket per open connection: take the hard file limit, as a server should.
+  rlimit files{};
+  if (getrlimit(RLIMIT_NOFILE, &files) == 0 && files.rlim_cur < files.rlim_max) {
+    files.rlim_cur = files.rlim_max;
+    setrlimit(RLIMIT_NOFILE, &files);
+  }
+
+  o.engine.model_dir = o.model_dir;
+  o.engine.on_load_progress = progress_bar();
+  if (o.served_model_names.empty()) o.served_model_names.push_back(o.model_dir);
+  const std::string tokenizer_dir = o.tokenizer_dir.empty() ? o.model_dir : o.tokenizer_dir;
+
+  if (!std::filesystem::is_directory(o.model_dir))
+    throw std::runtime_error("model directory " + o.model_dir + " not found" +
+                             (o.model_dir == M3_DEFAULT_MODEL_DIR ? " (the bundled m3-small is not there; pass MODEL_DIR)" : ""));
+  auto tokenizer = Tokenizer::from_dir(tokenizer_dir);
+  if (!tokenizer) throw std::runtime_error("tokenizer: " + tokenizer.error());
+  ChatTemplateCheck check = check_chat_template(o.model_dir);
+  if (!check.found) M3_LOG_INFO("chat template: " + check.message);
+  else if (!check.matches) M3_LOG_WARN("chat template: " + check.message);
+  else M3_LOG_INFO("chat template: " + check.message);
+
+  Result<std::unique_ptr<Engine>> engine = o.scripted_output.empty() ? Engine::create(o.engine)
+                                                                      : scripted_engine(o, **tokenizer);
+  if (!engine) throw std::runtime_error("engine: " + engine.error());
+  const ModelSummary summary = (*engine)->model();
+  M3_LOG_INFO("model " + o.model_dir + ": vocab " + std::to_string(summary.vocab_size) + ", max_model_len " +
+              std::to_string(summary.max_model_len) + ", " + std::to_string(summary.num_kv_blocks) + " KV blocks of " +
+              std::to_string(summary.block_size) + " tokens");
+  if ((*tokenizer)->vocab_size() > summary.vocab_size)
+    M3_LOG_WARN("the tokenizer has " + std::to_string((*tokenizer)->vocab_size()) + " ids but the model only " +
+                std::to_string(summary.vocab_size));
+
+  Metrics metrics(o.served_model_names.front());
+  AsyncEngine async(std::move(*engine), metrics, AsyncEngineConfig{o.max_pending});
+  ServerOptions server_options{o.served_model_names, o.model_dir, o.api_key};
+  ApiServer api(server_options, **tokenizer, async, metrics);
+
+  httplib::Server http;
+  const size_t threads = size_t(std::max(4, o.http_threads));
+  http.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
+  http.set_payload_max_length(size_t(64) << 20);
+  http.set_read_timeout(30, 0);
+  // httplib closes a connection whose (first) request has not arrived within the keep-alive
+  // timeout (5 s by default): too short for a burst of clients on a busy host.
+  http.set_keep_alive_timeout(30);
+  http.set_write_timeout(30, 0);
+  // cpp-httplib 0.11 listens with a backlog of 5, which resets connections under a burst;
+  // remember the socket and widen the backlog after binding (listen() again updates it).
+  auto listen_socket = std::make_shared<socket_t>(INVALID_SOCKET);
+  http.set_socket_options([listen_socket](socket_t sock) {
+    httplib::default_socket_options(sock);
+    *listen_socket = sock;
+  });
+  api.install(http);
+  if (!http.bind_to_port(o.host, o.port))
+    throw std::runtime_error("cannot listen on " + o.host + ":" + std::to_string(o.port));
+  if (*listen_socket != INVALID_SOCKET && ::listen(*listen_socket, kListenBacklog) != 0)
+    M3_LOG_WARN("could not widen the listen backlog");
+  std::promise<void> listener_done;
+  std::future<void> listener_finished = listener_done.get_future();
+  std::thread listener([&http, &listener_done] {
+    http.listen_after_bind();
+    listener_done.set_value();
+  });
+  M3_LOG_INFO("serving " + o.served_model_names.front() + " on http://" + o.host + ":" + std::to_string(o.port) +
+              " (" + std::to_string(threads) + " HTTP threads, max " + std::to_string(o.max_pending) + " pending)");
+
+  int sig = 0;
+  sigwait(&signals, &sig);
+  M3_LOG_INFO(std::string("received ") + (sig == SIGINT ? "SIGINT" : "SIGTERM") + ": draining " +
+              std::to_string(async.num_in_flight()) + " in-flight requests (signal again to stop waiting)");
+  api.start_draining();
+  while (api.num_active() > 0 || async.num_in_flight() > 0) {
+    timespec wait{0, 50 * 1000 * 1000};
+    if (sigtimedwait(&signals, nullptr, &wait) > 0) {
+      M3_LOG_WARN("second signal: closing connections without waiting");
+      break;
+    }
+  }
+  http.stop();
+  async.shutdown();
+  // Every response is written by now. httplib 0.11 joins its workers only when idle
+  // keep-alive connections time out (up to the keep-alive timeout), and cannot close them
+  // early; give them a moment, then exit without waiting for idle sockets.
+  if (listener_finished.wait_for(std::chrono::seconds(kIdleCloseWaitSeconds)) != std::future_status::ready) {
+    M3_LOG_INFO("server stopped (idle keep-alive connections closed)");
+    std::fflush(nullptr);
+    std::_Exit(0);
+  }
+  listener.join();
+  M3_LOG_INFO("server stopped");
+}
+
+}  // namespace
+
+void register_serve_command(CLI::App& app) {
+  auto* cmd = app.add_subcommand("serve", "OpenAI-compatible HTTP server (vllm serve flags)");
+  auto o = std::make_shared<ServeOptions>();
+  cmd->add_option("model", o->model_dir, "HF model directory (default: the bundled m3-small)")->capture_default_str();
+  cmd->add_option("--tokenizer", o->tokenizer_dir, "tokenizer directory (default: the model directory)");
+  cmd->add_option("--host", o->host)->capture_default_str();
+  cmd->add_option("--port", o->port)->capture_default_str();
+  cmd->add_option("--max-model-len", o->engine.max_model_len, "0 = the model / KV pool limit")->capture_default_str();
+  cmd->add_option("--max-num-seqs", o->engine.max_num_seqs)->capture_default_str();
+  cmd->add_option("--max-num-batched-tokens", o->engine.max_num_batched_tokens)->capture_default_str();
+  cmd->add_flag("--enable-prefix-caching,!--no-enable-prefix-caching", o->engine.enable_prefix_caching,
+                "prefix caching (on by default)");
+  cmd->add_option("--served-model-name", o->served_model_names, "model name(s) clients use (default: the model dir)");
+  cmd->add_option("--api-key", o->api_key, "require 'Authorization: Bearer KEY' on every route but /health");
+  cmd->add_option("--kv-cache-memory", o->engine.kv_cache_memory_bytes, "bytes of KV cache")->capture_default_str();
+  cmd->add_option("--num-gpu-blocks-override", o->engine.num_kv_blocks, "KV blocks (overrides --kv-cache-memory)");
+  cmd->add_flag("--trace-dispatch", o->engine.trace_dispatch, "log the first use of each (op, kernel, shape class)");
+  cmd->add_option("--max-pending", o->max_pending, "requests in flight before new ones get 503")->capture_default_str();
+  cmd->add_option("--http-threads", o->http_threads, "HTTP worker threads (one per open connection)")
+      ->capture_default_str();
+  cmd->add_option("--scripted-output", o->scripted_output,
+                  "test/demo mode: load no model and answer every request with this file's text, then EOS");
+  cmd->add_option("--prefix-hash-seed", o->engine.prefix_hash_seed, "seed of the prefix-cache block hashes");
+  cmd->callback([o] { serve(*o); });
+}
+
+}  // namespace m3::server

@@ -1,0 +1,53 @@
+#pragma once
+// One HTTP generation request (all its choices): engine events in, SSE chunks or the final
+// OpenAI response body out. No I/O and no engine access, so it is tested with scripted events.
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "server/responses.h"
+
+namespace m3::server {
+
+struct GenerationSpec {
+  bool chat = false;
+  bool include_usage = false;
+  std::string response_id;  // "chatcmpl-..." / "cmpl-..."
+  int64_t created = 0;      // unix seconds
+  std::string model;
+  std::vector<ChoiceOptions> choices;       // one per choice, in choice-index order
+  std::vector<int32_t> choice_prompt;       // prompt index of each choice
+  std::vector<int32_t> prompt_tokens;       // token count of each prompt
+};
+
+class Generation {
+ public:
+  Generation(const Tokenizer& tokenizer, GenerationSpec spec);
+
+  // The engine ids, in choice order.
+  void bind(const std::vector<RequestId>& ids);
+  // Folds events in; returns the SSE text they produce. Requests whose stop string matched
+  // are finished here and appended to `to_abort` (the caller aborts them in the engine).
+  std::string on_events(std::vector<RequestEvent> events, std::vector<RequestId>& to_abort);
+  std::string stream_start() const;  // chat: a role chunk per choice
+  std::string stream_end() const;    // the usage chunk when asked, then [DONE]
+  bool done() const { return remaining_ == 0; }
+  std::vector<RequestId> unfinished_ids() const;
+  OrderedJson response() const;  // the non-streaming body (after done())
+  Usage usage() const;
+
+ private:
+  OrderedJson chunk(size_t choice, const ChoiceDelta& delta, const std::string* finish_reason);
+
+  const Tokenizer& tokenizer_;
+  GenerationSpec spec_;
+  std::vector<std::unique_ptr<ChoiceAssembler>> choices_;
+  std::vector<RequestId> ids_;
+  std::vector<bool> done_;
+  std::vector<int32_t> cached_tokens_;  // per choice, from the engine's events
+  std::vector<size_t> text_offset_;     // per choice: bytes of text already streamed
+  int32_t remaining_ = 0;
+};
+
+}  // namespace m3::server

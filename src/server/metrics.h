@@ -1,0 +1,61 @@
+#pragma once
+// Prometheus metrics with vLLM's names where vLLM has one. The engine thread records steps
+// and request timings; HTTP threads record refusals and disconnects; /metrics renders text.
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "m3serve/engine.h"
+
+namespace m3::server {
+
+class Histogram {
+ public:
+  explicit Histogram(std::vector<double> upper_bounds);
+  void observe(double value);
+  // name_bucket{labels,le=...}, name_sum, name_count.
+  void render(const std::string& name, const std::string& labels, std::string& out) const;
+  int64_t count() const { return count_; }
+
+ private:
+  std::vector<double> bounds_;
+  std::vector<int64_t> counts_;  // per bucket (not cumulative); +Inf is the last
+  double sum_ = 0.0;
+  int64_t count_ = 0;
+};
+
+class Metrics {
+ public:
+  explicit Metrics(std::string model_name);
+
+  // Engine thread.
+  void observe_step(const EngineStepStats& stats);
+  void observe_idle();  // no unfinished requests: running and waiting are 0
+  void observe_first_token(double ttft_s);
+  void observe_inter_token(double itl_s);
+  // finished_reason: "stop" | "length" | "abort"
+  void observe_finished(const std::string& finished_reason, double e2e_s, int32_t prompt_tokens,
+                        int32_t generation_tokens, double tpot_s);
+  // HTTP threads.
+  void count_refused();           // 503: the pending queue was full or the server is draining
+  void count_client_disconnect();  // a streaming client went away; its request was aborted
+  void set_kv_total_blocks(int32_t blocks);
+
+  std::string render() const;
+
+ private:
+  mutable std::mutex mu_;
+  std::string labels_;  // model_name="..."
+  int32_t num_running_ = 0, num_waiting_ = 0;
+  double kv_usage_ = 0.0;
+  int32_t kv_blocks_used_ = 0, kv_total_blocks_ = 0;
+  int64_t prefix_queries_ = 0, prefix_hits_ = 0, preemptions_ = 0;
+  int64_t prompt_tokens_ = 0, generation_tokens_ = 0;
+  int64_t num_steps_ = 0, refused_ = 0, disconnects_ = 0;
+  std::map<std::string, int64_t> finished_;  // by reason
+  Histogram ttft_, tpot_, itl_, e2e_;
+};
+
+}  // namespace m3::server

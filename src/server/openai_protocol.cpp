@@ -1,0 +1,399 @@
+// Request validation for the OpenAI endpoints. Checks follow the field order of the API
+// reference so the first error reported is the one a reader expects.
+#include "server/openai_protocol.h"
+
+#include <cmath>
+
+namespace m3::server {
+namespace {
+
+constexpr int kMaxN = 128;
+constexpr int kMaxTopLogprobs = 20;
+constexpr size_t kMaxStopStrings = 16;
+
+const char* type_name(const OrderedJson& v) {
+  switch (v.type()) {
+    case OrderedJson::value_t::null: return "null";
+    case OrderedJson::value_t::boolean: return "a boolean";
+    case OrderedJson::value_t::string: return "a string";
+    case OrderedJson::value_t::array: return "an array";
+    case OrderedJson::value_t::object: return "an object";
+    case OrderedJson::value_t::number_float: return "a number";
+    default: return "an integer";
+  }
+}
+
+// GCC 12 warns (-Wrestrict, a false positive) on "'" + std::string(...); build it in place.
+std::string quoted(const std::string& field) {
+  std::string out;
+  out.reserve(field.size() + 2);
+  out += '\'';
+  out += field;
+  out += '\'';
+  return out;
+}
+
+ApiError wrong_type(const std::string& field, const char* expected, const OrderedJson& got) {
+  return invalid_request("'" + field + "' must be " + expected + ", got " + type_name(got), field);
+}
+
+// A present, non-null member, or nullptr.
+const OrderedJson* member(const OrderedJson& body, const char* key) {
+  auto it = body.find(key);
+  if (it == body.end() || it->is_null()) return nullptr;
+  return &*it;
+}
+
+std::optional<ApiError> get_bool(const OrderedJson& body, const char* key, bool& out) {
+  const OrderedJson* v = member(body, key);
+  if (!v) return std::nullopt;
+  if (!v->is_boolean()) return wrong_type(key, "a boolean", *v);
+  out = v->get<bool>();
+  return std::nullopt;
+}
+
+std::optional<ApiError> get_number(const OrderedJson& body, const char* key, std::optional<double>& out) {
+  const OrderedJson* v = member(body, key);
+  if (!v) return std::nullopt;
+  if (!v->is_number()) return wrong_type(key, "a number", *v);
+  double d = v->get<double>();
+  if (!std::isfinite(d)) return invalid_request(quoted(key) + " must be finite", key);
+  out = d;
+  return std::nullopt;
+}
+
+std::optional<ApiError> get_int(const OrderedJson& body, const char* key, std::optional<int64_t>& out) {
+  const OrderedJson* v = member(body, key);
+  if (!v) return std::nullopt;
+  if (v->is_number_integer() || v->is_number_unsigned()) {
+    if (v->is_number_unsigned() && v->get<uint64_t>() > uint64_t(INT64_MAX))
+      return invalid_request(quoted(key) + " is out of range", key);
+    out = v->get<int64_t>();
+    return std::nullopt;
+  }
+  if (v->is_number_float()) {  // 2.0 is an integer in JSON Schema terms
+    double d = v->get<double>();
+    if (std::isfinite(d) && d == std::floor(d) && std::fabs(d) < 9e15) {
+      out = int64_t(d);
+      return std::nullopt;
+    }
+  }
+  return wrong_type(key, "an integer", *v);
+}
+
+std::optional<ApiError> check_range(const char* key, double value, double lo, double hi, const char* rule) {
+  if (value < lo || value > hi) return invalid_request(quoted(key) + " must be " + rule, key);
+  return std::nullopt;
+}
+
+#define M3_TRY(expr)                          \
+  do {                                        \
+    if (auto err_ = (expr)) return err_;      \
+  } while (0)
+
+std::optional<ApiError> parse_common(const OrderedJson& body, bool chat, CommonRequest& out) {
+  if (const OrderedJson* v = member(body, "model")) {
+    if (!v->is_string()) return wrong_type("model", "a string", *v);
+    out.model = v->get<std::string>();
+  }
+  std::optional<int64_t> i;
+  M3_TRY(get_int(body, "n", i));
+  if (i) {
+    if (*i < 1 || *i > kMaxN) return invalid_request("'n' must be between 1 and " + std::to_string(kMaxN), "n");
+    out.n = int(*i);
+  }
+  // max_completion_tokens supersedes max_tokens (chat); both must be >= 1.
+  for (const char* key : {"max_tokens", "max_completion_tokens"}) {
+    if (!chat && std::string(key) == "max_completion_tokens") continue;
+    i.reset();
+    M3_TRY(get_int(body, key, i));
+    if (i) {
+      if (*i < 1) return invalid_request(quoted(key) + " must be at least 1", key);
+      if (*i > INT32_MAX) return invalid_request(quoted(key) + " is too large", key);
+      out.max_tokens = int(*i);
+    }
+  }
+  SamplingParams& s = out.sampling;
+  std::optional<double> d;
+  M3_TRY(get_number(body, "temperature", d));
+  if (d) {
+    M3_TRY(check_range("temperature", *d, 0.0, 1e6, ">= 0"));
+    s.temperature = float(*d);
+  }
+  d.reset();
+  M3_TRY(get_number(body, "top_p", d));
+  if (d) {
+    if (*d <= 0.0 || *d > 1.0) return invalid_request("'top_p' must be in (0, 1]", "top_p");
+    s.top_p = float(*d);
+  }
+  i.reset();
+  M3_TRY(get_int(body, "top_k", i));
+  if (i) {
+    if (*i < -1 || *i > INT32_MAX) return invalid_request("'top_k' must be -1 (off), 0 (off) or a positive integer", "top_k");
+    s.top_k = int(*i);
+  }
+  d.reset();
+  M3_TRY(get_number(body, "min_p", d));
+  if (d) {
+    M3_TRY(check_range("min_p", *d, 0.0, 1.0, "in [0, 1]"));
+    s.min_p = float(*d);
+  }
+  d.reset();
+  M3_TRY(get_number(body, "presence_penalty", d));
+  if (d) {
+    M3_TRY(check_range("presence_penalty", *d, -2.0, 2.0, "in [-2, 2]"));
+    s.presence_penalty = float(*d);
+  }
+  d.reset();
+  M3_TRY(get_number(body, "frequency_penalty", d));
+  if (d) {
+    M3_TRY(check_range("frequency_penalty", *d, -2.0, 2.0, "in [-2, 2]"));
+    s.frequency_penalty = float(*d);
+  }
+  d.reset();
+  M3_TRY(get_number(body, "repetition_penalty", d));
+  if (d) {
+    if (*d <= 0.0) return invalid_request("'repetition_penalty' must be > 0", "repetition_penalty");
+    s.repetition_penalty = float(*d);
+  }
+  i.reset();
+  M3_TRY(get_int(body, "seed", i));
+  if (i) s.seed = *i;
+  if (const OrderedJson* v = member(body, "stop")) {
+    if (v->is_string()) {
+      if (!v->get<std::string>().empty()) out.stop.push_back(v->get<std::string>());
+    } else if (v->is_array()) {
+      if (v->size() > kMaxStopStrings)
+        return invalid_request("'stop' may hold at most " + std::to_string(kMaxStopStrings) + " strings", "stop");
+      for (size_t k = 0; k < v->size(); ++k) {
+        if (!(*v)[k].is_string()) return wrong_type("stop[" + std::to_string(k) + "]", "a string", (*v)[k]);
+        if (!(*v)[k].get<std::string>().empty()) out.stop.push_back((*v)[k].get<std::string>());
+      }
+    } else {
+      return wrong_type("stop", "a string or an array of strings", *v);
+    }
+  }
+  if (const OrderedJson* v = member(body, "stop_token_ids")) {
+    if (!v->is_array()) return wrong_type("stop_token_ids", "an array of integers", *v);
+    for (size_t k = 0; k < v->size(); ++k) {
+      const auto& t = (*v)[k];
+      if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() > INT32_MAX)
+        return invalid_request("'stop_token_ids[" + std::to_string(k) + "]' must be a non-negative integer",
+                               "stop_token_ids");
+      s.stop_token_ids.push_back(int32_t(t.get<int64_t>()));
+    }
+  }
+  M3_TRY(get_bool(body, "ignore_eos", s.ignore_eos));
+  // Constraints the engine cannot honour are refused rather than silently ignored.
+  if (const OrderedJson* v = member(body, "logit_bias"); v && !(v->is_object() && v->empty()))
+    return invalid_request("'logit_bias' is not supported", "logit_bias");
+  if (const OrderedJson* v = member(body, "response_format");
+      v && !(v->is_object() && v->value("type", std::string("text")) == "text"))
+    return invalid_request("'response_format' other than {\"type\": \"text\"} is not supported", "response_format");
+  i.reset();
+  M3_TRY(get_int(body, "best_of", i));
+  if (i && *i != out.n && *i != 1) return invalid_request("'best_of' is not supported", "best_of");
+  M3_TRY(get_bool(body, "stream", out.stream));
+  if (const OrderedJson* v = member(body, "stream_options")) {
+    if (!v->is_object()) return wrong_type("stream_options", "an object", *v);
+    if (!out.stream) return invalid_request("'stream_options' is only allowed when 'stream' is true", "stream_options");
+    if (const OrderedJson* iu = member(*v, "include_usage")) {
+      if (!iu->is_boolean()) return wrong_type("stream_options.include_usage", "a boolean", *iu);
+      out.include_usage = iu->get<bool>();
+    }
+  }
+  if (chat) {
+    bool logprobs = false;
+    M3_TRY(get_bool(body, "logprobs", logprobs));
+    i.reset();
+    M3_TRY(get_int(body, "top_logprobs", i));
+    if (i) {
+      if (*i < 0 || *i > kMaxTopLogprobs)
+        return invalid_request("'top_logprobs' must be between 0 and " + std::to_string(kMaxTopLogprobs), "top_logprobs");
+      if (!logprobs) return invalid_request("'top_logprobs' requires 'logprobs' to be true", "top_logprobs");
+    }
+    if (logprobs) out.logprobs = i ? int(*i) : 0;
+  } else {
+    i.reset();
+    M3_TRY(get_int(body, "logprobs", i));
+    if (i) {
+      if (*i < 0 || *i > kMaxTopLogprobs)
+        return invalid_request("'logprobs' must be between 0 and " + std::to_string(kMaxTopLogprobs), "logprobs");
+      out.logprobs = int(*i);
+    }
+  }
+  return std::nullopt;
+}
+
+const char* const kRoles[] = {"root", "system", "developer", "user", "assistant", "tool"};
+
+std::optional<ApiError> check_messages(const OrderedJson& messages) {
+  if (!messages.is_array()) return wrong_type("messages", "an array", messages);
+  if (messages.empty()) return invalid_request("'messages' must contain at least one message", "messages");
+  for (size_t k = 0; k < messages.size(); ++k) {
+    const std::string where = "messages[" + std::to_string(k) + "]";
+    const auto& m = messages[k];
+    if (!m.is_object()) return wrong_type(where, "an object", m);
+    auto role = m.find("role");
+    if (role == m.end()) return invalid_request("'" + where + ".role' is required", where + ".role");
+    if (!role->is_string()) return wrong_type(where + ".role", "a string", *role);
+    bool known = false;
+    for (const char* r : kRoles) known = known || *role == r;
+    if (!known)
+      return invalid_request("'" + where + ".role' is '" + role->get<std::string>() +
+                                 "'; expected one of system, developer, user, assistant, tool",
+                             where + ".role");
+    auto content = m.find("content");
+    if (content != m.end() && !content->is_null() && !content->is_string() && !content->is_array())
+      return wrong_type(where + ".content", "a string or an array of content parts", *content);
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+OrderedJson ApiError::to_json() const {
+  OrderedJson err = OrderedJson::object();
+  err["message"] = message;
+  err["type"] = type;
+  err["param"] = param.empty() ? OrderedJson() : OrderedJson(param);
+  err["code"] = code.empty() ? OrderedJson(http_status) : OrderedJson(code);
+  return OrderedJson{{"error", err}};
+}
+
+std::string dump_json(const OrderedJson& value) {
+  return value.dump(-1, ' ', false, OrderedJson::error_handler_t::replace);
+}
+
+std::optional<ApiError> validate_tools(const OrderedJson& tools) {
+  if (tools.is_null()) return std::nullopt;
+  if (!tools.is_array()) return wrong_type("tools", "an array", tools);
+  for (size_t k = 0; k < tools.size(); ++k) {
+    const std::string where = "tools[" + std::to_string(k) + "]";
+    const auto& t = tools[k];
+    if (!t.is_object()) return wrong_type(where, "an object", t);
+    auto type = t.find("type");
+    if (type == t.end() || *type != "function")
+      return invalid_request("'" + where + ".type' must be \"function\"", where + ".type");
+    auto fn = t.find("function");
+    if (fn == t.end() || !fn->is_object())
+      return invalid_request("'" + where + ".function' must be an object", where + ".function");
+    auto name = fn->find("name");
+    if (name == fn->end() || !name->is_string() || name->get<std::string>().empty())
+      return invalid_request("'" + where + ".function.name' must be a non-empty string", where + ".function.name");
+    auto params = fn->find("parameters");
+    if (params != fn->end() && !params->is_null()) {
+      if (!params->is_object())
+        return invalid_request("'" + where + ".function.parameters' must be a JSON Schema object",
+                               where + ".function.parameters");
+      auto ptype = params->find("type");
+      if (ptype != params->end() && !ptype->is_string() && !ptype->is_array())
+        return invalid_request("'" + where + ".function.parameters.type' must be a string",
+                               where + ".function.parameters");
+      auto props = params->find("properties");
+      if (props != params->end() && !props->is_object())
+        return invalid_request("'" + where + ".function.parameters.properties' must be an object",
+                               where + ".function.parameters");
+    }
+  }
+  return std::nullopt;
+}
+
+std::optional<ApiError> parse_completion_request(const OrderedJson& body, CompletionRequest& out) {
+  if (!body.is_object()) return invalid_request("the request body must be a JSON object");
+  M3_TRY(parse_common(body, false, out.common));
+  const OrderedJson* p = member(body, "prompt");
+  if (!p) return invalid_request("'prompt' is required", "prompt");
+  auto as_ids = [](const OrderedJson& arr, std::vector<int32_t>& ids) {
+    for (const auto& t : arr) {
+      if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() > INT32_MAX) return false;
+      ids.push_back(int32_t(t.get<int64_t>()));
+    }
+    return true;
+  };
+  if (p->is_string()) {
+    out.prompts.emplace_back(p->get<std::string>());
+  } else if (p->is_array() && !p->empty() && (*p)[0].is_number()) {
+    std::vector<int32_t> ids;
+    if (!as_ids(*p, ids)) return invalid_request("'prompt' token ids must be non-negative integers", "prompt");
+    out.prompts.emplace_back(std::move(ids));
+  } else if (p->is_array() && !p->empty()) {
+    for (size_t k = 0; k < p->size(); ++k) {
+      const auto& item = (*p)[k];
+      if (item.is_string()) {
+        out.prompts.emplace_back(item.get<std::string>());
+      } else if (item.is_array()) {
+        std::vector<int32_t> ids;
+        if (!as_ids(item, ids))
+          return invalid_request("'prompt[" + std::to_string(k) + "]' token ids must be non-negative integers", "prompt");
+        out.prompts.emplace_back(std::move(ids));
+      } else {
+        return wrong_type("prompt[" + std::to_string(k) + "]", "a string or an array of token ids", item);
+      }
+    }
+  } else {
+    return invalid_request("'prompt' must be a string, an array of strings or an array of token ids", "prompt");
+  }
+  if (const OrderedJson* v = member(body, "echo"); v && v->is_boolean() && v->get<bool>())
+    return invalid_request("'echo' is not supported", "echo");
+  if (const OrderedJson* v = member(body, "suffix"); v && !(v->is_string() && v->get<std::string>().empty()))
+    return invalid_request("'suffix' is not supported", "suffix");
+  return std::nullopt;
+}
+
+std::optional<ApiError> parse_chat_request(const OrderedJson& body, ChatRequest& out) {
+  if (!body.is_object()) return invalid_request("the request body must be a JSON object");
+  M3_TRY(parse_common(body, true, out.common));
+  const OrderedJson* messages = member(body, "messages");
+  if (!messages) return invalid_request("'messages' is required", "messages");
+  M3_TRY(check_messages(*messages));
+  out.messages = *messages;
+  if (const OrderedJson* tools = member(body, "tools")) {
+    M3_TRY(validate_tools(*tools));
+    if (!tools->empty()) out.tools = *tools;
+  }
+  if (const OrderedJson* tc = member(body, "tool_choice")) {
+    if (tc->is_string()) {
+      const std::string v = tc->get<std::string>();
+      if (v == "auto") out.tool_choice = ToolChoice::kAuto;
+      else if (v == "none") out.tool_choice = ToolChoice::kNone;
+      else if (v == "required") out.tool_choice = ToolChoice::kRequired;
+      else return invalid_request("'tool_choice' must be \"auto\", \"none\", \"required\" or a function object", "tool_choice");
+    } else if (tc->is_object()) {
+      auto fn = tc->find("function");
+      if (fn == tc->end() || !fn->is_object() || !fn->contains("name") || !(*fn)["name"].is_string())
+        return invalid_request("'tool_choice.function.name' must be a string", "tool_choice");
+      out.tool_choice = ToolChoice::kNamed;
+      out.tool_choice_name = (*fn)["name"].get<std::string>();
+    } else {
+      return wrong_type("tool_choice", "a string or an object", *tc);
+    }
+    if (out.tool_choice != ToolChoice::kNone && out.tool_choice != ToolChoice::kAuto && out.tools.is_null())
+      return invalid_request("'tool_choice' requires 'tools'", "tool_choice");
+    if (out.tool_choice == ToolChoice::kNamed) {
+      bool found = false;
+      for (const auto& t : out.tools) found = found || t["function"]["name"] == out.tool_choice_name;
+      if (!found)
+        return invalid_request("'tool_choice' names function '" + out.tool_choice_name + "', which is not in 'tools'",
+                               "tool_choice");
+    }
+  }
+  if (const OrderedJson* kw = member(body, "chat_template_kwargs")) {
+    if (!kw->is_object()) return wrong_type("chat_template_kwargs", "an object", *kw);
+    if (const OrderedJson* tm = member(*kw, "thinking_mode")) {
+      if (!tm->is_string()) return wrong_type("chat_template_kwargs.thinking_mode", "a string", *tm);
+      auto mode = parse_thinking_mode(tm->get<std::string>());
+      if (!mode)
+        return invalid_request("'chat_template_kwargs.thinking_mode' must be \"enabled\", \"disabled\" or \"adaptive\"",
+                               "chat_template_kwargs.thinking_mode");
+      out.thinking_mode = *mode;
+    } else if (const OrderedJson* et = member(*kw, "enable_thinking")) {
+      if (!et->is_boolean()) return wrong_type("chat_template_kwargs.enable_thinking", "a boolean", *et);
+      out.thinking_mode = et->get<bool>() ? ThinkingMode::kEnabled : ThinkingMode::kDisabled;
+    }
+  }
+  M3_TRY(get_bool(body, "add_generation_prompt", out.add_generation_prompt));
+  return std::nullopt;
+}
+
+}  // namespace m3::server

@@ -1,0 +1,69 @@
+#pragma once
+// OpenAI request bodies → validated request structs. Every problem becomes an ApiError that
+// names the offending field; nothing here asserts on user input. Bodies are ordered_json so
+// tool schemas keep their key order (the chat template prints them as given).
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "chat/chat_template.h"
+#include "exec/sampler.h"
+
+namespace m3::server {
+
+struct ApiError {
+  int http_status = 400;
+  std::string message;
+  std::string type = "invalid_request_error";
+  std::string param;  // "" is written as null
+  std::string code;   // "" is written as null
+  OrderedJson to_json() const;  // {"error": {message, type, param, code}}
+};
+
+inline ApiError invalid_request(std::string message, std::string param = {}) {
+  return ApiError{400, std::move(message), "invalid_request_error", std::move(param), {}};
+}
+
+// Fields shared by /v1/completions and /v1/chat/completions.
+struct CommonRequest {
+  std::string model;                // "" when absent
+  int n = 1;
+  std::optional<int> max_tokens;    // absent: whatever is left of max_model_len
+  SamplingParams sampling;          // max_tokens and logprobs are filled in later
+  std::vector<std::string> stop;    // non-empty strings only
+  bool stream = false;
+  bool include_usage = false;       // stream_options.include_usage
+  int logprobs = -1;                // -1: none; N: the sampled token plus the top N
+};
+
+struct CompletionRequest {
+  CommonRequest common;
+  // Each prompt is text or token ids; several prompts give several choice groups.
+  std::vector<std::variant<std::string, std::vector<int32_t>>> prompts;
+};
+
+enum class ToolChoice { kAuto, kNone, kRequired, kNamed };
+
+struct ChatRequest {
+  CommonRequest common;
+  OrderedJson messages;  // array
+  OrderedJson tools;     // null or array
+  ToolChoice tool_choice = ToolChoice::kAuto;
+  std::string tool_choice_name;  // kNamed
+  std::optional<ThinkingMode> thinking_mode;  // chat_template_kwargs.thinking_mode
+  bool add_generation_prompt = true;
+};
+
+// Parse errors (malformed JSON) are the caller's; these check an already parsed body.
+std::optional<ApiError> parse_completion_request(const OrderedJson& body, CompletionRequest& out);
+std::optional<ApiError> parse_chat_request(const OrderedJson& body, ChatRequest& out);
+
+// The tools array alone (also used by /tokenize): [{type: "function", function: {name, parameters?}}].
+std::optional<ApiError> validate_tools(const OrderedJson& tools);
+
+// JSON text with invalid UTF-8 replaced (model output can hold partial sequences).
+std::string dump_json(const OrderedJson& value);
+
+}  // namespace m3::server

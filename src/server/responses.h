@@ -1,0 +1,99 @@
+#pragma once
+// Response assembly: engine tokens → text (StreamDecoder) → stop strings → OutputParser →
+// deltas, and the OpenAI JSON for complete responses and SSE chunks. Pure functions of the
+// token stream, so the server's streaming behaviour is unit-tested with scripted tokens.
+#include <cstdint>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "chat/output_parser.h"
+#include "m3serve/engine.h"
+#include "server/openai_protocol.h"
+#include "tokenizer/tokenizer.h"
+
+namespace m3::server {
+
+struct ChoiceOptions {
+  std::vector<std::string> stop;    // stop strings, matched on the raw decoded text
+  std::set<int32_t> stop_token_ids;  // EOS ids and the request's stop_token_ids: never decoded
+  bool chat = false;                 // run the reasoning / tool-call parser
+  bool drop_tool_calls = false;      // tool_choice "none": calls are parsed and dropped
+  OutputParserOptions parser;
+  int logprobs = -1;                 // -1: none; N: the sampled token plus the top N
+};
+
+struct LogprobEntry {
+  int32_t token = 0;
+  float logprob = 0.0f;
+  std::vector<TokenLogprob> top;
+};
+
+// What one push produced for one choice.
+struct ChoiceDelta {
+  std::string text;  // completions: the raw text; chat: unused
+  OutputDelta chat;  // chat: reasoning / content / tool-call fragments
+  std::vector<LogprobEntry> logprobs;
+  bool empty() const { return text.empty() && chat.empty() && logprobs.empty(); }
+};
+
+class ChoiceAssembler {
+ public:
+  ChoiceAssembler(const Tokenizer& tokenizer, ChoiceOptions options);
+
+  // Feeds the engine's new tokens. When a stop string matches, stop_matched() becomes true
+  // and the text is cut before it; the caller aborts the engine request.
+  ChoiceDelta push(const std::vector<TokenOutput>& tokens);
+  // Ends the choice: releases held-back text and closes the parser.
+  ChoiceDelta finish(FinishReason reason);
+
+  bool stop_matched() const { return stop_matched_; }
+  bool finished() const { return finished_; }
+  // "stop" | "length" | "tool_calls" | "abort" (after finish()).
+  const std::string& finish_reason() const { return finish_reason_; }
+  int32_t num_generated_tokens() const { return num_tokens_; }
+  // Everything emitted so far, folded.
+  const std::string& text() const { return text_; }
+  const ParsedOutput& message() const { return message_; }
+  const std::vector<LogprobEntry>& logprobs() const { return logprobs_; }
+
+ private:
+  void route(std::string raw, ChoiceDelta& out, bool final);
+
+  const Tokenizer& tokenizer_;
+  ChoiceOptions options_;
+  StreamDecoder decoder_;
+  OutputParser parser_;
+  std::string pending_;  // decoded, not yet released (may be the start of a stop string)
+  size_t max_stop_bytes_ = 0;
+  bool stop_matched_ = false;
+  bool finished_ = false;
+  std::string finish_reason_;
+  int32_t num_tokens_ = 0;
+  std::string text_;
+  ParsedOutput message_;
+  std::vector<LogprobEntry> logprobs_;
+};
+
+struct Usage {
+  int64_t prompt_tokens = 0;
+  int64_t completion_tokens = 0;
+  int64_t cached_tokens = 0;
+  OrderedJson to_json() const;
+};
+
+// Logprob JSON in the two OpenAI shapes. `text_offset` is where the choice's text stood
+// before these tokens (completions only).
+OrderedJson chat_logprobs_json(const Tokenizer& tok, const std::vector<LogprobEntry>& entries);
+OrderedJson completion_logprobs_json(const Tokenizer& tok, const std::vector<LogprobEntry>& entries, size_t text_offset);
+
+// The JSON of a delta: {"reasoning_content"?, "content"?, "tool_calls"?}.
+OrderedJson chat_delta_json(const OutputDelta& delta);
+// A finished chat choice's message.
+OrderedJson chat_message_json(const ParsedOutput& message);
+
+// "data: {...}\n\n"
+std::string sse_event(const OrderedJson& chunk);
+inline constexpr const char* kSseDone = "data: [DONE]\n\n";
+
+}  // namespace m3::server

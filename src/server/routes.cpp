@@ -1,0 +1,361 @@
+// Route handlers. Generation: validate → prompt ids → submit → stream or collect.
+#include "server/routes.h"
+
+#include <chrono>
+#include <cstdio>
+
+#include "chat/chat_template.h"
+#include "server/generation.h"
+
+namespace m3::server {
+namespace {
+
+constexpr auto kPollInterval = std::chrono::milliseconds(50);
+// An SSE comment after this much silence (queued or in a long prefill): a write is the only
+// way to notice that a streaming client went away, and SSE clients ignore comments.
+constexpr auto kHeartbeatInterval = std::chrono::seconds(1);
+
+int64_t unix_seconds() {
+  return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+void send_json(httplib::Response& res, const OrderedJson& body, int status = 200) {
+  res.status = status;
+  res.set_content(dump_json(body), "application/json");
+}
+
+std::optional<ApiError> parse_body(const httplib::Request& req, OrderedJson& out) {
+  try {
+    out = OrderedJson::parse(req.body);
+  } catch (const std::exception& e) {
+    return invalid_request(std::string("malformed JSON in the request body: ") + e.what(), "body");
+  }
+  if (!out.is_object()) return invalid_request("the request body must be a JSON object", "body");
+  return std::nullopt;
+}
+
+// A chat-template error names its field ("messages[2].role: ..."); report that field.
+ApiError template_error(const std::string& message) {
+  std::string param = message.substr(0, message.find(':'));
+  if (param.size() == message.size() || param.find(' ') != std::string::npos) param = "messages";
+  return invalid_request(message, param);
+}
+
+std::optional<ApiError> render_messages(const ChatRequest& chat, std::string& prompt) {
+  ChatRenderOptions opts;
+  opts.add_generation_prompt = chat.add_generation_prompt;
+  opts.thinking_mode = chat.thinking_mode;
+  auto rendered = render_chat(chat.messages, chat.tools, opts);
+  if (!rendered) return template_error(rendered.error());
+  prompt = std::move(*rendered);
+  return std::nullopt;
+}
+
+}  // namespace
+
+void send_error(httplib::Response& res, const ApiError& error) { send_json(res, error.to_json(), error.http_status); }
+
+ApiServer::ApiServer(ServerOptions options, const Tokenizer& tokenizer, AsyncEngine& engine, Metrics& metrics)
+    : options_(std::move(options)),
+      tokenizer_(tokenizer),
+      engine_(engine),
+      metrics_(metrics),
+      id_rng_(std::random_device{}()) {}
+
+std::string ApiServer::new_response_id(const char* prefix) {
+  std::lock_guard<std::mutex> lock(id_mu_);
+  char buf[40];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(id_rng_()));
+  return std::string(prefix) + buf;
+}
+
+std::optional<ApiError> ApiServer::check_model(const std::string& model) const {
+  if (model.empty()) return std::nullopt;
+  for (const auto& name : options_.served_model_names)
+    if (name == model) return std::nullopt;
+  return ApiError{404, "The model `" + model + "` does not exist.", "NotFoundError", "model", "model_not_found"};
+}
+
+void ApiServer::install(httplib::Server& http) {
+  http.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+    if (options_.api_key.empty() || req.path == "/health") return httplib::Server::HandlerResponse::Unhandled;
+    if (req.get_header_value("Authorization") == "Bearer " + options_.api_key)
+      return httplib::Server::HandlerResponse::Unhandled;
+    send_error(res, ApiError{401, "Incorrect or missing API key (send 'Authorization: Bearer <key>').",
+                             "AuthenticationError", "", "invalid_api_key"});
+    return httplib::Server::HandlerResponse::Handled;
+  });
+  http.set_error_handler(httplib::Server::HandlerWithResponse([](const httplib::Request& req, httplib::Response& res) {
+    if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
+    if (res.status == 404) {
+      send_error(res, ApiError{404, "no route for " + req.method + " " + req.path, "NotFoundError", "", ""});
+    } else {
+      send_error(res, ApiError{res.status, "HTTP error " + std::to_string(res.status), "invalid_request_error", "", ""});
+    }
+    return httplib::Server::HandlerResponse::Handled;
+  }));
+  http.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
+    std::string what = "internal error";
+    try {
+      if (ep) std::rethrow_exception(ep);
+    } catch (const std::exception& e) {
+      what = e.what();
+    } catch (...) {
+    }
+    send_error(res, ApiError{500, what, "InternalServerError", "", ""});
+  });
+  http.Get("/health", [](const httplib::Request&, httplib::Response& res) { res.status = 200; });
+  http.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) { handle_models(res); });
+  http.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
+    res.set_content(metrics_.render(), "text/plain; version=0.0.4; charset=utf-8");
+  });
+  http.Get("/debug/kernels", [this](const httplib::Request&, httplib::Response& res) { handle_debug_kernels(res); });
+  http.Get("/debug/shapes", [this](const httplib::Request&, httplib::Response& res) { handle_debug_shapes(res); });
+  http.Post("/tokenize", [this](const httplib::Request& req, httplib::Response& res) { handle_tokenize(req, res); });
+  http.Post("/detokenize", [this](const httplib::Request& req, httplib::Response& res) { handle_detokenize(req, res); });
+  http.Post("/v1/completions",
+            [this](const httplib::Request& req, httplib::Response& res) { handle_generation(req, res, false); });
+  http.Post("/v1/chat/completions",
+            [this](const httplib::Request& req, httplib::Response& res) { handle_generation(req, res, true); });
+}
+
+void ApiServer::handle_models(httplib::Response& res) const {
+  OrderedJson data = OrderedJson::array();
+  for (const auto& name : options_.served_model_names) {
+    OrderedJson m = OrderedJson::object();
+    m["id"] = name;
+    m["object"] = "model";
+    m["created"] = unix_seconds();
+    m["owned_by"] = "m3serve";
+    m["root"] = options_.model_dir;
+    m["max_model_len"] = engine_.model().max_model_len;
+    data.push_back(std::move(m));
+  }
+  send_json(res, OrderedJson{{"object", "list"}, {"data", std::move(data)}});
+}
+
+void ApiServer::handle_debug_kernels(httplib::Response& res) const {
+  const auto& stats = engine_.dispatch_stats();
+  std::map<std::pair<std::string, std::string>, std::string> conditions;
+  OrderedJson first = OrderedJson::array();
+  for (const auto& r : stats.first_uses()) {
+    conditions[{r.op, r.entry}] = r.reason;
+    first.push_back(OrderedJson{{"op", r.op}, {"entry", r.entry}, {"shape_class", r.shape_class}, {"reason", r.reason}});
+  }
+  OrderedJson entries = OrderedJson::array();
+  for (const auto& [key, count] : stats.entry_counts())
+    entries.push_back(
+        OrderedJson{{"op", key.first}, {"entry", key.second}, {"condition", conditions[key]}, {"count", count}});
+  send_json(res, OrderedJson{{"entries", std::move(entries)}, {"first_uses", std::move(first)}});
+}
+
+void ApiServer::handle_debug_shapes(httplib::Response& res) const {
+  OrderedJson ops = OrderedJson::object();
+  for (const auto& [op, shapes] : engine_.dispatch_stats().shape_histogram()) {
+    OrderedJson list = OrderedJson::array();
+    for (const auto& [mnk, count] : shapes)
+      list.push_back(OrderedJson{{"m", std::get<0>(mnk)}, {"n", std::get<1>(mnk)}, {"k", std::get<2>(mnk)}, {"count", count}});
+    ops[op] = std::move(list);
+  }
+  send_json(res, OrderedJson{{"ops", std::move(ops)}});
+}
+
+void ApiServer::handle_tokenize(const httplib::Request& req, httplib::Response& res) {
+  OrderedJson body;
+  if (auto err = parse_body(req, body)) return send_error(res, *err);
+  std::string text;
+  if (body.contains("messages")) {
+    ChatRequest chat;
+    if (auto err = parse_chat_request(body, chat)) return send_error(res, *err);
+    if (auto err = render_messages(chat, text)) return send_error(res, *err);
+  } else if (body.contains("prompt")) {
+    if (!body["prompt"].is_string()) return send_error(res, invalid_request("'prompt' must be a string", "prompt"));
+    text = body["prompt"].get<std::string>();
+  } else {
+    return send_error(res, invalid_request("give 'prompt' (a string) or 'messages'", "prompt"));
+  }
+  if (body.contains("model") && body["model"].is_string())
+    if (auto err = check_model(body["model"].get<std::string>())) return send_error(res, *err);
+  auto ids = tokenizer_.encode(text, /*allow_special=*/true);
+  OrderedJson out = OrderedJson::object();
+  out["count"] = ids.size();
+  out["max_model_len"] = engine_.model().max_model_len;
+  out["tokens"] = ids;
+  send_json(res, out);
+}
+
+void ApiServer::handle_detokenize(const httplib::Request& req, httplib::Response& res) {
+  OrderedJson body;
+  if (auto err = parse_body(req, body)) return send_error(res, *err);
+  if (!body.contains("tokens") || !body["tokens"].is_array())
+    return send_error(res, invalid_request("'tokens' must be an array of token ids", "tokens"));
+  std::vector<int32_t> ids;
+  for (const auto& t : body["tokens"]) {
+    if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() >= tokenizer_.vocab_size())
+      return send_error(res, invalid_request("'tokens' must hold ids in [0, " + std::to_string(tokenizer_.vocab_size()) + ")",
+                                             "tokens"));
+    ids.push_back(int32_t(t.get<int64_t>()));
+  }
+  send_json(res, OrderedJson{{"prompt", tokenizer_.decode(ids, false)}});
+}
+
+void ApiServer::handle_generation(const httplib::Request& req, httplib::Response& res, bool chat) {
+  OrderedJson body;
+  if (auto err = parse_body(req, body)) return send_error(res, *err);
+  CompletionRequest completion;
+  ChatRequest chat_req;
+  if (auto err = chat ? parse_chat_request(body, chat_req) : parse_completion_request(body, completion))
+    return send_error(res, *err);
+  const CommonRequest& common = chat ? chat_req.common : completion.common;
+  if (auto err = check_model(common.model)) return send_error(res, *err);
+
+  // Prompts → token ids.
+  std::vector<std::vector<int32_t>> prompts;
+  const char* prompt_param = chat ? "messages" : "prompt";
+  if (chat) {
+    std::string text;
+    if (auto err = render_messages(chat_req, text)) return send_error(res, *err);
+    prompts.push_back(tokenizer_.encode(text, /*allow_special=*/true));
+  } else {
+    for (const auto& p : completion.prompts) {
+      if (std::holds_alternative<std::string>(p)) prompts.push_back(tokenizer_.encode(std::get<std::string>(p), true));
+      else prompts.push_back(std::get<std::vector<int32_t>>(p));
+    }
+  }
+  const int32_t max_len = engine_.model().max_model_len;
+  const std::string model_name = options_.served_model_names.front();
+  GenerationSpec spec;
+  spec.chat = chat;
+  spec.include_usage = common.include_usage;
+  spec.response_id = new_response_id(chat ? "chatcmpl-" : "cmpl-");
+  spec.created = unix_seconds();
+  spec.model = model_name;
+  std::vector<GenerationRequest> requests;
+  for (size_t p = 0; p < prompts.size(); ++p) {
+    const int32_t num_prompt = int32_t(prompts[p].size());
+    if (num_prompt == 0) return send_error(res, invalid_request("the prompt is empty (0 tokens)", prompt_param));
+    if (num_prompt >= max_len)
+      return send_error(res, invalid_request("This model's maximum context length is " + std::to_string(max_len) +
+                                                 " tokens, but the prompt (" + std::string(prompt_param) + ") has " +
+                                                 std::to_string(num_prompt) + " tokens.",
+                                             prompt_param));
+    const int32_t room = max_len - num_prompt;
+    if (common.max_tokens && *common.max_tokens > room)
+      return send_error(res, invalid_request("This model's maximum context length is " + std::to_string(max_len) +
+                                                 " tokens; the prompt has " + std::to_string(num_prompt) +
+                                                 " tokens, so 'max_tokens' may be at most " + std::to_string(room) +
+                                                 ", got " + std::to_string(*common.max_tokens) + ".",
+                                             chat && body.contains("max_completion_tokens") ? "max_completion_tokens"
+                                                                                            : "max_tokens"));
+    spec.prompt_tokens.push_back(num_prompt);
+    for (int i = 0; i < common.n; ++i) {
+      GenerationRequest g;
+      g.prompt_token_ids = prompts[p];
+      g.sampling = common.sampling;
+      g.sampling.max_tokens = common.max_tokens.value_or(room);
+      g.sampling.logprobs = common.logprobs;
+      if (g.sampling.seed >= 0) g.sampling.seed += int64_t(requests.size());  // distinct choices, still reproducible
+      ChoiceOptions opts;
+      opts.stop = common.stop;
+      opts.stop_token_ids.insert(g.sampling.stop_token_ids.begin(), g.sampling.stop_token_ids.end());
+      if (!g.sampling.ignore_eos)
+        opts.stop_token_ids.insert(engine_.model().eos_token_ids.begin(), engine_.model().eos_token_ids.end());
+      opts.chat = chat;
+      opts.logprobs = common.logprobs;
+      if (chat) {
+        opts.parser.thinking_mode = chat_req.thinking_mode.value_or(ThinkingMode::kAdaptive);
+        opts.parser.tools = chat_req.tools;
+        opts.parser.parse_tool_calls = true;  // even without tools: calls are dropped, never shown as XML
+        opts.drop_tool_calls = chat_req.tool_choice == ToolChoice::kNone || chat_req.tools.is_null();
+      }
+      spec.choices.push_back(std::move(opts));
+      spec.choice_prompt.push_back(int32_t(p));
+      requests.push_back(std::move(g));
+    }
+  }
+  for (const auto& g : requests) {
+    auto problems = g.sampling.validate();
+    if (!problems.empty()) return send_error(res, invalid_request(problems.front(), problems.front().substr(0, problems.front().find(' '))));
+  }
+
+  if (draining_) {
+    metrics_.count_refused();
+    return send_error(res, ApiError{503, "the server is shutting down", "ServiceUnavailableError", "", ""});
+  }
+  auto generation = std::make_shared<Generation>(tokenizer_, std::move(spec));
+  auto channel = std::make_shared<RequestChannel>();
+  SubmitOutcome submitted = engine_.submit(std::move(requests), channel);
+  if (!submitted.ok()) {
+    if (submitted.overloaded) {
+      metrics_.count_refused();
+      return send_error(res, ApiError{503, submitted.error, "ServiceUnavailableError", "", ""});
+    }
+    return send_error(res, invalid_request(submitted.error, prompt_param));
+  }
+  generation->bind(submitted.ids);
+  ++active_;
+
+  if (!common.stream) {
+    // On any exit (including an exception), the engine requests must not outlive the handler.
+    struct Guard {
+      ApiServer* self;
+      Generation& gen;
+      ~Guard() {
+        for (RequestId id : gen.unfinished_ids()) self->engine_.abort(id);
+        --self->active_;
+      }
+    } guard{this, *generation};
+    while (!generation->done()) {
+      std::vector<RequestId> to_abort;
+      generation->on_events(channel->wait(kPollInterval), to_abort);
+      for (RequestId id : to_abort) engine_.abort(id);
+    }
+    send_json(res, generation->response());
+    return;
+  }
+
+  struct StreamState {
+    std::shared_ptr<Generation> generation;
+    std::shared_ptr<RequestChannel> channel;
+    bool started = false;
+    bool complete = false;
+    std::chrono::steady_clock::time_point last_write = std::chrono::steady_clock::now();
+  };
+  auto state = std::make_shared<StreamState>(StreamState{generation, channel});
+  res.set_header("Cache-Control", "no-cache");
+  res.set_chunked_content_provider(
+      "text/event-stream",
+      [this, state](size_t, httplib::DataSink& sink) {
+        std::string out;
+        if (!state->started) {
+          out = state->generation->stream_start();
+          state->started = true;
+        }
+        std::vector<RequestId> to_abort;
+        out += state->generation->on_events(state->channel->wait(kPollInterval), to_abort);
+        for (RequestId id : to_abort) engine_.abort(id);
+        const bool done = state->generation->done();
+        if (done) out += state->generation->stream_end();
+        const auto now = std::chrono::steady_clock::now();
+        if (out.empty() && now - state->last_write >= kHeartbeatInterval) out = ": keep-alive\n\n";
+        if (!out.empty()) {
+          if (!sink.write(out.data(), out.size())) return false;  // client went away
+          state->last_write = now;
+        }
+        if (done) {
+          state->complete = true;
+          sink.done();
+        }
+        return true;
+      },
+      [this, state](bool) {
+        if (!state->complete) {
+          // The client disconnected: free its KV blocks now rather than at max_tokens.
+          for (RequestId id : state->generation->unfinished_ids()) engine_.abort(id);
+          metrics_.count_client_disconnect();
+        }
+        --active_;
+      });
+}
+
+}  // namespace m3::server

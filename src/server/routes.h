@@ -1,0 +1,58 @@
+#pragma once
+// HTTP routes of the OpenAI-compatible server (cpp-httplib). Handler threads parse and
+// validate, render the chat template, tokenize, submit to the AsyncEngine and stream back.
+#include <atomic>
+#include <cstdint>
+#include <mutex>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <httplib.h>
+
+#include "server/async_engine.h"
+#include "server/metrics.h"
+#include "server/openai_protocol.h"
+#include "tokenizer/tokenizer.h"
+
+namespace m3::server {
+
+struct ServerOptions {
+  std::vector<std::string> served_model_names;  // the first is reported in responses
+  std::string model_dir;
+  std::string api_key;  // "" = no authentication
+};
+
+class ApiServer {
+ public:
+  ApiServer(ServerOptions options, const Tokenizer& tokenizer, AsyncEngine& engine, Metrics& metrics);
+  void install(httplib::Server& http);
+  // New generation requests get 503 from now on; in-flight ones run to completion.
+  void start_draining() { draining_ = true; }
+  // Generation requests whose response is not completely written yet.
+  int32_t num_active() const { return active_.load(); }
+
+ private:
+  void handle_generation(const httplib::Request& req, httplib::Response& res, bool chat);
+  void handle_tokenize(const httplib::Request& req, httplib::Response& res);
+  void handle_detokenize(const httplib::Request& req, httplib::Response& res);
+  void handle_models(httplib::Response& res) const;
+  void handle_debug_kernels(httplib::Response& res) const;
+  void handle_debug_shapes(httplib::Response& res) const;
+  std::string new_response_id(const char* prefix);
+  // 404 model_not_found when `model` is neither empty nor a served name.
+  std::optional<ApiError> check_model(const std::string& model) const;
+
+  ServerOptions options_;
+  const Tokenizer& tokenizer_;
+  AsyncEngine& engine_;
+  Metrics& metrics_;
+  std::atomic<bool> draining_{false};
+  std::atomic<int32_t> active_{0};
+  std::mutex id_mu_;
+  std::mt19937_64 id_rng_;
+};
+
+void send_error(httplib::Response& res, const ApiError& error);
+
+}  // namespace m3::server

@@ -1,0 +1,577 @@
+// Server response assembly with scripted token streams (stop strings, EOS, UTF-8, streamed
+// tool-call arguments, usage, logprobs), request validation, and Prometheus rendering.
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <random>
+
+#include "server/async_engine.h"
+#include "server/generation.h"
+#include "server/metrics.h"
+#include "server/openai_protocol.h"
+#include "server/scripted_engine.h"
+
+namespace m3::server {
+namespace {
+
+const std::vector<std::string> kSpecials = {"]!p~[", "]~!b[", "[e~[", "<mm:think>", "</mm:think>", "]<]minimax[>["};
+const std::vector<std::string> kAdded = {"<tool_call>", "</tool_call>", "<invoke name=", "</invoke>"};
+constexpr int32_t kEos = 2;
+
+// GPT-2's byte → printable code point map, as UTF-8.
+std::string byte_symbol(int b) {
+  std::vector<int> bs;
+  for (int c = '!'; c <= '~'; ++c) bs.push_back(c);
+  for (int c = 0xA1; c <= 0xAC; ++c) bs.push_back(c);
+  for (int c = 0xAE; c <= 0xFF; ++c) bs.push_back(c);
+  int cp = -1, extra = 0;
+  for (int x = 0; x < 256; ++x) {
+    bool direct = std::find(bs.begin(), bs.end(), x) != bs.end();
+    int mapped = direct ? x : 256 + extra++;
+    if (x == b) cp = mapped;
+  }
+  std::string out;
+  if (cp < 0x80) {
+    out += char(cp);
+  } else {
+    out += char(0xC0 | (cp >> 6));
+    out += char(0x80 | (cp & 0x3F));
+  }
+  return out;
+}
+
+// A byte-level BPE with no merges: one token per byte, plus the M3 specials.
+const Tokenizer& test_tokenizer() {
+  static std::unique_ptr<Tokenizer> tok = [] {
+    OrderedJson vocab = OrderedJson::object(), added = OrderedJson::array();
+    int32_t id = 0;
+    for (const auto& s : kSpecials) {
+      vocab[s] = id;
+      added.push_back(OrderedJson{{"id", id++}, {"content", s}, {"special", true}, {"normalized", false}});
+    }
+    for (int b = 0; b < 256; ++b) vocab[byte_symbol(b)] = id++;
+    for (const auto& s : kAdded) {
+      vocab[s] = id;
+      added.push_back(OrderedJson{{"id", id++}, {"content", s}, {"special", false}, {"normalized", false}});
+    }
+    OrderedJson root = {{"model", {{"type", "BPE"}, {"vocab", vocab}, {"merges", OrderedJson::array()}}},
+                        {"added_tokens", added},
+                        {"pre_tokenizer", {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", true}}},
+                        {"decoder", {{"type", "ByteLevel"}}}};
+    const auto path = std::filesystem::temp_directory_path() / ("m3_server_test_tok_" + std::to_string(::getpid()) + ".json");
+    std::ofstream(path) << root.dump();
+    auto t = Tokenizer::from_tokenizer_json(path.string());
+    std::filesystem::remove(path);
+    if (!t) throw std::runtime_error(t.error());
+    return std::move(*t);
+  }();
+  return *tok;
+}
+
+std::vector<TokenOutput> tokens_of(const std::string& text) {
+  std::vector<TokenOutput> out;
+  for (int32_t id : test_tokenizer().encode(text, true)) out.push_back(TokenOutput{id, -0.5f, {{id, -0.5f}, {3, -2.0f}}});
+  return out;
+}
+
+RequestEvent event(RequestId id, std::vector<TokenOutput> tokens, FinishReason finish = FinishReason::kNone) {
+  RequestEvent ev;
+  ev.request_id = id;
+  ev.new_tokens = std::move(tokens);
+  ev.finished = finish != FinishReason::kNone;
+  ev.finish_reason = finish;
+  ev.num_prompt_tokens = 7;
+  ev.num_cached_prompt_tokens = 4;
+  return ev;
+}
+
+GenerationSpec spec_for(bool chat, int n = 1, ChoiceOptions opts = {}) {
+  GenerationSpec spec;
+  spec.chat = chat;
+  spec.response_id = chat ? "chatcmpl-test" : "cmpl-test";
+  spec.model = "tiny";
+  opts.chat = chat;
+  opts.stop_token_ids.insert(kEos);
+  for (int i = 0; i < n; ++i) {
+    spec.choices.push_back(opts);
+    spec.choice_prompt.push_back(0);
+  }
+  spec.prompt_tokens = {7};
+  return spec;
+}
+
+// Parses an SSE body into its JSON chunks (ignoring [DONE]).
+std::vector<OrderedJson> chunks_of(const std::string& sse) {
+  std::vector<OrderedJson> out;
+  size_t pos = 0;
+  while ((pos = sse.find("data: ", pos)) != std::string::npos) {
+    size_t end = sse.find("\n\n", pos);
+    std::string payload = sse.substr(pos + 6, end - pos - 6);
+    if (payload != "[DONE]") out.push_back(OrderedJson::parse(payload));
+    pos = end;
+  }
+  return out;
+}
+
+// Feeds tokens one event each; returns the SSE text.
+std::string feed_one_by_one(Generation& gen, RequestId id, const std::vector<TokenOutput>& toks, FinishReason last,
+                            std::vector<RequestId>& to_abort) {
+  std::string sse = gen.stream_start();
+  for (size_t i = 0; i < toks.size() && !gen.done(); ++i)
+    sse += gen.on_events({event(id, {toks[i]}, i + 1 == toks.size() ? last : FinishReason::kNone)}, to_abort);
+  if (gen.done()) sse += gen.stream_end();
+  return sse;
+}
+
+TEST(ChoiceAssembler, StopStringSpanningTokensIsCutAndAborts) {
+  ChoiceOptions opts;
+  opts.stop = {"END"};
+  Generation gen(test_tokenizer(), spec_for(false, 1, opts));
+  gen.bind({9});
+  std::vector<RequestId> to_abort;
+  std::string sse = feed_one_by_one(gen, 9, tokens_of("Hello, wor\xc3\xa9ld ENDING more"), FinishReason::kMaxTokens,
+                                    to_abort);
+  ASSERT_TRUE(gen.done());
+  EXPECT_EQ(to_abort, std::vector<RequestId>{9});
+  std::string streamed;
+  std::string finish;
+  for (const auto& c : chunks_of(sse)) {
+    streamed += c["choices"][0]["text"].get<std::string>();
+    if (!c["choices"][0]["finish_reason"].is_null()) finish = c["choices"][0]["finish_reason"];
+  }
+  EXPECT_EQ(streamed, "Hello, wor\xc3\xa9ld ");
+  EXPECT_EQ(finish, "stop");
+  EXPECT_EQ(gen.response()["choices"][0]["text"], "Hello, wor\xc3\xa9ld ");
+  EXPECT_EQ(gen.response()["choices"][0]["finish_reason"], "stop");
+  // The abort event that follows is ignored.
+  EXPECT_TRUE(gen.on_events({event(9, {}, FinishReason::kAborted)}, to_abort).empty());
+}
+
+TEST(ChoiceAssembler, HeldBackPrefixOfStopStringIsReleasedAtTheEnd) {
+  ChoiceOptions opts;
+  opts.stop = {"STOP"};
+  Generation gen(test_tokenizer(), spec_for(false, 1, opts));
+  gen.bind({1});
+  std::vector<RequestId> to_abort;
+  std::string sse = feed_one_by_one(gen, 1, tokens_of("abc ST"), FinishReason::kMaxTokens, to_abort);
+  EXPECT_TRUE(to_abort.empty());
+  EXPECT_EQ(gen.response()["choices"][0]["text"], "abc ST");
+  EXPECT_EQ(gen.response()["choices"][0]["finish_reason"], "length");
+}
+
+TEST(ChoiceAssembler, EosIsNotDecodedButCounted) {
+  Generation gen(test_tokenizer(), spec_for(false));
+  gen.bind({1});
+  std::vector<RequestId> to_abort;
+  auto toks = tokens_of("hi");
+  toks.push_back(TokenOutput{kEos, -0.1f, {}});
+  feed_one_by_one(gen, 1, toks, FinishReason::kStopToken, to_abort);
+  const auto body = gen.response();
+  EXPECT_EQ(body["choices"][0]["text"], "hi");
+  EXPECT_EQ(body["choices"][0]["finish_reason"], "stop");
+  EXPECT_EQ(body["usage"]["completion_tokens"], 3);
+  EXPECT_EQ(body["usage"]["prompt_tokens"], 7);
+  EXPECT_EQ(body["usage"]["prompt_tokens_details"]["cached_tokens"], 4);
+}
+
+TEST(ChoiceAssembler, SplitUtf8NeverReachesTheWire) {
+  ChoiceOptions opts;
+  opts.stop = {"zzzz"};  // forces hold-back at arbitrary byte positions
+  Generation gen(test_tokenizer(), spec_for(false, 1, opts));
+  gen.bind({1});
+  std::vector<RequestId> to_abort;
+  const std::string text = "a\xe4\xb8\xad\xf0\x9f\x98\x80" "b\xc3\xa9";
+  std::string sse = feed_one_by_one(gen, 1, tokens_of(text), FinishReason::kMaxTokens, to_abort);
+  std::string streamed;
+  for (const auto& c : chunks_of(sse)) streamed += c["choices"][0]["text"].get<std::string>();
+  EXPECT_EQ(streamed, text);
+  EXPECT_EQ(sse.find("\xef\xbf\xbd"), std::string::npos);  // no U+FFFD from a split sequence
+}
+
+TEST(ChatGeneration, ReasoningContentAndStreamedToolCallArguments) {
+  const std::string ns = "]<]minimax[>[";
+  const std::string text = "<mm:think>Need the weather.</mm:think>Let me check." + ns + "<tool_call>\n" + ns +
+                           "<invoke name=\"get_weather\">" + ns + "<city>San Francisco" + ns + "</city>" + ns +
+                           "<days>14" + ns + "</days>" + ns + "</invoke>\n" + ns + "</tool_call>";
+  ChoiceOptions opts;
+  opts.parser.tools = OrderedJson::parse(R"([{"type":"function","function":{"name":"get_weather","parameters":
+      {"type":"object","properties":{"city":{"type":"string"},"days":{"type":"integer"}}}}}])");
+  opts.parser.call_id_prefix = "call_x";
+  Generation gen(test_tokenizer(), spec_for(true, 1, opts));
+  gen.bind({5});
+  std::vector<RequestId> to_abort;
+  auto toks = tokens_of(text);
+  toks.push_back(TokenOutput{kEos, 0.0f, {}});
+  std::string sse = feed_one_by_one(gen, 5, toks, FinishReason::kStopToken, to_abort);
+  auto chunks = chunks_of(sse);
+  ASSERT_GE(chunks.size(), 3u);
+  EXPECT_EQ(chunks[0]["choices"][0]["delta"]["role"], "assistant");
+  std::string reasoning, content, args, name, id, finish;
+  int argument_chunks = 0;
+  for (const auto& c : chunks) {
+    EXPECT_EQ(c["object"], "chat.completion.chunk");
+    const auto& d = c["choices"][0]["delta"];
+    if (d.contains("reasoning_content")) reasoning += d["reasoning_content"].get<std::string>();
+    if (d.contains("content")) content += d["content"].get<std::string>();
+    if (d.contains("tool_calls")) {
+      for (const auto& call : d["tool_calls"]) {
+        EXPECT_EQ(call["index"], 0);
+        if (call.contains("id")) {
+          EXPECT_TRUE(id.empty());  // id and name come once
+          id = call["id"];
+          name = call["function"]["name"];
+          EXPECT_EQ(call["type"], "function");
+        }
+        if (!call["function"]["arguments"].get<std::string>().empty()) ++argument_chunks;
+        args += call["function"]["arguments"].get<std::string>();
+      }
+    }
+    if (!c["choices"][0]["finish_reason"].is_null()) finish = c["choices"][0]["finish_reason"];
+  }
+  EXPECT_EQ(reasoning, "Need the weather.");
+  EXPECT_EQ(content, "Let me check.");
+  EXPECT_EQ(name, "get_weather");
+  EXPECT_EQ(id, "call_x0");
+  EXPECT_EQ(OrderedJson::parse(args), OrderedJson::parse(R"({"city":"San Francisco","days":14})"));
+  EXPECT_GT(argument_chunks, 3);  // arguments arrive incrementally, not in one piece
+  EXPECT_EQ(finish, "tool_calls");
+  EXPECT_EQ(sse.find(ns), std::string::npos);  // the namespace token never leaks
+  const auto body = gen.response();
+  const auto& msg = body["choices"][0]["message"];
+  EXPECT_EQ(msg["reasoning_content"], "Need the weather.");
+  EXPECT_EQ(msg["content"], "Let me check.");
+  EXPECT_EQ(msg["tool_calls"][0]["function"]["name"], "get_weather");
+  EXPECT_EQ(OrderedJson::parse(msg["tool_calls"][0]["function"]["arguments"].get<std::string>())["days"], 14);
+  EXPECT_EQ(body["choices"][0]["finish_reason"], "tool_calls");
+}
+
+TEST(ChatGeneration, ToolChoiceNoneDropsCalls) {
+  const std::string ns = "]<]minimax[>[";
+  ChoiceOptions opts;
+  opts.drop_tool_calls = true;
+  Generation gen(test_tokenizer(), spec_for(true, 1, opts));
+  gen.bind({5});
+  std::vector<RequestId> to_abort;
+  feed_one_by_one(gen, 5, tokens_of("ok" + ns + "<tool_call>\n" + ns + "<invoke name=\"f\">" + ns + "</invoke>\n" + ns +
+                                    "</tool_call>"),
+                  FinishReason::kStopToken, to_abort);
+  const OrderedJson body = gen.response();
+  const auto& msg = body["choices"][0]["message"];
+  EXPECT_EQ(msg["content"], "ok");
+  EXPECT_FALSE(msg.contains("tool_calls"));
+  EXPECT_EQ(gen.response()["choices"][0]["finish_reason"], "stop");
+}
+
+TEST(ChatGeneration, ThinkingEnabledStartsInReasoning) {
+  ChoiceOptions opts;
+  opts.parser.thinking_mode = ThinkingMode::kEnabled;
+  Generation gen(test_tokenizer(), spec_for(true, 1, opts));
+  gen.bind({1});
+  std::vector<RequestId> to_abort;
+  feed_one_by_one(gen, 1, tokens_of("plan</mm:think>answer"), FinishReason::kMaxTokens, to_abort);
+  const OrderedJson body = gen.response();
+  const auto& msg = body["choices"][0]["message"];
+  EXPECT_EQ(msg["reasoning_content"], "plan");
+  EXPECT_EQ(msg["content"], "answer");
+}
+
+TEST(Generation, SeveralChoicesInterleavedWithUsageAndLogprobs) {
+  ChoiceOptions opts;
+  opts.logprobs = 1;
+  auto spec = spec_for(true, 2, opts);
+  spec.include_usage = true;
+  Generation gen(test_tokenizer(), spec);
+  gen.bind({10, 11});
+  std::vector<RequestId> to_abort;
+  std::string sse = gen.stream_start();
+  sse += gen.on_events({event(11, tokens_of("xy")), event(10, tokens_of("a"))}, to_abort);
+  EXPECT_FALSE(gen.done());
+  EXPECT_EQ(gen.unfinished_ids(), (std::vector<RequestId>{10, 11}));
+  sse += gen.on_events({event(10, tokens_of("b"), FinishReason::kMaxTokens)}, to_abort);
+  EXPECT_EQ(gen.unfinished_ids(), std::vector<RequestId>{11});
+  sse += gen.on_events({event(11, {}, FinishReason::kAborted)}, to_abort);
+  ASSERT_TRUE(gen.done());
+  sse += gen.stream_end();
+  EXPECT_NE(sse.find("data: [DONE]\n\n"), std::string::npos);
+  auto chunks = chunks_of(sse);
+  const auto& last = chunks.back();
+  EXPECT_TRUE(last["choices"].empty());
+  EXPECT_EQ(last["usage"]["completion_tokens"], 4);
+  EXPECT_EQ(last["usage"]["prompt_tokens"], 7);  // one prompt, counted once
+  const auto body = gen.response();
+  EXPECT_EQ(body["choices"][0]["message"]["content"], "ab");
+  EXPECT_EQ(body["choices"][1]["message"]["content"], "xy");
+  EXPECT_EQ(body["choices"][1]["finish_reason"], "abort");
+  const auto& lp = body["choices"][0]["logprobs"]["content"];
+  ASSERT_EQ(lp.size(), 2u);
+  EXPECT_EQ(lp[0]["token"], "a");
+  EXPECT_EQ(lp[0]["bytes"], OrderedJson::array({97}));
+  EXPECT_EQ(lp[0]["top_logprobs"].size(), 1u);  // trimmed to top_logprobs = 1
+  EXPECT_FLOAT_EQ(lp[0]["logprob"].get<float>(), -0.5f);
+}
+
+TEST(Generation, CompletionLogprobsShape) {
+  ChoiceOptions opts;
+  opts.logprobs = 2;
+  Generation gen(test_tokenizer(), spec_for(false, 1, opts));
+  gen.bind({1});
+  std::vector<RequestId> to_abort;
+  feed_one_by_one(gen, 1, tokens_of("abc"), FinishReason::kMaxTokens, to_abort);
+  const OrderedJson body = gen.response();
+  const auto& lp = body["choices"][0]["logprobs"];
+  EXPECT_EQ(lp["tokens"], OrderedJson::array({"a", "b", "c"}));
+  EXPECT_EQ(lp["text_offset"], OrderedJson::array({0, 1, 2}));
+  EXPECT_EQ(lp["top_logprobs"][0].size(), 2u);
+}
+
+TEST(Generation, RandomChunkingGivesTheSameResult) {
+  const std::string ns = "]<]minimax[>[";
+  const std::string text = "<mm:think>r\xc3\xa9" "flexion</mm:think>R\xc3\xa9ponse " + ns + "<tool_call>\n" + ns +
+                           "<invoke name=\"f\">" + ns + "<q>x y" + ns + "</q>" + ns + "</invoke>\n" + ns + "</tool_call>";
+  auto all = tokens_of(text);
+  std::mt19937 rng(5);
+  OrderedJson reference;
+  for (int trial = 0; trial < 20; ++trial) {
+    ChoiceOptions opts;
+    opts.stop = {"never-matches"};
+    opts.parser.call_id_prefix = "c";
+    Generation gen(test_tokenizer(), spec_for(true, 1, opts));
+    gen.bind({1});
+    std::vector<RequestId> to_abort;
+    size_t i = 0;
+    while (i < all.size()) {
+      size_t take = std::min(all.size() - i, size_t(1 + rng() % 5));
+      std::vector<TokenOutput> part(all.begin() + long(i), all.begin() + long(i + take));
+      i += take;
+      gen.on_events({event(1, part, i == all.size() ? FinishReason::kStopToken : FinishReason::kNone)}, to_abort);
+    }
+    ASSERT_TRUE(gen.done());
+    OrderedJson msg = gen.response()["choices"][0]["message"];
+    if (trial == 0) reference = msg;
+    EXPECT_EQ(msg, reference);
+  }
+  EXPECT_EQ(reference["reasoning_content"], "r\xc3\xa9" "flexion");
+  EXPECT_EQ(reference["tool_calls"][0]["function"]["arguments"], R"({"q":"x y"})");
+}
+
+// ---- request validation -------------------------------------------------------------------
+
+ApiError chat_error(const std::string& body_text) {
+  ChatRequest req;
+  auto err = parse_chat_request(OrderedJson::parse(body_text), req);
+  return err ? *err : ApiError{0, "", "", "", ""};
+}
+
+TEST(Protocol, ErrorsNameTheField) {
+  struct Case {
+    const char* body;
+    const char* param;
+  };
+  const Case cases[] = {
+      {R"({"messages":[{"role":"user","content":"x"}],"n":0})", "n"},
+      {R"({"messages":[{"role":"user","content":"x"}],"n":"2"})", "n"},
+      {R"({"messages":[{"role":"user","content":"x"}],"max_tokens":0})", "max_tokens"},
+      {R"({"messages":[{"role":"user","content":"x"}],"max_completion_tokens":0})", "max_completion_tokens"},
+      {R"({"messages":[{"role":"user","content":"x"}],"temperature":-1})", "temperature"},
+      {R"({"messages":[{"role":"user","content":"x"}],"temperature":true})", "temperature"},
+      {R"({"messages":[{"role":"user","content":"x"}],"top_p":0})", "top_p"},
+      {R"({"messages":[{"role":"user","content":"x"}],"top_k":-2})", "top_k"},
+      {R"({"messages":[{"role":"user","content":"x"}],"min_p":2})", "min_p"},
+      {R"({"messages":[{"role":"user","content":"x"}],"presence_penalty":3})", "presence_penalty"},
+      {R"({"messages":[{"role":"user","content":"x"}],"repetition_penalty":0})", "repetition_penalty"},
+      {R"({"messages":[{"role":"user","content":"x"}],"seed":"s"})", "seed"},
+      {R"({"messages":[{"role":"user","content":"x"}],"stop":5})", "stop"},
+      {R"({"messages":[{"role":"user","content":"x"}],"stop_token_ids":[-1]})", "stop_token_ids"},
+      {R"({"messages":[{"role":"user","content":"x"}],"top_logprobs":2})", "top_logprobs"},
+      {R"({"messages":[{"role":"user","content":"x"}],"logprobs":true,"top_logprobs":21})", "top_logprobs"},
+      {R"({"messages":[{"role":"user","content":"x"}],"stream_options":{"include_usage":true}})", "stream_options"},
+      {R"({"messages":[{"role":"user","content":"x"}],"stream":true,"stream_options":{"include_usage":1}})",
+       "stream_options.include_usage"},
+      {R"({"messages":[]})", "messages"},
+      {R"({"messages":[{"role":"bot","content":"x"}]})", "messages[0].role"},
+      {R"({"messages":[{"content":"x"}]})", "messages[0].role"},
+      {R"({"messages":[{"role":"user","content":5}]})", "messages[0].content"},
+      {R"({"messages":[{"role":"user","content":"x"}],"tools":{}})", "tools"},
+      {R"({"messages":[{"role":"user","content":"x"}],"tools":[{"type":"function","function":{"name":""}}]})",
+       "tools[0].function.name"},
+      {R"({"messages":[{"role":"user","content":"x"}],"tool_choice":"required"})", "tool_choice"},
+      {R"({"messages":[{"role":"user","content":"x"}],"tool_choice":"sometimes"})", "tool_choice"},
+      {R"({"messages":[{"role":"user","content":"x"}],"chat_template_kwargs":{"thinking_mode":"maybe"}})",
+       "chat_template_kwargs.thinking_mode"},
+      {R"({"model":3,"messages":[{"role":"user","content":"x"}]})", "model"},
+      {R"({"messages":[{"role":"user","content":"x"}],"logit_bias":{"5":100}})", "logit_bias"},
+      {R"({"messages":[{"role":"user","content":"x"}],"response_format":{"type":"json_object"}})", "response_format"},
+      {R"([])", ""},
+  };
+  for (const auto& c : cases) {
+    ApiError err = chat_error(c.body);
+    EXPECT_EQ(err.http_status, 400) << c.body;
+    EXPECT_EQ(err.param, c.param) << c.body << " -> " << err.message;
+    EXPECT_EQ(err.type, "invalid_request_error");
+    if (*c.param) EXPECT_NE(err.message.find(c.param), std::string::npos) << err.message;
+    const auto j = err.to_json();
+    EXPECT_TRUE(j["error"].contains("code"));
+  }
+}
+
+TEST(Protocol, ValidRequestsParse) {
+  ChatRequest chat;
+  auto err = parse_chat_request(OrderedJson::parse(R"({"model":"m","messages":[{"role":"user","content":"x"}],
+      "n":2,"max_completion_tokens":7,"temperature":0.5,"top_p":0.9,"top_k":5,"min_p":0.1,"seed":3,
+      "stop":["a",""],"stop_token_ids":[9],"logprobs":true,"top_logprobs":3,"presence_penalty":0.5,
+      "frequency_penalty":-0.5,"repetition_penalty":1.1,"stream":true,"stream_options":{"include_usage":true},
+      "tools":[{"type":"function","function":{"name":"f","parameters":{"type":"object","properties":{}}}}],
+      "tool_choice":{"type":"function","function":{"name":"f"}},"chat_template_kwargs":{"thinking_mode":"enabled"}})"),
+                                chat);
+  ASSERT_FALSE(err) << err->message;
+  EXPECT_EQ(chat.common.n, 2);
+  EXPECT_EQ(*chat.common.max_tokens, 7);
+  EXPECT_EQ(chat.common.sampling.top_k, 5);
+  EXPECT_EQ(chat.common.stop, std::vector<std::string>{"a"});
+  EXPECT_EQ(chat.common.logprobs, 3);
+  EXPECT_TRUE(chat.common.include_usage);
+  EXPECT_EQ(chat.tool_choice, ToolChoice::kNamed);
+  EXPECT_EQ(chat.thinking_mode, ThinkingMode::kEnabled);
+  CompletionRequest comp;
+  ASSERT_FALSE(parse_completion_request(OrderedJson::parse(R"({"prompt":[[1,2],"text"],"logprobs":2,"max_tokens":3})"),
+                                        comp));
+  ASSERT_EQ(comp.prompts.size(), 2u);
+  EXPECT_EQ(std::get<std::vector<int32_t>>(comp.prompts[0]), (std::vector<int32_t>{1, 2}));
+  EXPECT_EQ(comp.common.logprobs, 2);
+  CompletionRequest bad;
+  auto e = parse_completion_request(OrderedJson::parse(R"({"prompt":[1,-2]})"), bad);
+  ASSERT_TRUE(e);
+  EXPECT_EQ(e->param, "prompt");
+}
+
+TEST(Metrics, RendersPrometheusText) {
+  Metrics m("tiny");
+  EngineStepStats st;
+  st.scheduler.num_running = 3;
+  st.scheduler.num_waiting = 2;
+  st.scheduler.kv_blocks_used = 25;
+  st.scheduler.kv_blocks_free = 75;
+  st.scheduler.prefix_query_tokens = 32;
+  st.scheduler.prefix_hit_tokens = 16;
+  st.scheduler.num_preemptions = 1;
+  m.observe_step(st);
+  m.observe_first_token(0.003);
+  m.observe_finished("length", 0.5, 10, 4, 0.1);
+  const std::string text = m.render();
+  EXPECT_NE(text.find("vllm:num_requests_running{model_name=\"tiny\"} 3\n"), std::string::npos);
+  EXPECT_NE(text.find("vllm:num_requests_waiting{model_name=\"tiny\"} 2\n"), std::string::npos);
+  EXPECT_NE(text.find("vllm:kv_cache_usage_perc{model_name=\"tiny\"} 0.25\n"), std::string::npos);
+  EXPECT_NE(text.find("vllm:prefix_cache_hits_total{model_name=\"tiny\"} 16\n"), std::string::npos);
+  EXPECT_NE(text.find("vllm:num_preemptions_total{model_name=\"tiny\"} 1\n"), std::string::npos);
+  EXPECT_NE(text.find("vllm:time_to_first_token_seconds_bucket{model_name=\"tiny\",le=\"0.001\"} 0\n"), std::string::npos);
+  EXPECT_NE(text.find("vllm:time_to_first_token_seconds_bucket{model_name=\"tiny\",le=\"0.005\"} 1\n"), std::string::npos);
+  EXPECT_NE(text.find("vllm:time_to_first_token_seconds_count{model_name=\"tiny\"} 1\n"), std::string::npos);
+  EXPECT_NE(text.find("vllm:request_success_total{model_name=\"tiny\",finished_reason=\"length\"} 1\n"),
+            std::string::npos);
+  EXPECT_NE(text.find("vllm:generation_tokens_total{model_name=\"tiny\"} 4\n"), std::string::npos);
+  m.observe_idle();
+  EXPECT_NE(m.render().find("vllm:num_requests_running{model_name=\"tiny\"} 0\n"), std::string::npos);
+}
+
+// ---- AsyncEngine over the scripted engine ---------------------------------------------------
+
+std::unique_ptr<Engine> scripted(size_t script_tokens) {
+  ScriptedEngineConfig config;
+  config.script.assign(script_tokens, 40);
+  config.vocab_size = 300;
+  config.max_model_len = 1 << 30;
+  config.eos_token_id = kEos;
+  return make_scripted_engine(std::move(config));
+}
+
+GenerationRequest gen_request(int max_tokens) {
+  GenerationRequest r;
+  r.prompt_token_ids = {5, 6};
+  r.sampling.max_tokens = max_tokens;
+  return r;
+}
+
+// Collects a channel's events until every id has finished.
+std::map<RequestId, std::pair<int, FinishReason>> drain(RequestChannel& channel, size_t num_requests) {
+  std::map<RequestId, std::pair<int, FinishReason>> out;
+  size_t finished = 0;
+  for (int spins = 0; finished < num_requests && spins < 2000; ++spins) {
+    for (auto& ev : channel.wait(std::chrono::milliseconds(10))) {
+      out[ev.request_id].first += int(ev.new_tokens.size());
+      if (ev.finished) {
+        out[ev.request_id].second = ev.finish_reason;
+        ++finished;
+      }
+    }
+  }
+  return out;
+}
+
+TEST(AsyncEngine, RoutesEventsAndCountsInFlight) {
+  Metrics metrics("m");
+  AsyncEngine engine(scripted(5), metrics, AsyncEngineConfig{8});
+  auto channel = std::make_shared<RequestChannel>();
+  std::vector<GenerationRequest> reqs;
+  reqs.push_back(gen_request(3));
+  reqs.push_back(gen_request(100));
+  SubmitOutcome out = engine.submit(std::move(reqs), channel);
+  ASSERT_TRUE(out.ok()) << out.error;
+  ASSERT_EQ(out.ids.size(), 2u);
+  auto events = drain(*channel, 2);
+  EXPECT_EQ(events[out.ids[0]], std::make_pair(3, FinishReason::kMaxTokens));
+  EXPECT_EQ(events[out.ids[1]], std::make_pair(6, FinishReason::kStopToken));  // 5 script tokens + EOS
+  EXPECT_EQ(engine.num_in_flight(), 0);
+  EXPECT_NE(metrics.render().find("vllm:generation_tokens_total{model_name=\"m\"} 9\n"), std::string::npos);
+}
+
+TEST(AsyncEngine, RejectsAllOrNoneAndRefusesOverCapacity) {
+  Metrics metrics("m");
+  AsyncEngine engine(scripted(5), metrics, AsyncEngineConfig{2});
+  auto channel = std::make_shared<RequestChannel>();
+  std::vector<GenerationRequest> three(3, gen_request(1));
+  SubmitOutcome over = engine.submit(three, channel);
+  EXPECT_TRUE(over.overloaded);
+  std::vector<GenerationRequest> bad = {gen_request(1), gen_request(1)};
+  bad[1].prompt_token_ids = {999};  // outside the vocabulary
+  SubmitOutcome rejected = engine.submit(bad, channel);
+  EXPECT_FALSE(rejected.ok());
+  EXPECT_FALSE(rejected.overloaded);
+  EXPECT_NE(rejected.error.find("vocabulary"), std::string::npos);
+  EXPECT_EQ(engine.num_in_flight(), 0);
+  EXPECT_TRUE(channel->wait(std::chrono::milliseconds(50)).empty());  // the withdrawn one reports nothing
+}
+
+TEST(AsyncEngine, AbortEndsARequestEarly) {
+  Metrics metrics("m");
+  AsyncEngine engine(scripted(1 << 22), metrics, AsyncEngineConfig{4});
+  auto channel = std::make_shared<RequestChannel>();
+  SubmitOutcome out = engine.submit({gen_request(1 << 22)}, channel);
+  ASSERT_TRUE(out.ok());
+  ASSERT_FALSE(channel->wait(std::chrono::milliseconds(1000)).empty());
+  engine.abort(out.ids[0]);
+  auto events = drain(*channel, 1);
+  EXPECT_EQ(events[out.ids[0]].second, FinishReason::kAborted);
+  EXPECT_LT(events[out.ids[0]].first, 1 << 22);
+  EXPECT_EQ(engine.num_in_flight(), 0);
+  EXPECT_NE(metrics.render().find("finished_reason=\"abort\"} 1\n"), std::string::npos);
+}
+
+TEST(AsyncEngine, ShutdownFinishesInFlightRequests) {
+  Metrics metrics("m");
+  auto engine = std::make_unique<AsyncEngine>(scripted(50), metrics, AsyncEngineConfig{4});
+  auto channel = std::make_shared<RequestChannel>();
+  SubmitOutcome out = engine->submit({gen_request(40)}, channel);
+  ASSERT_TRUE(out.ok());
+  engine->shutdown();
+  EXPECT_TRUE(engine->submit({gen_request(1)}, channel).overloaded);  // refused after shutdown
+  auto events = drain(*channel, 1);
+  EXPECT_EQ(events[out.ids[0]], std::make_pair(40, FinishReason::kMaxTokens));
+}
+
+}  // namespace
+}  // namespace m3::server
