@@ -88,8 +88,10 @@ int main(int argc, char** argv) {
   nlohmann::json out = {{"model", model_dir}, {"backend", "cpu"}, {"input_len", input_len}, {"output_len", output_len},
                         {"sgemm_ceiling_gflops", ceiling}, {"matmul_flops_per_token", fpt}, {"points", nlohmann::json::array()}};
   std::printf("sgemm ceiling %.1f GFLOP/s; %.2f MFLOP per token (matmuls)\n", ceiling, fpt / 1e6);
+  for (bool invariant : {true, false})
   for (int batch : parse_list(batches)) {
     m3::EngineConfig ec;
+    ec.batch_invariant = invariant;
     ec.model_dir = model_dir;
     ec.max_num_seqs = batch;
     ec.max_num_batched_tokens = std::max(2048, batch);
@@ -122,13 +124,13 @@ int main(int argc, char** argv) {
     const double total_s = std::chrono::duration<double>(Clock::now() - t0).count();
     const double decode_tps = decode_tokens / std::max(decode_s, 1e-9);
     const double achieved = decode_tps * fpt / 1e9;
-    nlohmann::json point = {{"batch", batch}, {"prefill_tokens", prefill_tokens}, {"prefill_s", prefill_s},
+    nlohmann::json point = {{"batch", batch}, {"batch_invariant", invariant}, {"prefill_tokens", prefill_tokens}, {"prefill_s", prefill_s},
                             {"prefill_tok_s", prefill_tokens / std::max(prefill_s, 1e-9)},
                             {"decode_tokens", decode_tokens}, {"decode_s", decode_s}, {"decode_tok_s", decode_tps},
                             {"total_s", total_s}, {"decode_matmul_gflops", achieved},
                             {"decode_roofline_ratio", achieved / ceiling}};
-    std::printf("batch %3d: prefill %.0f tok/s, decode %.1f tok/s (%.2f GFLOP/s = %.1f%% of sgemm ceiling), total %.2f s\n",
-                batch, point["prefill_tok_s"].get<double>(), decode_tps, achieved, 100.0 * achieved / ceiling, total_s);
+    std::printf("%s batch %3d: prefill %.0f tok/s, decode %.1f tok/s (%.2f GFLOP/s = %.1f%% of sgemm ceiling), total %.2f s\n",
+                invariant ? "batch-invariant" : "batched-gemm   ", batch, point["prefill_tok_s"].get<double>(), decode_tps, achieved, 100.0 * achieved / ceiling, total_s);
     out["points"].push_back(point);
   }
   std::ofstream(json_path) << out.dump(2) << "\n";

@@ -26,6 +26,9 @@ struct EngineConfig {
   uint64_t prefix_hash_seed = 0;          // same on every process that shares KV
   bool trace_dispatch = false;            // log first use of each (op, kernel, shape class)
   bool check_invariants = false;          // run the KV/scheduler invariant checker every step (tests)
+  // Kernels whose per-token results do not depend on batching or chunking: prefix hits and
+  // chunked prefill give bit-identical logits to a cold single-sequence run.
+  bool batch_invariant = true;
   std::function<void(size_t done_bytes, size_t total_bytes)> on_load_progress;  // weight loading progress
 };
 

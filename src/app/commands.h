@@ -6,5 +6,6 @@ namespace m3::app {
 
 void register_make_model(CLI::App& app);
 void register_generate(CLI::App& app);
+void register_kernel_paths(CLI::App& app);
 
 }  // namespace m3::app

@@ -9,6 +9,7 @@
 
 #include "app/commands.h"
 #include "m3serve/engine.h"
+#include "tokenizer/tokenizer.h"
 
 namespace m3::app {
 namespace {
@@ -40,13 +41,19 @@ void register_generate(CLI::App& app) {
     EngineConfig engine;
     std::string prompt_file;
     std::vector<std::string> prompts;
+    std::vector<std::string> text_prompts;
+    bool add_bos = false;
     SamplingParams sampling;
     bool print_steps = false;
     bool no_prefix = false;
   };
   auto opts = std::make_shared<Opts>();
   opts->sampling.temperature = 0.0f;
-  cmd->add_option("--model", opts->engine.model_dir, "HF model directory")->required();
+  opts->engine.model_dir = M3_DEFAULT_MODEL_DIR;
+  cmd->add_option("--model", opts->engine.model_dir, "HF model directory (default: the embedded m3-small)")
+      ->capture_default_str();
+  cmd->add_option("--prompt", opts->text_prompts, "text prompt, encoded with the model's tokenizer (repeatable)");
+  cmd->add_flag("--add-bos", opts->add_bos, "prepend the BOS token to text prompts");
   cmd->add_option("--prompt-ids", opts->prompts, "comma-separated token ids (repeatable)");
   cmd->add_option("--prompt-file", opts->prompt_file, "one comma-separated prompt per line");
   cmd->add_option("--max-tokens", opts->sampling.max_tokens, "tokens to generate per prompt")->capture_default_str();
@@ -74,7 +81,23 @@ void register_generate(CLI::App& app) {
       for (std::string line; std::getline(in, line);)
         if (line.find_first_not_of(" \t\r") != std::string::npos) prompts.push_back(parse_ids(line));
     }
-    if (prompts.empty()) throw std::runtime_error("give --prompt-ids or --prompt-file");
+    std::unique_ptr<Tokenizer> tokenizer;
+    if (auto tok = Tokenizer::from_dir(opts->engine.model_dir); tok.is_ok()) tokenizer = std::move(*tok);
+    if (!opts->text_prompts.empty() && !tokenizer)
+      throw std::runtime_error("--prompt needs a tokenizer in " + opts->engine.model_dir + " (use --prompt-ids)");
+    for (const auto& text : opts->text_prompts) {
+      std::vector<int32_t> ids;
+      if (opts->add_bos) {
+        auto bos = tokenizer->token_to_id("]~!b[");
+        if (!bos) throw std::runtime_error("--add-bos: the tokenizer has no ]~!b[ token");
+        ids.push_back(*bos);
+      }
+      auto body = tokenizer->encode(text, true);
+      ids.insert(ids.end(), body.begin(), body.end());
+      if (ids.empty()) throw std::runtime_error("empty text prompt");
+      prompts.push_back(std::move(ids));
+    }
+    if (prompts.empty()) throw std::runtime_error("give --prompt, --prompt-ids or --prompt-file");
     auto t0 = std::chrono::steady_clock::now();
     auto engine = Engine::create(opts->engine);
     if (!engine) throw std::runtime_error(engine.error());
@@ -114,6 +137,7 @@ void register_generate(CLI::App& app) {
       std::printf("prompt %zu (%zu tokens) -> %zu tokens:", i, prompts[i].size(), outputs[i].size());
       for (int32_t t : outputs[i]) std::printf(" %d", t);
       std::printf("\n");
+      if (tokenizer) std::printf("  text: %s\n", tokenizer->decode(outputs[i]).c_str());
     }
     std::printf("%zu requests, %lld prompt + %lld output tokens in %.3f s over %lld steps: %.1f output tok/s, "
                 "%.1f total tok/s\n",

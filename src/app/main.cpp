@@ -6,6 +6,9 @@
 
 #include "app/commands.h"
 #include "core/log.h"
+#ifdef M3_HAVE_M3_BENCH
+#include "bench/cli.h"
+#endif
 #ifdef M3_HAVE_M3_SERVER
 #include "server/cli.h"
 #endif
@@ -23,8 +26,13 @@ int main(int argc, char** argv) {
   });
   m3::app::register_make_model(app);
   m3::app::register_generate(app);
+  m3::app::register_kernel_paths(app);
 #ifdef M3_HAVE_M3_SERVER
   m3::server::register_serve_command(app);
+#endif
+#ifdef M3_HAVE_M3_BENCH
+  register_bench_commands(app);
+  register_eval_commands(app);
 #endif
   try {
     app.parse(argc, argv);

@@ -33,7 +33,7 @@ class EngineImpl final : public Engine {
         summary_(std::move(summary)),
         stats_(config.trace_dispatch) {
     cpu::register_cpu_kernels(kernels_);
-    ctx_ = ops::OpContext{&kernels_, &stats_, Device::kCpu};
+    ctx_ = ops::OpContext{&kernels_, &stats_, Device::kCpu, config.batch_invariant};
   }
 
   Result<RequestId> submit(GenerationRequest request) override {

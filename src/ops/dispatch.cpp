@@ -18,7 +18,7 @@ const char* device_name(Device d) { return d == Device::kCpu ? "cpu" : "cuda"; }
 
 std::string Problem::shape_class() const {
   return std::string(device_name(device)) + " " + std::string(dtype_name(dtype)) + " m" + bucket(m) + " n" +
-         bucket(n) + " k" + bucket(k) + (extra ? " x" + std::to_string(extra) : "");
+         bucket(n) + " k" + bucket(k) + (extra ? " x" + std::to_string(extra) : "") + (batch_invariant ? " batch-invariant" : "");
 }
 
 void DispatchStats::record(const Problem& problem, const std::string& entry, const std::string& reason) {

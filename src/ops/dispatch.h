@@ -24,6 +24,7 @@ struct Problem {
   DType dtype = DType::kF32;  // the dominant operand type (weights for GEMMs)
   int64_t m = 0, n = 0, k = 0;
   int64_t extra = 0;          // op-specific (e.g. top-k, block size)
+  bool batch_invariant = false;  // each row's result must not depend on the batch around it
   std::string shape_class() const;  // bucketed (M, N, K) used for first-use tracing
 };
 

@@ -11,6 +11,7 @@ Problem problem(const OpContext& ctx, const char* op, DType dtype, int64_t m, in
   p.n = n;
   p.k = k;
   p.extra = extra;
+  p.batch_invariant = ctx.batch_invariant;
   return p;
 }
 }  // namespace
@@ -84,6 +85,29 @@ void dense_mlp(const OpContext& ctx, const TensorView& x, const LinearWeight& ga
 void add(const OpContext& ctx, const TensorView& x, const TensorView& y) {
   auto& e = ctx.kernels->add.select(problem(ctx, "add", x.dtype, x.numel(), 0, 0), ctx.stats);
   e.fn(x, y);
+}
+
+namespace {
+template <class Fn>
+void describe_table(const OpTable<Fn>& table, std::vector<EntryInfo>& out) {
+  for (const auto& e : table.entries()) out.push_back({table.op(), e.name, e.condition});
+}
+}  // namespace
+
+std::vector<EntryInfo> KernelTable::describe() const {
+  std::vector<EntryInfo> out;
+  describe_table(embedding, out);
+  describe_table(rms_norm, out);
+  describe_table(rope, out);
+  describe_table(linear, out);
+  describe_table(kv_write, out);
+  describe_table(attention, out);
+  describe_table(indexer_topk, out);
+  describe_table(router, out);
+  describe_table(moe, out);
+  describe_table(mlp, out);
+  describe_table(add, out);
+  return out;
 }
 
 }  // namespace m3::ops

@@ -64,6 +64,11 @@ using MlpFn = void (*)(const TensorView& x, const LinearWeight& gate, const Line
                        const LinearWeight& down, const SwigluParams& act, const TensorView& out);
 using AddFn = void (*)(const TensorView& x, const TensorView& y);  // x += y
 
+// One dispatch entry as documentation and /debug/kernels show it.
+struct EntryInfo {
+  std::string op, entry, condition;
+};
+
 // Every op's table; backends append their entries at start-up (CPU last, as the reference).
 struct KernelTable {
   OpTable<EmbeddingFn> embedding{"embedding"};
@@ -77,12 +82,18 @@ struct KernelTable {
   OpTable<MoeFn> moe{"moe_experts"};
   OpTable<MlpFn> mlp{"dense_mlp"};
   OpTable<AddFn> add{"add"};
+
+  // Every entry of every table, in selection order per op.
+  std::vector<EntryInfo> describe() const;
 };
 
 struct OpContext {
   const KernelTable* kernels = nullptr;
   DispatchStats* stats = nullptr;
   Device device = Device::kCpu;
+  // Results per token independent of batch composition and chunking (so a prefix-cache hit,
+  // a chunked prefill and a cold run give bit-identical logits). Costs GEMM efficiency.
+  bool batch_invariant = true;
 };
 
 void embedding(const OpContext& ctx, const int32_t* ids, int num_tokens, const TensorView& table, const TensorView& out);

@@ -15,7 +15,8 @@ void router_f32(const TensorView& x, const TensorView& router_w, const TensorVie
                 const TensorView& expert_ids, const TensorView& expert_weights) {
   const int64_t tokens = x.shape[0], hidden = x.shape[1], experts = router_w.shape[0];
   std::vector<float> logits(size_t(tokens * experts));
-  sgemm_xwt(x.as<const float>(), router_w.as<const float>(), logits.data(), tokens, experts, hidden);
+  // Always per row: the router's choice must never depend on the batch (N is small anyway).
+  sgemm_xwt(x.as<const float>(), router_w.as<const float>(), logits.data(), tokens, experts, hidden, true);
   const float* b = bias.data ? bias.as<const float>() : nullptr;
   std::vector<int32_t> order(static_cast<size_t>(experts));
   std::vector<float> prob(static_cast<size_t>(experts)), choice(static_cast<size_t>(experts));
@@ -40,17 +41,18 @@ void router_f32(const TensorView& x, const TensorView& router_w, const TensorVie
 // One expert over the rows routed to it: out[row] += weight[row] * down(act(gate(x), up(x))).
 void run_expert(const float* x_rows, int64_t rows, int64_t hidden, const ops::LinearWeight& gate,
                 const ops::LinearWeight& up, const ops::LinearWeight& down, const ops::SwigluParams& act,
-                std::vector<float>& scratch_g, std::vector<float>& scratch_u, std::vector<float>& y) {
+                bool invariant, std::vector<float>& scratch_g, std::vector<float>& scratch_u, std::vector<float>& y) {
   const int64_t inter = gate.out_features();
   scratch_g.resize(size_t(rows * inter));
   scratch_u.resize(size_t(rows * inter));
   y.resize(size_t(rows * hidden));
-  sgemm_xwt(x_rows, gate.data.as<const float>(), scratch_g.data(), rows, inter, hidden);
-  sgemm_xwt(x_rows, up.data.as<const float>(), scratch_u.data(), rows, inter, hidden);
+  sgemm_xwt(x_rows, gate.data.as<const float>(), scratch_g.data(), rows, inter, hidden, invariant);
+  sgemm_xwt(x_rows, up.data.as<const float>(), scratch_u.data(), rows, inter, hidden, invariant);
   for (size_t i = 0; i < scratch_g.size(); ++i) scratch_g[i] = ops::swiglu_oai(scratch_g[i], scratch_u[i], act);
-  sgemm_xwt(scratch_g.data(), down.data.as<const float>(), y.data(), rows, hidden, inter);
+  sgemm_xwt(scratch_g.data(), down.data.as<const float>(), y.data(), rows, hidden, inter, invariant);
 }
 
+template <bool kInvariant>
 void moe_f32(const TensorView& x, const TensorView& expert_ids, const TensorView& expert_weights,
              const ops::ExpertWeights& experts, const ops::SwigluParams& act, const TensorView& out) {
   const int64_t tokens = x.shape[0], hidden = x.shape[1], top_k = expert_ids.shape[1];
@@ -79,7 +81,8 @@ void moe_f32(const TensorView& x, const TensorView& expert_ids, const TensorView
     for (size_t i = 0; i < r.size(); ++i) {
       std::copy_n(x.as<const float>() + r[i] * hidden, hidden, gathered.data() + i * size_t(hidden));
     }
-    run_expert(gathered.data(), int64_t(r.size()), hidden, experts.gate[e], experts.up[e], experts.down[e], act, g, u, y);
+    run_expert(gathered.data(), int64_t(r.size()), hidden, experts.gate[e], experts.up[e], experts.down[e], act,
+               kInvariant, g, u, y);
     for (size_t i = 0; i < r.size(); ++i) {  // un-permute with the routing weight
       const float w = weights[size_t(e)][i];
       float* dst = o + r[i] * hidden;
@@ -93,8 +96,11 @@ void moe_f32(const TensorView& x, const TensorView& expert_ids, const TensorView
 
 void register_moe(ops::KernelTable& table) {
   table.router.add({"moe_router.sigmoid_bias_topk.cpu", "host F32 router weight and bias", need_cpu_f32, router_f32});
+  table.moe.add({"moe_experts.grouped_rowdot_invariant.cpu",
+                 "host F32 expert weights, batch-invariant; shared expert as the last expert", need_cpu_f32_invariant,
+                 moe_f32<true>});
   table.moe.add({"moe_experts.grouped_sgemm.cpu", "host F32 expert weights; shared expert as the last expert",
-                 need_cpu_f32, moe_f32});
+                 need_cpu_f32, moe_f32<false>});
 }
 
 }  // namespace m3::cpu

@@ -12,4 +12,11 @@ inline std::string need_cpu_f32(const ops::Problem& p) {
   return "";
 }
 
+// Entries that keep each row's result independent of the batch (listed first, so they win
+// whenever the context asks for batch invariance).
+inline std::string need_cpu_f32_invariant(const ops::Problem& p) {
+  if (!p.batch_invariant) return "batch invariance not requested (the batched GEMM entry is faster)";
+  return need_cpu_f32(p);
+}
+
 }  // namespace m3::cpu

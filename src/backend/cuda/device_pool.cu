@@ -1,6 +1,7 @@
 #include <string>
 
 #include "backend/cuda/cuda_check.h"
+#include "backend/cuda/cuda_internal.h"
 #include "backend/cuda/device_pool.h"
 
 namespace m3::cuda {
@@ -21,6 +22,14 @@ void* DeviceArena::allocate(size_t size_bytes) {
   }
   used_ = start + size_bytes;
   return base_ + start;
+}
+
+Scratch::Scratch(size_t size_bytes) {
+  if (size_bytes > 0) M3_CUDA_CHECK(cudaMallocAsync(&ptr_, size_bytes, cudaStream_t{}));
+}
+
+Scratch::~Scratch() {
+  if (ptr_) cudaFreeAsync(ptr_, cudaStream_t{});  // a destructor cannot throw; the pool reports later
 }
 
 int device_count() {

@@ -1,12 +1,20 @@
-// Embedding gather, Gemma RMSNorm and residual add for F32 device tensors: the first CUDA
-// entries; one block per row, fp32 throughout (parity with the CPU reference).
+// Embedding gather, Gemma RMSNorm, partial NeoX RoPE, residual add and KV-cache scatter for
+// F32 device tensors; one block per row, fp32 throughout (parity with the CPU reference).
+#include <cmath>
 #include <string>
 
-#include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_check.h"
+#include "backend/cuda/cuda_internal.h"
 
 namespace m3::cuda {
 namespace {
+
+constexpr int kMaxRotaryHalf = 128;  // rotary_dim <= 256
+
+// inv_freq computed on the host with the CPU entry's exact expression, passed by value.
+struct InvFreq {
+  float v[kMaxRotaryHalf];
+};
 
 __global__ void embedding_gather_kernel(const int32_t* ids, const float* table, float* out, int64_t dim) {
   const int64_t t = blockIdx.x;
@@ -33,15 +41,34 @@ __global__ void rms_norm_gemma_kernel(const float* x, const float* w, float* y, 
   for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) y[row * dim + i] = (xr[i] * inv) * (1.0f + w[i]);
 }
 
+// One block per token; threads over the rotary pairs, each rotating every head. The products
+// are rounded separately (no FMA contraction), as the CPU reference computes them.
+__global__ void rope_neox_kernel(float* x, const int32_t* positions, int64_t heads, int64_t head_dim, int half,
+                                 InvFreq inv_freq) {
+  const int64_t t = blockIdx.x;
+  const float pos = float(positions[t]);
+  for (int i = threadIdx.x; i < half; i += blockDim.x) {
+    const float angle = pos * inv_freq.v[i];
+    const float c = cosf(angle), s = sinf(angle);
+    for (int64_t h = 0; h < heads; ++h) {
+      float* v = x + (t * heads + h) * head_dim;
+      const float a = v[i], b = v[i + half];
+      v[i] = __fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s));
+      v[i + half] = __fadd_rn(__fmul_rn(b, c), __fmul_rn(a, s));
+    }
+  }
+}
+
 __global__ void add_kernel(float* x, const float* y, int64_t n) {
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < n) x[i] += y[i];
 }
 
-std::string need_cuda_f32(const ops::Problem& p) {
-  if (p.device != Device::kCuda) return "tensors are not in device memory";
-  if (p.dtype != DType::kF32) return "written for F32, got " + std::string(dtype_name(p.dtype));
-  return "";
+__global__ void kv_write_kernel(const float* src, const int64_t* slots, float* cache, int64_t row) {
+  const int64_t t = blockIdx.x;
+  const int64_t slot = slots[t];
+  if (slot < 0) return;  // padding token: nothing to cache
+  for (int64_t i = threadIdx.x; i < row; i += blockDim.x) cache[slot * row + i] = src[t * row + i];
 }
 
 void launch_embedding_gather(const int32_t* ids, int num_tokens, const TensorView& table, const TensorView& out) {
@@ -57,6 +84,15 @@ void launch_rms_norm_gemma(const TensorView& x, const TensorView& w, float eps, 
   M3_CUDA_CHECK_LAUNCH();
 }
 
+void launch_rope(const TensorView& x, const int32_t* positions, int rotary_dim, double theta) {
+  if (x.shape[0] == 0) return;
+  const int half = rotary_dim / 2;
+  InvFreq inv{};
+  for (int i = 0; i < half; ++i) inv.v[i] = 1.0f / std::pow(float(theta), float(2 * i) / float(rotary_dim));
+  rope_neox_kernel<<<unsigned(x.shape[0]), 64>>>(x.as<float>(), positions, x.shape[1], x.shape[2], half, inv);
+  M3_CUDA_CHECK_LAUNCH();
+}
+
 void launch_add(const TensorView& x, const TensorView& y) {
   const int64_t n = x.numel();
   if (n == 0) return;
@@ -64,12 +100,40 @@ void launch_add(const TensorView& x, const TensorView& y) {
   M3_CUDA_CHECK_LAUNCH();
 }
 
+void launch_kv_write(const TensorView& src, const int64_t* slot_mapping, const TensorView& cache) {
+  const int64_t tokens = src.shape[0];
+  if (tokens == 0) return;
+  kv_write_kernel<<<unsigned(tokens), 128>>>(src.as<const float>(), slot_mapping, cache.as<float>(),
+                                             src.numel() / tokens);
+  M3_CUDA_CHECK_LAUNCH();
+}
+
 }  // namespace
 
-void register_cuda_kernels(ops::KernelTable& table) {
-  table.embedding.add({"embedding.gather.sm90", "device F32 table", need_cuda_f32, launch_embedding_gather});
+std::string need_cuda_f32(const ops::Problem& p) {
+  if (p.device != Device::kCuda) return "tensors are not in device memory";
+  if (p.dtype != DType::kF32) return "written for F32, got " + std::string(dtype_name(p.dtype));
+  return "";
+}
+
+void register_elementwise(ops::KernelTable& table) {
+  table.embedding.add({"embedding.gather.sm90", "device F32 table, device token ids", need_cuda_f32,
+                       launch_embedding_gather});
   table.rms_norm.add({"rms_norm.gemma.sm90", "device F32 rows", need_cuda_f32, launch_rms_norm_gemma});
+  table.rope.add({"rope.neox_partial.sm90",
+                  "device F32, device positions, even rotary_dim <= min(head_dim, 256); inv_freq from the CPU "
+                  "entry's host expression, fp32 angle, cosf/sinf",
+                  [](const ops::Problem& p) -> std::string {
+                    std::string why = need_cuda_f32(p);
+                    if (!why.empty()) return why;
+                    if (p.extra <= 0 || p.extra % 2 || p.extra > p.k) return "rotary_dim must be even and <= head_dim";
+                    if (p.extra > 2 * kMaxRotaryHalf) return "rotary_dim above 256";
+                    return "";
+                  },
+                  launch_rope});
   table.add.add({"add.inplace.sm90", "device F32", need_cuda_f32, launch_add});
+  table.kv_write.add({"kv_write.scatter.sm90", "device F32 cache, device slot mapping (-1 skipped)", need_cuda_f32,
+                      launch_kv_write});
 }
 
 }  // namespace m3::cuda

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <map>
 #include <random>
@@ -10,6 +11,7 @@
 #include "backend/cpu/cpu_backend.h"
 #include "exec/sequence_runner.h"
 #include "m3serve/engine.h"
+#include "loader/safetensors.h"
 #include "model/minimax_m3/make_model.h"
 
 namespace m3 {
@@ -17,18 +19,21 @@ namespace {
 
 namespace fs = std::filesystem;
 
+// A fresh tiny checkpoint under the build dir.
+std::string make_tiny(const std::string& name, uint64_t seed) {
+  const char* b = std::getenv("M3_BINARY_DIR");
+  fs::path p = fs::path(b ? b : "/tmp") / name;
+  fs::remove_all(p);
+  MakeModelOptions o;
+  o.config = *MiniMaxM3Config::preset("tiny");
+  o.out_dir = p.string();
+  o.seed = seed;
+  if (!make_model(o).is_ok()) std::abort();
+  return p.string();
+}
+
 const std::string& tiny_dir() {
-  static const std::string dir = [] {
-    const char* b = std::getenv("M3_BINARY_DIR");
-    fs::path p = fs::path(b ? b : "/tmp") / "engine_test_tiny";
-    fs::remove_all(p);
-    MakeModelOptions o;
-    o.config = *MiniMaxM3Config::preset("tiny");
-    o.out_dir = p.string();
-    o.seed = 7;
-    if (!make_model(o).is_ok()) std::abort();
-    return p.string();
-  }();
+  static const std::string dir = make_tiny("engine_test_tiny", 7);
   return dir;
 }
 
@@ -127,6 +132,82 @@ TEST(Engine, PrefixHitReusesBlocksAndKeepsTokens) {
   auto third = run_all(*engine, nullptr, &hits2);
   EXPECT_EQ(hits2, 96);
   EXPECT_EQ(third[*id_a2], first.begin()->second);
+}
+
+// With prefix caching the warm request's logits must equal a cold run's (compared through the
+// full-precision logprobs the engine reports), including the MSA layers, whose index-K comes
+// from the reused blocks.
+TEST(Engine, PrefixHitLogprobsMatchColdRun) {
+  auto shared = prompt(100, 77);
+  auto b = shared;
+  b.insert(b.end(), {12, 13, 14, 15, 16});
+  SamplingParams s = greedy(4);
+  s.logprobs = 8;
+  auto run_one = [&](Engine& e, const std::vector<int32_t>& p) {
+    auto id = *e.submit({p, s});
+    std::vector<TokenOutput> toks;
+    while (e.has_unfinished_requests())
+      for (auto& ev : e.step())
+        if (ev.request_id == id) toks.insert(toks.end(), ev.new_tokens.begin(), ev.new_tokens.end());
+    return toks;
+  };
+  EngineConfig warm_cfg;
+  warm_cfg.model_dir = tiny_dir();
+  warm_cfg.num_kv_blocks = 64;
+  auto warm = std::move(*Engine::create(warm_cfg));
+  auto a = shared;
+  a.push_back(3);
+  run_one(*warm, a);  // fills the cache with the shared prefix
+  EngineStepStats st;
+  auto hit_id = *warm->submit({b, s});
+  int64_t hits = 0;
+  std::vector<TokenOutput> warm_out;
+  while (warm->has_unfinished_requests()) {
+    for (auto& ev : warm->step(&st))
+      if (ev.request_id == hit_id) warm_out.insert(warm_out.end(), ev.new_tokens.begin(), ev.new_tokens.end());
+    hits += st.scheduler.prefix_hit_tokens;
+  }
+  ASSERT_EQ(hits, 96);
+  EngineConfig cold_cfg = warm_cfg;
+  cold_cfg.enable_prefix_caching = false;
+  auto cold = std::move(*Engine::create(cold_cfg));
+  auto cold_out = run_one(*cold, b);
+  ASSERT_EQ(warm_out.size(), cold_out.size());
+  for (size_t i = 0; i < warm_out.size(); ++i) {
+    EXPECT_EQ(warm_out[i].token, cold_out[i].token);
+    ASSERT_EQ(warm_out[i].top_logprobs.size(), cold_out[i].top_logprobs.size());
+    for (size_t k = 0; k < warm_out[i].top_logprobs.size(); ++k) {
+      EXPECT_EQ(warm_out[i].top_logprobs[k].token, cold_out[i].top_logprobs[k].token);
+      EXPECT_EQ(warm_out[i].top_logprobs[k].logprob, cold_out[i].top_logprobs[k].logprob) << "step " << i << " rank " << k;
+    }
+  }
+}
+
+// The engine (batched, chunked) reproduces the HF oracle's greedy continuations.
+TEST(Engine, ReproducesOracleGreedyContinuations) {
+  const char* src = std::getenv("M3_SOURCE_DIR");
+  auto golden = SafetensorsFile::open(std::string(src ? src : M3_SOURCE_DIR_DEFAULT) +
+                                      "/tests/fixtures/goldens/tiny_bf16/golden.safetensors");
+  ASSERT_TRUE(golden.is_ok()) << golden.error();
+  EngineConfig cfg;
+  cfg.model_dir = make_tiny("engine_test_golden_tiny", std::stoull((*golden)->metadata().at("m3_seed")));
+  cfg.max_num_batched_tokens = 40;  // the 300-token prompt prefills in 8 chunks
+  cfg.num_kv_blocks = 64;
+  cfg.check_invariants = true;
+  auto engine = std::move(*Engine::create(cfg));
+  std::map<RequestId, std::vector<int32_t>> want;
+  for (int p = 0;; ++p) {
+    const TensorInfo* ids = (*golden)->find("prompt." + std::to_string(p) + ".input_ids");
+    if (!ids) break;
+    const TensorInfo* g = (*golden)->find("prompt." + std::to_string(p) + ".greedy");
+    std::vector<int32_t> prompt_ids(size_t(ids->shape.numel())), greedy_ids(size_t(g->shape.numel()));
+    std::memcpy(prompt_ids.data(), ids->data, ids->size_bytes);
+    std::memcpy(greedy_ids.data(), g->data, g->size_bytes);
+    want[*engine->submit({prompt_ids, greedy(int(greedy_ids.size()))})] = greedy_ids;
+  }
+  ASSERT_EQ(want.size(), 2u);
+  auto out = run_all(*engine);
+  for (auto& [id, toks] : want) EXPECT_EQ(out[id], toks) << "request " << id;
 }
 
 TEST(Engine, PreemptionUnderTinyPoolKeepsOutputs) {

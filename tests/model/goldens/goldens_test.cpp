@@ -1,6 +1,7 @@
 // Parity of the CPU reference with the HF transformers oracle (tools/hf_oracle.py) on
-// make-model checkpoints regenerated here from the committed seed: logits, MSA selections per
-// (layer, position, KV group), routed experts, and a greedy continuation.
+// make-model checkpoints regenerated here from the committed seed, or on a committed model
+// directory (metadata m3_model_dir): logits, MSA selections per (layer, position, KV group),
+// routed experts, and a greedy continuation.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -45,22 +46,28 @@ TEST_P(Goldens, MatchHfReference) {
   auto golden = SafetensorsFile::open(golden_path.string());
   ASSERT_TRUE(golden.is_ok()) << golden.error();
   const auto& meta = (*golden)->metadata();
-  ASSERT_TRUE(meta.count("m3_preset") && meta.count("m3_seed") && meta.count("m3_mxfp8")) << "golden metadata incomplete";
-
-  // Regenerate the checkpoint the oracle read, from its preset and seed.
-  const fs::path model_dir = fs::path(env_or("M3_BINARY_DIR", "/tmp")) / "goldens" / GetParam();
-  fs::remove_all(model_dir);
-  MakeModelOptions opts;
-  auto cfg = MiniMaxM3Config::preset(meta.at("m3_preset"));
-  ASSERT_TRUE(cfg.is_ok()) << cfg.error();
-  opts.config = *cfg;
-  opts.out_dir = model_dir.string();
-  opts.mxfp8 = meta.at("m3_mxfp8") == "1";
-  opts.seed = std::stoull(meta.at("m3_seed"));
-  ASSERT_TRUE(make_model(opts).is_ok());
-  if (meta.count("m3_checkpoint_sha256")) {
-    // Guards against make-model drifting away from what the oracle saw.
-    RecordProperty("checkpoint_sha256", meta.at("m3_checkpoint_sha256"));
+  fs::path model_dir;
+  if (meta.count("m3_model_dir")) {
+    // A committed model directory (relative to the source tree), loaded as it is.
+    model_dir = fs::path(env_or("M3_SOURCE_DIR", M3_SOURCE_DIR_DEFAULT)) / meta.at("m3_model_dir");
+    ASSERT_TRUE(fs::exists(model_dir / "config.json")) << "no committed model at " << model_dir;
+  } else {
+    ASSERT_TRUE(meta.count("m3_preset") && meta.count("m3_seed") && meta.count("m3_mxfp8")) << "golden metadata incomplete";
+    // Regenerate the checkpoint the oracle read, from its preset and seed.
+    model_dir = fs::path(env_or("M3_BINARY_DIR", "/tmp")) / "goldens" / GetParam();
+    fs::remove_all(model_dir);
+    MakeModelOptions opts;
+    auto cfg = MiniMaxM3Config::preset(meta.at("m3_preset"));
+    ASSERT_TRUE(cfg.is_ok()) << cfg.error();
+    opts.config = *cfg;
+    opts.out_dir = model_dir.string();
+    opts.mxfp8 = meta.at("m3_mxfp8") == "1";
+    opts.seed = std::stoull(meta.at("m3_seed"));
+    ASSERT_TRUE(make_model(opts).is_ok());
+    if (meta.count("m3_checkpoint_sha256")) {
+      // Guards against make-model drifting away from what the oracle saw.
+      RecordProperty("checkpoint_sha256", meta.at("m3_checkpoint_sha256"));
+    }
   }
   auto model = MiniMaxM3Model::load(model_dir.string());
   ASSERT_TRUE(model.is_ok()) << model.error();
@@ -81,15 +88,25 @@ TEST_P(Goldens, MatchHfReference) {
     auto want_greedy = tensor_values<int32_t>(**golden, pre + "greedy");
     const int64_t T = int64_t(ids.size()), V = c.vocab_size;
 
+    // Large goldens keep the logits of some positions only (prompt.i.logit_positions, ascending).
+    std::vector<int32_t> rows;
+    if ((*golden)->find(pre + "logit_positions")) {
+      rows = tensor_values<int32_t>(**golden, pre + "logit_positions");
+    } else {
+      for (int64_t t = 0; t < T; ++t) rows.push_back(int32_t(t));
+    }
+
     SequenceRunner runner(**model, ctx, T + int64_t(want_greedy.size()) + 1);
     ForwardTrace trace;
     auto logits = runner.extend(ids, true, &trace);
-    ASSERT_EQ(logits.size(), want_logits.size());
+    ASSERT_EQ(logits.size(), size_t(T * V));
+    ASSERT_EQ(want_logits.size(), rows.size() * size_t(V));
     double dot = 0, na = 0, nb = 0, max_abs = 0;
     int argmax_mismatch = 0;
-    for (int64_t t = 0; t < T; ++t) {
-      const float* a = logits.data() + t * V;
-      const float* b = want_logits.data() + t * V;
+    for (size_t r = 0; r < rows.size(); ++r) {
+      ASSERT_TRUE(rows[r] >= 0 && rows[r] < T) << "logit position out of range";
+      const float* a = logits.data() + int64_t(rows[r]) * V;
+      const float* b = want_logits.data() + int64_t(r) * V;
       for (int64_t i = 0; i < V; ++i) {
         dot += double(a[i]) * b[i];
         na += double(a[i]) * a[i];
@@ -148,6 +165,8 @@ TEST_P(Goldens, MatchHfReference) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Tiny, Goldens, ::testing::Values("tiny_bf16", "tiny_mxfp8"));
+// The committed trained model (models/m3-small, tools/train_small_model.py) on held-out text.
+INSTANTIATE_TEST_SUITE_P(Small, Goldens, ::testing::Values("m3_small_bf16", "m3_small_mxfp8"));
 
 }  // namespace
 }  // namespace m3

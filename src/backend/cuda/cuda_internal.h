@@ -1,0 +1,41 @@
+#pragma once
+// Shared pieces of the CUDA entries: eligibility helpers, stream-ordered scratch, the
+// per-thread cuBLAS handle and the GEMM helper every GEMM-using op goes through.
+// Convention: when an op's tensors are device tensors, every raw pointer it receives (token
+// ids, positions, slot mappings, all AttentionMetadata arrays) is a device pointer too.
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "ops/ops.h"
+
+namespace m3::cuda {
+
+void register_elementwise(ops::KernelTable& table);
+void register_attention(ops::KernelTable& table);
+void register_gemm(ops::KernelTable& table);
+
+// "" when the problem is on the device with F32 operands.
+std::string need_cuda_f32(const ops::Problem& p);
+
+// Device scratch from the stream-ordered pool (cudaMallocAsync on the default stream); freed
+// at scope exit, ordered after the work queued on that stream.
+class Scratch {
+ public:
+  explicit Scratch(size_t size_bytes);
+  ~Scratch();
+  Scratch(const Scratch&) = delete;
+  Scratch& operator=(const Scratch&) = delete;
+  template <class T> T* as() const { return static_cast<T*>(ptr_); }
+
+ private:
+  void* ptr_ = nullptr;
+};
+
+// y[m, n] = x[m, k] * w[n, k]^T with fp32 accumulation; x, y F32 device rows; w F32 or BF16.
+// invariant: one fixed-order warp reduction per output (a row's result never depends on m);
+// otherwise cuBLAS (F32: SGEMM, pedantic math, no TF32; BF16: x split into bf16 hi + lo and
+// two BF16 GEMMs accumulating in fp32, so activations keep ~16 mantissa bits).
+void gemm_xwt(const float* x, int64_t m, const ops::LinearWeight& w, float* y, bool invariant);
+
+}  // namespace m3::cuda

@@ -1,0 +1,599 @@
+// GPU parity: every op of ops::KernelTable run through the CUDA entries (a table holding only
+// them, so nothing can fall back to the CPU) and through the CPU reference, over a shape sweep:
+// ragged batches, block-size edges, exactly top_k and top_k + 1 blocks, single tokens, crafted
+// ties. Prints one table and writes it as JSON to $M3_OUT (else $M3_BINARY_DIR, else ".").
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <deque>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <numeric>
+#include <random>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "backend/cpu/cpu_backend.h"
+#include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/device_pool.h"
+
+namespace m3 {
+namespace {
+
+// Per-op tolerance on max|gpu - cpu| / max|cpu| (per case). 0 = bit-identical. Integer outputs
+// (indexer blocks, router expert ids) must always match exactly.
+const std::map<std::string, double> kTolerance = {
+    {"embedding", 0.0},         {"rms_norm", 1e-5},        {"rope", 1e-5},
+    {"add", 0.0},               {"kv_write", 0.0},         {"attention_dense", 2e-5},
+    {"attention_sparse", 2e-5}, {"indexer_topk", 0.0},     {"moe_router", 1e-5},
+    {"linear", 2e-5},           {"linear_bf16", 5e-5},     {"linear_invariance", 0.0},
+    {"dense_mlp", 5e-5},        {"dense_mlp_bf16", 1e-4},  {"moe_experts", 5e-5},
+    {"moe_experts_bf16", 1e-4},
+};
+
+// Device buffer; poisoned with 0x7f bytes (float 3.4e38, int 0x7f7f7f7f) before each GPU run
+// so an unwritten element fails.
+class DevBuf {
+ public:
+  explicit DevBuf(size_t bytes) : bytes_(std::max<size_t>(bytes, 4)) { M3_CUDA_CHECK(cudaMalloc(&ptr_, bytes_)); }
+  template <class T>
+  explicit DevBuf(const std::vector<T>& v) : DevBuf(v.size() * sizeof(T)) {
+    if (!v.empty()) M3_CUDA_CHECK(cudaMemcpy(ptr_, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice));
+  }
+  ~DevBuf() { cudaFree(ptr_); }
+  DevBuf(const DevBuf&) = delete;
+  DevBuf& operator=(const DevBuf&) = delete;
+  template <class T> T* as() const { return static_cast<T*>(ptr_); }
+  void poison() { M3_CUDA_CHECK(cudaMemset(ptr_, 0x7f, bytes_)); }
+  template <class T> std::vector<T> get(size_t n) const {
+    std::vector<T> v(n);
+    M3_CUDA_CHECK(cudaMemcpy(v.data(), ptr_, n * sizeof(T), cudaMemcpyDeviceToHost));
+    return v;
+  }
+
+ private:
+  void* ptr_ = nullptr;
+  size_t bytes_;
+};
+
+TensorView host(void* p, DType dt, Shape s) { return TensorView{p, dt, std::move(s), Device::kCpu}; }
+TensorView dev(const DevBuf& b, DType dt, Shape s) { return TensorView{b.as<void>(), dt, std::move(s), Device::kCuda}; }
+
+struct Row {
+  std::string op;
+  std::set<std::string> entries;
+  int cases = 0;
+  double max_abs = 0, max_rel = 0;
+  bool has_ints = false, ints_exact = true;
+  std::string error;
+  double tol() const { return kTolerance.at(op); }
+  bool pass() const { return error.empty() && cases > 0 && max_rel <= tol() && ints_exact; }
+};
+
+class Harness {
+ public:
+  Harness() {
+    cpu::register_cpu_kernels(cpu_table_);
+    cuda::register_cuda_kernels(gpu_table_);
+  }
+  ops::OpContext cpu() { return ops::OpContext{&cpu_table_, &cpu_stats_, Device::kCpu, true}; }
+  ops::OpContext gpu(bool invariant = true) { return ops::OpContext{&gpu_table_, &gpu_stats_, Device::kCuda, invariant}; }
+  Row& row(const std::string& op) {
+    for (auto& r : rows_) {
+      if (r.op == op) return r;
+    }
+    Row r;
+    r.op = op;
+    rows_.push_back(r);
+    return rows_.back();
+  }
+  // Entries the GPU ran since the last call, credited to `r`.
+  void note_entries(Row& r) {
+    for (const auto& p : gpu_stats_.take_step_paths()) r.entries.insert(p.substr(p.find('=') + 1));
+  }
+  void compare(const std::string& op, const std::vector<float>& gpu, const std::vector<float>& ref) {
+    Row& r = row(op);
+    note_entries(r);
+    double ref_max = 0, err = 0;
+    bool finite = gpu.size() == ref.size();
+    for (size_t i = 0; i < ref.size() && finite; ++i) {
+      if (!std::isfinite(gpu[i]) || std::fabs(gpu[i]) > 1e30) finite = false;
+      ref_max = std::max(ref_max, double(std::fabs(ref[i])));
+      err = std::max(err, double(std::fabs(gpu[i] - ref[i])));
+    }
+    const double rel = finite ? (ref_max > 0 ? err / ref_max : err) : INFINITY;
+    r.cases++;
+    r.max_abs = std::max(r.max_abs, finite ? err : INFINITY);
+    r.max_rel = std::max(r.max_rel, rel);
+  }
+  // new_case: false when the same case also has a float output compared (the router).
+  void compare_ints(const std::string& op, const std::vector<int32_t>& gpu, const std::vector<int32_t>& ref,
+                    bool new_case = true) {
+    Row& r = row(op);
+    note_entries(r);
+    r.has_ints = true;
+    if (new_case) r.cases++;
+    if (gpu != ref) {
+      r.ints_exact = false;
+      size_t bad = 0;
+      while (bad < ref.size() && gpu[bad] == ref[bad]) ++bad;
+      if (r.error.empty() && bad < ref.size()) {
+        r.error = "first integer mismatch at " + std::to_string(bad) + ": gpu " + std::to_string(gpu[bad]) + " cpu " +
+                  std::to_string(ref[bad]);
+      }
+    }
+  }
+  // Runs one op's checks; a thrown error (CUDA, cuBLAS, no kernel) fails that op's row.
+  template <class F>
+  void guarded(const std::string& op, F&& f) {
+    try {
+      f();
+    } catch (const std::exception& e) {
+      Row& r = row(op);
+      if (r.error.empty()) r.error = e.what();
+      cudaGetLastError();
+    }
+  }
+  std::deque<Row>& rows() { return rows_; }
+
+ private:
+  ops::KernelTable cpu_table_, gpu_table_;
+  ops::DispatchStats cpu_stats_, gpu_stats_;
+  std::deque<Row> rows_;  // stable references while rows are added
+};
+
+std::vector<float> randn(size_t n, std::mt19937& rng, float scale = 1.0f) {
+  std::normal_distribution<float> nd(0.0f, scale);
+  std::vector<float> v(n);
+  for (auto& x : v) x = nd(rng);
+  return v;
+}
+
+// Small integers: exact dot products in any summation order, so crafted ties stay ties.
+std::vector<float> rand_int(size_t n, std::mt19937& rng, int lo, int hi) {
+  std::uniform_int_distribution<int> ud(lo, hi);
+  std::vector<float> v(n);
+  for (auto& x : v) x = float(ud(rng));
+  return v;
+}
+
+// A ragged batch: each sequence has `cached` tokens already in the cache and `fresh` new ones
+// queried now; pages are shuffled across the pool so every read must go through the tables.
+struct SeqSpec {
+  int cached, fresh;
+};
+
+struct Batch {
+  int block_size = 0, max_blocks = 0, num_pages = 0, num_tokens = 0;
+  std::vector<int32_t> query_start, positions, seq_lens, block_tables;
+  std::vector<int64_t> slots;
+  ops::AttentionMetadata host_meta, dev_meta;
+  std::vector<std::unique_ptr<DevBuf>> dev_arrays;
+
+  Batch(const std::vector<SeqSpec>& seqs, int bs, std::mt19937& rng) : block_size(bs) {
+    query_start.push_back(0);
+    for (const auto& s : seqs) {
+      max_blocks = std::max(max_blocks, (s.cached + s.fresh + bs - 1) / bs);
+      num_pages += (s.cached + s.fresh + bs - 1) / bs;
+    }
+    num_pages += 3;  // spare pages nobody owns
+    std::vector<int32_t> pages(static_cast<size_t>(num_pages));
+    std::iota(pages.begin(), pages.end(), 0);
+    std::shuffle(pages.begin(), pages.end(), rng);
+    block_tables.assign(seqs.size() * size_t(max_blocks), -1);
+    size_t next = 0;
+    for (size_t s = 0; s < seqs.size(); ++s) {
+      const int len = seqs[s].cached + seqs[s].fresh;
+      for (int b = 0; b < (len + bs - 1) / bs; ++b) block_tables[s * size_t(max_blocks) + size_t(b)] = pages[next++];
+      for (int p = seqs[s].cached; p < len; ++p) positions.push_back(p);
+      query_start.push_back(int32_t(positions.size()));
+      seq_lens.push_back(len);
+    }
+    num_tokens = int(positions.size());
+    host_meta.num_seqs = int(seqs.size());
+    host_meta.num_tokens = num_tokens;
+    host_meta.query_start = query_start.data();
+    host_meta.positions = positions.data();
+    host_meta.seq_lens = seq_lens.data();
+    host_meta.block_tables = block_tables.data();
+    host_meta.max_blocks_per_seq = max_blocks;
+    host_meta.block_size = bs;
+    for (size_t s = 0; s < seqs.size(); ++s) {
+      for (int t = query_start[s]; t < query_start[s + 1]; ++t) slots.push_back(host_meta.slot_of(int(s), positions[size_t(t)]));
+    }
+    host_meta.slot_mapping = slots.data();
+    dev_meta = host_meta;
+    dev_meta.query_start = upload(query_start);
+    dev_meta.positions = upload(positions);
+    dev_meta.seq_lens = upload(seq_lens);
+    dev_meta.block_tables = upload(block_tables);
+    dev_meta.slot_mapping = upload(slots);
+  }
+  int64_t num_slots() const { return int64_t(num_pages) * block_size; }
+
+ private:
+  template <class T> const T* upload(const std::vector<T>& v) {
+    dev_arrays.push_back(std::make_unique<DevBuf>(v));
+    return dev_arrays.back()->as<const T>();
+  }
+};
+
+// ---------------------------------------------------------------------------------------------
+void check_elementwise(Harness& h, std::mt19937& rng) {
+  h.guarded("embedding", [&] {
+    for (int tokens : {1, 37}) {
+      const int vocab = 1000, dim = 96;
+      auto table = randn(size_t(vocab) * dim, rng);
+      std::vector<int32_t> ids(static_cast<size_t>(tokens));
+      std::uniform_int_distribution<int> ud(0, vocab - 1);
+      for (auto& i : ids) i = ud(rng);
+      ids[0] = tokens > 1 ? 0 : vocab - 1;
+      if (tokens > 1) ids.back() = vocab - 1;
+      std::vector<float> ref(size_t(tokens) * dim);
+      ops::embedding(h.cpu(), ids.data(), tokens, host(table.data(), DType::kF32, {vocab, dim}),
+                     host(ref.data(), DType::kF32, {tokens, dim}));
+      DevBuf d_table(table), d_ids(ids), d_out(ref.size() * 4);
+      d_out.poison();
+      ops::embedding(h.gpu(), d_ids.as<int32_t>(), tokens, dev(d_table, DType::kF32, {vocab, dim}),
+                     dev(d_out, DType::kF32, {tokens, dim}));
+      h.compare("embedding", d_out.get<float>(ref.size()), ref);
+    }
+  });
+  h.guarded("rms_norm", [&] {
+    for (auto [rows, dim] : std::vector<std::pair<int, int>>{{1, 128}, {37, 3072}, {148, 128}, {5, 80}}) {
+      auto x = randn(size_t(rows) * dim, rng, 3.0f), w = randn(size_t(dim), rng, 0.2f);
+      std::vector<float> ref(x.size());
+      ops::rms_norm(h.cpu(), host(x.data(), DType::kF32, {rows, dim}), host(w.data(), DType::kF32, {dim}), 1e-6f,
+                    host(ref.data(), DType::kF32, {rows, dim}));
+      DevBuf dx(x), dw(w), dy(x.size() * 4);
+      dy.poison();
+      ops::rms_norm(h.gpu(), dev(dx, DType::kF32, {rows, dim}), dev(dw, DType::kF32, {dim}), 1e-6f,
+                    dev(dy, DType::kF32, {rows, dim}));
+      h.compare("rms_norm", dy.get<float>(x.size()), ref);
+    }
+  });
+  h.guarded("rope", [&] {
+    struct Case {
+      int tokens, heads, head_dim, rotary;
+      double theta;
+    };
+    for (const Case& c : {Case{37, 4, 128, 64, 5e6}, Case{1, 1, 64, 64, 1e4}, Case{9, 1, 128, 64, 5e6},
+                          Case{12, 3, 96, 32, 1e6}}) {
+      auto x = randn(size_t(c.tokens) * c.heads * c.head_dim, rng);
+      std::vector<int32_t> pos(static_cast<size_t>(c.tokens));
+      std::uniform_int_distribution<int> ud(0, 200000);
+      for (auto& p : pos) p = ud(rng);
+      pos[0] = 0;
+      if (c.tokens > 3) {
+        pos[1] = 1;
+        pos[2] = 1048575;
+      }
+      std::vector<float> ref = x;
+      ops::rope(h.cpu(), host(ref.data(), DType::kF32, {c.tokens, c.heads, c.head_dim}), pos.data(), c.rotary, c.theta);
+      DevBuf dx(x), dpos(pos);
+      ops::rope(h.gpu(), dev(dx, DType::kF32, {c.tokens, c.heads, c.head_dim}), dpos.as<int32_t>(), c.rotary, c.theta);
+      h.compare("rope", dx.get<float>(x.size()), ref);
+    }
+  });
+  h.guarded("add", [&] {
+    for (int n : {1, 37 * 96, 100003}) {
+      auto x = randn(size_t(n), rng), y = randn(size_t(n), rng);
+      std::vector<float> ref = x;
+      ops::add(h.cpu(), host(ref.data(), DType::kF32, {n}), host(y.data(), DType::kF32, {n}));
+      DevBuf dx(x), dy(y);
+      ops::add(h.gpu(), dev(dx, DType::kF32, {n}), dev(dy, DType::kF32, {n}));
+      h.compare("add", dx.get<float>(x.size()), ref);
+    }
+  });
+  h.guarded("kv_write", [&] {
+    for (auto [tokens, row_elems] : std::vector<std::pair<int, int>>{{20, 128}, {1, 64}, {33, 32}}) {
+      const int slots_total = 200;
+      auto src = randn(size_t(tokens) * row_elems, rng);
+      auto cache = randn(size_t(slots_total) * row_elems, rng);
+      std::vector<int64_t> all(slots_total);
+      std::iota(all.begin(), all.end(), 0);
+      std::shuffle(all.begin(), all.end(), rng);
+      std::vector<int64_t> slots(all.begin(), all.begin() + tokens);
+      for (size_t i = 3; i < slots.size(); i += 4) slots[i] = -1;  // padding tokens are skipped
+      std::vector<float> ref = cache;
+      ops::kv_write(h.cpu(), host(src.data(), DType::kF32, {tokens, row_elems}), slots.data(),
+                    host(ref.data(), DType::kF32, {slots_total, row_elems}));
+      DevBuf dsrc(src), dslots(slots), dcache(cache);
+      ops::kv_write(h.gpu(), dev(dsrc, DType::kF32, {tokens, row_elems}), dslots.as<int64_t>(),
+                    dev(dcache, DType::kF32, {slots_total, row_elems}));
+      h.compare("kv_write", dcache.get<float>(cache.size()), ref);
+    }
+  });
+}
+
+// ---------------------------------------------------------------------------------------------
+struct AttnCase {
+  std::vector<SeqSpec> seqs;
+  int block_size, q_heads, kv_heads, head_dim, top_k, index_dim;
+  bool integer_index;  // small-integer index q/k: exact dots, many crafted ties
+};
+
+void check_attention(Harness& h, std::mt19937& rng) {
+  const std::vector<AttnCase> cases = {
+      // Ragged: single token at 0; prefill over positions 0..bs+1 (bs-1, bs, bs+1); an empty
+      // sequence; exactly top_k blocks (pos 63); top_k + 1 (pos 64); a decode chunk; a long chunk.
+      {{{0, 1}, {0, 18}, {5, 0}, {63, 1}, {64, 1}, {83, 7}, {100, 30}}, 16, 4, 2, 64, 4, 32, false},
+      {{{0, 1}, {0, 18}, {63, 1}, {64, 1}, {150, 50}}, 16, 4, 2, 64, 4, 8, true},
+      {{{700, 3}, {255, 1}, {256, 1}, {0, 65}}, 64, 8, 2, 128, 4, 64, false},
+      {{{37, 1}}, 16, 6, 3, 80, 2, 16, false},
+      {{{400, 2}}, 8, 2, 1, 256, 6, 8, true},
+      // 10k blocks of 8: the indexer's shared memory passes 48 KB (opt-in path); top_k 16.
+      {{{80000, 2}, {130, 1}}, 8, 2, 1, 32, 16, 8, false},
+  };
+  for (const AttnCase& c : cases) {
+    Batch batch(c.seqs, c.block_size, rng);
+    const int T = batch.num_tokens;
+    const int64_t slots = batch.num_slots();
+    auto q = randn(size_t(T) * c.q_heads * c.head_dim, rng);
+    auto kc = randn(size_t(slots) * c.kv_heads * c.head_dim, rng);
+    auto vc = randn(kc.size(), rng);
+    auto iq = c.integer_index ? rand_int(size_t(T) * c.kv_heads * c.index_dim, rng, -1, 1)
+                              : randn(size_t(T) * c.kv_heads * c.index_dim, rng);
+    auto ik = c.integer_index ? rand_int(size_t(slots) * c.index_dim, rng, -1, 1)
+                              : randn(size_t(slots) * c.index_dim, rng);
+    const Shape qs{T, c.q_heads, c.head_dim}, ks{slots, c.kv_heads, c.head_dim};
+    const Shape sel_shape{c.kv_heads, T, c.top_k};
+    DevBuf dq(q), dk(kc), dv(vc), diq(iq), dik(ik), dout(q.size() * 4), dsel(size_t(c.kv_heads) * T * c.top_k * 4);
+    // Indexer.
+    std::vector<int32_t> sel(size_t(c.kv_heads) * T * c.top_k);
+    h.guarded("indexer_topk", [&] {
+      const ops::IndexerParams ip{c.block_size, c.top_k};
+      ops::indexer_topk(h.cpu(), host(iq.data(), DType::kF32, {T, c.kv_heads, c.index_dim}),
+                        host(ik.data(), DType::kF32, {slots, c.index_dim}), batch.host_meta, ip,
+                        host(sel.data(), DType::kI32, sel_shape));
+      dsel.poison();
+      ops::indexer_topk(h.gpu(), dev(diq, DType::kF32, {T, c.kv_heads, c.index_dim}),
+                        dev(dik, DType::kF32, {slots, c.index_dim}), batch.dev_meta, ip, dev(dsel, DType::kI32, sel_shape));
+      h.compare_ints("indexer_topk", dsel.get<int32_t>(sel.size()), sel);
+    });
+    h.guarded("attention_dense", [&] {
+      std::vector<float> ref(q.size());
+      ops::attention(h.cpu(), host(q.data(), DType::kF32, qs), host(kc.data(), DType::kF32, ks),
+                     host(vc.data(), DType::kF32, ks), batch.host_meta, TensorView{}, 0,
+                     host(ref.data(), DType::kF32, qs));
+      dout.poison();
+      ops::attention(h.gpu(), dev(dq, DType::kF32, qs), dev(dk, DType::kF32, ks), dev(dv, DType::kF32, ks),
+                     batch.dev_meta, TensorView{}, 0, dev(dout, DType::kF32, qs));
+      h.compare("attention_dense", dout.get<float>(q.size()), ref);
+    });
+    h.guarded("attention_sparse", [&] {
+      // The CPU indexer's selection, then a random one with -1, repeats and out-of-range ids.
+      std::vector<int32_t> random_sel(sel.size());
+      std::uniform_int_distribution<int> ud(-1, batch.max_blocks + 1);
+      for (auto& b : random_sel) b = ud(rng);
+      for (const auto* s : {&sel, &random_sel}) {
+        std::vector<float> ref(q.size());
+        std::vector<int32_t> hs = *s;
+        ops::attention(h.cpu(), host(q.data(), DType::kF32, qs), host(kc.data(), DType::kF32, ks),
+                       host(vc.data(), DType::kF32, ks), batch.host_meta, host(hs.data(), DType::kI32, sel_shape),
+                       c.top_k, host(ref.data(), DType::kF32, qs));
+        DevBuf ds(hs);
+        dout.poison();
+        ops::attention(h.gpu(), dev(dq, DType::kF32, qs), dev(dk, DType::kF32, ks), dev(dv, DType::kF32, ks),
+                       batch.dev_meta, dev(ds, DType::kI32, sel_shape), c.top_k, dev(dout, DType::kF32, qs));
+        h.compare("attention_sparse", dout.get<float>(q.size()), ref);
+      }
+    });
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+void check_router(Harness& h, std::mt19937& rng) {
+  struct Case {
+    int tokens, experts, hidden, top_k;
+    bool use_bias, crafted;
+  };
+  for (const Case& c : {Case{37, 16, 64, 4, true, false}, Case{37, 16, 64, 4, false, false}, Case{1, 16, 64, 4, true, false},
+                        Case{29, 16, 32, 4, true, true}, Case{5, 64, 96, 8, true, false}, Case{23, 8, 16, 3, true, true}}) {
+    h.guarded("moe_router", [&] {
+      std::vector<float> x, w, bias;
+      if (c.crafted) {
+        // Small integers: exact logits. Experts 1, 5, 9, ... copy expert 0's row (logit ties),
+        // and biases repeat in pairs (choice ties through the bias as well).
+        x = rand_int(size_t(c.tokens) * c.hidden, rng, -2, 2);
+        w = rand_int(size_t(c.experts) * c.hidden, rng, -1, 1);
+        for (int e = 1; e < c.experts; e += 4) std::copy_n(w.begin(), c.hidden, w.begin() + int64_t(e) * c.hidden);
+        bias.resize(size_t(c.experts));
+        for (int e = 0; e < c.experts; ++e) bias[size_t(e)] = 0.125f * float(e / 2 % 3);
+      } else {
+        x = randn(size_t(c.tokens) * c.hidden, rng);
+        w = randn(size_t(c.experts) * c.hidden, rng, 0.3f);
+        bias = randn(size_t(c.experts), rng, 0.05f);
+      }
+      const ops::RouterParams rp{c.top_k, 2.5f, c.use_bias};
+      std::vector<int32_t> ids(size_t(c.tokens) * c.top_k);
+      std::vector<float> wts(ids.size());
+      ops::moe_router(h.cpu(), host(x.data(), DType::kF32, {c.tokens, c.hidden}),
+                      host(w.data(), DType::kF32, {c.experts, c.hidden}), host(bias.data(), DType::kF32, {c.experts}),
+                      rp, host(ids.data(), DType::kI32, {c.tokens, c.top_k}),
+                      host(wts.data(), DType::kF32, {c.tokens, c.top_k}));
+      DevBuf dx(x), dw(w), db(bias), dids(ids.size() * 4), dwts(wts.size() * 4);
+      dids.poison();
+      dwts.poison();
+      ops::moe_router(h.gpu(), dev(dx, DType::kF32, {c.tokens, c.hidden}), dev(dw, DType::kF32, {c.experts, c.hidden}),
+                      dev(db, DType::kF32, {c.experts}), rp, dev(dids, DType::kI32, {c.tokens, c.top_k}),
+                      dev(dwts, DType::kF32, {c.tokens, c.top_k}));
+      h.compare_ints("moe_router", dids.get<int32_t>(ids.size()), ids, false);
+      h.compare("moe_router", dwts.get<float>(wts.size()), wts);
+    });
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// A weight as both backends hold it: F32 for the CPU (BF16 weights dequantised exactly), and
+// the device copy in its own dtype.
+struct Weight {
+  std::vector<float> f32;
+  std::unique_ptr<DevBuf> device;
+  ops::LinearWeight host_w, dev_w;
+  Weight(int64_t out, int64_t in, DType dt, std::mt19937& rng) {
+    f32 = randn(size_t(out * in), rng, 1.0f / std::sqrt(float(in)));
+    if (dt == DType::kBF16) {
+      std::vector<uint16_t> bits(f32.size());
+      for (size_t i = 0; i < f32.size(); ++i) {
+        bits[i] = f32_to_bf16(f32[i]);
+        f32[i] = bf16_to_f32(bits[i]);
+      }
+      device = std::make_unique<DevBuf>(bits);
+    } else {
+      device = std::make_unique<DevBuf>(f32);
+    }
+    host_w.data = host(f32.data(), DType::kF32, {out, in});
+    dev_w.data = dev(*device, dt, {out, in});
+  }
+};
+
+std::string gemm_row(const char* op, DType dt) { return std::string(op) + (dt == DType::kBF16 ? "_bf16" : ""); }
+
+void check_gemms(Harness& h, std::mt19937& rng) {
+  for (DType dt : {DType::kF32, DType::kBF16}) {
+    for (bool invariant : {true, false}) {
+      const std::string lin = gemm_row("linear", dt);
+      h.guarded(lin, [&] {
+        for (auto [m, n, k] : std::vector<std::tuple<int, int, int>>{{1, 64, 128}, {37, 200, 96}, {130, 256, 520}, {3, 33, 77}}) {
+          Weight w(n, k, dt, rng);
+          auto x = randn(size_t(m) * k, rng);
+          std::vector<float> ref(size_t(m) * n);
+          ops::linear(h.cpu(), host(x.data(), DType::kF32, {m, k}), w.host_w, host(ref.data(), DType::kF32, {m, n}));
+          DevBuf dx(x), dy(ref.size() * 4);
+          dy.poison();
+          ops::linear(h.gpu(invariant), dev(dx, DType::kF32, {m, k}), w.dev_w, dev(dy, DType::kF32, {m, n}));
+          h.compare(lin, dy.get<float>(ref.size()), ref);
+          if (invariant && m > 1) {  // each row alone must give the same bits as inside the batch
+            const auto batch = dy.get<float>(ref.size());
+            std::vector<int32_t> same, want;
+            for (int r : {0, m / 2, m - 1}) {
+              TensorView xr{dx.as<float>() + int64_t(r) * k, DType::kF32, {1, k}, Device::kCuda};
+              DevBuf one(size_t(n) * 4);
+              ops::linear(h.gpu(true), xr, w.dev_w, dev(one, DType::kF32, {1, n}));
+              const auto alone = one.get<float>(size_t(n));
+              same.push_back(std::equal(alone.begin(), alone.end(), batch.begin() + int64_t(r) * n) ? 1 : 0);
+              want.push_back(1);
+            }
+            h.compare_ints("linear_invariance", same, want);
+          }
+        }
+      });
+      const std::string mlp = gemm_row("dense_mlp", dt);
+      h.guarded(mlp, [&] {
+        for (int m : {1, 37}) {
+          const int hidden = 96, inter = 160;
+          Weight g(inter, hidden, dt, rng), u(inter, hidden, dt, rng), d(hidden, inter, dt, rng);
+          auto x = randn(size_t(m) * hidden, rng, 2.0f);
+          std::vector<float> ref(x.size());
+          const ops::SwigluParams act;
+          ops::dense_mlp(h.cpu(), host(x.data(), DType::kF32, {m, hidden}), g.host_w, u.host_w, d.host_w, act,
+                         host(ref.data(), DType::kF32, {m, hidden}));
+          DevBuf dx(x), dy(x.size() * 4);
+          dy.poison();
+          ops::dense_mlp(h.gpu(invariant), dev(dx, DType::kF32, {m, hidden}), g.dev_w, u.dev_w, d.dev_w, act,
+                         dev(dy, DType::kF32, {m, hidden}));
+          h.compare(mlp, dy.get<float>(ref.size()), ref);
+        }
+      });
+      const std::string moe = gemm_row("moe_experts", dt);
+      h.guarded(moe, [&] {
+        for (auto [tokens, shared] : std::vector<std::pair<int, bool>>{{37, true}, {1, true}, {19, false}}) {
+          const int hidden = 64, inter = 96, routed = 8, top_k = 3;
+          std::vector<Weight> gw, uw, dw;
+          for (int e = 0; e < routed + (shared ? 1 : 0); ++e) {
+            gw.emplace_back(inter, hidden, dt, rng);
+            uw.emplace_back(inter, hidden, dt, rng);
+            dw.emplace_back(hidden, inter, dt, rng);
+          }
+          std::vector<ops::LinearWeight> hg, hu, hd, dg, du, dd;
+          for (size_t e = 0; e < gw.size(); ++e) {
+            hg.push_back(gw[e].host_w), hu.push_back(uw[e].host_w), hd.push_back(dw[e].host_w);
+            dg.push_back(gw[e].dev_w), du.push_back(uw[e].dev_w), dd.push_back(dw[e].dev_w);
+          }
+          auto x = randn(size_t(tokens) * hidden, rng, 2.0f);
+          // Routing from the CPU router, so both sides run the same assignment.
+          auto rw = randn(size_t(routed) * hidden, rng, 0.3f), rb = randn(size_t(routed), rng, 0.05f);
+          std::vector<int32_t> ids(size_t(tokens) * top_k);
+          std::vector<float> wts(ids.size());
+          ops::moe_router(h.cpu(), host(x.data(), DType::kF32, {tokens, hidden}),
+                          host(rw.data(), DType::kF32, {routed, hidden}), host(rb.data(), DType::kF32, {routed}),
+                          ops::RouterParams{top_k, 2.0f, true}, host(ids.data(), DType::kI32, {tokens, top_k}),
+                          host(wts.data(), DType::kF32, {tokens, top_k}));
+          const ops::SwigluParams act;
+          std::vector<float> ref(x.size());
+          ops::moe_experts(h.cpu(), host(x.data(), DType::kF32, {tokens, hidden}),
+                           host(ids.data(), DType::kI32, {tokens, top_k}), host(wts.data(), DType::kF32, {tokens, top_k}),
+                           ops::ExpertWeights{routed, shared, hg.data(), hu.data(), hd.data()}, act,
+                           host(ref.data(), DType::kF32, {tokens, hidden}));
+          DevBuf dx(x), dids(ids), dwts(wts), dy(x.size() * 4);
+          dy.poison();
+          ops::moe_experts(h.gpu(invariant), dev(dx, DType::kF32, {tokens, hidden}), dev(dids, DType::kI32, {tokens, top_k}),
+                           dev(dwts, DType::kF32, {tokens, top_k}),
+                           ops::ExpertWeights{routed, shared, dg.data(), du.data(), dd.data()}, act,
+                           dev(dy, DType::kF32, {tokens, hidden}));
+          h.compare(moe, dy.get<float>(ref.size()), ref);
+        }
+      });
+    }
+  }
+}
+
+std::string fmt(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.3g", v);
+  return buf;
+}
+
+void report(Harness& h) {
+  nlohmann::json out = nlohmann::json::array();
+  std::printf("\n%-20s %-5s %-10s %-10s %-8s %-11s %-6s %s\n", "op", "cases", "max_abs", "max_rel", "tol",
+              "ints_exact", "result", "entries");
+  for (const Row& r : h.rows()) {
+    std::string entries;
+    for (const auto& e : r.entries) entries += (entries.empty() ? "" : ",") + e;
+    const char* ints = r.has_ints ? (r.ints_exact ? "yes" : "NO") : "n/a";
+    std::printf("%-20s %-5d %-10s %-10s %-8s %-11s %-6s %s\n", r.op.c_str(), r.cases, fmt(r.max_abs).c_str(),
+                fmt(r.max_rel).c_str(), fmt(r.tol()).c_str(), ints, r.pass() ? "PASS" : "FAIL", entries.c_str());
+    if (!r.error.empty()) std::printf("    error: %s\n", r.error.c_str());
+    out.push_back({{"op", r.op}, {"cases", r.cases}, {"max_abs_err", r.max_abs}, {"max_rel_err", r.max_rel},
+                   {"tolerance", r.tol()}, {"integer_outputs_exact", r.has_ints ? nlohmann::json(r.ints_exact) : nullptr},
+                   {"pass", r.pass()}, {"entries", r.entries}, {"error", r.error}});
+  }
+  const char* dir = std::getenv("M3_OUT");
+  if (!dir || !*dir) dir = std::getenv("M3_BINARY_DIR");
+  const std::string path = std::string(dir && *dir ? dir : ".") + "/cuda_parity.json";
+  std::ofstream(path) << out.dump(2) << "\n";
+  std::printf("wrote %s\n", path.c_str());
+}
+
+TEST(CudaParity, EveryOpMatchesTheCpuReference) {
+  if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device: the GPU parity test needs one";
+  const cuda::DeviceInfo info = cuda::device_info(0);
+  std::printf("device 0: cc %d.%d, %d SMs, %.1f GiB\n", info.cc_major, info.cc_minor, info.sm_count,
+              double(info.total_memory_bytes) / (1 << 30));
+  Harness h;
+  std::mt19937 rng(20261130);
+  check_elementwise(h, rng);
+  check_attention(h, rng);
+  check_router(h, rng);
+  check_gemms(h, rng);
+  M3_CUDA_CHECK(cudaDeviceSynchronize());
+  report(h);
+  for (const Row& r : h.rows()) {
+    EXPECT_TRUE(r.pass()) << r.op << ": max_rel " << r.max_rel << " (tol " << r.tol() << ")" << (r.error.empty() ? "" : ", ")
+                          << r.error;
+    for (const auto& e : r.entries) EXPECT_NE(e.find(".sm90"), std::string::npos) << r.op << " ran " << e;
+  }
+  EXPECT_GE(h.rows().size(), 16u);
+}
+
+}  // namespace
+}  // namespace m3
