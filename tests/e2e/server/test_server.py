@@ -286,7 +286,13 @@ class ServerTest(unittest.TestCase):
         self.assertEqual(status, 200)
         ops = {e["op"] for e in kernels["entries"]}
         self.assertIn("linear", ops)
-        self.assertTrue(all(e["count"] > 0 and e["condition"] for e in kernels["entries"]))
+        self.assertTrue(all(e["condition"] for e in kernels["entries"]))  # the whole table, with rules
+        used = [e for e in kernels["entries"] if e["count"] > 0]
+        self.assertTrue(any(e["op"] == "linear" for e in used))
+        self.assertTrue(all(e["entry"].endswith(".cpu") for e in used), used)
+        self.assertTrue(any(e["count"] == 0 for e in kernels["entries"]))  # unused entries are listed too
+        self.assertTrue(any(c["op"].startswith("attention") and c["count"] > 0 for c in kernels["counts"]))
+        self.assertEqual(sum(e["count"] for e in kernels["entries"]), sum(c["count"] for c in kernels["counts"]))
         status, shapes = self.server.json("GET", "/debug/shapes")
         self.assertIn("linear", shapes["ops"])
         self.assertTrue(all(s["count"] > 0 for s in shapes["ops"]["linear"]))
