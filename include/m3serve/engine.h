@@ -10,6 +10,7 @@
 #include "core/status.h"
 #include "exec/sampler.h"
 #include "ops/dispatch.h"
+#include "ops/ops.h"
 #include "sched/request.h"
 #include "sched/schedule_plan.h"
 
@@ -83,6 +84,8 @@ class Engine {
   virtual bool has_unfinished_requests() const = 0;
   virtual const ModelSummary& model() const = 0;
   virtual const ops::DispatchStats& dispatch_stats() const = 0;
+  // Every dispatch entry with its eligibility rule, in selection order (/debug/kernels).
+  virtual std::vector<ops::EntryInfo> kernel_entries() const { return {}; }
   virtual Status check_invariants() const = 0;
 };
 

@@ -96,6 +96,7 @@ class EngineImpl final : public Engine {
   bool has_unfinished_requests() const override { return scheduler_.has_unfinished_requests(); }
   const ModelSummary& model() const override { return summary_; }
   const ops::DispatchStats& dispatch_stats() const override { return stats_; }
+  std::vector<ops::EntryInfo> kernel_entries() const override { return kernels_.describe(); }
   Status check_invariants() const override { return scheduler_.check_invariants(); }
 
  private:

@@ -36,7 +36,8 @@ std::vector<RequestEvent> RequestChannel::wait(std::chrono::milliseconds timeout
 }
 
 AsyncEngine::AsyncEngine(std::unique_ptr<Engine> engine, Metrics& metrics, AsyncEngineConfig config)
-    : engine_(std::move(engine)), metrics_(metrics), config_(config), summary_(engine_->model()) {
+    : engine_(std::move(engine)), metrics_(metrics), config_(config), summary_(engine_->model()),
+      kernel_entries_(engine_->kernel_entries()) {
   metrics_.set_kv_total_blocks(summary_.num_kv_blocks);
   thread_ = std::thread([this] { run(); });
 }

@@ -64,6 +64,8 @@ class AsyncEngine {
   const ModelSummary& model() const { return summary_; }
   // DispatchStats locks internally, so HTTP threads may read it while the engine runs.
   const ops::DispatchStats& dispatch_stats() const { return engine_->dispatch_stats(); }
+  // Immutable after construction, so read without the engine thread.
+  const std::vector<ops::EntryInfo>& kernel_entries() const { return kernel_entries_; }
 
  private:
   struct Submit {
@@ -85,6 +87,7 @@ class AsyncEngine {
   Metrics& metrics_;
   AsyncEngineConfig config_;
   ModelSummary summary_;
+  std::vector<ops::EntryInfo> kernel_entries_;
   std::atomic<int32_t> in_flight_{0};
 
   std::mutex mu_;  // guards the command queues and stopping_

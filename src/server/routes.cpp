@@ -135,18 +135,24 @@ void ApiServer::handle_models(httplib::Response& res) const {
 }
 
 void ApiServer::handle_debug_kernels(httplib::Response& res) const {
+  // "entries": every entry of every table with its rule and how often it was chosen (entries
+  // that never ran, e.g. CUDA paths on a CPU run, show 0). "counts": the raw per (op, entry)
+  // counts, where op is the problem's name (attention records attention_dense / _sparse).
   const auto& stats = engine_.dispatch_stats();
-  std::map<std::pair<std::string, std::string>, std::string> conditions;
-  OrderedJson first = OrderedJson::array();
-  for (const auto& r : stats.first_uses()) {
-    conditions[{r.op, r.entry}] = r.reason;
-    first.push_back(OrderedJson{{"op", r.op}, {"entry", r.entry}, {"shape_class", r.shape_class}, {"reason", r.reason}});
+  const auto counts = stats.entry_counts();
+  std::map<std::string, int64_t> by_entry;
+  OrderedJson raw = OrderedJson::array();
+  for (const auto& [key, count] : counts) {
+    by_entry[key.second] += count;
+    raw.push_back(OrderedJson{{"op", key.first}, {"entry", key.second}, {"count", count}});
   }
   OrderedJson entries = OrderedJson::array();
-  for (const auto& [key, count] : stats.entry_counts())
-    entries.push_back(
-        OrderedJson{{"op", key.first}, {"entry", key.second}, {"condition", conditions[key]}, {"count", count}});
-  send_json(res, OrderedJson{{"entries", std::move(entries)}, {"first_uses", std::move(first)}});
+  for (const auto& e : engine_.kernel_entries())
+    entries.push_back(OrderedJson{{"op", e.op}, {"entry", e.entry}, {"condition", e.condition}, {"count", by_entry[e.entry]}});
+  OrderedJson first = OrderedJson::array();
+  for (const auto& r : stats.first_uses())
+    first.push_back(OrderedJson{{"op", r.op}, {"entry", r.entry}, {"shape_class", r.shape_class}, {"reason", r.reason}});
+  send_json(res, OrderedJson{{"entries", std::move(entries)}, {"counts", std::move(raw)}, {"first_uses", std::move(first)}});
 }
 
 void ApiServer::handle_debug_shapes(httplib::Response& res) const {

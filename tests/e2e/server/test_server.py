@@ -7,6 +7,7 @@ Usage: test_server.py --m3serve PATH --fixture DIR   (exit 77 = skipped)
 """
 import argparse
 import asyncio
+import gc
 import http.client
 import json
 import os
@@ -41,6 +42,7 @@ def free_port():
 class Server:
     def __init__(self, extra=(), api_key=API_KEY):
         self.port = free_port()
+        self.clients = []
         cmd = [ARGS.m3serve, "serve", ARGS.fixture, "--host", "127.0.0.1", "--port", str(self.port),
                "--served-model-name", MODEL, "--max-model-len", "2048", "--num-gpu-blocks-override", "400",
                "--max-num-seqs", "32", *extra]
@@ -94,9 +96,17 @@ class Server:
 
     def client(self):
         import openai
-        return openai.OpenAI(base_url="http://127.0.0.1:%d/v1" % self.port, api_key=API_KEY, max_retries=0)
+        c = openai.OpenAI(base_url="http://127.0.0.1:%d/v1" % self.port, api_key=API_KEY, max_retries=0)
+        self.clients.append(c)
+        return c
+
+    def close_clients(self):
+        for c in self.clients:
+            c.close()
+        self.clients = []
 
     def stop(self):
+        self.close_clients()
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:
@@ -276,7 +286,13 @@ class ServerTest(unittest.TestCase):
         self.assertEqual(status, 200)
         ops = {e["op"] for e in kernels["entries"]}
         self.assertIn("linear", ops)
-        self.assertTrue(all(e["count"] > 0 and e["condition"] for e in kernels["entries"]))
+        self.assertTrue(all(e["condition"] for e in kernels["entries"]))  # the whole table, with rules
+        used = [e for e in kernels["entries"] if e["count"] > 0]
+        self.assertTrue(any(e["op"] == "linear" for e in used))
+        self.assertTrue(all(e["entry"].endswith(".cpu") for e in used), used)
+        self.assertTrue(any(e["count"] == 0 for e in kernels["entries"]))  # unused entries are listed too
+        self.assertTrue(any(c["op"].startswith("attention") and c["count"] > 0 for c in kernels["counts"]))
+        self.assertEqual(sum(e["count"] for e in kernels["entries"]), sum(c["count"] for c in kernels["counts"]))
         status, shapes = self.server.json("GET", "/debug/shapes")
         self.assertIn("linear", shapes["ops"])
         self.assertTrue(all(s["count"] > 0 for s in shapes["ops"]["linear"]))
@@ -405,6 +421,8 @@ class ServerTest(unittest.TestCase):
 
     def test_many_concurrent_streams(self):
         num = 1000
+        self.server.close_clients()  # idle SDK connections from earlier tests
+        gc.collect()
         body = json.dumps({"model": MODEL, "prompt": "Hi", "max_tokens": 2, "stream": True,
                            "ignore_eos": True}).encode()
         request = (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\nAuthorization: Bearer " +

@@ -413,7 +413,9 @@ TEST(Protocol, ErrorsNameTheField) {
     EXPECT_EQ(err.http_status, 400) << c.body;
     EXPECT_EQ(err.param, c.param) << c.body << " -> " << err.message;
     EXPECT_EQ(err.type, "invalid_request_error");
-    if (*c.param) EXPECT_NE(err.message.find(c.param), std::string::npos) << err.message;
+    if (*c.param) {
+      EXPECT_NE(err.message.find(c.param), std::string::npos) << err.message;
+    }
     const auto j = err.to_json();
     EXPECT_TRUE(j["error"].contains("code"));
   }
