@@ -22,7 +22,6 @@
 #include "core/log.h"
 #include "server/async_engine.h"
 #include "server/routes.h"
-#include "server/scripted_engine.h"
 
 #ifndef M3_DEFAULT_MODEL_DIR
 #define M3_DEFAULT_MODEL_DIR "models/m3-small"
@@ -44,25 +43,7 @@ struct ServeOptions {
   std::string api_key;
   int32_t max_pending = 1024;
   int http_threads = 1100;
-  std::string scripted_output;  // test / demo mode: no model, every answer is this text
 };
-
-Result<std::unique_ptr<Engine>> scripted_engine(const ServeOptions& o, const Tokenizer& tokenizer) {
-  std::ifstream in(o.scripted_output, std::ios::binary);
-  if (!in) return Status::error("cannot read " + o.scripted_output);
-  std::stringstream text;
-  text << in.rdbuf();
-  auto eos = tokenizer.token_to_id(kEndOfMessage);
-  if (!eos) return Status::error("the tokenizer has no end-of-message token for --scripted-output");
-  ScriptedEngineConfig config;
-  config.script = tokenizer.encode(text.str(), /*allow_special=*/true);
-  config.vocab_size = tokenizer.vocab_size();
-  config.max_model_len = o.engine.max_model_len > 0 ? o.engine.max_model_len : 4096;
-  config.eos_token_id = *eos;
-  M3_LOG_WARN("--scripted-output: no model is loaded; every request gets the " + std::to_string(config.script.size()) +
-              " tokens of " + o.scripted_output);
-  return make_scripted_engine(std::move(config));
-}
 
 // A one-line progress bar on stderr, redrawn when the percentage changes.
 std::function<void(size_t, size_t)> progress_bar() {
@@ -82,7 +63,7 @@ std::function<void(size_t, size_t)> progress_bar() {
   };
 }
 
-void serve(ServeOptions& o) {
+void serve(ServeOptions& o, const EngineFactory& factory) {
   // Signals are taken synchronously by this thread (sigwait); every thread started below
   // inherits the blocked mask. A client that vanishes must not kill the process.
   sigset_t signals;
@@ -113,8 +94,7 @@ void serve(ServeOptions& o) {
   else if (!check.matches) M3_LOG_WARN("chat template: " + check.message);
   else M3_LOG_INFO("chat template: " + check.message);
 
-  Result<std::unique_ptr<Engine>> engine = o.scripted_output.empty() ? Engine::create(o.engine)
-                                                                      : scripted_engine(o, **tokenizer);
+  Result<std::unique_ptr<Engine>> engine = factory ? factory(o.engine, **tokenizer) : Engine::create(o.engine);
   if (!engine) throw std::runtime_error("engine: " + engine.error());
   const ModelSummary summary = (*engine)->model();
   M3_LOG_INFO("model " + o.model_dir + ": vocab " + std::to_string(summary.vocab_size) + ", max_model_len " +
@@ -187,7 +167,7 @@ void serve(ServeOptions& o) {
 
 }  // namespace
 
-void register_serve_command(CLI::App& app) {
+void register_serve_command(CLI::App& app, EngineFactory factory) {
   auto* cmd = app.add_subcommand("serve", "OpenAI-compatible HTTP server (vllm serve flags)");
   auto o = std::make_shared<ServeOptions>();
   cmd->add_option("model", o->model_dir, "HF model directory (default: the bundled m3-small)")->capture_default_str();
@@ -207,10 +187,8 @@ void register_serve_command(CLI::App& app) {
   cmd->add_option("--max-pending", o->max_pending, "requests in flight before new ones get 503")->capture_default_str();
   cmd->add_option("--http-threads", o->http_threads, "HTTP worker threads (one per open connection)")
       ->capture_default_str();
-  cmd->add_option("--scripted-output", o->scripted_output,
-                  "test/demo mode: load no model and answer every request with this file's text, then EOS");
   cmd->add_option("--prefix-hash-seed", o->engine.prefix_hash_seed, "seed of the prefix-cache block hashes");
-  cmd->callback([o] { serve(*o); });
+  cmd->callback([o, factory] { serve(*o, factory); });
 }
 
 }  // namespace m3::server

@@ -40,10 +40,13 @@ def free_port():
 
 
 class Server:
-    def __init__(self, extra=(), api_key=API_KEY):
+    def __init__(self, extra=(), api_key=API_KEY, script=None):
         self.port = free_port()
         self.clients = []
-        cmd = [ARGS.m3serve, "serve", ARGS.fixture, "--host", "127.0.0.1", "--port", str(self.port),
+        # With a script, the test-only m3serve_scripted runs the same serve command with a
+        # fixed-output engine in place of the model.
+        binary = [ARGS.m3serve_scripted, "--script", script] if script else [ARGS.m3serve]
+        cmd = [*binary, "serve", ARGS.fixture, "--host", "127.0.0.1", "--port", str(self.port),
                "--served-model-name", MODEL, "--max-model-len", "2048", "--num-gpu-blocks-override", "400",
                "--max-num-seqs", "32", *extra]
         if api_key:
@@ -466,15 +469,15 @@ SCRIPT = ("<mm:think>The user wants the weather.</mm:think>Checking now." + NS +
 
 
 class ToolCallTest(unittest.TestCase):
-    """Known output through the real binary: `serve --scripted-output` replays SCRIPT as the
-    model's tokens (a random model never writes a tool call)."""
+    """Known output through the real HTTP stack: m3serve_scripted (test-only) runs `serve` with
+    an engine replaying SCRIPT as the model's tokens (a random model never writes a tool call)."""
 
     @classmethod
     def setUpClass(cls):
         path = os.path.join(ARGS.work, "tool_script.txt")
         with open(path, "w") as f:
             f.write(SCRIPT)
-        cls.server = Server(extra=["--scripted-output", path])
+        cls.server = Server(script=path)
 
     @classmethod
     def tearDownClass(cls):
@@ -561,6 +564,7 @@ def main():
     global ARGS
     parser = argparse.ArgumentParser()
     parser.add_argument("--m3serve", required=True)
+    parser.add_argument("--m3serve-scripted", required=True)
     parser.add_argument("--fixture", required=True)
     ARGS, rest = parser.parse_known_args()
     try:

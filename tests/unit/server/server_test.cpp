@@ -14,7 +14,7 @@
 #include "server/generation.h"
 #include "server/metrics.h"
 #include "server/openai_protocol.h"
-#include "server/scripted_engine.h"
+#include "scripted_engine.h"
 
 namespace m3::server {
 namespace {

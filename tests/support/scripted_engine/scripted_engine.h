@@ -1,8 +1,9 @@
 #pragma once
 // An Engine that answers every request with the same fixed token script, one token per step,
 // then EOS. It stands in for a trained model when a client integration test or a demo needs
-// known output (reasoning, tool calls) through the real HTTP stack: `serve --scripted-output`.
-// It runs no model and is never used unless that flag is given.
+// known output (reasoning, tool calls) through the real HTTP stack. Test-only: it is linked
+// into the unit tests and into `m3serve_scripted`, never into m3serve.
+
 #include <map>
 #include <memory>
 #include <vector>

@@ -1,5 +1,5 @@
 // Fixed-script engine (see the header for why it exists).
-#include "server/scripted_engine.h"
+#include "scripted_engine.h"
 
 #include <algorithm>
 
