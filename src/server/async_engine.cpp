@@ -66,7 +66,7 @@ SubmitOutcome AsyncEngine::submit(std::vector<GenerationRequest> requests, std::
       out.error = "the server is shutting down";
       return out;
     }
-    submits_.push_back(Submit{std::move(requests), std::move(channel), {}});
+    submits_.push_back(Submit{std::move(requests), std::move(channel), {}, std::chrono::steady_clock::now()});
     reply = submits_.back().reply.get_future();
   }
   cv_.notify_one();
@@ -92,7 +92,7 @@ void AsyncEngine::shutdown() {
 
 void AsyncEngine::handle_submit(Submit& cmd) {
   SubmitOutcome out;
-  const auto now = std::chrono::steady_clock::now();
+  const auto arrival = cmd.arrival;
   for (auto& req : cmd.requests) {
     auto id = engine_->submit(std::move(req));
     if (!id) {
@@ -108,7 +108,7 @@ void AsyncEngine::handle_submit(Submit& cmd) {
     out.ids.clear();
   } else {
     // Requests that can never run were refused above, so every accepted one will finish.
-    for (RequestId id : out.ids) routes_[id] = Route{cmd.channel, now, now, 0, 0.0};
+    for (RequestId id : out.ids) routes_[id] = Route{cmd.channel, arrival, arrival, 0, 0.0};
   }
   cmd.reply.set_value(std::move(out));
 }

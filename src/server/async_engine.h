@@ -72,6 +72,9 @@ class AsyncEngine {
     std::vector<GenerationRequest> requests;
     std::shared_ptr<RequestChannel> channel;
     std::promise<SubmitOutcome> reply;
+    // When the HTTP thread handed the request over: TTFT and E2E count the time it waits
+    // for the engine thread to finish its current step (as vLLM counts from arrival).
+    std::chrono::steady_clock::time_point arrival;
   };
   struct Route {
     std::shared_ptr<RequestChannel> channel;
