@@ -4,7 +4,12 @@
 
 #include <algorithm>
 #include <chrono>
+#include <filesystem>
+#include <fstream>
 #include <map>
+#include <sstream>
+
+#include "core/hash128.h"
 
 #include "backend/cpu/cpu_backend.h"
 #include "model/minimax_m3/model.h"
@@ -195,6 +200,17 @@ class EngineImpl final : public Engine {
   RequestId next_id_ = 1;
 };
 
+std::string model_fingerprint(const std::string& model_dir) {
+  std::ifstream in(model_dir + "/config.json", std::ios::binary);
+  std::stringstream text;
+  text << in.rdbuf();
+  uint64_t weight_bytes = 0;
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator(model_dir, ec))
+    if (entry.path().extension() == ".safetensors") weight_bytes += entry.file_size(ec);
+  return hash128(text.str() + "/" + std::to_string(weight_bytes), 0).to_hex();
+}
+
 }  // namespace
 
 Result<std::unique_ptr<Engine>> Engine::create(const EngineConfig& config) {
@@ -224,7 +240,10 @@ Result<std::unique_ptr<Engine>> Engine::create(const EngineConfig& config) {
   kc.block_size_tokens = bs;
   kc.enable_prefix_caching = config.enable_prefix_caching;
   kc.hash_seed = config.prefix_hash_seed;
-  kc.hash_extra_keys = {"model=" + config.model_dir, "kv_dtype=f32"};
+  // The cache key covers what changes a cached block: the model's identity (its config.json
+  // content and total weight bytes, not its path, so two processes serving the same checkpoint
+  // agree) and the KV dtype. Block size and seed are in the hasher's root already.
+  kc.hash_extra_keys = {"model=" + model_fingerprint(config.model_dir), "kv_dtype=f32"};
   auto scheduler = Scheduler::create(sc, kc);
   if (!scheduler) return scheduler.status();
   ModelSummary summary;
