@@ -25,6 +25,20 @@ void apply_chunk(const ResponseChunk& chunk, RequestOutcome& out) {
   if (!chunk.finish_reason.empty()) out.finish_reason = chunk.finish_reason;
 }
 
+// Transport error or non-200 status: recorded in `out`; true when the request failed.
+bool record_http_failure(const Result<HttpResponse>& res, RequestOutcome& out) {
+  if (!res) {
+    out.error = res.error();
+    return true;
+  }
+  if (res->status != 200) {
+    out.error = "HTTP " + std::to_string(res->status);
+    out.error_detail = snippet(res->body);
+    return true;
+  }
+  return false;
+}
+
 }  // namespace
 
 RequestOutcome send_request(HttpClient& client, const std::string& path, const RequestSpec& spec,
@@ -39,15 +53,7 @@ RequestOutcome send_request(HttpClient& client, const std::string& path, const R
     auto res = client.post_json(path, body);
     const Clock::time_point done = Clock::now();
     out.latency_s = out.ttft_s = seconds_between(sent, done);
-    if (!res) {
-      out.error = res.error();
-      return out;
-    }
-    if (res->status != 200) {
-      out.error = "HTTP " + std::to_string(res->status);
-      out.error_detail = snippet(res->body);
-      return out;
-    }
+    if (record_http_failure(res, out)) return out;
     auto chunk = parse_response_chunk(res->body, options.api);
     if (!chunk) {
       out.error = "malformed response";
@@ -99,15 +105,7 @@ RequestOutcome send_request(HttpClient& client, const std::string& path, const R
   now = Clock::now();
   parser.finish(on_event);
   out.latency_s = seconds_between(sent, now);
-  if (!res) {
-    out.error = res.error();
-    return out;
-  }
-  if (res->status != 200) {
-    out.error = "HTTP " + std::to_string(res->status);
-    out.error_detail = snippet(res->body);
-    return out;
-  }
+  if (record_http_failure(res, out)) return out;
   if (!stream_error.empty()) {
     out.error = malformed ? "malformed stream chunk" : "server error in stream";
     out.error_detail = snippet(stream_error);
