@@ -31,6 +31,14 @@ struct EngineConfig {
   // chunked prefill give bit-identical logits to a cold single-sequence run.
   bool batch_invariant = true;
   std::function<void(size_t done_bytes, size_t total_bytes)> on_load_progress;  // weight loading progress
+  // "auto": CUDA when this build has it and a GPU is present, else the CPU; "cpu"; "cuda".
+  std::string device = "auto";
+  int32_t device_id = 0;
+  // Decode steps replay a CUDA graph captured per batch-size bucket (--enforce-eager: off).
+  bool cuda_graphs = true;
+  // CUDA: MXFP8 linears stay fp8 + e8m0 in device memory (kernels dequantise in registers);
+  // true dequantises them to BF16 at load (exact, twice the bytes).
+  bool dequantize_mxfp8 = false;
 };
 
 struct GenerationRequest {
@@ -58,6 +66,8 @@ struct EngineStepStats {
   std::vector<std::string> kernel_paths;  // "op=entry" for every kernel this step ran
   double step_ms = 0.0;
   double forward_ms = 0.0;
+  int32_t graph_batch = 0;       // > 0: this step replayed (or captured) the graph of that batch bucket
+  bool sampled_on_device = false;  // every row sampled by the backend's sample op
 };
 
 struct ModelSummary {
@@ -67,6 +77,8 @@ struct ModelSummary {
   int32_t num_kv_blocks = 0;
   std::vector<int32_t> eos_token_ids;
   int32_t bos_token_id = 0;
+  std::string device;            // the runtime, e.g. "cuda:0 NVIDIA H200 (sm_90, 132 SMs, 139.8 GiB)"
+  size_t weight_bytes = 0;       // model weights in device memory
 };
 
 class Engine {

@@ -69,6 +69,15 @@ void register_generate(CLI::App& app) {
   cmd->add_option("--num-kv-blocks", opts->engine.num_kv_blocks, "0 = from --kv-cache-memory")->capture_default_str();
   cmd->add_option("--kv-cache-memory", opts->engine.kv_cache_memory_bytes, "bytes of KV cache")->capture_default_str();
   cmd->add_flag("--no-enable-prefix-caching", opts->no_prefix, "disable prefix caching");
+  cmd->add_option("--device", opts->engine.device, "auto (CUDA when a GPU is present), cuda or cpu")
+      ->check(CLI::IsMember({"auto", "cuda", "cpu"}))
+      ->capture_default_str();
+  cmd->add_option("--device-id", opts->engine.device_id, "CUDA device ordinal")->capture_default_str();
+  cmd->add_flag("--enforce-eager{false}", opts->engine.cuda_graphs,
+                "run decode steps eagerly instead of replaying a CUDA graph per batch bucket");
+  cmd->add_flag("--dequantize-mxfp8", opts->engine.dequantize_mxfp8, "hold MXFP8 weights as BF16 on the GPU (twice the bytes)");
+  cmd->add_flag("--no-batch-invariant{false}", opts->engine.batch_invariant,
+                "allow kernels whose per-token results depend on the batch (cuBLAS / BLAS GEMMs)");
   cmd->add_flag("--trace-dispatch", opts->engine.trace_dispatch, "log the first use of each (op, kernel, shape class)");
   cmd->add_flag("--print-steps", opts->print_steps, "print every step's stats");
   cmd->callback([opts] {
@@ -101,9 +110,10 @@ void register_generate(CLI::App& app) {
     auto t0 = std::chrono::steady_clock::now();
     auto engine = Engine::create(opts->engine);
     if (!engine) throw std::runtime_error(engine.error());
-    std::printf("loaded %s in %.2f s (%d KV blocks of %d tokens, max_model_len %d)\n", opts->engine.model_dir.c_str(),
-                std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(),
-                (*engine)->model().num_kv_blocks, (*engine)->model().block_size, (*engine)->model().max_model_len);
+    std::printf("loaded %s in %.2f s on %s (%d KV blocks of %d tokens, max_model_len %d)\n",
+                opts->engine.model_dir.c_str(), std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(),
+                (*engine)->model().device.c_str(), (*engine)->model().num_kv_blocks, (*engine)->model().block_size,
+                (*engine)->model().max_model_len);
     std::map<RequestId, size_t> index;
     int64_t prompt_tokens = 0;
     for (size_t i = 0; i < prompts.size(); ++i) {
@@ -125,11 +135,12 @@ void register_generate(CLI::App& app) {
       ++steps;
       if (opts->print_steps) {
         std::printf("step %lld: prefill %d decode %d running %d waiting %d preempted %d kv %d/%d prefix hit %d/%d "
-                    "tokens, %.1f ms\n",
+                    "tokens, %.1f ms%s\n",
                     (long long)steps, st.scheduler.num_prefill_tokens, st.scheduler.num_decode_tokens,
                     st.scheduler.num_running, st.scheduler.num_waiting, st.scheduler.num_preemptions,
                     st.scheduler.kv_blocks_used, st.scheduler.kv_blocks_used + st.scheduler.kv_blocks_free,
-                    st.scheduler.prefix_hit_tokens, st.scheduler.prefix_query_tokens, st.step_ms);
+                    st.scheduler.prefix_hit_tokens, st.scheduler.prefix_query_tokens, st.step_ms,
+                    st.graph_batch > 0 ? (" graph b" + std::to_string(st.graph_batch)).c_str() : "");
       }
     }
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - ts).count();

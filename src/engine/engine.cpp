@@ -7,13 +7,19 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <random>
 #include <sstream>
 
 #include "core/hash128.h"
 
 #include "backend/cpu/cpu_backend.h"
+#include "engine/step_buffers.h"
 #include "model/minimax_m3/model.h"
+#include "ops/host_runtime.h"
 #include "sched/scheduler.h"
+#if M3_HAVE_CUDA_BACKEND
+#include "backend/cuda/cuda_backend.h"
+#endif
 
 namespace m3 {
 namespace {
@@ -23,22 +29,47 @@ struct RequestState {
   std::vector<int32_t> output;
   SamplingParams sampling;
   std::unique_ptr<Sampler> sampler;
+  uint64_t device_seed = 0;               // key of the on-device sampler's generator
+  bool device_sampling = false;           // the backend's sample op can serve these params
   int32_t num_cached_prompt_tokens = -1;  // set at first admission
 };
 
+// What the on-device sample op implements; everything else goes to the host Sampler.
+bool device_samplable(const SamplingParams& p) {
+  return p.repetition_penalty == 1.0f && p.presence_penalty == 0.0f && p.frequency_penalty == 0.0f &&
+         p.top_p >= 1.0f && p.top_k <= 0 && p.min_p <= 0.0f && p.logprobs <= ops::kMaxTopLogprobs;
+}
+
+// Decode batches are padded up to one of these sizes so a few graphs cover every batch.
+int graph_bucket(int n, int max_seqs) {
+  static const int kBuckets[] = {1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 256, 320, 384, 448, 512};
+  for (int b : kBuckets)
+    if (b >= n) return b <= max_seqs ? b : (n <= max_seqs ? max_seqs : 0);
+  return 0;
+}
+
 class EngineImpl final : public Engine {
  public:
-  EngineImpl(const EngineConfig& config, std::unique_ptr<MiniMaxM3Model> model, HostKvCache cache, Scheduler scheduler,
-             ModelSummary summary)
+  EngineImpl(const EngineConfig& config, std::unique_ptr<ops::BackendRuntime> owned_runtime, ops::BackendRuntime* rt,
+             std::unique_ptr<MiniMaxM3Model> model, BackendKvCache cache, Scheduler scheduler, ModelSummary summary)
       : config_(config),
+        owned_runtime_(std::move(owned_runtime)),
+        rt_(rt),
         model_(std::move(model)),
         cache_(std::move(cache)),
-        cache_views_(cache_.views()),
+        cache_views_(cache_.views(rt->device())),
         scheduler_(std::move(scheduler)),
         summary_(std::move(summary)),
         stats_(config.trace_dispatch) {
+#if M3_HAVE_CUDA_BACKEND
+    if (rt_->device() == Device::kCuda) cuda::register_cuda_kernels(kernels_);
+#endif
     cpu::register_cpu_kernels(kernels_);
-    ctx_ = ops::OpContext{&kernels_, &stats_, Device::kCpu, config.batch_invariant};
+    ctx_ = ops::OpContext{&kernels_, &stats_, rt_->device(), config.batch_invariant};
+    const int max_tokens = config.max_num_batched_tokens, max_seqs = config.max_num_seqs;
+    max_blocks_per_seq_ = (summary_.max_model_len + summary_.block_size - 1) / summary_.block_size;
+    ws_ = model_->make_workspace(max_tokens, max_seqs);
+    step_ = std::make_unique<StepBuffers>(rt_, max_tokens, max_seqs, max_blocks_per_seq_);
   }
 
   Result<RequestId> submit(GenerationRequest request) override {
@@ -64,6 +95,8 @@ class EngineImpl final : public Engine {
     state.prompt = std::move(request.prompt_token_ids);
     state.sampling = request.sampling;
     state.sampler = std::make_unique<Sampler>(request.sampling);
+    state.device_sampling = rt_->device() != Device::kCpu && device_samplable(request.sampling);
+    state.device_seed = request.sampling.seed >= 0 ? uint64_t(request.sampling.seed) : seed_source_();
     requests_.emplace(id, std::move(state));
     return id;
   }
@@ -106,51 +139,107 @@ class EngineImpl final : public Engine {
 
  private:
   void run_plan(const SchedulePlan& plan, std::vector<RequestEvent>& events, EngineStepStats& stats) {
+    rt_->activate();
     // Flatten the plan into one ragged batch; every KV access goes through its page tables.
-    std::vector<int32_t> tokens, positions = plan.positions(), query_start = plan.query_start_offsets();
-    std::vector<int64_t> slots = plan.slot_mapping();
-    std::vector<int32_t> seq_lens;
-    size_t max_blocks = 1;
-    for (const auto& s : plan.scheduled) max_blocks = std::max(max_blocks, s.block_table.size());
-    std::vector<int32_t> tables(plan.scheduled.size() * max_blocks, 0);
+    const int n = int(plan.scheduled.size());
+    bool decode_only = true;
+    for (const auto& s : plan.scheduled) decode_only = decode_only && s.token_ids.size() == 1 && s.samples;
+    const int bucket = decode_only && config_.cuda_graphs && rt_->supports_graphs() ? graph_bucket(n, std::min(config_.max_num_seqs, config_.max_num_batched_tokens)) : 0;
+    StepBuffers& sb = *step_;
+    sb.begin();
     ForwardBatch batch;
-    for (size_t i = 0; i < plan.scheduled.size(); ++i) {
-      const auto& s = plan.scheduled[i];
-      tokens.insert(tokens.end(), s.token_ids.begin(), s.token_ids.end());
-      seq_lens.push_back(s.end_pos);
-      std::copy(s.block_table.begin(), s.block_table.end(), tables.begin() + std::ptrdiff_t(i * max_blocks));
-      if (s.samples) batch.logits_rows.push_back(query_start[i + 1] - 1);
+    for (int i = 0; i < n; ++i) {
+      const auto& s = plan.scheduled[size_t(i)];
+      sb.add_sequence(s.token_ids, s.end_pos - int32_t(s.token_ids.size()), s.block_table, block_size());
+      if (s.samples) batch.logits_rows.push_back(sb.num_tokens() - 1);
       auto it = requests_.find(s.request_id);
       if (it != requests_.end() && s.is_new_admission && it->second.num_cached_prompt_tokens < 0)
         it->second.num_cached_prompt_tokens = s.num_prefix_hit_tokens;
     }
-    batch.token_ids = tokens.data();
-    auto& m = batch.meta;
-    m.num_seqs = int(plan.scheduled.size());
-    m.num_tokens = int(tokens.size());
-    m.query_start = query_start.data();
-    m.positions = positions.data();
-    m.seq_lens = seq_lens.data();
-    m.block_tables = tables.data();
-    m.max_blocks_per_seq = int(max_blocks);
-    m.block_size = plan.block_size_tokens;
-    m.slot_mapping = slots.data();
-    const int64_t vocab = summary_.vocab_size;
-    std::vector<float> logits(batch.logits_rows.size() * size_t(vocab));
+    // Graph steps run a fixed batch: padding sequences write no KV (slot -1) and read one
+    // position of page 0; their logits rows are ignored.
+    for (int i = n; i < bucket; ++i) {
+      sb.add_padding_sequence();
+      batch.logits_rows.push_back(sb.num_tokens() - 1);
+    }
+    sb.set_logits_rows(batch.logits_rows);
+    sb.upload();
+    batch.token_ids = sb.device_tokens();
+    batch.meta = sb.metadata(block_size());
+    batch.logits_rows_ptr = sb.device_logits_rows();
+
     auto tf = std::chrono::steady_clock::now();
-    model_->forward(ctx_, batch, cache_views_, logits.data());
+    auto graph = graphs_.find(bucket);
+    if (bucket > 0 && graph != graphs_.end()) {
+      stats_.replay(graph->second.selections);
+      rt_->replay(graph->second.id);
+      stats.graph_batch = bucket;
+    } else {
+      // Eager; a new bucket is then captured (not run) for the next steps of its size, with
+      // the selections of the eager run standing for the graph's in the dispatch counts.
+      if (bucket > 0) stats_.begin_recording();
+      model_->forward(ctx_, batch, cache_views_, *ws_);
+      if (bucket > 0) {
+        Graph g;
+        g.selections = stats_.end_recording();
+        ops::OpContext quiet = ctx_;
+        quiet.stats = nullptr;
+        g.id = rt_->capture([&] { model_->forward(quiet, batch, cache_views_, *ws_); });
+        graphs_.emplace(bucket, std::move(g));
+        stats.graph_batch = bucket;
+      }
+    }
+
+    // Sampling: rows the backend's sample op can serve are sampled where the logits are; the
+    // rest (penalties, top-k/p, min-p) download their logits for the host Sampler.
+    const int64_t vocab = summary_.vocab_size;
+    const int rows = int(batch.logits_rows.size());
+    std::vector<const RequestState*> row_state;
+    for (const auto& s : plan.scheduled) {
+      if (!s.samples) continue;
+      auto it = requests_.find(s.request_id);
+      row_state.push_back(it == requests_.end() ? nullptr : &it->second);
+    }
+    bool any_device = false, all_device = true;
+    for (const RequestState* r : row_state) {
+      const bool d = r && r->device_sampling;
+      any_device = any_device || d;
+      all_device = all_device && (d || !r);
+    }
+    if (any_device) {
+      std::vector<ops::SampleRowParams> params(static_cast<size_t>(rows));
+      for (size_t i = 0; i < row_state.size(); ++i) {
+        const RequestState* r = row_state[i];
+        if (!r || !r->device_sampling) continue;
+        params[i].temperature = r->sampling.temperature;
+        params[i].top_n = std::max(0, r->sampling.logprobs);
+        params[i].seed = r->device_seed;
+        params[i].step = uint64_t(r->output.size());
+      }
+      sb.sample(ctx_, ws_->logits_view(rows, vocab), params);
+    }
+    rt_->synchronize();
     stats.forward_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - tf).count();
+    stats.sampled_on_device = any_device && all_device;
 
     std::vector<SampledTokens> sampled;
     std::map<RequestId, SampleResult> results;
+    std::vector<float> host_logits;
     size_t row = 0;
     for (const auto& s : plan.scheduled) {
       if (!s.samples) continue;
-      float* lg = logits.data() + row++ * size_t(vocab);
+      const size_t this_row = row++;
       auto it = requests_.find(s.request_id);
       if (it == requests_.end()) continue;  // aborted while in flight
       RequestState& r = it->second;
-      SampleResult res = r.sampler->sample(lg, vocab, r.prompt, r.output);
+      SampleResult res;
+      if (r.device_sampling) {
+        res = sb.sampled(int(this_row), r.sampling.logprobs);
+      } else {
+        host_logits.resize(size_t(vocab));
+        rt_->download(host_logits.data(), ws_->logits.as<float>() + this_row * size_t(vocab), size_t(vocab) * 4);
+        res = r.sampler->sample(host_logits.data(), vocab, r.prompt, r.output);
+      }
       sampled.push_back(SampledTokens{s.request_id, {res.token}, false});
       results[s.request_id] = std::move(res);
     }
@@ -186,9 +275,18 @@ class EngineImpl final : public Engine {
     }
   }
 
+  int block_size() const { return summary_.block_size; }
+
+  struct Graph {
+    int id = -1;
+    std::vector<ops::DispatchStats::Selection> selections;
+  };
+
   EngineConfig config_;
+  std::unique_ptr<ops::BackendRuntime> owned_runtime_;  // declared first: outlives every buffer
+  ops::BackendRuntime* rt_;
   std::unique_ptr<MiniMaxM3Model> model_;
-  HostKvCache cache_;
+  BackendKvCache cache_;
   KvCacheTensors cache_views_;
   Scheduler scheduler_;
   ModelSummary summary_;
@@ -198,6 +296,11 @@ class EngineImpl final : public Engine {
   std::map<RequestId, RequestState> requests_;
   std::vector<RequestEvent> pending_events_;
   RequestId next_id_ = 1;
+  int max_blocks_per_seq_ = 1;
+  std::unique_ptr<ForwardWorkspace> ws_;
+  std::unique_ptr<StepBuffers> step_;
+  std::map<int, Graph> graphs_;  // batch bucket -> captured decode step
+  std::mt19937_64 seed_source_{std::random_device{}()};
 };
 
 std::string model_fingerprint(const std::string& model_dir) {
@@ -214,16 +317,43 @@ std::string model_fingerprint(const std::string& model_dir) {
 }  // namespace
 
 Result<std::unique_ptr<Engine>> Engine::create(const EngineConfig& config) {
+  // The runtime: CUDA when asked for (or "auto" with a GPU present), else host memory.
+  std::unique_ptr<ops::BackendRuntime> owned;
+  ops::BackendRuntime* rt = ops::host_runtime();
+  if (config.device != "auto" && config.device != "cpu" && config.device != "cuda")
+    return Status::error("device must be auto, cpu or cuda, got '" + config.device + "'");
+#if M3_HAVE_CUDA_BACKEND
+  if (config.device == "cuda" || (config.device == "auto" && cuda::device_count() > 0)) {
+    try {
+      owned = cuda::make_cuda_runtime(config.device_id);
+    } catch (const std::exception& e) {
+      return Status::error(std::string("cannot use the CUDA device: ") + e.what());
+    }
+    rt = owned.get();
+  }
+#else
+  if (config.device == "cuda") return Status::error("this m3serve was built without the CUDA backend (no nvcc at build time)");
+#endif
   LoadProgress progress;
   progress.on_progress = config.on_load_progress;
-  auto model = MiniMaxM3Model::load(config.model_dir, progress);
+  auto dir = ModelDir::open(config.model_dir);
+  if (!dir) return dir.status();
+  LoadOptions load;
+  load.runtime = rt;
+  load.linear_format = rt->device() == Device::kCpu ? LinearFormat::kF32
+                       : (config.dequantize_mxfp8 || !config.batch_invariant) ? LinearFormat::kBF16
+                                                                               : LinearFormat::kNative;
+  Result<std::unique_ptr<MiniMaxM3Model>> model = Status::error("not loaded");
+  try {
+    model = MiniMaxM3Model::load(**dir, progress, load);
+  } catch (const std::exception& e) {
+    return Status::error(config.model_dir + ": loading weights into " + rt->describe() + " failed: " + e.what());
+  }
   if (!model) return model.status();
   const MiniMaxM3Config& c = (*model)->config();
   const int32_t bs = c.index_block_size;
   // Bytes one KV page costs across all layers (K, V everywhere; index-K on sparse layers).
-  int64_t page_bytes = 0;
-  for (int l = 0; l < c.num_hidden_layers; ++l)
-    page_bytes += int64_t(bs) * 4 * (2 * c.num_key_value_heads * c.head_dim + (c.is_sparse_layer(l) ? c.index_head_dim : 0));
+  const int64_t page_bytes = BackendKvCache::bytes_per_block(c, bs);
   int32_t num_blocks = config.num_kv_blocks > 0 ? config.num_kv_blocks : int32_t(config.kv_cache_memory_bytes / page_bytes);
   if (num_blocks < 1) return Status::error("KV cache budget too small for one page (" + std::to_string(page_bytes) + " bytes)");
   int32_t max_len = config.max_model_len > 0 ? config.max_model_len
@@ -253,8 +383,17 @@ Result<std::unique_ptr<Engine>> Engine::create(const EngineConfig& config) {
   summary.num_kv_blocks = num_blocks;
   summary.eos_token_ids = c.eos_token_ids;
   summary.bos_token_id = c.bos_token_id;
-  HostKvCache cache = HostKvCache::allocate(c, num_blocks, bs);
-  return std::unique_ptr<Engine>(new EngineImpl(config, std::move(*model), std::move(cache), std::move(*scheduler), summary));
+  summary.device = rt->describe();
+  summary.weight_bytes = (*model)->weight_bytes();
+  if (config.max_num_batched_tokens < 1 || config.max_num_seqs < 1)
+    return Status::error("max_num_batched_tokens and max_num_seqs must be >= 1");
+  try {
+    BackendKvCache cache = BackendKvCache::allocate(rt, c, num_blocks, bs);
+    return std::unique_ptr<Engine>(new EngineImpl(config, std::move(owned), rt, std::move(*model), std::move(cache),
+                                                  std::move(*scheduler), summary));
+  } catch (const std::exception& e) {
+    return Status::error(std::string("allocating the KV cache and step buffers failed: ") + e.what());
+  }
 }
 
 }  // namespace m3

@@ -1,7 +1,9 @@
 #pragma once
-// One sequence through the model with its own host KV pages: the simplest correct runner,
-// used by parity tests (goldens) and as the one-at-a-time reference for batched runs.
+// One sequence through the model with its own KV pages in the model's runtime memory (host
+// or device): the simplest correct runner, used by parity tests (goldens, CPU and GPU) and
+// as the one-at-a-time reference for batched runs.
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "model/minimax_m3/model.h"
@@ -13,16 +15,19 @@ class SequenceRunner {
   SequenceRunner(const MiniMaxM3Model& model, const ops::OpContext& ctx, int64_t max_tokens);
 
   // Appends `tokens` at positions [length(), length() + tokens.size()) and returns logits
-  // for every new token (all_logits) or only the last one: [rows, vocab].
+  // for every new token (all_logits) or only the last one: [rows, vocab] (host).
   std::vector<float> extend(const std::vector<int32_t>& tokens, bool all_logits, ForwardTrace* trace = nullptr);
   int64_t length() const { return length_; }
 
  private:
   const MiniMaxM3Model& model_;
+  ops::BackendRuntime* rt_;
   ops::OpContext ctx_;
   int block_size_;
-  HostKvCache cache_;
+  int64_t max_tokens_;
+  BackendKvCache cache_;
   std::vector<int32_t> block_table_;
+  ops::DeviceBuffer d_table_;
   int64_t length_ = 0;
 };
 

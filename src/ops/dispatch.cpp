@@ -23,6 +23,7 @@ std::string Problem::shape_class() const {
 
 void DispatchStats::record(const Problem& problem, const std::string& entry, const std::string& reason) {
   std::lock_guard<std::mutex> lock(mu_);
+  if (recording_) recorded_.push_back({problem, entry, reason});
   counts_[{problem.op, entry}]++;
   shapes_[problem.op][{problem.m, problem.n, problem.k}]++;
   step_paths_.insert(std::string(problem.op) + "=" + entry);
@@ -56,6 +57,22 @@ std::vector<std::string> DispatchStats::take_step_paths() {
   std::vector<std::string> out(step_paths_.begin(), step_paths_.end());
   step_paths_.clear();
   return out;
+}
+
+void DispatchStats::begin_recording() {
+  std::lock_guard<std::mutex> lock(mu_);
+  recording_ = true;
+  recorded_.clear();
+}
+
+std::vector<DispatchStats::Selection> DispatchStats::end_recording() {
+  std::lock_guard<std::mutex> lock(mu_);
+  recording_ = false;
+  return std::move(recorded_);
+}
+
+void DispatchStats::replay(const std::vector<Selection>& selections) {
+  for (const auto& s : selections) record(s.problem, s.entry, s.reason);
 }
 
 void throw_no_kernel_error(const Problem& problem, const std::string& reasons) {

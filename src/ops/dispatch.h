@@ -45,6 +45,16 @@ class DispatchStats {
   // Entries chosen since the last call (for per-step stats), as "op=entry".
   std::vector<std::string> take_step_paths();
 
+  // A recorded graph runs its kernels without passing through select(): capture records the
+  // selections made while recording, and each replay counts them again.
+  struct Selection {
+    Problem problem;
+    std::string entry, reason;
+  };
+  void begin_recording();
+  std::vector<Selection> end_recording();
+  void replay(const std::vector<Selection>& selections);
+
  private:
   mutable std::mutex mu_;
   bool trace_to_log_;
@@ -53,6 +63,8 @@ class DispatchStats {
   std::set<std::tuple<std::string, std::string, std::string>> seen_;
   std::vector<DispatchRecord> first_uses_;
   std::set<std::string> step_paths_;
+  bool recording_ = false;
+  std::vector<Selection> recorded_;
 };
 
 template <class Fn>

@@ -87,6 +87,12 @@ void add(const OpContext& ctx, const TensorView& x, const TensorView& y) {
   e.fn(x, y);
 }
 
+void sample(const OpContext& ctx, const TensorView& logits, const TensorView& params, const TensorView& tokens,
+            const TensorView& logprobs, const TensorView& top_ids, const TensorView& top_logprobs) {
+  auto& e = ctx.kernels->sample.select(problem(ctx, "sample", logits.dtype, logits.shape[0], logits.shape[1], 0), ctx.stats);
+  e.fn(logits, params, tokens, logprobs, top_ids, top_logprobs);
+}
+
 namespace {
 template <class Fn>
 void describe_table(const OpTable<Fn>& table, std::vector<EntryInfo>& out) {
@@ -107,6 +113,7 @@ std::vector<EntryInfo> KernelTable::describe() const {
   describe_table(moe, out);
   describe_table(mlp, out);
   describe_table(add, out);
+  describe_table(sample, out);
   return out;
 }
 

@@ -64,6 +64,21 @@ using MlpFn = void (*)(const TensorView& x, const LinearWeight& gate, const Line
                        const LinearWeight& down, const SwigluParams& act, const TensorView& out);
 using AddFn = void (*)(const TensorView& x, const TensorView& y);  // x += y
 
+// Per-row parameters of on-device sampling (a plain struct: copied to the device as bytes).
+struct SampleRowParams {
+  float temperature = 0.0f;  // 0 = greedy (argmax, ties to the lower id)
+  int32_t top_n = 0;         // top-N logprobs to report, 0..kMaxTopLogprobs
+  uint64_t seed = 0;         // with `step`, the key of a counter-based generator: no state
+  uint64_t step = 0;         // the request's output index being sampled
+};
+constexpr int kMaxTopLogprobs = 20;
+// logits [rows, vocab] F32; params [rows] SampleRowParams (dtype U8, rows * sizeof bytes);
+// tokens [rows] I32; logprobs [rows] F32 (the chosen token under log_softmax(raw logits));
+// top_ids [rows, kMaxTopLogprobs] I32 and top_logprobs F32 (first top_n filled, descending,
+// ties to the lower id).
+using SampleFn = void (*)(const TensorView& logits, const TensorView& params, const TensorView& tokens,
+                          const TensorView& logprobs, const TensorView& top_ids, const TensorView& top_logprobs);
+
 // One dispatch entry as documentation and /debug/kernels show it.
 struct EntryInfo {
   std::string op, entry, condition;
@@ -82,6 +97,7 @@ struct KernelTable {
   OpTable<MoeFn> moe{"moe_experts"};
   OpTable<MlpFn> mlp{"dense_mlp"};
   OpTable<AddFn> add{"add"};
+  OpTable<SampleFn> sample{"sample"};
 
   // Every entry of every table, in selection order per op.
   std::vector<EntryInfo> describe() const;
@@ -122,6 +138,11 @@ void moe_experts(const OpContext& ctx, const TensorView& x, const TensorView& ex
 void dense_mlp(const OpContext& ctx, const TensorView& x, const LinearWeight& gate, const LinearWeight& up,
                const LinearWeight& down, const SwigluParams& act, const TensorView& out);
 void add(const OpContext& ctx, const TensorView& x, const TensorView& y);
+// Greedy or temperature sampling per row without leaving the device (Gumbel-max over a
+// counter-based generator keyed by (seed, step, token id)), plus log-softmax logprobs.
+// Penalties, top-k/top-p/min-p are the host Sampler's; the engine routes such rows there.
+void sample(const OpContext& ctx, const TensorView& logits, const TensorView& params, const TensorView& tokens,
+            const TensorView& logprobs, const TensorView& top_ids, const TensorView& top_logprobs);
 
 // SwiGLU-OAI on one element pair; shared by every backend's reference and tests.
 inline float swiglu_oai(float gate, float up, const SwigluParams& p);

@@ -99,7 +99,8 @@ void serve(ServeOptions& o, const EngineFactory& factory) {
   const ModelSummary summary = (*engine)->model();
   M3_LOG_INFO("model " + o.model_dir + ": vocab " + std::to_string(summary.vocab_size) + ", max_model_len " +
               std::to_string(summary.max_model_len) + ", " + std::to_string(summary.num_kv_blocks) + " KV blocks of " +
-              std::to_string(summary.block_size) + " tokens");
+              std::to_string(summary.block_size) + " tokens, on " + summary.device + " (" +
+              std::to_string(summary.weight_bytes >> 20) + " MiB of weights)");
   if ((*tokenizer)->vocab_size() > summary.vocab_size)
     M3_LOG_WARN("the tokenizer has " + std::to_string((*tokenizer)->vocab_size()) + " ids but the model only " +
                 std::to_string(summary.vocab_size));
@@ -183,6 +184,15 @@ void register_serve_command(CLI::App& app, EngineFactory factory) {
   cmd->add_option("--api-key", o->api_key, "require 'Authorization: Bearer KEY' on every route but /health");
   cmd->add_option("--kv-cache-memory", o->engine.kv_cache_memory_bytes, "bytes of KV cache")->capture_default_str();
   cmd->add_option("--num-gpu-blocks-override", o->engine.num_kv_blocks, "KV blocks (overrides --kv-cache-memory)");
+  cmd->add_option("--device", o->engine.device, "auto (CUDA when a GPU is present), cuda or cpu")
+      ->check(CLI::IsMember({"auto", "cuda", "cpu"}))
+      ->capture_default_str();
+  cmd->add_option("--device-id", o->engine.device_id, "CUDA device ordinal")->capture_default_str();
+  cmd->add_flag("--enforce-eager{false}", o->engine.cuda_graphs,
+                "run decode steps eagerly instead of replaying a CUDA graph per batch bucket");
+  cmd->add_flag("--dequantize-mxfp8", o->engine.dequantize_mxfp8, "hold MXFP8 weights as BF16 on the GPU (twice the bytes)");
+  cmd->add_flag("--no-batch-invariant{false}", o->engine.batch_invariant,
+                "allow kernels whose per-token results depend on the batch (cuBLAS / BLAS GEMMs)");
   cmd->add_flag("--trace-dispatch", o->engine.trace_dispatch, "log the first use of each (op, kernel, shape class)");
   cmd->add_option("--max-pending", o->max_pending, "requests in flight before new ones get 503")->capture_default_str();
   cmd->add_option("--http-threads", o->http_threads, "HTTP worker threads (one per open connection)")

@@ -205,7 +205,7 @@ void launch_attention(const TensorView& q, const TensorView& k_cache, const Tens
   const int64_t tokens = q.shape[0], q_heads = q.shape[1], head_dim = q.shape[2];
   if (tokens == 0) return;
   const dim3 grid{unsigned(tokens), unsigned(q_heads)};
-  paged_attention_kernel<<<grid, kAttnWarps * 32>>>(
+  paged_attention_kernel<<<grid, kAttnWarps * 32, 0, current_stream()>>>(
       q.as<const float>(), k_cache.as<const float>(), v_cache.as<const float>(), out.as<float>(), paged_args(meta),
       int(q_heads), int(k_cache.shape[1]), int(head_dim), selected.data ? selected.as<const int32_t>() : nullptr,
       top_k, 1.0f / std::sqrt(float(head_dim)));
@@ -227,7 +227,7 @@ void launch_indexer_topk(const TensorView& index_q, const TensorView& index_k_ca
     M3_CUDA_CHECK(cudaFuncSetAttribute(indexer_topk_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
   }
   const dim3 grid{unsigned(tokens), unsigned(heads)};
-  indexer_topk_kernel<<<grid, kIndexerThreads, smem>>>(index_q.as<const float>(), index_k_cache.as<const float>(),
+  indexer_topk_kernel<<<grid, kIndexerThreads, smem, current_stream()>>>(index_q.as<const float>(), index_k_cache.as<const float>(),
                                                          selected.as<int32_t>(), paged_args(meta), int(heads),
                                                          int(dim), params.top_k);
   M3_CUDA_CHECK_LAUNCH();

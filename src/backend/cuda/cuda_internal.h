@@ -7,19 +7,28 @@
 #include <cstdint>
 #include <string>
 
+#include <cuda_runtime_api.h>
+
 #include "ops/ops.h"
 
 namespace m3::cuda {
 
+// The stream every entry launches on and every Scratch is ordered on (per host thread).
+// The engine's runtime sets its own stream so decode steps can be captured into graphs;
+// unset, it is the legacy default stream (tests).
+cudaStream_t current_stream();
+void set_current_stream(cudaStream_t stream);
+
 void register_elementwise(ops::KernelTable& table);
 void register_attention(ops::KernelTable& table);
 void register_gemm(ops::KernelTable& table);
+void register_sampling(ops::KernelTable& table);
 
 // "" when the problem is on the device with F32 operands.
 std::string need_cuda_f32(const ops::Problem& p);
 
-// Device scratch from the stream-ordered pool (cudaMallocAsync on the default stream); freed
-// at scope exit, ordered after the work queued on that stream.
+// Device scratch from the stream-ordered pool (cudaMallocAsync on current_stream()); freed at
+// scope exit, ordered after the work queued on that stream. Legal inside graph capture.
 class Scratch {
  public:
   explicit Scratch(size_t size_bytes);

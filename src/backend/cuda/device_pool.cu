@@ -24,12 +24,19 @@ void* DeviceArena::allocate(size_t size_bytes) {
   return base_ + start;
 }
 
+namespace {
+thread_local cudaStream_t g_stream = nullptr;
+}
+
+cudaStream_t current_stream() { return g_stream; }
+void set_current_stream(cudaStream_t stream) { g_stream = stream; }
+
 Scratch::Scratch(size_t size_bytes) {
-  if (size_bytes > 0) M3_CUDA_CHECK(cudaMallocAsync(&ptr_, size_bytes, cudaStream_t{}));
+  if (size_bytes > 0) M3_CUDA_CHECK(cudaMallocAsync(&ptr_, size_bytes, current_stream()));
 }
 
 Scratch::~Scratch() {
-  if (ptr_) cudaFreeAsync(ptr_, cudaStream_t{});  // a destructor cannot throw; the pool reports later
+  if (ptr_) cudaFreeAsync(ptr_, current_stream());  // a destructor cannot throw; the pool reports later
 }
 
 int device_count() {

@@ -73,13 +73,13 @@ __global__ void kv_write_kernel(const float* src, const int64_t* slots, float* c
 
 void launch_embedding_gather(const int32_t* ids, int num_tokens, const TensorView& table, const TensorView& out) {
   if (num_tokens == 0) return;
-  embedding_gather_kernel<<<num_tokens, 256>>>(ids, table.as<const float>(), out.as<float>(), table.shape[1]);
+  embedding_gather_kernel<<<num_tokens, 256, 0, current_stream()>>>(ids, table.as<const float>(), out.as<float>(), table.shape[1]);
   M3_CUDA_CHECK_LAUNCH();
 }
 
 void launch_rms_norm_gemma(const TensorView& x, const TensorView& w, float eps, const TensorView& y) {
   if (x.shape[0] == 0) return;
-  rms_norm_gemma_kernel<<<unsigned(x.shape[0]), 256>>>(x.as<const float>(), w.as<const float>(), y.as<float>(),
+  rms_norm_gemma_kernel<<<unsigned(x.shape[0]), 256, 0, current_stream()>>>(x.as<const float>(), w.as<const float>(), y.as<float>(),
                                                        x.shape[1], eps);
   M3_CUDA_CHECK_LAUNCH();
 }
@@ -89,21 +89,21 @@ void launch_rope(const TensorView& x, const int32_t* positions, int rotary_dim, 
   const int half = rotary_dim / 2;
   InvFreq inv{};
   for (int i = 0; i < half; ++i) inv.v[i] = 1.0f / std::pow(float(theta), float(2 * i) / float(rotary_dim));
-  rope_neox_kernel<<<unsigned(x.shape[0]), 64>>>(x.as<float>(), positions, x.shape[1], x.shape[2], half, inv);
+  rope_neox_kernel<<<unsigned(x.shape[0]), 64, 0, current_stream()>>>(x.as<float>(), positions, x.shape[1], x.shape[2], half, inv);
   M3_CUDA_CHECK_LAUNCH();
 }
 
 void launch_add(const TensorView& x, const TensorView& y) {
   const int64_t n = x.numel();
   if (n == 0) return;
-  add_kernel<<<unsigned((n + 255) / 256), 256>>>(x.as<float>(), y.as<const float>(), n);
+  add_kernel<<<unsigned((n + 255) / 256), 256, 0, current_stream()>>>(x.as<float>(), y.as<const float>(), n);
   M3_CUDA_CHECK_LAUNCH();
 }
 
 void launch_kv_write(const TensorView& src, const int64_t* slot_mapping, const TensorView& cache) {
   const int64_t tokens = src.shape[0];
   if (tokens == 0) return;
-  kv_write_kernel<<<unsigned(tokens), 128>>>(src.as<const float>(), slot_mapping, cache.as<float>(),
+  kv_write_kernel<<<unsigned(tokens), 128, 0, current_stream()>>>(src.as<const float>(), slot_mapping, cache.as<float>(),
                                              src.numel() / tokens);
   M3_CUDA_CHECK_LAUNCH();
 }

@@ -1,34 +1,14 @@
 #include "model/minimax_m3/model.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "core/check.h"
+#include "ops/host_runtime.h"
 #include "model/minimax_m3/weight_reader.h"
 #include "model/minimax_m3/weight_specs.h"
 
 namespace m3 {
-
-KvCacheTensors HostKvCache::views() const {
-  KvCacheTensors t;
-  for (const auto& x : k) t.k.push_back(x.view);
-  for (const auto& x : v) t.v.push_back(x.view);
-  for (const auto& x : index_k) t.index_k.push_back(x.view);
-  t.block_size = block_size;
-  return t;
-}
-
-HostKvCache HostKvCache::allocate(const MiniMaxM3Config& c, int64_t num_blocks, int block_size) {
-  HostKvCache cache;
-  cache.block_size = block_size;
-  const int64_t slots = num_blocks * block_size;
-  for (int l = 0; l < c.num_hidden_layers; ++l) {
-    cache.k.push_back(HostTensor::empty(DType::kF32, {slots, c.num_key_value_heads, c.head_dim}));
-    cache.v.push_back(HostTensor::empty(DType::kF32, {slots, c.num_key_value_heads, c.head_dim}));
-    cache.index_k.push_back(c.is_sparse_layer(l) ? HostTensor::empty(DType::kF32, {slots, c.index_head_dim})
-                                                 : HostTensor{});
-  }
-  return cache;
-}
 
 Result<std::unique_ptr<MiniMaxM3Model>> MiniMaxM3Model::load(const std::string& model_dir, const LoadProgress& progress) {
   auto dir = ModelDir::open(model_dir);
@@ -37,12 +17,20 @@ Result<std::unique_ptr<MiniMaxM3Model>> MiniMaxM3Model::load(const std::string& 
 }
 
 Result<std::unique_ptr<MiniMaxM3Model>> MiniMaxM3Model::load(const ModelDir& dir, const LoadProgress& progress) {
+  return load(dir, progress, LoadOptions{});
+}
+
+Result<std::unique_ptr<MiniMaxM3Model>> MiniMaxM3Model::load(const ModelDir& dir, const LoadProgress& progress,
+                                                             const LoadOptions& options) {
   auto cfg = MiniMaxM3Config::from_json(dir.config_json());
   if (!cfg) return Status::error(dir.path() + "/config.json: " + cfg.error());
   auto model = std::unique_ptr<MiniMaxM3Model>(new MiniMaxM3Model());
   model->config_ = *cfg;
+  model->runtime_ = options.runtime ? options.runtime : ops::host_runtime();
+  ops::BackendRuntime* rt = model->runtime_;
   const MiniMaxM3Config& c = model->config_;
   model->layers_.resize(size_t(c.num_hidden_layers));
+  model->layer_weight_bytes_.assign(size_t(c.num_hidden_layers), 0);
   for (int l = 0; l < c.num_hidden_layers; ++l) {
     if (c.is_moe_layer(l)) {
       const size_t n = size_t(c.num_local_experts + (c.n_shared_experts > 0 ? 1 : 0));
@@ -55,12 +43,53 @@ Result<std::unique_ptr<MiniMaxM3Model>> MiniMaxM3Model::load(const ModelDir& dir
   size_t total_bytes = 0, done_bytes = 0;
   for (const auto& s : specs) total_bytes += size_t(s.shape.numel()) * 4;
   const bool mxfp8 = c.quant_method == QuantMethod::kMxfp8;
+
+  // One tensor at a time: read (dequantised or raw), convert, copy into backend memory.
+  auto to_backend = [&](const void* bytes, size_t size, DType dtype, const Shape& shape, int layer) -> TensorView {
+    ops::DeviceBuffer buf(rt, size);
+    rt->upload(buf.data(), bytes, size);
+    rt->synchronize();  // the host copy is freed next
+    TensorView v = buf.view(dtype, shape);
+    model->weight_bytes_ += size;
+    if (layer >= 0) model->layer_weight_bytes_[size_t(layer)] += size;
+    model->storage_.push_back(std::move(buf));
+    return v;
+  };
   for (const auto& spec : specs) {
-    auto values = read_f32(dir, spec, mxfp8);
-    if (!values) return values.status();
-    HostTensor t = HostTensor::empty(DType::kF32, spec.shape);
-    std::memcpy(t.as<float>(), values->data(), values->size() * 4);
-    done_bytes += values->size() * 4;
+    ops::LinearWeight linear_w;
+    TensorView t;
+    const bool is_linear = spec.role == WeightRole::kLinear || spec.role == WeightRole::kLmHead;
+    bool done = false;
+    if (is_linear && options.linear_format == LinearFormat::kNative && mxfp8) {
+      auto stored = locate_weight(dir, spec, mxfp8);
+      if (!stored) return stored.status();
+      if (stored->is_mxfp8()) {
+        const TensorInfo& w = *stored->weight;
+        const TensorInfo& sc = *stored->scale;
+        for (size_t i = 0; i < sc.size_bytes; ++i) {
+          if (sc.data[i] == 255) {
+            return Status::error(dir.path() + ": " + sc.name + ": scale byte " + std::to_string(i) +
+                                 " is 255 (e8m0 NaN), expected 0..254");
+          }
+        }
+        linear_w.data = to_backend(w.data, w.size_bytes, DType::kF8E4M3, spec.shape, spec.layer);
+        linear_w.scale = to_backend(sc.data, sc.size_bytes, DType::kU8, sc.shape, spec.layer);
+        done = true;
+      }
+    }
+    if (!done) {
+      auto values = read_f32(dir, spec, mxfp8);
+      if (!values) return values.status();
+      if (is_linear && options.linear_format != LinearFormat::kF32) {
+        std::vector<uint16_t> bf(values->size());
+        for (size_t i = 0; i < bf.size(); ++i) bf[i] = f32_to_bf16((*values)[i]);
+        linear_w.data = to_backend(bf.data(), bf.size() * 2, DType::kBF16, spec.shape, spec.layer);
+      } else {
+        t = to_backend(values->data(), values->size() * 4, DType::kF32, spec.shape, spec.layer);
+        linear_w.data = t;
+      }
+    }
+    done_bytes += size_t(spec.shape.numel()) * 4;
     if (progress.on_progress) progress.on_progress(done_bytes, total_bytes);
 
     // Where the tensor goes: by the name after "layers.<l>." (or the global names).
@@ -68,45 +97,41 @@ Result<std::unique_ptr<MiniMaxM3Model>> MiniMaxM3Model::load(const ModelDir& dir
     auto ends_with = [&name](std::string_view tail) {
       return name.size() >= tail.size() && name.compare(name.size() - tail.size(), tail.size(), tail) == 0;
     };
-    auto as_linear = [&](ops::LinearWeight& w) {
-      w.data = t.view;
-      model->storage_.push_back(std::move(t));
-    };
     if (spec.layer < 0) {
-      if (spec.role == WeightRole::kEmbedding) model->embed_ = std::move(t);
-      else if (spec.role == WeightRole::kLmHead) as_linear(model->lm_head_);
-      else model->final_norm_ = std::move(t);
+      if (spec.role == WeightRole::kEmbedding) model->embed_ = t;
+      else if (spec.role == WeightRole::kLmHead) model->lm_head_ = linear_w;
+      else model->final_norm_ = t;
       continue;
     }
     Layer& L = model->layers_[size_t(spec.layer)];
     const std::string tail = name.substr(name.find(".layers.") + 8 + std::to_string(spec.layer).size() + 1);
-    if (tail == "input_layernorm.weight") L.input_norm = std::move(t);
-    else if (tail == "post_attention_layernorm.weight") L.post_norm = std::move(t);
-    else if (tail == "self_attn.q_proj.weight") as_linear(L.q_proj);
-    else if (tail == "self_attn.k_proj.weight") as_linear(L.k_proj);
-    else if (tail == "self_attn.v_proj.weight") as_linear(L.v_proj);
-    else if (tail == "self_attn.o_proj.weight") as_linear(L.o_proj);
-    else if (tail == "self_attn.q_norm.weight") L.q_norm = std::move(t);
-    else if (tail == "self_attn.k_norm.weight") L.k_norm = std::move(t);
-    else if (tail == "self_attn.index_q_proj.weight") as_linear(L.index_q_proj);
-    else if (tail == "self_attn.index_k_proj.weight") as_linear(L.index_k_proj);
-    else if (tail == "self_attn.index_q_norm.weight") L.index_q_norm = std::move(t);
-    else if (tail == "self_attn.index_k_norm.weight") L.index_k_norm = std::move(t);
-    else if (tail == "mlp.gate_proj.weight") as_linear(L.mlp_gate);
-    else if (tail == "mlp.up_proj.weight") as_linear(L.mlp_up);
-    else if (tail == "mlp.down_proj.weight") as_linear(L.mlp_down);
-    else if (tail == "block_sparse_moe.gate.weight") L.router = std::move(t);
-    else if (tail == "block_sparse_moe.e_score_correction_bias") L.router_bias = std::move(t);
+    if (tail == "input_layernorm.weight") L.input_norm = t;
+    else if (tail == "post_attention_layernorm.weight") L.post_norm = t;
+    else if (tail == "self_attn.q_proj.weight") L.q_proj = linear_w;
+    else if (tail == "self_attn.k_proj.weight") L.k_proj = linear_w;
+    else if (tail == "self_attn.v_proj.weight") L.v_proj = linear_w;
+    else if (tail == "self_attn.o_proj.weight") L.o_proj = linear_w;
+    else if (tail == "self_attn.q_norm.weight") L.q_norm = t;
+    else if (tail == "self_attn.k_norm.weight") L.k_norm = t;
+    else if (tail == "self_attn.index_q_proj.weight") L.index_q_proj = linear_w;
+    else if (tail == "self_attn.index_k_proj.weight") L.index_k_proj = linear_w;
+    else if (tail == "self_attn.index_q_norm.weight") L.index_q_norm = t;
+    else if (tail == "self_attn.index_k_norm.weight") L.index_k_norm = t;
+    else if (tail == "mlp.gate_proj.weight") L.mlp_gate = linear_w;
+    else if (tail == "mlp.up_proj.weight") L.mlp_up = linear_w;
+    else if (tail == "mlp.down_proj.weight") L.mlp_down = linear_w;
+    else if (tail == "block_sparse_moe.gate.weight") L.router = t;
+    else if (tail == "block_sparse_moe.e_score_correction_bias") L.router_bias = t;
     else if (tail.rfind("block_sparse_moe.shared_experts.", 0) == 0) {
       const size_t shared = size_t(c.num_local_experts);
-      if (ends_with("gate_proj.weight")) as_linear(L.expert_gate[shared]);
-      else if (ends_with("up_proj.weight")) as_linear(L.expert_up[shared]);
-      else as_linear(L.expert_down[shared]);
+      if (ends_with("gate_proj.weight")) L.expert_gate[shared] = linear_w;
+      else if (ends_with("up_proj.weight")) L.expert_up[shared] = linear_w;
+      else L.expert_down[shared] = linear_w;
     } else if (tail.rfind("block_sparse_moe.experts.", 0) == 0) {
       const size_t e = size_t(std::stoi(tail.substr(25)));
-      if (ends_with(".w1.weight")) as_linear(L.expert_gate[e]);
-      else if (ends_with(".w3.weight")) as_linear(L.expert_up[e]);
-      else as_linear(L.expert_down[e]);
+      if (ends_with(".w1.weight")) L.expert_gate[e] = linear_w;
+      else if (ends_with(".w3.weight")) L.expert_up[e] = linear_w;
+      else L.expert_down[e] = linear_w;
     } else {
       return Status::error("internal: no slot for weight " + name);
     }
@@ -114,73 +139,108 @@ Result<std::unique_ptr<MiniMaxM3Model>> MiniMaxM3Model::load(const ModelDir& dir
   return model;
 }
 
-namespace {
-TensorView view2d(float* data, int64_t rows, int64_t cols) { return TensorView{data, DType::kF32, {rows, cols}, Device::kCpu}; }
-TensorView view3d(float* data, int64_t a, int64_t b, int64_t c) { return TensorView{data, DType::kF32, {a, b, c}, Device::kCpu}; }
-}  // namespace
+std::unique_ptr<ForwardWorkspace> MiniMaxM3Model::make_workspace(int64_t max_tokens, int64_t max_logit_rows) const {
+  const MiniMaxM3Config& c = config_;
+  auto ws = std::make_unique<ForwardWorkspace>();
+  ws->max_tokens = max_tokens = std::max<int64_t>(1, max_tokens);
+  ws->max_logit_rows = max_logit_rows = std::max<int64_t>(1, max_logit_rows);
+  ops::BackendRuntime* rt = runtime_;
+  auto f32 = [&](int64_t n) { return ops::DeviceBuffer(rt, size_t(n) * 4); };
+  const int64_t T = max_tokens, H = c.hidden_size, D = c.head_dim;
+  ws->h = f32(T * H);
+  ws->x = f32(T * H);
+  ws->y = f32(T * H);
+  ws->q = f32(T * c.num_attention_heads * D);
+  ws->k = f32(T * c.num_key_value_heads * D);
+  ws->v = f32(T * c.num_key_value_heads * D);
+  ws->o = f32(T * c.num_attention_heads * D);
+  ws->iq = f32(T * c.index_n_heads * c.index_head_dim);
+  ws->ik = f32(T * c.index_head_dim);
+  ws->selected = f32(int64_t(c.num_key_value_heads) * T * c.index_topk_blocks);
+  ws->expert_ids = f32(T * c.num_experts_per_tok);
+  ws->expert_weights = f32(T * c.num_experts_per_tok);
+  ws->rows = f32(max_logit_rows * H);
+  ws->normed = f32(max_logit_rows * H);
+  ws->logits = f32(max_logit_rows * c.vocab_size);
+  return ws;
+}
 
 void MiniMaxM3Model::forward(const ops::OpContext& ctx, const ForwardBatch& batch, const KvCacheTensors& cache,
-                             float* logits, ForwardTrace* trace) const {
+                             ForwardWorkspace& ws, ForwardTrace* trace) const {
   const MiniMaxM3Config& c = config_;
   const ops::AttentionMetadata& meta = batch.meta;
   const int64_t T = meta.num_tokens, H = c.hidden_size, D = c.head_dim;
   const int64_t Hq = c.num_attention_heads, Hkv = c.num_key_value_heads;
   const int64_t Hi = c.index_n_heads, Di = c.index_head_dim;
+  const int64_t R = int64_t(batch.logits_rows.size());
+  const int64_t E = c.num_experts_per_tok;
   M3_CHECK(cache.block_size == meta.block_size && meta.block_size == c.index_block_size,
            "KV page size must equal the MSA block size");
-  std::vector<float> h(size_t(T * H)), x(size_t(T * H)), y(size_t(T * H));
-  std::vector<float> q(size_t(T * Hq * D)), k(size_t(T * Hkv * D)), v(size_t(T * Hkv * D)), o(size_t(T * Hq * D));
-  std::vector<float> iq(size_t(T * Hi * Di)), ik(size_t(T * Di));
-  std::vector<int32_t> selected(size_t(Hkv * T * c.index_topk_blocks));
-  std::vector<int32_t> expert_ids(size_t(T * c.num_experts_per_tok));
-  std::vector<float> expert_w(size_t(T * c.num_experts_per_tok));
+  M3_CHECK(T <= ws.max_tokens && R <= ws.max_logit_rows, "forward batch exceeds its workspace");
+  const Device dev = runtime_->device();
+  auto f2 = [dev](const ops::DeviceBuffer& b, int64_t rows, int64_t cols) {
+    return TensorView{b.data(), DType::kF32, {rows, cols}, dev};
+  };
+  auto f3 = [dev](const ops::DeviceBuffer& b, int64_t a, int64_t b2, int64_t c3) {
+    return TensorView{b.data(), DType::kF32, {a, b2, c3}, dev};
+  };
   if (trace) {
     trace->selected_blocks.clear();
     trace->expert_ids.clear();
   }
-  const TensorView hv = view2d(h.data(), T, H), xv = view2d(x.data(), T, H), yv = view2d(y.data(), T, H);
-  ops::embedding(ctx, batch.token_ids, int(T), embed_.view, hv);
+  const TensorView hv = f2(ws.h, T, H), xv = f2(ws.x, T, H), yv = f2(ws.y, T, H);
+  const TensorView q2 = f2(ws.q, T * Hq, D), k2 = f2(ws.k, T * Hkv, D);
+  const TensorView q3 = f3(ws.q, T, Hq, D), k3 = f3(ws.k, T, Hkv, D), v3 = f3(ws.v, T, Hkv, D), o3 = f3(ws.o, T, Hq, D);
+  const TensorView iq2 = f2(ws.iq, T * Hi, Di), iq3 = f3(ws.iq, T, Hi, Di), ik2 = f2(ws.ik, T, Di), ik3 = f3(ws.ik, T, 1, Di);
+  const TensorView sel{ws.selected.data(), DType::kI32, {Hi, T, c.index_topk_blocks}, dev};
+  const TensorView ids{ws.expert_ids.data(), DType::kI32, {T, E}, dev};
+  const TensorView wts{ws.expert_weights.data(), DType::kF32, {T, E}, dev};
+  ops::embedding(ctx, batch.token_ids, int(T), embed_, hv);
   const ops::SwigluParams act{c.swiglu_alpha, c.swiglu_limit, c.swiglu_beta};
 
   for (int l = 0; l < c.num_hidden_layers; ++l) {
     const Layer& L = layers_[size_t(l)];
-    ops::rms_norm(ctx, hv, L.input_norm.view, c.rms_norm_eps, xv);
-    ops::linear(ctx, xv, L.q_proj, view2d(q.data(), T, Hq * D));
-    ops::linear(ctx, xv, L.k_proj, view2d(k.data(), T, Hkv * D));
-    ops::linear(ctx, xv, L.v_proj, view2d(v.data(), T, Hkv * D));
-    ops::rms_norm(ctx, view2d(q.data(), T * Hq, D), L.q_norm.view, c.rms_norm_eps, view2d(q.data(), T * Hq, D));
-    ops::rms_norm(ctx, view2d(k.data(), T * Hkv, D), L.k_norm.view, c.rms_norm_eps, view2d(k.data(), T * Hkv, D));
-    ops::rope(ctx, view3d(q.data(), T, Hq, D), meta.positions, c.rotary_dim, c.rope_theta);
-    ops::rope(ctx, view3d(k.data(), T, Hkv, D), meta.positions, c.rotary_dim, c.rope_theta);
-    ops::kv_write(ctx, view3d(k.data(), T, Hkv, D), meta.slot_mapping, cache.k[size_t(l)]);
-    ops::kv_write(ctx, view3d(v.data(), T, Hkv, D), meta.slot_mapping, cache.v[size_t(l)]);
-    const TensorView qv = view3d(q.data(), T, Hq, D), ov = view3d(o.data(), T, Hq, D);
+    ops::rms_norm(ctx, hv, L.input_norm, c.rms_norm_eps, xv);
+    ops::linear(ctx, xv, L.q_proj, f2(ws.q, T, Hq * D));
+    ops::linear(ctx, xv, L.k_proj, f2(ws.k, T, Hkv * D));
+    ops::linear(ctx, xv, L.v_proj, f2(ws.v, T, Hkv * D));
+    ops::rms_norm(ctx, q2, L.q_norm, c.rms_norm_eps, q2);
+    ops::rms_norm(ctx, k2, L.k_norm, c.rms_norm_eps, k2);
+    ops::rope(ctx, q3, meta.positions, c.rotary_dim, c.rope_theta);
+    ops::rope(ctx, k3, meta.positions, c.rotary_dim, c.rope_theta);
+    ops::kv_write(ctx, k3, meta.slot_mapping, cache.k[size_t(l)]);
+    ops::kv_write(ctx, v3, meta.slot_mapping, cache.v[size_t(l)]);
     if (c.is_sparse_layer(l)) {
-      ops::linear(ctx, xv, L.index_q_proj, view2d(iq.data(), T, Hi * Di));
-      ops::linear(ctx, xv, L.index_k_proj, view2d(ik.data(), T, Di));
-      ops::rms_norm(ctx, view2d(iq.data(), T * Hi, Di), L.index_q_norm.view, c.rms_norm_eps, view2d(iq.data(), T * Hi, Di));
-      ops::rms_norm(ctx, view2d(ik.data(), T, Di), L.index_k_norm.view, c.rms_norm_eps, view2d(ik.data(), T, Di));
-      ops::rope(ctx, view3d(iq.data(), T, Hi, Di), meta.positions, c.rotary_dim, c.rope_theta);
-      ops::rope(ctx, view3d(ik.data(), T, 1, Di), meta.positions, c.rotary_dim, c.rope_theta);
-      ops::kv_write(ctx, view2d(ik.data(), T, Di), meta.slot_mapping, cache.index_k[size_t(l)]);
-      const TensorView sel{selected.data(), DType::kI32, {Hi, T, c.index_topk_blocks}, Device::kCpu};
-      ops::indexer_topk(ctx, view3d(iq.data(), T, Hi, Di), cache.index_k[size_t(l)], meta,
+      ops::linear(ctx, xv, L.index_q_proj, f2(ws.iq, T, Hi * Di));
+      ops::linear(ctx, xv, L.index_k_proj, ik2);
+      ops::rms_norm(ctx, iq2, L.index_q_norm, c.rms_norm_eps, iq2);
+      ops::rms_norm(ctx, ik2, L.index_k_norm, c.rms_norm_eps, ik2);
+      ops::rope(ctx, iq3, meta.positions, c.rotary_dim, c.rope_theta);
+      ops::rope(ctx, ik3, meta.positions, c.rotary_dim, c.rope_theta);
+      ops::kv_write(ctx, ik2, meta.slot_mapping, cache.index_k[size_t(l)]);
+      ops::indexer_topk(ctx, iq3, cache.index_k[size_t(l)], meta,
                         ops::IndexerParams{c.index_block_size, c.index_topk_blocks}, sel);
-      if (trace) trace->selected_blocks.push_back(selected);
-      ops::attention(ctx, qv, cache.k[size_t(l)], cache.v[size_t(l)], meta, sel, c.index_topk_blocks, ov);
+      if (trace) {
+        std::vector<int32_t> host(size_t(sel.numel()));
+        runtime_->download(host.data(), sel.data, host.size() * 4);
+        trace->selected_blocks.push_back(std::move(host));
+      }
+      ops::attention(ctx, q3, cache.k[size_t(l)], cache.v[size_t(l)], meta, sel, c.index_topk_blocks, o3);
     } else {
-      ops::attention(ctx, qv, cache.k[size_t(l)], cache.v[size_t(l)], meta, TensorView{}, 0, ov);
+      ops::attention(ctx, q3, cache.k[size_t(l)], cache.v[size_t(l)], meta, TensorView{}, 0, o3);
     }
-    ops::linear(ctx, view2d(o.data(), T, Hq * D), L.o_proj, yv);
+    ops::linear(ctx, f2(ws.o, T, Hq * D), L.o_proj, yv);
     ops::add(ctx, hv, yv);
 
-    ops::rms_norm(ctx, hv, L.post_norm.view, c.rms_norm_eps, xv);
+    ops::rms_norm(ctx, hv, L.post_norm, c.rms_norm_eps, xv);
     if (c.is_moe_layer(l)) {
-      const TensorView ids{expert_ids.data(), DType::kI32, {T, c.num_experts_per_tok}, Device::kCpu};
-      const TensorView wts{expert_w.data(), DType::kF32, {T, c.num_experts_per_tok}, Device::kCpu};
-      ops::moe_router(ctx, xv, L.router.view, L.router_bias.view,
+      ops::moe_router(ctx, xv, L.router, L.router_bias,
                       ops::RouterParams{c.num_experts_per_tok, c.routed_scaling_factor, c.use_routing_bias}, ids, wts);
-      if (trace) trace->expert_ids.push_back(expert_ids);
+      if (trace) {
+        std::vector<int32_t> host(size_t(ids.numel()));
+        runtime_->download(host.data(), ids.data, host.size() * 4);
+        trace->expert_ids.push_back(std::move(host));
+      }
       ops::ExpertWeights experts{c.num_local_experts, c.n_shared_experts > 0, L.expert_gate.data(), L.expert_up.data(),
                                  L.expert_down.data()};
       ops::moe_experts(ctx, xv, ids, wts, experts, act, yv);
@@ -190,15 +250,64 @@ void MiniMaxM3Model::forward(const ops::OpContext& ctx, const ForwardBatch& batc
     ops::add(ctx, hv, yv);
   }
 
-  // Final norm and LM head only on the rows that need logits.
-  const int64_t R = int64_t(batch.logits_rows.size());
+  // Final norm and LM head only on the rows that need logits (gathered like embeddings).
   if (R == 0) return;
-  std::vector<float> rows(size_t(R * H)), normed(size_t(R * H));
-  for (int64_t r = 0; r < R; ++r) {
-    std::memcpy(rows.data() + r * H, h.data() + int64_t(batch.logits_rows[size_t(r)]) * H, size_t(H) * 4);
+  const int32_t* rows = batch.logits_rows_ptr ? batch.logits_rows_ptr : batch.logits_rows.data();
+  ops::embedding(ctx, rows, int(R), hv, f2(ws.rows, R, H));
+  ops::rms_norm(ctx, f2(ws.rows, R, H), final_norm_, c.rms_norm_eps, f2(ws.normed, R, H));
+  ops::linear(ctx, f2(ws.normed, R, H), lm_head_, f2(ws.logits, R, c.vocab_size));
+}
+
+void MiniMaxM3Model::forward(const ops::OpContext& ctx, const ForwardBatch& batch, const KvCacheTensors& cache,
+                             float* logits, ForwardTrace* trace) const {
+  M3_CHECK(runtime_->device() == Device::kCpu, "the host-logits forward needs a host-memory model");
+  auto ws = make_workspace(batch.meta.num_tokens, int64_t(batch.logits_rows.size()));
+  forward(ctx, batch, cache, *ws, trace);
+  std::memcpy(logits, ws->logits.data(), batch.logits_rows.size() * size_t(config_.vocab_size) * 4);
+}
+
+KvCacheTensors BackendKvCache::views(Device device) const {
+  KvCacheTensors t;
+  t.block_size = block_size;
+  t.k = k_views_;
+  t.v = v_views_;
+  t.index_k = index_k_views_;
+  for (auto* vs : {&t.k, &t.v, &t.index_k})
+    for (auto& v : *vs) v.device = v.data ? device : Device::kCpu;
+  return t;
+}
+
+int64_t BackendKvCache::bytes_per_block(const MiniMaxM3Config& c, int block_size) {
+  int64_t per_token = 0;
+  for (int l = 0; l < c.num_hidden_layers; ++l) {
+    per_token += 2 * int64_t(c.num_key_value_heads) * c.head_dim;
+    if (c.is_sparse_layer(l)) per_token += c.index_head_dim;
   }
-  ops::rms_norm(ctx, view2d(rows.data(), R, H), final_norm_.view, c.rms_norm_eps, view2d(normed.data(), R, H));
-  ops::linear(ctx, view2d(normed.data(), R, H), lm_head_, view2d(logits, R, c.vocab_size));
+  return per_token * 4 * block_size;
+}
+
+BackendKvCache BackendKvCache::allocate(ops::BackendRuntime* rt, const MiniMaxM3Config& c, int64_t num_blocks,
+                                        int block_size) {
+  BackendKvCache cache;
+  cache.block_size = block_size;
+  const int64_t slots = num_blocks * block_size;
+  const Device dev = rt->device();
+  for (int l = 0; l < c.num_hidden_layers; ++l) {
+    const Shape kv{slots, c.num_key_value_heads, c.head_dim};
+    cache.k.emplace_back(rt, size_t(kv.numel()) * 4);
+    cache.v.emplace_back(rt, size_t(kv.numel()) * 4);
+    cache.k_views_.push_back(TensorView{cache.k.back().data(), DType::kF32, kv, dev});
+    cache.v_views_.push_back(TensorView{cache.v.back().data(), DType::kF32, kv, dev});
+    if (c.is_sparse_layer(l)) {
+      const Shape ik{slots, c.index_head_dim};
+      cache.index_k.emplace_back(rt, size_t(ik.numel()) * 4);
+      cache.index_k_views_.push_back(TensorView{cache.index_k.back().data(), DType::kF32, ik, dev});
+    } else {
+      cache.index_k.emplace_back();
+      cache.index_k_views_.push_back(TensorView{});
+    }
+  }
+  return cache;
 }
 
 }  // namespace m3

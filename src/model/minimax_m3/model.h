@@ -11,6 +11,7 @@
 #include "loader/model_dir.h"
 #include "model/minimax_m3/config.h"
 #include "ops/ops.h"
+#include "ops/runtime.h"
 
 namespace m3 {
 
@@ -22,18 +23,44 @@ struct KvCacheTensors {
   int64_t num_slots() const { return k.empty() ? 0 : k[0].shape[0]; }
 };
 
-// Host storage for KvCacheTensors (the CPU backend's cache).
-struct HostKvCache {
-  std::vector<HostTensor> k, v, index_k;
+// KV cache tensors in a backend's memory (F32, the layout KvCacheTensors describes).
+struct BackendKvCache {
+  std::vector<ops::DeviceBuffer> k, v, index_k;
   int block_size = 0;
-  KvCacheTensors views() const;
-  static HostKvCache allocate(const MiniMaxM3Config& config, int64_t num_blocks, int block_size);
+  KvCacheTensors views(Device device) const;
+  // Bytes one block (page) takes over all layers.
+  static int64_t bytes_per_block(const MiniMaxM3Config& config, int block_size);
+  static BackendKvCache allocate(ops::BackendRuntime* runtime, const MiniMaxM3Config& config, int64_t num_blocks,
+                                 int block_size);
+
+ private:
+  std::vector<TensorView> k_views_, v_views_, index_k_views_;
 };
 
+// All pointers live in the memory of the runtime the model was loaded into.
 struct ForwardBatch {
   const int32_t* token_ids = nullptr;  // [num_tokens]
   ops::AttentionMetadata meta;         // num_tokens, positions, page tables, slot mapping
-  std::vector<int32_t> logits_rows;    // which batch rows produce logits (in this order)
+  std::vector<int32_t> logits_rows;    // which batch rows produce logits (in this order; host copy)
+  const int32_t* logits_rows_ptr = nullptr;  // the same rows in runtime memory (null: logits_rows.data())
+};
+
+// Activations of one forward pass, allocated once for the largest batch (CUDA graphs need
+// their addresses fixed). Logits [max_logit_rows, vocab] stay in runtime memory.
+struct ForwardWorkspace {
+  int64_t max_tokens = 0, max_logit_rows = 0;
+  ops::DeviceBuffer h, x, y, q, k, v, o, iq, ik, selected, expert_ids, expert_weights, rows, normed, logits;
+  TensorView logits_view(int64_t rows, int64_t vocab) const { return logits.view(DType::kF32, {rows, vocab}); }
+};
+
+// How linear weights are held in backend memory. kF32: the CPU reference (dequantised);
+// kBF16: BF16 (exact for BF16 and MXFP8 checkpoints); kNative: MXFP8 stays fp8 + e8m0
+// scales (the kernels dequantise in registers), everything else BF16.
+enum class LinearFormat { kF32, kBF16, kNative };
+
+struct LoadOptions {
+  ops::BackendRuntime* runtime = nullptr;  // null: host memory
+  LinearFormat linear_format = LinearFormat::kF32;
 };
 
 // Optional capture of the model's discrete decisions, for parity with the HF oracle.
@@ -51,29 +78,46 @@ class MiniMaxM3Model {
   // Loads every text weight, dequantised to F32 host tensors (the CPU reference's format).
   static Result<std::unique_ptr<MiniMaxM3Model>> load(const ModelDir& dir, const LoadProgress& progress = {});
   static Result<std::unique_ptr<MiniMaxM3Model>> load(const std::string& model_dir, const LoadProgress& progress = {});
+  static Result<std::unique_ptr<MiniMaxM3Model>> load(const ModelDir& dir, const LoadProgress& progress,
+                                                      const LoadOptions& options);
 
   const MiniMaxM3Config& config() const { return config_; }
 
-  // logits: [batch.logits_rows.size(), vocab] floats (host).
+  ops::BackendRuntime* runtime() const { return runtime_; }
+  // Bytes of weights in backend memory, per layer and in all.
+  size_t weight_bytes() const { return weight_bytes_; }
+  const std::vector<size_t>& layer_weight_bytes() const { return layer_weight_bytes_; }
+
+  std::unique_ptr<ForwardWorkspace> make_workspace(int64_t max_tokens, int64_t max_logit_rows) const;
+
+  // The forward pass in the runtime's memory; logits land in ws.logits [logits_rows, vocab].
+  // Issues work only (no host synchronisation unless `trace` is set), so it can be recorded.
+  void forward(const ops::OpContext& ctx, const ForwardBatch& batch, const KvCacheTensors& cache,
+               ForwardWorkspace& ws, ForwardTrace* trace = nullptr) const;
+
+  // Host convenience (host runtime only): logits [batch.logits_rows.size(), vocab] into `logits`.
   void forward(const ops::OpContext& ctx, const ForwardBatch& batch, const KvCacheTensors& cache, float* logits,
                ForwardTrace* trace = nullptr) const;
 
  private:
   struct Layer {
-    HostTensor input_norm, post_norm, q_norm, k_norm;
+    TensorView input_norm, post_norm, q_norm, k_norm;
     ops::LinearWeight q_proj, k_proj, v_proj, o_proj;
     // MSA indexer (sparse layers)
-    HostTensor index_q_norm, index_k_norm;
+    TensorView index_q_norm, index_k_norm;
     ops::LinearWeight index_q_proj, index_k_proj;
     // Dense MLP
     ops::LinearWeight mlp_gate, mlp_up, mlp_down;
     // MoE: router (fp32), bias, experts + shared expert as the last entry
-    HostTensor router, router_bias;
+    TensorView router, router_bias;
     std::vector<ops::LinearWeight> expert_gate, expert_up, expert_down;
   };
   MiniMaxM3Config config_;
-  std::vector<HostTensor> storage_;  // owns every linear weight's bytes
-  HostTensor embed_, final_norm_;
+  ops::BackendRuntime* runtime_ = nullptr;
+  std::vector<ops::DeviceBuffer> storage_;  // owns every weight's bytes
+  size_t weight_bytes_ = 0;
+  std::vector<size_t> layer_weight_bytes_;
+  TensorView embed_, final_norm_;
   ops::LinearWeight lm_head_;
   std::vector<Layer> layers_;
 };

@@ -1,0 +1,146 @@
+// The CUDA runtime behind ops::BackendRuntime: memory, ordered copies and graphs, all on one
+// stream that activate() makes the thread's current stream for every kernel entry.
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/cuda_internal.h"
+#include "backend/cuda/device_pool.h"
+
+namespace m3::cuda {
+namespace {
+
+class CudaRuntime final : public ops::BackendRuntime {
+ public:
+  explicit CudaRuntime(int device) : device_(device) {
+    M3_CUDA_CHECK(cudaSetDevice(device));
+    info_ = device_info(device);
+    cudaDeviceProp prop{};
+    M3_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
+    name_ = prop.name;
+    M3_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    activate();
+  }
+  ~CudaRuntime() override {
+    for (auto& g : graphs_) {
+      if (g.exec) cudaGraphExecDestroy(g.exec);
+      if (g.graph) cudaGraphDestroy(g.graph);
+    }
+    if (stream_) {
+      cudaStreamSynchronize(stream_);
+      if (current_stream() == stream_) set_current_stream(nullptr);
+      cudaStreamDestroy(stream_);
+    }
+  }
+
+  Device device() const override { return Device::kCuda; }
+  std::string describe() const override {
+    char buf[160];
+    std::snprintf(buf, sizeof buf, "cuda:%d %s (sm_%d%d, %d SMs, %.1f GiB)", device_, name_.c_str(), info_.cc_major,
+                  info_.cc_minor, info_.sm_count, double(info_.total_memory_bytes) / double(1ull << 30));
+    return buf;
+  }
+  void activate() override {
+    M3_CUDA_CHECK(cudaSetDevice(device_));
+    set_current_stream(stream_);
+  }
+
+  void* allocate(size_t bytes) override {
+    void* p = nullptr;
+    if (bytes == 0) return nullptr;
+    const cudaError_t err = cudaMalloc(&p, bytes);
+    if (err != cudaSuccess) {
+      cudaGetLastError();
+      size_t free_b = 0, total_b = 0;
+      cudaMemGetInfo(&free_b, &total_b);
+      throw std::runtime_error("cudaMalloc of " + std::to_string(bytes) + " bytes failed (" + cudaGetErrorString(err) +
+                               "); " + std::to_string(free_b) + " of " + std::to_string(total_b) + " bytes free");
+    }
+    M3_CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, stream_));
+    return p;
+  }
+  void release(void* p) override {
+    if (!p) return;
+    cudaStreamSynchronize(stream_);  // no kernel may still be using it
+    cudaFree(p);
+  }
+  void* allocate_host(size_t bytes) override {
+    void* p = nullptr;
+    if (bytes == 0) return nullptr;
+    M3_CUDA_CHECK(cudaMallocHost(&p, bytes));
+    return p;
+  }
+  void release_host(void* p) override {
+    if (p) cudaFreeHost(p);
+  }
+  void upload(void* dst, const void* src, size_t bytes) override {
+    if (bytes) M3_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream_));
+  }
+  void download(void* dst, const void* src, size_t bytes) override {
+    if (bytes) M3_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream_));
+    M3_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  }
+  void download_async(void* dst, const void* src, size_t bytes) override {
+    if (bytes) M3_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream_));
+  }
+  void copy(void* dst, const void* src, size_t bytes) override {
+    if (bytes) M3_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_));
+  }
+  void synchronize() override { M3_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
+  size_t free_memory_bytes() const override {
+    size_t free_b = 0, total_b = 0;
+    M3_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+    return free_b;
+  }
+  size_t total_memory_bytes() const override { return info_.total_memory_bytes; }
+
+  bool supports_graphs() const override { return true; }
+  int capture(const std::function<void()>& fn) override {
+    activate();
+    M3_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+    Graph g;
+    try {
+      fn();
+    } catch (...) {
+      cudaStreamEndCapture(stream_, &g.graph);
+      if (g.graph) cudaGraphDestroy(g.graph);
+      cudaGetLastError();
+      throw;
+    }
+    M3_CUDA_CHECK(cudaStreamEndCapture(stream_, &g.graph));
+    M3_CUDA_CHECK(cudaGraphInstantiate(&g.exec, g.graph, 0));
+    graphs_.push_back(g);
+    return int(graphs_.size()) - 1;
+  }
+  void replay(int graph) override {
+    if (graph < 0 || size_t(graph) >= graphs_.size()) throw std::runtime_error("replay of unknown graph " + std::to_string(graph));
+    M3_CUDA_CHECK(cudaGraphLaunch(graphs_[size_t(graph)].exec, stream_));
+  }
+
+ private:
+  struct Graph {
+    cudaGraph_t graph = nullptr;
+    cudaGraphExec_t exec = nullptr;
+  };
+  int device_ = 0;
+  DeviceInfo info_;
+  std::string name_;
+  cudaStream_t stream_ = nullptr;
+  std::vector<Graph> graphs_;
+};
+
+}  // namespace
+
+std::unique_ptr<ops::BackendRuntime> make_cuda_runtime(int device) {
+  const int n = device_count();
+  if (device < 0 || device >= n) {
+    throw std::runtime_error("CUDA device " + std::to_string(device) + " requested, " + std::to_string(n) +
+                             " present");
+  }
+  return std::make_unique<CudaRuntime>(device);
+}
+
+}  // namespace m3::cuda

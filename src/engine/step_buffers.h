@@ -1,0 +1,51 @@
+#pragma once
+// Per-step inputs in backend memory at fixed addresses: token ids, positions, slot mapping,
+// query offsets, sequence lengths, page tables and logits rows, staged in page-locked host
+// memory and copied up once per step. Fixed addresses are what lets a captured decode graph
+// be replayed with each step's new metadata. Also the sample op's parameters and results.
+#include <cstdint>
+#include <vector>
+
+#include "exec/sampler.h"
+#include "ops/attention_metadata.h"
+#include "ops/ops.h"
+#include "ops/runtime.h"
+
+namespace m3 {
+
+class StepBuffers {
+ public:
+  StepBuffers(ops::BackendRuntime* rt, int max_tokens, int max_seqs, int max_blocks_per_seq);
+
+  void begin();
+  // One sequence's new tokens at absolute positions start_pos.., through its page table.
+  void add_sequence(const std::vector<int32_t>& tokens, int32_t start_pos, const std::vector<int32_t>& block_table,
+                    int block_size);
+  // A one-token sequence that writes no KV (slot -1) and reads position 0 of page 0.
+  void add_padding_sequence();
+  void set_logits_rows(const std::vector<int32_t>& rows);
+  int num_tokens() const { return num_tokens_; }
+  int num_seqs() const { return num_seqs_; }
+  void upload();
+
+  const int32_t* device_tokens() const { return d_tokens_.as<int32_t>(); }
+  const int32_t* device_logits_rows() const { return d_logits_rows_.as<int32_t>(); }
+  ops::AttentionMetadata metadata(int block_size) const;
+
+  // Runs the sample op over logits [rows, vocab] and queues the results' download; they are
+  // readable with sampled() after the runtime's next synchronize().
+  void sample(const ops::OpContext& ctx, const TensorView& logits, const std::vector<ops::SampleRowParams>& params);
+  SampleResult sampled(int row, int num_logprobs) const;
+
+ private:
+  ops::BackendRuntime* rt_;
+  int max_tokens_, max_seqs_, max_blocks_;
+  int num_tokens_ = 0, num_seqs_ = 0, num_rows_ = 0;
+  ops::HostStaging h_tokens_, h_positions_, h_slots_, h_query_start_, h_seq_lens_, h_tables_, h_logits_rows_;
+  ops::DeviceBuffer d_tokens_, d_positions_, d_slots_, d_query_start_, d_seq_lens_, d_tables_, d_logits_rows_;
+  // Sampling: parameters up, tokens / logprobs / top-N down.
+  ops::HostStaging h_params_, h_out_tokens_, h_out_logprobs_, h_top_ids_, h_top_logprobs_;
+  ops::DeviceBuffer d_params_, d_out_tokens_, d_out_logprobs_, d_top_ids_, d_top_logprobs_;
+};
+
+}  // namespace m3
