@@ -8,6 +8,7 @@ void register_cuda_kernels(ops::KernelTable& table) {
   register_elementwise(table);
   register_attention(table);
   register_gemm(table);
+  register_sampling(table);
 }
 
 }  // namespace m3::cuda
