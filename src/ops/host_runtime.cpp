@@ -1,6 +1,9 @@
 #include "ops/host_runtime.h"
 
+#include <chrono>
 #include <cstdlib>
+#include <mutex>
+#include <vector>
 #include <cstring>
 #include <new>
 #include <stdexcept>
@@ -40,10 +43,27 @@ class HostRuntime final : public BackendRuntime {
     if (bytes) std::memmove(dst, src, bytes);
   }
   void synchronize() override {}
+  int record_event() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    events_.push_back(std::chrono::steady_clock::now());
+    return int(events_.size()) - 1;
+  }
+  double elapsed_ms(int from, int to) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return std::chrono::duration<double, std::milli>(events_.at(size_t(to)) - events_.at(size_t(from))).count();
+  }
+  void clear_events() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    events_.clear();
+  }
   size_t free_memory_bytes() const override {
     return size_t(sysconf(_SC_AVPHYS_PAGES)) * size_t(sysconf(_SC_PAGESIZE));
   }
   size_t total_memory_bytes() const override { return size_t(sysconf(_SC_PHYS_PAGES)) * size_t(sysconf(_SC_PAGESIZE)); }
+
+ private:
+  std::mutex mu_;
+  std::vector<std::chrono::steady_clock::time_point> events_;
 };
 
 }  // namespace

@@ -47,6 +47,12 @@ class BackendRuntime {
     return -1;
   }
   virtual void replay(int graph) { (void)graph; }
+
+  // Timing marks queued in order with the work (host clock on the CPU): record_event()
+  // returns an id; elapsed_ms(a, b) waits for b and returns the time between them.
+  virtual int record_event() = 0;
+  virtual double elapsed_ms(int from, int to) = 0;
+  virtual void clear_events() = 0;
 };
 
 // An owning allocation in a runtime's memory, with a typed view.

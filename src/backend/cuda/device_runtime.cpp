@@ -25,6 +25,7 @@ class CudaRuntime final : public ops::BackendRuntime {
     activate();
   }
   ~CudaRuntime() override {
+    clear_events();
     for (auto& g : graphs_) {
       if (g.exec) cudaGraphExecDestroy(g.exec);
       if (g.graph) cudaGraphDestroy(g.graph);
@@ -119,8 +120,26 @@ class CudaRuntime final : public ops::BackendRuntime {
     if (graph < 0 || size_t(graph) >= graphs_.size()) throw std::runtime_error("replay of unknown graph " + std::to_string(graph));
     M3_CUDA_CHECK(cudaGraphLaunch(graphs_[size_t(graph)].exec, stream_));
   }
+  int record_event() override {
+    cudaEvent_t e = nullptr;
+    M3_CUDA_CHECK(cudaEventCreate(&e));
+    M3_CUDA_CHECK(cudaEventRecord(e, stream_));
+    events_.push_back(e);
+    return int(events_.size()) - 1;
+  }
+  double elapsed_ms(int from, int to) override {
+    M3_CUDA_CHECK(cudaEventSynchronize(events_.at(size_t(to))));
+    float ms = 0.0f;
+    M3_CUDA_CHECK(cudaEventElapsedTime(&ms, events_.at(size_t(from)), events_.at(size_t(to))));
+    return double(ms);
+  }
+  void clear_events() override {
+    for (cudaEvent_t e : events_) cudaEventDestroy(e);
+    events_.clear();
+  }
 
  private:
+  std::vector<cudaEvent_t> events_;
   struct Graph {
     cudaGraph_t graph = nullptr;
     cudaGraphExec_t exec = nullptr;

@@ -31,6 +31,7 @@ Result<std::unique_ptr<MiniMaxM3Model>> MiniMaxM3Model::load(const ModelDir& dir
   const MiniMaxM3Config& c = model->config_;
   model->layers_.resize(size_t(c.num_hidden_layers));
   model->layer_weight_bytes_.assign(size_t(c.num_hidden_layers), 0);
+  model->routed_expert_bytes_.assign(size_t(c.num_hidden_layers), 0);
   for (int l = 0; l < c.num_hidden_layers; ++l) {
     if (c.is_moe_layer(l)) {
       const size_t n = size_t(c.num_local_experts + (c.n_shared_experts > 0 ? 1 : 0));
@@ -129,6 +130,10 @@ Result<std::unique_ptr<MiniMaxM3Model>> MiniMaxM3Model::load(const ModelDir& dir
       else L.expert_down[shared] = linear_w;
     } else if (tail.rfind("block_sparse_moe.experts.", 0) == 0) {
       const size_t e = size_t(std::stoi(tail.substr(25)));
+      if (e == 0) {
+        model->routed_expert_bytes_[size_t(spec.layer)] +=
+            linear_w.data.size_bytes() + (linear_w.scale.data ? linear_w.scale.size_bytes() : 0);
+      }
       if (ends_with(".w1.weight")) L.expert_gate[e] = linear_w;
       else if (ends_with(".w3.weight")) L.expert_up[e] = linear_w;
       else L.expert_down[e] = linear_w;
@@ -166,7 +171,7 @@ std::unique_ptr<ForwardWorkspace> MiniMaxM3Model::make_workspace(int64_t max_tok
 }
 
 void MiniMaxM3Model::forward(const ops::OpContext& ctx, const ForwardBatch& batch, const KvCacheTensors& cache,
-                             ForwardWorkspace& ws, ForwardTrace* trace) const {
+                             ForwardWorkspace& ws, ForwardTrace* trace, const ForwardHooks* hooks) const {
   const MiniMaxM3Config& c = config_;
   const ops::AttentionMetadata& meta = batch.meta;
   const int64_t T = meta.num_tokens, H = c.hidden_size, D = c.head_dim;
@@ -196,6 +201,10 @@ void MiniMaxM3Model::forward(const ops::OpContext& ctx, const ForwardBatch& batc
   const TensorView ids{ws.expert_ids.data(), DType::kI32, {T, E}, dev};
   const TensorView wts{ws.expert_weights.data(), DType::kF32, {T, E}, dev};
   ops::embedding(ctx, batch.token_ids, int(T), embed_, hv);
+  auto mark = [hooks](int l) {
+    if (hooks && hooks->after_layer) hooks->after_layer(l);
+  };
+  mark(-1);
   const ops::SwigluParams act{c.swiglu_alpha, c.swiglu_limit, c.swiglu_beta};
 
   for (int l = 0; l < c.num_hidden_layers; ++l) {
@@ -248,6 +257,7 @@ void MiniMaxM3Model::forward(const ops::OpContext& ctx, const ForwardBatch& batc
       ops::dense_mlp(ctx, xv, L.mlp_gate, L.mlp_up, L.mlp_down, act, yv);
     }
     ops::add(ctx, hv, yv);
+    mark(l);
   }
 
   // Final norm and LM head only on the rows that need logits (gathered like embeddings).
@@ -256,6 +266,7 @@ void MiniMaxM3Model::forward(const ops::OpContext& ctx, const ForwardBatch& batc
   ops::embedding(ctx, rows, int(R), hv, f2(ws.rows, R, H));
   ops::rms_norm(ctx, f2(ws.rows, R, H), final_norm_, c.rms_norm_eps, f2(ws.normed, R, H));
   ops::linear(ctx, f2(ws.normed, R, H), lm_head_, f2(ws.logits, R, c.vocab_size));
+  mark(c.num_hidden_layers + 1);
 }
 
 void MiniMaxM3Model::forward(const ops::OpContext& ctx, const ForwardBatch& batch, const KvCacheTensors& cache,

@@ -69,6 +69,12 @@ struct ForwardTrace {
   std::vector<std::vector<int32_t>> expert_ids;       // per MoE layer: [tokens, experts_per_tok]
 };
 
+// Called after the embedding (-1), after each layer l (l), and after the LM head (layers + 1),
+// for per-layer timing; it may only queue work (it can run inside graph capture).
+struct ForwardHooks {
+  std::function<void(int layer)> after_layer;
+};
+
 struct LoadProgress {
   std::function<void(size_t done_bytes, size_t total_bytes)> on_progress;
 };
@@ -87,13 +93,15 @@ class MiniMaxM3Model {
   // Bytes of weights in backend memory, per layer and in all.
   size_t weight_bytes() const { return weight_bytes_; }
   const std::vector<size_t>& layer_weight_bytes() const { return layer_weight_bytes_; }
+  // Per MoE layer: bytes of one routed expert (gate + up + down, with scales); 0 elsewhere.
+  const std::vector<size_t>& routed_expert_bytes() const { return routed_expert_bytes_; }
 
   std::unique_ptr<ForwardWorkspace> make_workspace(int64_t max_tokens, int64_t max_logit_rows) const;
 
   // The forward pass in the runtime's memory; logits land in ws.logits [logits_rows, vocab].
   // Issues work only (no host synchronisation unless `trace` is set), so it can be recorded.
   void forward(const ops::OpContext& ctx, const ForwardBatch& batch, const KvCacheTensors& cache,
-               ForwardWorkspace& ws, ForwardTrace* trace = nullptr) const;
+               ForwardWorkspace& ws, ForwardTrace* trace = nullptr, const ForwardHooks* hooks = nullptr) const;
 
   // Host convenience (host runtime only): logits [batch.logits_rows.size(), vocab] into `logits`.
   void forward(const ops::OpContext& ctx, const ForwardBatch& batch, const KvCacheTensors& cache, float* logits,
@@ -117,6 +125,7 @@ class MiniMaxM3Model {
   std::vector<ops::DeviceBuffer> storage_;  // owns every weight's bytes
   size_t weight_bytes_ = 0;
   std::vector<size_t> layer_weight_bytes_;
+  std::vector<size_t> routed_expert_bytes_;
   TensorView embed_, final_norm_;
   ops::LinearWeight lm_head_;
   std::vector<Layer> layers_;

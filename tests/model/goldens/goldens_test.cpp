@@ -15,60 +15,22 @@
 #include "exec/sequence_runner.h"
 #include "loader/safetensors.h"
 #include "model/minimax_m3/make_model.h"
+#include "golden_fixture.h"
 
 namespace m3 {
 namespace {
 
 namespace fs = std::filesystem;
-
-std::string env_or(const char* name, const std::string& fallback) {
-  const char* v = std::getenv(name);
-  return v ? v : fallback;
-}
-
-template <class T>
-std::vector<T> tensor_values(const SafetensorsFile& f, const std::string& name) {
-  const TensorInfo* t = f.find(name);
-  if (!t) ADD_FAILURE() << "golden tensor missing: " << name;
-  if (!t) return {};
-  std::vector<T> out(size_t(t->shape.numel()));
-  std::memcpy(out.data(), t->data, out.size() * sizeof(T));
-  return out;
-}
+using testing::env_or;
+using testing::tensor_values;
 
 class Goldens : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(Goldens, MatchHfReference) {
-  const fs::path fixture = fs::path(env_or("M3_SOURCE_DIR", M3_SOURCE_DIR_DEFAULT)) / "tests/fixtures/goldens" / GetParam();
-  const fs::path golden_path = fixture / "golden.safetensors";
-  // Goldens are committed fixtures: their absence is a failure, not a skip.
-  ASSERT_TRUE(fs::exists(golden_path)) << "no golden file at " << golden_path << " (regenerate with tools/make_goldens.sh)";
-  auto golden = SafetensorsFile::open(golden_path.string());
-  ASSERT_TRUE(golden.is_ok()) << golden.error();
-  const auto& meta = (*golden)->metadata();
-  fs::path model_dir;
-  if (meta.count("m3_model_dir")) {
-    // A committed model directory (relative to the source tree), loaded as it is.
-    model_dir = fs::path(env_or("M3_SOURCE_DIR", M3_SOURCE_DIR_DEFAULT)) / meta.at("m3_model_dir");
-    ASSERT_TRUE(fs::exists(model_dir / "config.json")) << "no committed model at " << model_dir;
-  } else {
-    ASSERT_TRUE(meta.count("m3_preset") && meta.count("m3_seed") && meta.count("m3_mxfp8")) << "golden metadata incomplete";
-    // Regenerate the checkpoint the oracle read, from its preset and seed.
-    model_dir = fs::path(env_or("M3_BINARY_DIR", "/tmp")) / "goldens" / GetParam();
-    fs::remove_all(model_dir);
-    MakeModelOptions opts;
-    auto cfg = MiniMaxM3Config::preset(meta.at("m3_preset"));
-    ASSERT_TRUE(cfg.is_ok()) << cfg.error();
-    opts.config = *cfg;
-    opts.out_dir = model_dir.string();
-    opts.mxfp8 = meta.at("m3_mxfp8") == "1";
-    opts.seed = std::stoull(meta.at("m3_seed"));
-    ASSERT_TRUE(make_model(opts).is_ok());
-    if (meta.count("m3_checkpoint_sha256")) {
-      // Guards against make-model drifting away from what the oracle saw.
-      RecordProperty("checkpoint_sha256", meta.at("m3_checkpoint_sha256"));
-    }
-  }
+  testing::GoldenFixture fx;
+  ASSERT_TRUE(testing::open_golden(GetParam(), "goldens", fx));
+  auto& golden = fx.golden;
+  const fs::path model_dir = fx.model_dir;
   auto model = MiniMaxM3Model::load(model_dir.string());
   ASSERT_TRUE(model.is_ok()) << model.error();
   const auto& c = (*model)->config();
@@ -80,18 +42,18 @@ TEST_P(Goldens, MatchHfReference) {
   nlohmann::json report;
   for (int p = 0;; ++p) {
     const std::string pre = "prompt." + std::to_string(p) + ".";
-    if (!(*golden)->find(pre + "input_ids")) break;
-    auto ids = tensor_values<int32_t>(**golden, pre + "input_ids");
-    auto want_logits = tensor_values<float>(**golden, pre + "logits");
-    auto want_sel = tensor_values<int32_t>(**golden, pre + "selected_blocks");
-    auto want_exp = tensor_values<int32_t>(**golden, pre + "expert_ids");
-    auto want_greedy = tensor_values<int32_t>(**golden, pre + "greedy");
+    if (!golden->find(pre + "input_ids")) break;
+    auto ids = tensor_values<int32_t>(*golden, pre + "input_ids");
+    auto want_logits = tensor_values<float>(*golden, pre + "logits");
+    auto want_sel = tensor_values<int32_t>(*golden, pre + "selected_blocks");
+    auto want_exp = tensor_values<int32_t>(*golden, pre + "expert_ids");
+    auto want_greedy = tensor_values<int32_t>(*golden, pre + "greedy");
     const int64_t T = int64_t(ids.size()), V = c.vocab_size;
 
     // Large goldens keep the logits of some positions only (prompt.i.logit_positions, ascending).
     std::vector<int32_t> rows;
-    if ((*golden)->find(pre + "logit_positions")) {
-      rows = tensor_values<int32_t>(**golden, pre + "logit_positions");
+    if (golden->find(pre + "logit_positions")) {
+      rows = tensor_values<int32_t>(*golden, pre + "logit_positions");
     } else {
       for (int64_t t = 0; t < T; ++t) rows.push_back(int32_t(t));
     }

@@ -1,0 +1,333 @@
+// The model on the GPU. (1) The HF goldens through the CUDA entries (MXFP8 kept as fp8 in
+// device memory, and dequantised to BF16): logits, MSA selections, routed experts, greedy
+// continuation. (2) The CUDA engine against the CPU engine: greedy tokens equal (else the
+// first divergence and its logprob margin are reported), graphs bit-identical to eager,
+// batching bit-identical to one-at-a-time, seeded device sampling reproducible. Every op
+// must have run a CUDA entry. Writes a JSON report to $M3_OUT (or the build dir).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <random>
+
+#include "backend/cpu/cpu_backend.h"
+#include "backend/cuda/cuda_backend.h"
+#include "exec/sequence_runner.h"
+#include "golden_fixture.h"
+#include "m3serve/engine.h"
+
+namespace m3 {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::env_or;
+using testing::tensor_values;
+
+nlohmann::json& report() {
+  static nlohmann::json r;
+  return r;
+}
+
+void write_report() {
+  const fs::path dir = env_or("M3_OUT", env_or("M3_BINARY_DIR", "/tmp"));
+  std::ofstream(dir / "model_cuda_report.json") << report().dump(2);
+}
+
+// Every selection the stats saw was a CUDA entry.
+std::vector<std::string> non_cuda_entries(const ops::DispatchStats& stats) {
+  std::vector<std::string> bad;
+  for (const auto& [key, count] : stats.entry_counts())
+    if (key.second.size() < 5 || key.second.substr(key.second.size() - 5) != ".sm90") bad.push_back(key.first + "=" + key.second);
+  return bad;
+}
+
+struct GoldenCase {
+  std::string golden;
+  LinearFormat format;
+};
+
+std::string format_name(LinearFormat f) { return f == LinearFormat::kNative ? "native" : "bf16"; }
+
+class CudaGoldens : public ::testing::TestWithParam<GoldenCase> {};
+
+TEST_P(CudaGoldens, MatchHfReference) {
+  if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device: the GPU model test needs one";
+  const std::string name = GetParam().golden, label = name + "/" + format_name(GetParam().format);
+  testing::GoldenFixture fx;
+  ASSERT_TRUE(testing::open_golden(name, "goldens_cuda", fx));
+  auto rt = cuda::make_cuda_runtime(0);
+  auto dir = ModelDir::open(fx.model_dir.string());
+  ASSERT_TRUE(dir.is_ok()) << dir.error();
+  LoadOptions lo;
+  lo.runtime = rt.get();
+  lo.linear_format = GetParam().format;
+  auto model = MiniMaxM3Model::load(**dir, {}, lo);
+  ASSERT_TRUE(model.is_ok()) << model.error();
+  const auto& c = (*model)->config();
+
+  ops::KernelTable table;
+  cuda::register_cuda_kernels(table);
+  cpu::register_cpu_kernels(table);
+  ops::DispatchStats stats;
+  ops::OpContext ctx{&table, &stats, Device::kCuda, true};
+  auto& golden = fx.golden;
+  for (int p = 0;; ++p) {
+    const std::string pre = "prompt." + std::to_string(p) + ".";
+    if (!golden->find(pre + "input_ids")) break;
+    auto ids = tensor_values<int32_t>(*golden, pre + "input_ids");
+    auto want_logits = tensor_values<float>(*golden, pre + "logits");
+    auto want_sel = tensor_values<int32_t>(*golden, pre + "selected_blocks");
+    auto want_exp = tensor_values<int32_t>(*golden, pre + "expert_ids");
+    auto want_greedy = tensor_values<int32_t>(*golden, pre + "greedy");
+    const int64_t T = int64_t(ids.size()), V = c.vocab_size;
+    std::vector<int32_t> rows;
+    if (golden->find(pre + "logit_positions")) rows = tensor_values<int32_t>(*golden, pre + "logit_positions");
+    else
+      for (int64_t t = 0; t < T; ++t) rows.push_back(int32_t(t));
+
+    SequenceRunner runner(**model, ctx, T + int64_t(want_greedy.size()) + 1);
+    ForwardTrace trace;
+    auto logits = runner.extend(ids, true, &trace);
+    ASSERT_EQ(logits.size(), size_t(T * V));
+    double dot = 0, na = 0, nb = 0, max_abs = 0, max_ref = 0;
+    int argmax_mismatch = 0;
+    for (size_t r = 0; r < rows.size(); ++r) {
+      const float* a = logits.data() + int64_t(rows[r]) * V;
+      const float* b = want_logits.data() + int64_t(r) * V;
+      for (int64_t i = 0; i < V; ++i) {
+        dot += double(a[i]) * b[i];
+        na += double(a[i]) * a[i];
+        nb += double(b[i]) * b[i];
+        max_abs = std::max(max_abs, double(std::fabs(a[i] - b[i])));
+        max_ref = std::max(max_ref, double(std::fabs(b[i])));
+      }
+      argmax_mismatch += (std::max_element(a, a + V) - a) != (std::max_element(b, b + V) - b);
+    }
+    const double cosine = dot / std::sqrt(na * nb);
+    // BF16-level tolerance: the GPU keeps fp32 activations, so it is far inside this.
+    EXPECT_GE(cosine, 0.9999) << label << " prompt " << p;
+    EXPECT_LE(max_abs, 1e-2 * std::max(1.0, max_ref)) << label << " prompt " << p;
+    EXPECT_EQ(argmax_mismatch, 0) << label << " prompt " << p;
+
+    const int G = c.num_key_value_heads, K = c.index_topk_blocks, E = c.num_experts_per_tok;
+    ASSERT_EQ(int64_t(want_sel.size()), int64_t(trace.selected_blocks.size()) * T * G * K);
+    int64_t sel_mismatch = 0, exp_mismatch = 0;
+    for (size_t l = 0; l < trace.selected_blocks.size(); ++l)
+      for (int64_t t = 0; t < T; ++t)
+        for (int g = 0; g < G; ++g)
+          for (int k = 0; k < K; ++k)
+            sel_mismatch += trace.selected_blocks[l][size_t((g * T + t) * K + k)] !=
+                            want_sel[size_t(((int64_t(l) * T + t) * G + g) * K + k)];
+    ASSERT_EQ(int64_t(want_exp.size()), int64_t(trace.expert_ids.size()) * T * E);
+    for (size_t l = 0; l < trace.expert_ids.size(); ++l)
+      for (int64_t t = 0; t < T; ++t) {
+        std::vector<int32_t> got(trace.expert_ids[l].begin() + t * E, trace.expert_ids[l].begin() + (t + 1) * E);
+        std::sort(got.begin(), got.end());
+        for (int e = 0; e < E; ++e) exp_mismatch += got[size_t(e)] != want_exp[size_t((int64_t(l) * T + t) * E + e)];
+      }
+    EXPECT_EQ(sel_mismatch, 0) << label << " prompt " << p;
+    EXPECT_EQ(exp_mismatch, 0) << label << " prompt " << p;
+
+    // Greedy continuation through incremental decode; on a divergence, the margin between the
+    // two best logits there says whether it is a rounding-level tie.
+    std::vector<int32_t> greedy;
+    std::vector<float> last(logits.end() - V, logits.end());
+    int first_div = -1;
+    double div_margin = 0;
+    for (size_t n = 0; n < want_greedy.size(); ++n) {
+      const int32_t tok = int32_t(std::max_element(last.begin(), last.end()) - last.begin());
+      if (first_div < 0 && tok != want_greedy[n]) {
+        first_div = int(n);
+        div_margin = double(last[size_t(tok)]) - double(last[size_t(want_greedy[n])]);
+      }
+      greedy.push_back(tok);
+      if (n + 1 < want_greedy.size()) last = runner.extend({tok}, false);
+    }
+    EXPECT_EQ(greedy, want_greedy) << label << " prompt " << p << ": first divergence at " << first_div
+                                   << ", logit margin " << div_margin;
+    report()["goldens"].push_back({{"case", label}, {"prompt", p}, {"tokens", T}, {"cosine", cosine},
+                                   {"max_abs", max_abs}, {"argmax_mismatch", argmax_mismatch},
+                                   {"selection_mismatch", sel_mismatch}, {"expert_mismatch", exp_mismatch},
+                                   {"greedy_len", want_greedy.size()}, {"greedy_first_divergence", first_div},
+                                   {"divergence_margin", div_margin}});
+    std::printf("%-22s prompt %d (%4lld tokens): cosine %.9f max_abs %.3e argmax mism %d sel mism %lld expert mism "
+                "%lld greedy %s\n",
+                label.c_str(), p, (long long)T, cosine, max_abs, argmax_mismatch, (long long)sel_mismatch,
+                (long long)exp_mismatch, first_div < 0 ? "equal" : ("diverges at " + std::to_string(first_div)).c_str());
+  }
+  auto bad = non_cuda_entries(stats);
+  EXPECT_TRUE(bad.empty()) << "ops that did not run a CUDA entry: " << bad.front();
+  nlohmann::json entries;
+  for (const auto& [key, count] : stats.entry_counts()) entries[key.first + "=" + key.second] = count;
+  report()["golden_dispatch"][label] = entries;
+  write_report();
+}
+
+INSTANTIATE_TEST_SUITE_P(All, CudaGoldens,
+                         ::testing::Values(GoldenCase{"tiny_bf16", LinearFormat::kBF16},
+                                           GoldenCase{"tiny_mxfp8", LinearFormat::kNative},
+                                           GoldenCase{"tiny_mxfp8", LinearFormat::kBF16},
+                                           GoldenCase{"m3_small_bf16", LinearFormat::kBF16},
+                                           GoldenCase{"m3_small_mxfp8", LinearFormat::kNative},
+                                           GoldenCase{"m3_small_mxfp8", LinearFormat::kBF16}),
+                         [](const auto& info) { return info.param.golden + "_" + format_name(info.param.format); });
+
+// ---------------------------------------------------------------------------------------
+// The engine on CUDA against the engine on the CPU.
+
+struct RunResult {
+  std::vector<std::vector<TokenOutput>> outputs;
+  int graph_steps = 0, steps = 0, device_sampled_steps = 0;
+  std::vector<std::string> non_cuda;
+};
+
+RunResult run_engine(EngineConfig cfg, const std::vector<std::vector<int32_t>>& prompts, const SamplingParams& sp) {
+  RunResult res;
+  auto engine = Engine::create(cfg);
+  if (!engine.is_ok()) {
+    ADD_FAILURE() << engine.error();
+    return res;
+  }
+  std::map<RequestId, size_t> index;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    auto id = (*engine)->submit({prompts[i], sp});
+    if (!id.is_ok()) {
+      ADD_FAILURE() << id.error();
+      return res;
+    }
+    index[*id] = i;
+  }
+  res.outputs.resize(prompts.size());
+  while ((*engine)->has_unfinished_requests()) {
+    EngineStepStats st;
+    for (auto& ev : (*engine)->step(&st))
+      for (auto& t : ev.new_tokens) res.outputs[index[ev.request_id]].push_back(t);
+    ++res.steps;
+    res.graph_steps += st.graph_batch > 0;
+    res.device_sampled_steps += st.sampled_on_device;
+  }
+  if (cfg.device == "cuda") res.non_cuda = non_cuda_entries((*engine)->dispatch_stats());
+  return res;
+}
+
+std::vector<std::vector<int32_t>> random_prompts(int64_t vocab, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<std::vector<int32_t>> prompts;
+  for (int len : {1, 5, 17, 40, 130, 300}) {
+    std::vector<int32_t> p(static_cast<size_t>(len));
+    for (auto& t : p) t = int32_t(rng() % uint32_t(vocab));
+    prompts.push_back(p);
+  }
+  return prompts;
+}
+
+class CudaEngine : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(CudaEngine, MatchesCpuEngineAndIsDeterministic) {
+  if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device: the GPU model test needs one";
+  const fs::path model_dir = fs::path(env_or("M3_SOURCE_DIR", M3_SOURCE_DIR_DEFAULT)) / GetParam();
+  ASSERT_TRUE(fs::exists(model_dir / "config.json")) << model_dir;
+  EngineConfig cfg;
+  cfg.model_dir = model_dir.string();
+  cfg.max_num_batched_tokens = 256;  // prompts of 300 are prefilled in chunks
+  cfg.max_num_seqs = 8;
+  cfg.num_kv_blocks = 64;
+  cfg.check_invariants = true;
+  SamplingParams greedy;
+  greedy.temperature = 0.0f;
+  greedy.max_tokens = 32;
+  greedy.ignore_eos = true;
+  greedy.logprobs = 2;
+  const auto prompts = random_prompts(6144, 11);
+
+  EngineConfig cpu_cfg = cfg;
+  cpu_cfg.device = "cpu";
+  EngineConfig gpu_cfg = cfg;
+  gpu_cfg.device = "cuda";
+  EngineConfig eager_cfg = gpu_cfg;
+  eager_cfg.cuda_graphs = false;
+  const RunResult cpu = run_engine(cpu_cfg, prompts, greedy);
+  const RunResult gpu = run_engine(gpu_cfg, prompts, greedy);
+  const RunResult eager = run_engine(eager_cfg, prompts, greedy);
+  ASSERT_EQ(cpu.outputs.size(), prompts.size());
+  ASSERT_EQ(gpu.outputs.size(), prompts.size());
+  ASSERT_EQ(eager.outputs.size(), prompts.size());
+  EXPECT_GT(gpu.graph_steps, 0) << "no decode step replayed a CUDA graph";
+  EXPECT_EQ(eager.graph_steps, 0);
+  EXPECT_EQ(gpu.device_sampled_steps, gpu.steps - 0) << "greedy rows must be sampled on the device";
+  EXPECT_TRUE(gpu.non_cuda.empty()) << "op without a CUDA entry: " << gpu.non_cuda.front();
+
+  nlohmann::json rows;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    const auto &a = cpu.outputs[i], &b = gpu.outputs[i], &e = eager.outputs[i];
+    ASSERT_EQ(a.size(), b.size());
+    int first_div = -1;
+    double margin = 0, max_lp_diff = 0;
+    for (size_t n = 0; n < a.size(); ++n) {
+      if (a[n].token != b[n].token) {
+        first_div = int(n);
+        // CPU's margin between its two best tokens there.
+        if (a[n].top_logprobs.size() >= 2) margin = a[n].top_logprobs[0].logprob - a[n].top_logprobs[1].logprob;
+        break;
+      }
+      max_lp_diff = std::max(max_lp_diff, double(std::fabs(a[n].logprob - b[n].logprob)));
+    }
+    EXPECT_EQ(first_div, -1) << GetParam() << " prompt " << i << " (" << prompts[i].size()
+                             << " tokens): GPU diverges from CPU at output " << first_div << ", CPU margin " << margin;
+    EXPECT_LT(max_lp_diff, 1e-3) << GetParam() << " prompt " << i;
+    // Graph replay runs the very kernels eager runs: bit-identical.
+    ASSERT_EQ(b.size(), e.size());
+    for (size_t n = 0; n < b.size(); ++n) {
+      EXPECT_EQ(b[n].token, e[n].token) << "graph vs eager, prompt " << i << " output " << n;
+      EXPECT_EQ(b[n].logprob, e[n].logprob) << "graph vs eager, prompt " << i << " output " << n;
+    }
+    rows.push_back({{"prompt_tokens", prompts[i].size()}, {"first_divergence", first_div}, {"cpu_margin", margin},
+                    {"max_logprob_diff_before_divergence", max_lp_diff}});
+  }
+
+  // Batch invariance on the GPU: each prompt alone gives the batched logprobs bit for bit.
+  for (size_t i : {size_t(0), size_t(3), size_t(5)}) {
+    const RunResult alone = run_engine(gpu_cfg, {prompts[i]}, greedy);
+    ASSERT_EQ(alone.outputs.size(), 1u);
+    ASSERT_EQ(alone.outputs[0].size(), gpu.outputs[i].size());
+    for (size_t n = 0; n < alone.outputs[0].size(); ++n)
+      EXPECT_EQ(alone.outputs[0][n].logprob, gpu.outputs[i][n].logprob) << "alone vs batched, prompt " << i << " output " << n;
+  }
+
+  // Seeded sampling on the device reproduces; another seed gives another text.
+  SamplingParams hot = greedy;
+  hot.temperature = 0.8f;
+  hot.seed = 7;
+  const RunResult s1 = run_engine(gpu_cfg, prompts, hot), s2 = run_engine(gpu_cfg, prompts, hot);
+  hot.seed = 8;
+  const RunResult s3 = run_engine(gpu_cfg, prompts, hot);
+  int same_as_other_seed = 0;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    ASSERT_EQ(s1.outputs[i].size(), s2.outputs[i].size());
+    for (size_t n = 0; n < s1.outputs[i].size(); ++n) EXPECT_EQ(s1.outputs[i][n].token, s2.outputs[i][n].token);
+    bool same = s1.outputs[i].size() == s3.outputs[i].size();
+    for (size_t n = 0; same && n < s1.outputs[i].size(); ++n) same = s1.outputs[i][n].token == s3.outputs[i][n].token;
+    same_as_other_seed += same;
+  }
+  EXPECT_LT(same_as_other_seed, int(prompts.size())) << "seed does not change the device sampler's draws";
+  EXPECT_EQ(s1.device_sampled_steps, s1.steps);
+
+  report()["engine"][GetParam()] = {{"prompts", rows},
+                                    {"graph_steps", gpu.graph_steps},
+                                    {"steps", gpu.steps},
+                                    {"device_sampled_steps", gpu.device_sampled_steps}};
+  std::printf("%s: %d steps, %d replayed a graph, %d sampled on the device\n", GetParam().c_str(), gpu.steps,
+              gpu.graph_steps, gpu.device_sampled_steps);
+  write_report();
+}
+
+INSTANTIATE_TEST_SUITE_P(Small, CudaEngine, ::testing::Values("models/m3-small", "models/m3-small-mxfp8"),
+                         [](const auto& info) { return info.param == "models/m3-small" ? std::string("bf16") : std::string("mxfp8"); });
+
+}  // namespace
+}  // namespace m3

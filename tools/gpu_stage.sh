@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Builds (Release, sm_90a) and stages what tools/gpu_check.sh runs on the GPU machine into
+# .dev/gpu (git-ignored; pass it to the device tool's `carry`): the GPU test binaries, the
+# server binary, decode_bench, and the host libraries a bare machine may lack (OpenBLAS,
+# gfortran, PCRE2). cuBLAS and the driver come from the GPU machine.
+#   tools/gpu_stage.sh [BUILD_DIR]   (default: build)
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+build=${1:-$root/build}
+stage=$root/.dev/gpu
+targets=(kernels_cuda_parity kernels_cuda_sampling model_cuda decode_bench m3serve)
+cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release >/dev/null
+cmake --build "$build" -j"$(nproc)" --target "${targets[@]}"
+rm -rf "$stage"
+mkdir -p "$stage/lib"
+for t in "${targets[@]}"; do
+  bin=$(find "$build" -type f -name "$t" -perm -u+x | head -1)
+  [[ -n $bin ]] || { echo "gpu_stage: $t was not built" >&2; exit 1; }
+  cp "$bin" "$stage/"
+  strip --strip-debug "$stage/$t"
+done
+# Host libraries that are not part of a bare CUDA image.
+for bin in "$stage"/*; do
+  [[ -f $bin ]] || continue
+  ldd "$bin" | awk '/=> \// {print $3}' | grep -E 'openblas|gfortran|quadmath|pcre2|libgomp' || true
+done | sort -u | while read -r lib; do cp -L "$lib" "$stage/lib/"; done
+du -sh "$stage"
+ls -la "$stage" "$stage/lib"
