@@ -5,7 +5,8 @@
 // (events between layers), and the HBM roofline: bytes that must move (weights of the layer,
 // routed experts actually chosen, KV read: dense layers all of it, MSA layers the index keys
 // plus the selected pages) over the copy bandwidth measured in the same run. Writes JSON.
-//   decode_bench --model DIR [--batch-sizes 1,8,32,128] [--context 4096] [--iters 20] [--json F]
+//   decode_bench --model DIR [--batch-sizes 1,8,32,128] [--context 4096] [--kv-dtype bf16|f32]
+//                [--iters 20] [--json F]
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -51,15 +52,23 @@ double copy_bandwidth(m3::ops::BackendRuntime* rt) {
   return best;
 }
 
-// Random fp32 values in [-1, 1) over a whole device buffer, through one host block.
-void fill_random(m3::ops::BackendRuntime* rt, const DeviceBuffer& buf, uint32_t seed) {
+// Random values in [-1, 1) (F32 or BF16) over a whole device buffer, through one host block.
+void fill_random(m3::ops::BackendRuntime* rt, const DeviceBuffer& buf, m3::DType dtype, uint32_t seed) {
   std::mt19937 rng(seed);
   std::uniform_real_distribution<float> u(-1.0f, 1.0f);
   std::vector<float> block(size_t(1) << 22);
   for (auto& x : block) x = u(rng);
-  const size_t chunk = block.size() * 4;
+  std::vector<uint16_t> half;
+  const void* src = block.data();
+  size_t chunk = block.size() * 4;
+  if (dtype == m3::DType::kBF16) {
+    half.resize(block.size());
+    for (size_t i = 0; i < block.size(); ++i) half[i] = m3::f32_to_bf16(block[i]);
+    src = half.data();
+    chunk = half.size() * 2;
+  }
   for (size_t off = 0; off < buf.size_bytes(); off += chunk) {
-    rt->upload(static_cast<char*>(buf.data()) + off, block.data(), std::min(chunk, buf.size_bytes() - off));
+    rt->upload(static_cast<char*>(buf.data()) + off, src, std::min(chunk, buf.size_bytes() - off));
   }
   rt->synchronize();
 }
@@ -69,6 +78,7 @@ void fill_random(m3::ops::BackendRuntime* rt, const DeviceBuffer& buf, uint32_t 
 int main(int argc, char** argv) {
   std::string model_dir, json_path = "decode_bench.json", batches = "1,8,32,128";
   int context = 4096, iters = 20;
+  std::string kv_name = "bf16";
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string k = argv[i], v = argv[i + 1];
     if (k == "--model") model_dir = v;
@@ -76,12 +86,13 @@ int main(int argc, char** argv) {
     else if (k == "--context") context = std::stoi(v);
     else if (k == "--iters") iters = std::stoi(v);
     else if (k == "--json") json_path = v;
+    else if (k == "--kv-dtype") kv_name = v;
     else {
       std::fprintf(stderr, "unknown option %s\n", k.c_str());
       return 2;
     }
   }
-  if (model_dir.empty() || context < 1) {
+  if (model_dir.empty() || context < 1 || (kv_name != "bf16" && kv_name != "f32")) {
     std::fprintf(stderr, "usage: decode_bench --model DIR [--batch-sizes 1,8] [--context N] [--iters N] [--json F]\n");
     return 2;
   }
@@ -121,6 +132,8 @@ int main(int argc, char** argv) {
   ops::DispatchStats stats;
   ops::OpContext ctx{&table, &stats, Device::kCuda, true};
   const int bs = c.index_block_size, L = c.num_hidden_layers;
+  const DType kv_dtype = kv_name == "bf16" ? DType::kBF16 : DType::kF32;
+  const double kv_elem = kv_dtype == DType::kBF16 ? 2.0 : 4.0;
   const int blocks_per_seq = (context + bs - 1) / bs;
 
   nlohmann::json out;
@@ -128,6 +141,7 @@ int main(int argc, char** argv) {
   out["model"] = model_dir;
   out["copy_bandwidth_gbs"] = bw / 1e9;
   out["context"] = context;
+  out["kv_dtype"] = kv_name;
   size_t head_bytes = model.weight_bytes();
   for (size_t b : model.layer_weight_bytes()) head_bytes -= b;  // embedding + final norm + LM head
   const size_t lm_head_bytes = size_t(c.vocab_size) * size_t(c.hidden_size) * 2;  // BF16 (never quantised)
@@ -135,11 +149,11 @@ int main(int argc, char** argv) {
   for (int B : parse_list(batches)) {
     // KV: B sequences of `context` tokens, pages laid out sequence after sequence.
     const int64_t num_blocks = int64_t(B) * blocks_per_seq;
-    BackendKvCache cache = BackendKvCache::allocate(rt.get(), c, num_blocks, bs);
+    BackendKvCache cache = BackendKvCache::allocate(rt.get(), c, num_blocks, bs, kv_dtype);
     uint32_t seed = 1;
     for (auto* bufs : {&cache.k, &cache.v, &cache.index_k})
       for (auto& buf : *bufs)
-        if (buf.data()) fill_random(rt.get(), buf, seed++);
+        if (buf.data()) fill_random(rt.get(), buf, kv_dtype, seed++);
     // Each sequence decodes the token at position context - 1.
     std::vector<int32_t> tokens(size_t(B)), positions(size_t(B), context - 1), query_start(size_t(B) + 1),
         seq_lens(size_t(B), context), tables(size_t(num_blocks)), rows(size_t(B));
@@ -244,11 +258,11 @@ int main(int argc, char** argv) {
           touched = int(used.size());
           w -= double(expert) * double(c.num_local_experts - touched);
         }
-        const double kv_row = double(c.num_key_value_heads) * c.head_dim * 4.0 * 2.0;  // K + V, fp32
+        const double kv_row = double(c.num_key_value_heads) * c.head_dim * kv_elem * 2.0;  // K + V
         double kv;
         if (sparse) {
           const double selected = std::min(context, c.index_topk_blocks * bs);
-          kv = double(B) * (double(context) * c.index_head_dim * 4.0 + selected * kv_row);
+          kv = double(B) * (double(context) * c.index_head_dim * kv_elem + selected * kv_row);
         } else {
           kv = double(B) * double(context) * kv_row;
         }

@@ -39,6 +39,9 @@ struct EngineConfig {
   // CUDA: MXFP8 linears stay fp8 + e8m0 in device memory (kernels dequantise in registers);
   // true dequantises them to BF16 at load (exact, twice the bytes).
   bool dequantize_mxfp8 = false;
+  // KV cache element type (K, V and MSA index keys): "auto" (bf16 on CUDA, f32 on the CPU),
+  // "f32" or "bf16" (rounded to nearest even when written).
+  std::string kv_cache_dtype = "auto";
 };
 
 struct GenerationRequest {

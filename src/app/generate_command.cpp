@@ -73,6 +73,10 @@ void register_generate(CLI::App& app) {
       ->check(CLI::IsMember({"auto", "cuda", "cpu"}))
       ->capture_default_str();
   cmd->add_option("--device-id", opts->engine.device_id, "CUDA device ordinal")->capture_default_str();
+  cmd->add_option("--kv-cache-dtype", opts->engine.kv_cache_dtype,
+                  "KV cache element type: auto (bf16 on CUDA, f32 on CPU), f32, bf16")
+      ->check(CLI::IsMember({"auto", "f32", "bf16"}))
+      ->capture_default_str();
   cmd->add_flag("--enforce-eager{false}", opts->engine.cuda_graphs,
                 "run decode steps eagerly instead of replaying a CUDA graph per batch bucket");
   cmd->add_flag("--dequantize-mxfp8", opts->engine.dequantize_mxfp8, "hold MXFP8 weights as BF16 on the GPU (twice the bytes)");

@@ -12,7 +12,8 @@ namespace m3 {
 
 class SequenceRunner {
  public:
-  SequenceRunner(const MiniMaxM3Model& model, const ops::OpContext& ctx, int64_t max_tokens);
+  SequenceRunner(const MiniMaxM3Model& model, const ops::OpContext& ctx, int64_t max_tokens,
+                 DType kv_dtype = DType::kF32);
 
   // Appends `tokens` at positions [length(), length() + tokens.size()) and returns logits
   // for every new token (all_logits) or only the last one: [rows, vocab] (host).

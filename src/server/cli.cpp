@@ -188,6 +188,9 @@ void register_serve_command(CLI::App& app, EngineFactory factory) {
       ->check(CLI::IsMember({"auto", "cuda", "cpu"}))
       ->capture_default_str();
   cmd->add_option("--device-id", o->engine.device_id, "CUDA device ordinal")->capture_default_str();
+  cmd->add_option("--kv-cache-dtype", o->engine.kv_cache_dtype, "KV cache element type: auto (bf16 on CUDA, f32 on CPU), f32, bf16")
+      ->check(CLI::IsMember({"auto", "f32", "bf16"}))
+      ->capture_default_str();
   cmd->add_flag("--enforce-eager{false}", o->engine.cuda_graphs,
                 "run decode steps eagerly instead of replaying a CUDA graph per batch bucket");
   cmd->add_flag("--dequantize-mxfp8", o->engine.dequantize_mxfp8, "hold MXFP8 weights as BF16 on the GPU (twice the bytes)");

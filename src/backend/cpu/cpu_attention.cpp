@@ -1,8 +1,13 @@
 // Paged causal GQA attention (dense and MSA block-sparse) and the MSA lightning indexer.
 // Every key is read through the page table; no contiguous copy of a sequence's KV is made.
+// Caches may be F32, BF16 or (index-K only) F8E4M3: elements are converted to fp32 on read
+// and every product and sum is the same fp32 expression, so a GPU kernel reading the same
+// cache can match these results (bit for bit for the indexer's block scores).
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <stdexcept>
+#include <string>
 #include <vector>
 
 #include "backend/cpu/cpu_backend.h"
@@ -11,14 +16,20 @@
 namespace m3::cpu {
 namespace {
 
-void attention_f32(const TensorView& q, const TensorView& k_cache, const TensorView& v_cache,
+// Cache element -> fp32 (exact for every cache dtype).
+inline float load(const float* p, int64_t i) { return p[i]; }
+inline float load(const uint16_t* p, int64_t i) { return bf16_to_f32(p[i]); }
+inline float load(const uint8_t* p, int64_t i) { return fp8_e4m3_to_f32(p[i]); }
+
+template <class KV>
+void attention_ref(const TensorView& q, const TensorView& k_cache, const TensorView& v_cache,
                    const ops::AttentionMetadata& meta, const TensorView& selected, int top_k, const TensorView& out) {
   const int64_t num_tokens = q.shape[0], q_heads = q.shape[1], head_dim = q.shape[2];
   const int64_t kv_heads = k_cache.shape[1];
   const int64_t group = q_heads / kv_heads;
   const float scale = 1.0f / std::sqrt(float(head_dim));
-  const float* kc = k_cache.as<const float>();
-  const float* vc = v_cache.as<const float>();
+  const KV* kc = k_cache.as<const KV>();
+  const KV* vc = v_cache.as<const KV>();
   const int32_t* sel = selected.data ? selected.as<const int32_t>() : nullptr;
   std::vector<float> scores;
   std::vector<int64_t> slots;
@@ -45,9 +56,9 @@ void attention_f32(const TensorView& q, const TensorView& k_cache, const TensorV
           scores.resize(slots.size());
           float max_score = -std::numeric_limits<float>::infinity();
           for (size_t i = 0; i < slots.size(); ++i) {
-            const float* kv = kc + (slots[i] * kv_heads + g) * head_dim;
+            const KV* kv = kc + (slots[i] * kv_heads + g) * head_dim;
             float dot = 0.0f;
-            for (int64_t d = 0; d < head_dim; ++d) dot += qv[d] * kv[d];
+            for (int64_t d = 0; d < head_dim; ++d) dot += qv[d] * load(kv, d);
             scores[i] = dot * scale;
             max_score = std::max(max_score, scores[i]);
           }
@@ -59,9 +70,9 @@ void attention_f32(const TensorView& q, const TensorView& k_cache, const TensorV
           float* o = out.as<float>() + (int64_t(t) * q_heads + hq) * head_dim;
           std::fill(o, o + head_dim, 0.0f);
           for (size_t i = 0; i < slots.size(); ++i) {
-            const float* vv = vc + (slots[i] * kv_heads + g) * head_dim;
+            const KV* vv = vc + (slots[i] * kv_heads + g) * head_dim;
             const float p = scores[i] / denom;
-            for (int64_t d = 0; d < head_dim; ++d) o[d] += p * vv[d];
+            for (int64_t d = 0; d < head_dim; ++d) o[d] += p * load(vv, d);
           }
         }
       }
@@ -73,11 +84,12 @@ void attention_f32(const TensorView& q, const TensorView& k_cache, const TensorV
 // the partial last block is right-padded with -inf). The local block is always kept; the other
 // top_k - 1 are the highest-scoring earlier blocks (ties: lower block id). Output is ascending
 // block ids, then -1 padding.
-void indexer_topk_f32(const TensorView& index_q, const TensorView& index_k_cache, const ops::AttentionMetadata& meta,
+template <class IK>
+void indexer_topk_ref(const TensorView& index_q, const TensorView& index_k_cache, const ops::AttentionMetadata& meta,
                       const ops::IndexerParams& params, const TensorView& selected) {
   const int64_t num_tokens = index_q.shape[0], heads = index_q.shape[1], dim = index_q.shape[2];
   const int bs = params.block_size, top_k = params.top_k;
-  const float* ik = index_k_cache.as<const float>();
+  const IK* ik = index_k_cache.as<const IK>();
   int32_t* out = selected.as<int32_t>();
   std::vector<float> block_score;
   std::vector<int32_t> order;
@@ -96,9 +108,9 @@ void indexer_topk_f32(const TensorView& index_q, const TensorView& index_k_cache
         block_score.assign(size_t(local), -std::numeric_limits<float>::infinity());
         for (int32_t b = 0; b < local; ++b) {  // earlier blocks are complete and fully in the past
           for (int64_t j = int64_t(b) * bs; j < int64_t(b + 1) * bs; ++j) {
-            const float* kv = ik + meta.slot_of(s, j) * dim;
+            const IK* kv = ik + meta.slot_of(s, j) * dim;
             float dot = 0.0f;
-            for (int64_t d = 0; d < dim; ++d) dot += qv[d] * kv[d];
+            for (int64_t d = 0; d < dim; ++d) dot += qv[d] * load(kv, d);
             block_score[size_t(b)] = std::max(block_score[size_t(b)], dot);
           }
         }
@@ -116,12 +128,44 @@ void indexer_topk_f32(const TensorView& index_q, const TensorView& index_k_cache
   }
 }
 
+void attention_cpu(const TensorView& q, const TensorView& k_cache, const TensorView& v_cache,
+                   const ops::AttentionMetadata& meta, const TensorView& selected, int top_k, const TensorView& out) {
+  if (k_cache.dtype != v_cache.dtype) throw std::runtime_error("attention: K and V caches differ in dtype");
+  if (k_cache.dtype == DType::kBF16) attention_ref<uint16_t>(q, k_cache, v_cache, meta, selected, top_k, out);
+  else attention_ref<float>(q, k_cache, v_cache, meta, selected, top_k, out);
+}
+
+void indexer_topk_cpu(const TensorView& index_q, const TensorView& index_k_cache, const ops::AttentionMetadata& meta,
+                      const ops::IndexerParams& params, const TensorView& selected) {
+  switch (index_k_cache.dtype) {
+    case DType::kBF16: return indexer_topk_ref<uint16_t>(index_q, index_k_cache, meta, params, selected);
+    case DType::kF8E4M3: return indexer_topk_ref<uint8_t>(index_q, index_k_cache, meta, params, selected);
+    default: return indexer_topk_ref<float>(index_q, index_k_cache, meta, params, selected);
+  }
+}
+
+// Host memory; caches in `dtypes` (activations stay F32).
+std::string need_cpu_cache(const ops::Problem& p, std::initializer_list<DType> dtypes) {
+  if (p.device != Device::kCpu) return "tensors are not in host memory";
+  for (DType d : dtypes) {
+    if (p.dtype == d) return "";
+  }
+  return "cache dtype " + std::string(dtype_name(p.dtype)) + " not supported";
+}
+
 }  // namespace
 
 void register_attention(ops::KernelTable& table) {
-  table.attention.add({"attention.paged_reference.cpu", "host F32 KV cache; dense or block-sparse (any block size)",
-                       need_cpu_f32, attention_f32});
-  table.indexer_topk.add({"indexer_topk.reference.cpu", "host F32 index-K cache", need_cpu_f32, indexer_topk_f32});
+  table.attention.add({"attention.paged_reference.cpu",
+                       "host F32 or BF16 KV cache (converted to fp32 on read); dense or block-sparse (any block size)",
+                       [](const ops::Problem& p) { return need_cpu_cache(p, {DType::kF32, DType::kBF16}); },
+                       attention_cpu});
+  table.indexer_topk.add({"indexer_topk.reference.cpu",
+                          "host F32, BF16 or F8E4M3 index-K cache (converted to fp32 on read)",
+                          [](const ops::Problem& p) {
+                            return need_cpu_cache(p, {DType::kF32, DType::kBF16, DType::kF8E4M3});
+                          },
+                          indexer_topk_cpu});
 }
 
 }  // namespace m3::cpu

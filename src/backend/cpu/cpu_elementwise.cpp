@@ -61,11 +61,24 @@ void add_f32(const TensorView& x, const TensorView& y) {
   for (int64_t i = 0, n = x.numel(); i < n; ++i) a[i] += b[i];
 }
 
-void kv_write_f32(const TensorView& src, const int64_t* slot_mapping, const TensorView& cache) {
+// F32 rows into an F32 (copy), BF16 (round to nearest even) or F8E4M3 (RNE, saturating to
+// +-448, no scale) cache; the CUDA entry rounds identically.
+void kv_write_cpu(const TensorView& src, const int64_t* slot_mapping, const TensorView& cache) {
   const int64_t tokens = src.shape[0], row = src.numel() / std::max<int64_t>(1, tokens);
   for (int64_t t = 0; t < tokens; ++t) {
     if (slot_mapping[t] < 0) continue;  // padding token: nothing to cache
-    std::memcpy(cache.as<float>() + slot_mapping[t] * row, src.as<const float>() + t * row, size_t(row) * 4);
+    const float* x = src.as<const float>() + t * row;
+    const int64_t base = slot_mapping[t] * row;
+    switch (cache.dtype) {
+      case DType::kBF16:
+        for (int64_t i = 0; i < row; ++i) cache.as<uint16_t>()[base + i] = f32_to_bf16(x[i]);
+        break;
+      case DType::kF8E4M3:
+        for (int64_t i = 0; i < row; ++i) cache.as<uint8_t>()[base + i] = f32_to_fp8_e4m3(x[i]);
+        break;
+      default:
+        std::memcpy(cache.as<float>() + base, x, size_t(row) * 4);
+    }
   }
 }
 
@@ -83,7 +96,14 @@ void register_elementwise(ops::KernelTable& table) {
                   },
                   rope_f32});
   table.add.add({"add.inplace.cpu", "host F32", need_cpu_f32, add_f32});
-  table.kv_write.add({"kv_write.scatter.cpu", "host F32 cache", need_cpu_f32, kv_write_f32});
+  table.kv_write.add({"kv_write.scatter.cpu", "host F32 rows into an F32, BF16 (RNE) or F8E4M3 (RNE, saturating) cache",
+                      [](const ops::Problem& p) -> std::string {
+                        if (p.device != Device::kCpu) return "tensors are not in host memory";
+                        if (p.dtype != DType::kF32 && p.dtype != DType::kBF16 && p.dtype != DType::kF8E4M3)
+                          return "cache dtype " + std::string(dtype_name(p.dtype)) + " not supported";
+                        return "";
+                      },
+                      kv_write_cpu});
 }
 
 }  // namespace m3::cpu

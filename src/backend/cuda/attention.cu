@@ -1,11 +1,17 @@
 // Paged causal GQA attention (dense and MSA block-sparse) and the MSA lightning indexer for
-// F32 device tensors. Every key is read through the page table. Simple, not tuned: one CTA
-// per (token, query head) for attention, per (token, index head) for the indexer.
+// device tensors: F32 activations, F32 or BF16 caches (index-K also F8E4M3), converted to fp32
+// on read. Every key is read through the page table. Simple, not tuned: one CTA per (token,
+// query head) for attention, per (token, index head) for the indexer. The generic fallback
+// behind the tuned MSA entries (msa_*.cu) for shapes they do not take.
+#include <cuda_bf16.h>
+#include <cuda_fp8.h>
+
 #include <cmath>
 #include <string>
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/cuda_internal.h"
+#include "backend/cuda/msa.h"
 
 namespace m3::cuda {
 namespace {
@@ -15,6 +21,11 @@ constexpr int kMaxDimPerLane = 8;  // head_dim <= 256
 constexpr int kMaxTopK = 64;
 constexpr int kIndexerThreads = 256;
 constexpr size_t kMaxSharedBytes = 227 * 1024;
+
+// Cache element -> fp32 (exact).
+__device__ __forceinline__ float load_f32(const float* p, int64_t i) { return p[i]; }
+__device__ __forceinline__ float load_f32(const __nv_bfloat16* p, int64_t i) { return __bfloat162float(p[i]); }
+__device__ __forceinline__ float load_f32(const __nv_fp8_e4m3* p, int64_t i) { return float(p[i]); }
 
 // The sequence owning batch token t: the last s with query_start[s] <= t (empty sequences
 // share their start with the next one, so the last is the right one).
@@ -38,8 +49,9 @@ struct PagedArgs {
 // Each warp runs an online softmax over its share of the keys (lanes across head_dim), then
 // the warps' partial states are merged. Keys: causal, restricted to the selected blocks when
 // `sel` is given (invalid and repeated block ids ignored, as in the CPU reference).
+template <class KV>
 __global__ void __launch_bounds__(kAttnWarps * 32)
-    paged_attention_kernel(const float* q, const float* k_cache, const float* v_cache, float* out, PagedArgs a,
+    paged_attention_kernel(const float* q, const KV* k_cache, const KV* v_cache, float* out, PagedArgs a,
                            int q_heads, int kv_heads, int head_dim, const int32_t* sel, int top_k, float scale) {
   __shared__ int blocks[kMaxTopK];
   __shared__ int num_listed;
@@ -91,13 +103,13 @@ __global__ void __launch_bounds__(kAttnWarps * 32)
     const int64_t page_base = int64_t(table[b]) * a.block_size;
     for (int64_t j = start + warp; j < end; j += kAttnWarps) {
       const int64_t row = ((page_base + (j - start)) * kv_heads + g) * head_dim;
-      const float* kp = k_cache + row;
-      const float* vp = v_cache + row;
+      const KV* kp = k_cache + row;
+      const KV* vp = v_cache + row;
       float dot = 0.0f;
 #pragma unroll
       for (int i = 0; i < kMaxDimPerLane; ++i) {
         const int d = lane + 32 * i;
-        if (d < head_dim) dot += qr[i] * kp[d];
+        if (d < head_dim) dot += qr[i] * load_f32(kp, d);
       }
       for (int off = 16; off > 0; off >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, off);
       const float score = dot * scale;
@@ -108,7 +120,7 @@ __global__ void __launch_bounds__(kAttnWarps * 32)
 #pragma unroll
       for (int i = 0; i < kMaxDimPerLane; ++i) {
         const int d = lane + 32 * i;
-        if (d < head_dim) acc[i] = acc[i] * corr + p * vp[d];
+        if (d < head_dim) acc[i] = acc[i] * corr + p * load_f32(vp, d);
       }
       m = m_new;
     }
@@ -145,8 +157,9 @@ __device__ float from_ordered_key(int i) { return __int_as_float(i >= 0 ? i : i 
 // fp32 sum of separately rounded products (no FMA), and the block score is their max. Then
 // the top_k - 1 best earlier blocks (ties to the lower id) by rank counting, plus the local
 // block; ascending ids.
+template <class IK>
 __global__ void __launch_bounds__(kIndexerThreads)
-    indexer_topk_kernel(const float* index_q, const float* index_k, int32_t* selected, PagedArgs a, int heads,
+    indexer_topk_kernel(const float* index_q, const IK* index_k, int32_t* selected, PagedArgs a, int heads,
                         int dim, int top_k) {
   extern __shared__ unsigned char smem[];
   float* qs = reinterpret_cast<float*>(smem);
@@ -170,9 +183,9 @@ __global__ void __launch_bounds__(kIndexerThreads)
   const int64_t keys = int64_t(local) * bs;  // earlier blocks are complete and in the past
   for (int64_t j = threadIdx.x; j < keys; j += blockDim.x) {
     const int b = int(j / bs);
-    const float* kv = index_k + (int64_t(table[b]) * bs + (j - int64_t(b) * bs)) * dim;
+    const IK* kv = index_k + (int64_t(table[b]) * bs + (j - int64_t(b) * bs)) * dim;
     float dot = 0.0f;
-    for (int d = 0; d < dim; ++d) dot = __fadd_rn(dot, __fmul_rn(qs[d], kv[d]));
+    for (int d = 0; d < dim; ++d) dot = __fadd_rn(dot, __fmul_rn(qs[d], load_f32(kv, d)));
     atomicMax(&score_key[b], ordered_key(dot));
   }
   __syncthreads();
@@ -200,16 +213,25 @@ PagedArgs paged_args(const ops::AttentionMetadata& meta) {
                    meta.max_blocks_per_seq, meta.block_size};
 }
 
-void launch_attention(const TensorView& q, const TensorView& k_cache, const TensorView& v_cache,
-                      const ops::AttentionMetadata& meta, const TensorView& selected, int top_k, const TensorView& out) {
+template <class KV>
+void launch_attention_typed(const TensorView& q, const TensorView& k_cache, const TensorView& v_cache,
+                            const ops::AttentionMetadata& meta, const TensorView& selected, int top_k,
+                            const TensorView& out) {
   const int64_t tokens = q.shape[0], q_heads = q.shape[1], head_dim = q.shape[2];
-  if (tokens == 0) return;
   const dim3 grid{unsigned(tokens), unsigned(q_heads)};
-  paged_attention_kernel<<<grid, kAttnWarps * 32, 0, current_stream()>>>(
-      q.as<const float>(), k_cache.as<const float>(), v_cache.as<const float>(), out.as<float>(), paged_args(meta),
+  paged_attention_kernel<KV><<<grid, kAttnWarps * 32, 0, current_stream()>>>(
+      q.as<const float>(), k_cache.as<const KV>(), v_cache.as<const KV>(), out.as<float>(), paged_args(meta),
       int(q_heads), int(k_cache.shape[1]), int(head_dim), selected.data ? selected.as<const int32_t>() : nullptr,
       top_k, 1.0f / std::sqrt(float(head_dim)));
   M3_CUDA_CHECK_LAUNCH();
+}
+
+void launch_attention(const TensorView& q, const TensorView& k_cache, const TensorView& v_cache,
+                      const ops::AttentionMetadata& meta, const TensorView& selected, int top_k, const TensorView& out) {
+  if (q.shape[0] == 0) return;
+  if (k_cache.dtype != v_cache.dtype) throw std::runtime_error("attention: K and V caches differ in dtype");
+  if (k_cache.dtype == DType::kBF16) launch_attention_typed<__nv_bfloat16>(q, k_cache, v_cache, meta, selected, top_k, out);
+  else launch_attention_typed<float>(q, k_cache, v_cache, meta, selected, top_k, out);
 }
 
 size_t indexer_smem_bytes(int64_t dim, int64_t max_blocks) {
@@ -223,24 +245,49 @@ void launch_indexer_topk(const TensorView& index_q, const TensorView& index_k_ca
   if (params.block_size != meta.block_size) throw std::runtime_error("indexer_topk: block size differs from the page size");
   const size_t smem = indexer_smem_bytes(dim, meta.max_blocks_per_seq);
   if (smem > kMaxSharedBytes) throw std::runtime_error("indexer_topk.sm90: too many blocks per sequence for shared memory");
-  if (smem > 48 * 1024) {
-    M3_CUDA_CHECK(cudaFuncSetAttribute(indexer_topk_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-  }
   const dim3 grid{unsigned(tokens), unsigned(heads)};
-  indexer_topk_kernel<<<grid, kIndexerThreads, smem, current_stream()>>>(index_q.as<const float>(), index_k_cache.as<const float>(),
-                                                         selected.as<int32_t>(), paged_args(meta), int(heads),
-                                                         int(dim), params.top_k);
+  auto run = [&](auto* kernel, const auto* keys) {
+    if (smem > 48 * 1024) M3_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+    kernel<<<grid, kIndexerThreads, smem, current_stream()>>>(index_q.as<const float>(), keys, selected.as<int32_t>(),
+                                                              paged_args(meta), int(heads), int(dim), params.top_k);
+  };
+  switch (index_k_cache.dtype) {
+    case DType::kBF16: run(indexer_topk_kernel<__nv_bfloat16>, index_k_cache.as<const __nv_bfloat16>()); break;
+    case DType::kF8E4M3: run(indexer_topk_kernel<__nv_fp8_e4m3>, index_k_cache.as<const __nv_fp8_e4m3>()); break;
+    default: run(indexer_topk_kernel<float>, index_k_cache.as<const float>());
+  }
   M3_CUDA_CHECK_LAUNCH();
+}
+
+// Device tensors with a cache of one of `dtypes`.
+std::string need_cuda_cache(const ops::Problem& p, std::initializer_list<DType> dtypes) {
+  if (p.device != Device::kCuda) return "tensors are not in device memory";
+  for (DType d : dtypes) {
+    if (p.dtype == d) return "";
+  }
+  return "cache dtype " + std::string(dtype_name(p.dtype)) + " not supported";
 }
 
 }  // namespace
 
+void launch_generic_attention(const TensorView& q, const TensorView& k_cache, const TensorView& v_cache,
+                              const ops::AttentionMetadata& meta, const TensorView& selected, int top_k,
+                              const TensorView& out) {
+  launch_attention(q, k_cache, v_cache, meta, selected, top_k, out);
+}
+
+void launch_generic_indexer_topk(const TensorView& index_q, const TensorView& index_k_cache,
+                                 const ops::AttentionMetadata& meta, const ops::IndexerParams& params,
+                                 const TensorView& selected) {
+  launch_indexer_topk(index_q, index_k_cache, meta, params, selected);
+}
+
 void register_attention(ops::KernelTable& table) {
   table.attention.add({"attention.paged_online_softmax.sm90",
-                       "device F32 KV cache and metadata; head_dim <= 256; dense or block-sparse with top_k <= 64; "
-                       "one CTA per (token, query head), fp32 online softmax",
+                       "device F32 or BF16 KV cache and metadata; head_dim <= 256; dense or block-sparse with top_k <= "
+                       "64; one CTA per (token, query head), fp32 online softmax",
                        [](const ops::Problem& p) -> std::string {
-                         std::string why = need_cuda_f32(p);
+                         std::string why = need_cuda_cache(p, {DType::kF32, DType::kBF16});
                          if (!why.empty()) return why;
                          if (p.k > kMaxDimPerLane * 32) return "head_dim above 256";
                          if (p.extra > kMaxTopK) return "top_k above 64";
@@ -248,10 +295,11 @@ void register_attention(ops::KernelTable& table) {
                        },
                        launch_attention});
   table.indexer_topk.add({"indexer_topk.block_max_rank.sm90",
-                          "device F32 index-K cache and metadata; top_k >= 1; block scores bit-identical to the CPU "
-                          "(sequential fp32 dots, no FMA); max_blocks_per_seq within shared memory",
+                          "device F32, BF16 or F8E4M3 index-K cache and metadata; top_k >= 1; block scores "
+                          "bit-identical to the CPU (sequential fp32 dots, no FMA); max_blocks_per_seq within shared "
+                          "memory",
                           [](const ops::Problem& p) -> std::string {
-                            std::string why = need_cuda_f32(p);
+                            std::string why = need_cuda_cache(p, {DType::kF32, DType::kBF16, DType::kF8E4M3});
                             if (!why.empty()) return why;
                             if (p.extra < 1) return "top_k must be >= 1";
                             return "";

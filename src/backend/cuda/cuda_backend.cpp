@@ -5,6 +5,7 @@
 namespace m3::cuda {
 
 void register_cuda_kernels(ops::KernelTable& table) {
+  register_msa(table);
   register_elementwise(table);
   register_attention(table);
   register_gemm(table);

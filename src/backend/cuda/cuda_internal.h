@@ -19,6 +19,7 @@ namespace m3::cuda {
 cudaStream_t current_stream();
 void set_current_stream(cudaStream_t stream);
 
+void register_msa(ops::KernelTable& table);  // tuned MSA entries (first: preferred where eligible)
 void register_elementwise(ops::KernelTable& table);
 void register_attention(ops::KernelTable& table);
 void register_gemm(ops::KernelTable& table);

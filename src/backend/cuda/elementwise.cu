@@ -1,5 +1,8 @@
 // Embedding gather, Gemma RMSNorm, partial NeoX RoPE, residual add and KV-cache scatter for
 // F32 device tensors; one block per row, fp32 throughout (parity with the CPU reference).
+#include <cuda_bf16.h>
+#include <cuda_fp8.h>
+
 #include <cmath>
 #include <string>
 
@@ -71,6 +74,23 @@ __global__ void kv_write_kernel(const float* src, const int64_t* slots, float* c
   for (int64_t i = threadIdx.x; i < row; i += blockDim.x) cache[slot * row + i] = src[t * row + i];
 }
 
+// F32 rows into a BF16 (round to nearest even, as f32_to_bf16) or F8E4M3 cache (RNE with
+// saturation to +-448, as f32_to_fp8_e4m3); one block per token.
+__global__ void kv_write_bf16_kernel(const float* src, const int64_t* slots, __nv_bfloat16* cache, int64_t row) {
+  const int64_t t = blockIdx.x;
+  const int64_t slot = slots[t];
+  if (slot < 0) return;
+  for (int64_t i = threadIdx.x; i < row; i += blockDim.x) cache[slot * row + i] = __float2bfloat16_rn(src[t * row + i]);
+}
+
+__global__ void kv_write_fp8_kernel(const float* src, const int64_t* slots, __nv_fp8_storage_t* cache, int64_t row) {
+  const int64_t t = blockIdx.x;
+  const int64_t slot = slots[t];
+  if (slot < 0) return;
+  for (int64_t i = threadIdx.x; i < row; i += blockDim.x)
+    cache[slot * row + i] = __nv_cvt_float_to_fp8(src[t * row + i], __NV_SATFINITE, __NV_E4M3);
+}
+
 void launch_embedding_gather(const int32_t* ids, int num_tokens, const TensorView& table, const TensorView& out) {
   if (num_tokens == 0) return;
   embedding_gather_kernel<<<num_tokens, 256, 0, current_stream()>>>(ids, table.as<const float>(), out.as<float>(), table.shape[1]);
@@ -103,8 +123,17 @@ void launch_add(const TensorView& x, const TensorView& y) {
 void launch_kv_write(const TensorView& src, const int64_t* slot_mapping, const TensorView& cache) {
   const int64_t tokens = src.shape[0];
   if (tokens == 0) return;
-  kv_write_kernel<<<unsigned(tokens), 128, 0, current_stream()>>>(src.as<const float>(), slot_mapping, cache.as<float>(),
-                                             src.numel() / tokens);
+  const int64_t row = src.numel() / tokens;
+  if (cache.dtype == DType::kBF16) {
+    kv_write_bf16_kernel<<<unsigned(tokens), 128, 0, current_stream()>>>(src.as<const float>(), slot_mapping,
+                                                                         cache.as<__nv_bfloat16>(), row);
+  } else if (cache.dtype == DType::kF8E4M3) {
+    kv_write_fp8_kernel<<<unsigned(tokens), 128, 0, current_stream()>>>(src.as<const float>(), slot_mapping,
+                                                                        cache.as<__nv_fp8_storage_t>(), row);
+  } else {
+    kv_write_kernel<<<unsigned(tokens), 128, 0, current_stream()>>>(src.as<const float>(), slot_mapping, cache.as<float>(),
+                                                                    row);
+  }
   M3_CUDA_CHECK_LAUNCH();
 }
 
@@ -132,7 +161,15 @@ void register_elementwise(ops::KernelTable& table) {
                   },
                   launch_rope});
   table.add.add({"add.inplace.sm90", "device F32", need_cuda_f32, launch_add});
-  table.kv_write.add({"kv_write.scatter.sm90", "device F32 cache, device slot mapping (-1 skipped)", need_cuda_f32,
+  table.kv_write.add({"kv_write.scatter.sm90",
+                      "device F32 rows into an F32, BF16 (RNE) or F8E4M3 (RNE, saturating) cache, device slot "
+                      "mapping (-1 skipped)",
+                      [](const ops::Problem& p) -> std::string {
+                        if (p.device != Device::kCuda) return "tensors are not in device memory";
+                        if (p.dtype != DType::kF32 && p.dtype != DType::kBF16 && p.dtype != DType::kF8E4M3)
+                          return "cache dtype " + std::string(dtype_name(p.dtype)) + " not supported";
+                        return "";
+                      },
                       launch_kv_write});
 }
 

@@ -288,31 +288,34 @@ KvCacheTensors BackendKvCache::views(Device device) const {
   return t;
 }
 
-int64_t BackendKvCache::bytes_per_block(const MiniMaxM3Config& c, int block_size) {
+int64_t BackendKvCache::bytes_per_block(const MiniMaxM3Config& c, int block_size, DType dtype) {
   int64_t per_token = 0;
   for (int l = 0; l < c.num_hidden_layers; ++l) {
     per_token += 2 * int64_t(c.num_key_value_heads) * c.head_dim;
     if (c.is_sparse_layer(l)) per_token += c.index_head_dim;
   }
-  return per_token * 4 * block_size;
+  return per_token * int64_t(dtype_size_bytes(dtype)) * block_size;
 }
 
 BackendKvCache BackendKvCache::allocate(ops::BackendRuntime* rt, const MiniMaxM3Config& c, int64_t num_blocks,
-                                        int block_size) {
+                                        int block_size, DType dtype) {
+  M3_CHECK(dtype == DType::kF32 || dtype == DType::kBF16, "KV cache dtype must be F32 or BF16");
+  const size_t esz = dtype_size_bytes(dtype);
   BackendKvCache cache;
   cache.block_size = block_size;
+  cache.dtype = dtype;
   const int64_t slots = num_blocks * block_size;
   const Device dev = rt->device();
   for (int l = 0; l < c.num_hidden_layers; ++l) {
     const Shape kv{slots, c.num_key_value_heads, c.head_dim};
-    cache.k.emplace_back(rt, size_t(kv.numel()) * 4);
-    cache.v.emplace_back(rt, size_t(kv.numel()) * 4);
-    cache.k_views_.push_back(TensorView{cache.k.back().data(), DType::kF32, kv, dev});
-    cache.v_views_.push_back(TensorView{cache.v.back().data(), DType::kF32, kv, dev});
+    cache.k.emplace_back(rt, size_t(kv.numel()) * esz);
+    cache.v.emplace_back(rt, size_t(kv.numel()) * esz);
+    cache.k_views_.push_back(TensorView{cache.k.back().data(), dtype, kv, dev});
+    cache.v_views_.push_back(TensorView{cache.v.back().data(), dtype, kv, dev});
     if (c.is_sparse_layer(l)) {
       const Shape ik{slots, c.index_head_dim};
-      cache.index_k.emplace_back(rt, size_t(ik.numel()) * 4);
-      cache.index_k_views_.push_back(TensorView{cache.index_k.back().data(), DType::kF32, ik, dev});
+      cache.index_k.emplace_back(rt, size_t(ik.numel()) * esz);
+      cache.index_k_views_.push_back(TensorView{cache.index_k.back().data(), dtype, ik, dev});
     } else {
       cache.index_k.emplace_back();
       cache.index_k_views_.push_back(TensorView{});

@@ -23,15 +23,17 @@ struct KvCacheTensors {
   int64_t num_slots() const { return k.empty() ? 0 : k[0].shape[0]; }
 };
 
-// KV cache tensors in a backend's memory (F32, the layout KvCacheTensors describes).
+// KV cache tensors in a backend's memory (the layout KvCacheTensors describes), elements of
+// `dtype` (F32 or BF16) for K, V and index keys alike.
 struct BackendKvCache {
   std::vector<ops::DeviceBuffer> k, v, index_k;
   int block_size = 0;
+  DType dtype = DType::kF32;
   KvCacheTensors views(Device device) const;
   // Bytes one block (page) takes over all layers.
-  static int64_t bytes_per_block(const MiniMaxM3Config& config, int block_size);
+  static int64_t bytes_per_block(const MiniMaxM3Config& config, int block_size, DType dtype = DType::kF32);
   static BackendKvCache allocate(ops::BackendRuntime* runtime, const MiniMaxM3Config& config, int64_t num_blocks,
-                                 int block_size);
+                                 int block_size, DType dtype = DType::kF32);
 
  private:
   std::vector<TensorView> k_views_, v_views_, index_k_views_;

@@ -49,15 +49,21 @@ std::vector<std::string> non_cuda_entries(const ops::DispatchStats& stats) {
 struct GoldenCase {
   std::string golden;
   LinearFormat format;
+  DType kv;  // F32: everything but the weights' storage is fp32, so the oracle's decisions must
+             // be reproduced exactly; BF16 (the CUDA engine's default cache): BF16 tolerances
 };
 
-std::string format_name(LinearFormat f) { return f == LinearFormat::kNative ? "native" : "bf16"; }
+std::string format_name(LinearFormat f) { return f == LinearFormat::kNative ? "native" : "bf16w"; }
+std::string case_name(const GoldenCase& g) {
+  return g.golden + "_" + format_name(g.format) + (g.kv == DType::kBF16 ? "_bf16kv" : "_f32kv");
+}
 
 class CudaGoldens : public ::testing::TestWithParam<GoldenCase> {};
 
 TEST_P(CudaGoldens, MatchHfReference) {
   if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device: the GPU model test needs one";
-  const std::string name = GetParam().golden, label = name + "/" + format_name(GetParam().format);
+  const std::string name = GetParam().golden, label = case_name(GetParam());
+  const bool exact = GetParam().kv == DType::kF32;
   testing::GoldenFixture fx;
   ASSERT_TRUE(testing::open_golden(name, "goldens_cuda", fx));
   auto rt = cuda::make_cuda_runtime(0);
@@ -90,7 +96,7 @@ TEST_P(CudaGoldens, MatchHfReference) {
     else
       for (int64_t t = 0; t < T; ++t) rows.push_back(int32_t(t));
 
-    SequenceRunner runner(**model, ctx, T + int64_t(want_greedy.size()) + 1);
+    SequenceRunner runner(**model, ctx, T + int64_t(want_greedy.size()) + 1, GetParam().kv);
     ForwardTrace trace;
     auto logits = runner.extend(ids, true, &trace);
     ASSERT_EQ(logits.size(), size_t(T * V));
@@ -109,10 +115,11 @@ TEST_P(CudaGoldens, MatchHfReference) {
       argmax_mismatch += (std::max_element(a, a + V) - a) != (std::max_element(b, b + V) - b);
     }
     const double cosine = dot / std::sqrt(na * nb);
-    // BF16-level tolerance: the GPU keeps fp32 activations, so it is far inside this.
-    EXPECT_GE(cosine, 0.9999) << label << " prompt " << p;
-    EXPECT_LE(max_abs, 1e-2 * std::max(1.0, max_ref)) << label << " prompt " << p;
-    EXPECT_EQ(argmax_mismatch, 0) << label << " prompt " << p;
+    // fp32 activations with an fp32 cache: far inside BF16 tolerance. A BF16 cache rounds
+    // every K, V and index key (relative 2^-9), which moves logits by BF16-level amounts.
+    EXPECT_GE(cosine, exact ? 0.99999 : 0.999) << label << " prompt " << p;
+    EXPECT_LE(max_abs, (exact ? 1e-3 : 5e-2) * std::max(1.0, max_ref)) << label << " prompt " << p;
+    EXPECT_LE(argmax_mismatch, exact ? 0 : int(rows.size() / 50)) << label << " prompt " << p;
 
     const int G = c.num_key_value_heads, K = c.index_topk_blocks, E = c.num_experts_per_tok;
     ASSERT_EQ(int64_t(want_sel.size()), int64_t(trace.selected_blocks.size()) * T * G * K);
@@ -130,8 +137,9 @@ TEST_P(CudaGoldens, MatchHfReference) {
         std::sort(got.begin(), got.end());
         for (int e = 0; e < E; ++e) exp_mismatch += got[size_t(e)] != want_exp[size_t((int64_t(l) * T + t) * E + e)];
       }
-    EXPECT_EQ(sel_mismatch, 0) << label << " prompt " << p;
-    EXPECT_EQ(exp_mismatch, 0) << label << " prompt " << p;
+    const int64_t sel_total = int64_t(want_sel.size()), exp_total = int64_t(want_exp.size());
+    EXPECT_LE(sel_mismatch, exact ? 0 : sel_total / 100) << label << " prompt " << p << " of " << sel_total;
+    EXPECT_LE(exp_mismatch, exact ? 0 : exp_total / 100) << label << " prompt " << p << " of " << exp_total;
 
     // Greedy continuation through incremental decode; on a divergence, the margin between the
     // two best logits there says whether it is a rounding-level tie.
@@ -148,8 +156,10 @@ TEST_P(CudaGoldens, MatchHfReference) {
       greedy.push_back(tok);
       if (n + 1 < want_greedy.size()) last = runner.extend({tok}, false);
     }
-    EXPECT_EQ(greedy, want_greedy) << label << " prompt " << p << ": first divergence at " << first_div
-                                   << ", logit margin " << div_margin;
+    // A BF16 cache may flip a near-tie; then the margin must be rounding-sized.
+    if (exact || first_div < 0 || div_margin > 0.05)
+      EXPECT_EQ(greedy, want_greedy) << label << " prompt " << p << ": first divergence at " << first_div
+                                     << ", logit margin " << div_margin;
     report()["goldens"].push_back({{"case", label}, {"prompt", p}, {"tokens", T}, {"cosine", cosine},
                                    {"max_abs", max_abs}, {"argmax_mismatch", argmax_mismatch},
                                    {"selection_mismatch", sel_mismatch}, {"expert_mismatch", exp_mismatch},
@@ -169,13 +179,17 @@ TEST_P(CudaGoldens, MatchHfReference) {
 }
 
 INSTANTIATE_TEST_SUITE_P(All, CudaGoldens,
-                         ::testing::Values(GoldenCase{"tiny_bf16", LinearFormat::kBF16},
-                                           GoldenCase{"tiny_mxfp8", LinearFormat::kNative},
-                                           GoldenCase{"tiny_mxfp8", LinearFormat::kBF16},
-                                           GoldenCase{"m3_small_bf16", LinearFormat::kBF16},
-                                           GoldenCase{"m3_small_mxfp8", LinearFormat::kNative},
-                                           GoldenCase{"m3_small_mxfp8", LinearFormat::kBF16}),
-                         [](const auto& info) { return info.param.golden + "_" + format_name(info.param.format); });
+                         ::testing::Values(GoldenCase{"tiny_bf16", LinearFormat::kBF16, DType::kF32},
+                                           GoldenCase{"tiny_bf16", LinearFormat::kBF16, DType::kBF16},
+                                           GoldenCase{"tiny_mxfp8", LinearFormat::kNative, DType::kF32},
+                                           GoldenCase{"tiny_mxfp8", LinearFormat::kBF16, DType::kF32},
+                                           GoldenCase{"tiny_mxfp8", LinearFormat::kNative, DType::kBF16},
+                                           GoldenCase{"m3_small_bf16", LinearFormat::kBF16, DType::kF32},
+                                           GoldenCase{"m3_small_bf16", LinearFormat::kBF16, DType::kBF16},
+                                           GoldenCase{"m3_small_mxfp8", LinearFormat::kNative, DType::kF32},
+                                           GoldenCase{"m3_small_mxfp8", LinearFormat::kBF16, DType::kF32},
+                                           GoldenCase{"m3_small_mxfp8", LinearFormat::kNative, DType::kBF16}),
+                         [](const auto& info) { return case_name(info.param); });
 
 // ---------------------------------------------------------------------------------------
 // The engine on CUDA against the engine on the CPU.
@@ -226,11 +240,17 @@ std::vector<std::vector<int32_t>> random_prompts(int64_t vocab, uint32_t seed) {
   return prompts;
 }
 
-class CudaEngine : public ::testing::TestWithParam<std::string> {};
+struct EngineCase {
+  std::string model;  // relative to the source tree
+  std::string kv;     // both engines use this KV dtype, so they compute the same function
+};
+
+class CudaEngine : public ::testing::TestWithParam<EngineCase> {};
 
 TEST_P(CudaEngine, MatchesCpuEngineAndIsDeterministic) {
   if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device: the GPU model test needs one";
-  const fs::path model_dir = fs::path(env_or("M3_SOURCE_DIR", M3_SOURCE_DIR_DEFAULT)) / GetParam();
+  const std::string label = GetParam().model + "/kv=" + GetParam().kv;
+  const fs::path model_dir = fs::path(env_or("M3_SOURCE_DIR", M3_SOURCE_DIR_DEFAULT)) / GetParam().model;
   ASSERT_TRUE(fs::exists(model_dir / "config.json")) << model_dir;
   EngineConfig cfg;
   cfg.model_dir = model_dir.string();
@@ -238,6 +258,7 @@ TEST_P(CudaEngine, MatchesCpuEngineAndIsDeterministic) {
   cfg.max_num_seqs = 8;
   cfg.num_kv_blocks = 64;
   cfg.check_invariants = true;
+  cfg.kv_cache_dtype = GetParam().kv;
   SamplingParams greedy;
   greedy.temperature = 0.0f;
   greedy.max_tokens = 32;
@@ -277,9 +298,9 @@ TEST_P(CudaEngine, MatchesCpuEngineAndIsDeterministic) {
       }
       max_lp_diff = std::max(max_lp_diff, double(std::fabs(a[n].logprob - b[n].logprob)));
     }
-    EXPECT_EQ(first_div, -1) << GetParam() << " prompt " << i << " (" << prompts[i].size()
+    EXPECT_EQ(first_div, -1) << label << " prompt " << i << " (" << prompts[i].size()
                              << " tokens): GPU diverges from CPU at output " << first_div << ", CPU margin " << margin;
-    EXPECT_LT(max_lp_diff, 1e-3) << GetParam() << " prompt " << i;
+    EXPECT_LT(max_lp_diff, 1e-3) << label << " prompt " << i;
     // Graph replay runs the very kernels eager runs: bit-identical.
     ASSERT_EQ(b.size(), e.size());
     for (size_t n = 0; n < b.size(); ++n) {
@@ -317,17 +338,23 @@ TEST_P(CudaEngine, MatchesCpuEngineAndIsDeterministic) {
   EXPECT_LT(same_as_other_seed, int(prompts.size())) << "seed does not change the device sampler's draws";
   EXPECT_EQ(s1.device_sampled_steps, s1.steps);
 
-  report()["engine"][GetParam()] = {{"prompts", rows},
+  report()["engine"][label] = {{"prompts", rows},
                                     {"graph_steps", gpu.graph_steps},
                                     {"steps", gpu.steps},
                                     {"device_sampled_steps", gpu.device_sampled_steps}};
-  std::printf("%s: %d steps, %d replayed a graph, %d sampled on the device\n", GetParam().c_str(), gpu.steps,
+  std::printf("%s: %d steps, %d replayed a graph, %d sampled on the device\n", label.c_str(), gpu.steps,
               gpu.graph_steps, gpu.device_sampled_steps);
   write_report();
 }
 
-INSTANTIATE_TEST_SUITE_P(Small, CudaEngine, ::testing::Values("models/m3-small", "models/m3-small-mxfp8"),
-                         [](const auto& info) { return info.param == "models/m3-small" ? std::string("bf16") : std::string("mxfp8"); });
+INSTANTIATE_TEST_SUITE_P(Small, CudaEngine,
+                         ::testing::Values(EngineCase{"models/m3-small", "f32"}, EngineCase{"models/m3-small", "bf16"},
+                                           EngineCase{"models/m3-small-mxfp8", "f32"},
+                                           EngineCase{"models/m3-small-mxfp8", "bf16"}),
+                         [](const auto& info) {
+                           return std::string(info.param.model == "models/m3-small" ? "bf16w" : "mxfp8") + "_" +
+                                  info.param.kv + "kv";
+                         });
 
 }  // namespace
 }  // namespace m3

@@ -1,0 +1,511 @@
+// GPU parity of the tuned MSA entries (indexer_topk.msa_split_pages.sm90,
+// attention.msa_mma_splitkv.sm90) against the CPU reference on the same BF16 / FP8 caches:
+// selected blocks must be identical (exact integers), attention within 2e-3 of max|ref|.
+// Cases: M3 TP1 (64/4 heads, 4 index heads) and TP4 (16/1, 1) shapes, ragged batches with
+// pages shuffled across the pool, contexts on and off multiples of 128, fewer blocks than
+// top_k, multi-token queries (speculative verification, a prefill chunk), crafted ties
+// (small-integer keys, duplicated blocks, all keys equal), FP8 index-K, other page sizes and
+// group sizes, large batches (no split) and small ones (split-KV merge), random selections
+// with invalid and repeated ids; plus BF16/FP8 kv_write bytes and CUDA-graph replays.
+// Prints a table and writes it as JSON to $M3_OUT (else $M3_BINARY_DIR, else ".").
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "backend/cpu/cpu_backend.h"
+#include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/cuda_internal.h"
+
+namespace m3 {
+namespace {
+
+constexpr double kAttnTol = 2e-3;
+const char* kIndexerEntry = "indexer_topk.msa_split_pages.sm90";
+const char* kAttentionEntry = "attention.msa_mma_splitkv.sm90";
+
+class DevBuf {
+ public:
+  explicit DevBuf(size_t bytes) : bytes_(std::max<size_t>(bytes, 4)) { M3_CUDA_CHECK(cudaMalloc(&ptr_, bytes_)); }
+  template <class T>
+  explicit DevBuf(const std::vector<T>& v) : DevBuf(v.size() * sizeof(T)) {
+    if (!v.empty()) M3_CUDA_CHECK(cudaMemcpy(ptr_, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice));
+  }
+  ~DevBuf() { cudaFree(ptr_); }
+  DevBuf(const DevBuf&) = delete;
+  DevBuf& operator=(const DevBuf&) = delete;
+  template <class T> T* as() const { return static_cast<T*>(ptr_); }
+  void poison() { M3_CUDA_CHECK(cudaMemset(ptr_, 0x7f, bytes_)); }
+  template <class T> std::vector<T> get(size_t n) const {
+    std::vector<T> v(n);
+    M3_CUDA_CHECK(cudaMemcpy(v.data(), ptr_, n * sizeof(T), cudaMemcpyDeviceToHost));
+    return v;
+  }
+
+ private:
+  void* ptr_ = nullptr;
+  size_t bytes_;
+};
+
+TensorView host(const void* p, DType dt, Shape s) { return TensorView{const_cast<void*>(p), dt, std::move(s), Device::kCpu}; }
+TensorView dev(const DevBuf& b, DType dt, Shape s) { return TensorView{b.as<void>(), dt, std::move(s), Device::kCuda}; }
+
+struct SeqSpec {
+  int cached, fresh;
+};
+
+// A ragged batch with pages shuffled over the pool (every read must go through the tables).
+struct Batch {
+  int block_size = 0, max_blocks = 0, num_pages = 0, num_tokens = 0;
+  std::vector<int32_t> query_start, positions, seq_lens, block_tables;
+  std::vector<int64_t> slots;
+  ops::AttentionMetadata host_meta, dev_meta;
+  std::vector<std::unique_ptr<DevBuf>> dev_arrays;
+
+  Batch(const std::vector<SeqSpec>& seqs, int bs, std::mt19937& rng) : block_size(bs) {
+    query_start.push_back(0);
+    for (const auto& s : seqs) {
+      max_blocks = std::max(max_blocks, (s.cached + s.fresh + bs - 1) / bs);
+      num_pages += (s.cached + s.fresh + bs - 1) / bs;
+    }
+    max_blocks += 2;  // table wider than any sequence, as the engine's
+    num_pages += 3;
+    std::vector<int32_t> pages(static_cast<size_t>(num_pages));
+    std::iota(pages.begin(), pages.end(), 0);
+    std::shuffle(pages.begin(), pages.end(), rng);
+    block_tables.assign(seqs.size() * size_t(max_blocks), -1);
+    size_t next = 0;
+    for (size_t s = 0; s < seqs.size(); ++s) {
+      const int len = seqs[s].cached + seqs[s].fresh;
+      for (int b = 0; b < (len + bs - 1) / bs; ++b) block_tables[s * size_t(max_blocks) + size_t(b)] = pages[next++];
+      for (int p = seqs[s].cached; p < len; ++p) positions.push_back(p);
+      query_start.push_back(int32_t(positions.size()));
+      seq_lens.push_back(len);
+    }
+    num_tokens = int(positions.size());
+    host_meta.num_seqs = int(seqs.size());
+    host_meta.num_tokens = num_tokens;
+    host_meta.query_start = query_start.data();
+    host_meta.positions = positions.data();
+    host_meta.seq_lens = seq_lens.data();
+    host_meta.block_tables = block_tables.data();
+    host_meta.max_blocks_per_seq = max_blocks;
+    host_meta.block_size = bs;
+    for (size_t s = 0; s < seqs.size(); ++s) {
+      for (int t = query_start[s]; t < query_start[s + 1]; ++t) slots.push_back(host_meta.slot_of(int(s), positions[size_t(t)]));
+    }
+    host_meta.slot_mapping = slots.data();
+    dev_meta = host_meta;
+    dev_meta.query_start = upload(query_start);
+    dev_meta.positions = upload(positions);
+    dev_meta.seq_lens = upload(seq_lens);
+    dev_meta.block_tables = upload(block_tables);
+    dev_meta.slot_mapping = upload(slots);
+  }
+  int64_t num_slots() const { return int64_t(num_pages) * block_size; }
+
+ private:
+  template <class T> const T* upload(const std::vector<T>& v) {
+    dev_arrays.push_back(std::make_unique<DevBuf>(v));
+    return dev_arrays.back()->as<const T>();
+  }
+};
+
+struct Shape3 {
+  int q_heads, kv_heads, index_heads, bs, top_k;
+};
+const Shape3 kTp1{64, 4, 4, 128, 16};
+const Shape3 kTp4{16, 1, 1, 128, 16};
+
+enum class Keys { kRandom, kSmallInts, kDupBlocks, kAllEqual };
+
+struct Case {
+  std::string name;
+  Shape3 shape;
+  std::vector<SeqSpec> seqs;
+  Keys keys = Keys::kRandom;
+  DType index_dtype = DType::kBF16;
+  bool dense = true;  // also compare dense attention (CPU cost grows with the context)
+};
+
+struct Result {
+  std::string name;
+  int tokens = 0;
+  bool sel_exact = true;
+  std::string sel_error;
+  double sparse_rel = 0, dense_rel = 0, random_rel = 0;
+  bool entries_ok = true;
+  std::string entries;
+  std::string error;
+  bool pass() const {
+    return error.empty() && sel_exact && entries_ok && sparse_rel <= kAttnTol && dense_rel <= kAttnTol &&
+           random_rel <= kAttnTol;
+  }
+};
+
+std::vector<float> randn(size_t n, std::mt19937& rng, float scale = 1.0f) {
+  std::normal_distribution<float> nd(0.0f, scale);
+  std::vector<float> v(n);
+  for (auto& x : v) x = nd(rng);
+  return v;
+}
+
+std::vector<uint16_t> to_bf16(const std::vector<float>& v) {
+  std::vector<uint16_t> out(v.size());
+  for (size_t i = 0; i < v.size(); ++i) out[i] = f32_to_bf16(v[i]);
+  return out;
+}
+
+std::vector<uint8_t> to_fp8(const std::vector<float>& v) {
+  std::vector<uint8_t> out(v.size());
+  for (size_t i = 0; i < v.size(); ++i) out[i] = f32_to_fp8_e4m3(v[i]);
+  return out;
+}
+
+double rel_err(const std::vector<float>& gpu, const std::vector<float>& ref) {
+  double ref_max = 0, err = 0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    if (!std::isfinite(gpu[i])) return INFINITY;
+    ref_max = std::max(ref_max, double(std::fabs(ref[i])));
+    err = std::max(err, double(std::fabs(gpu[i] - ref[i])));
+  }
+  return ref_max > 0 ? err / ref_max : err;
+}
+
+class Harness {
+ public:
+  Harness() {
+    cpu::register_cpu_kernels(cpu_table_);
+    cuda::register_cuda_kernels(gpu_table_);
+  }
+  ops::OpContext cpu() { return ops::OpContext{&cpu_table_, &cpu_stats_, Device::kCpu, true}; }
+  ops::OpContext gpu() { return ops::OpContext{&gpu_table_, &gpu_stats_, Device::kCuda, true}; }
+  std::vector<std::string> gpu_paths() { return gpu_stats_.take_step_paths(); }
+
+ private:
+  ops::KernelTable cpu_table_, gpu_table_;
+  ops::DispatchStats cpu_stats_, gpu_stats_;
+};
+
+// Index keys per slot for the case's key mode; duplicated blocks copy whole logical blocks
+// of each sequence (through its page table), so their block scores tie exactly.
+std::vector<float> make_index_keys(const Case& c, const Batch& batch, std::mt19937& rng) {
+  const int64_t slots = batch.num_slots();
+  std::vector<float> ik;
+  if (c.keys == Keys::kSmallInts) {
+    std::uniform_int_distribution<int> ud(-1, 1);
+    ik.resize(size_t(slots) * 128);
+    for (auto& x : ik) x = float(ud(rng));
+  } else {
+    ik = randn(size_t(slots) * 128, rng);
+  }
+  if (c.keys == Keys::kAllEqual) {
+    for (int64_t s = 1; s < slots; ++s) std::copy_n(ik.begin(), 128, ik.begin() + s * 128);
+  }
+  if (c.keys == Keys::kDupBlocks) {
+    const int bs = batch.block_size;
+    for (size_t s = 0; s + 1 < batch.query_start.size(); ++s) {
+      const int blocks = (batch.seq_lens[s] + bs - 1) / bs;
+      for (int b = 5; b < blocks - 1; ++b) {  // block b copies block b % 5 (all five classes tie many times)
+        const int from = b % 5;
+        for (int i = 0; i < bs; ++i) {
+          const int64_t dst = batch.host_meta.slot_of(int(s), int64_t(b) * bs + i);
+          const int64_t src = batch.host_meta.slot_of(int(s), int64_t(from) * bs + i);
+          std::copy_n(ik.begin() + src * 128, 128, ik.begin() + dst * 128);
+        }
+      }
+    }
+  }
+  return ik;
+}
+
+Result run_case(Harness& h, const Case& c, std::mt19937& rng) {
+  Result r;
+  r.name = c.name;
+  try {
+    const Shape3& sh = c.shape;
+    Batch batch(c.seqs, sh.bs, rng);
+    const int T = batch.num_tokens;
+    r.tokens = T;
+    const int64_t slots = batch.num_slots();
+    const int D = 128;
+    const auto q = randn(size_t(T) * sh.q_heads * D, rng);
+    const auto kc = to_bf16(randn(size_t(slots) * sh.kv_heads * D, rng));
+    const auto vc = to_bf16(randn(size_t(slots) * sh.kv_heads * D, rng));
+    std::vector<float> iq;
+    if (c.keys == Keys::kSmallInts) {
+      std::uniform_int_distribution<int> ud(-1, 1);
+      iq.resize(size_t(T) * sh.index_heads * D);
+      for (auto& x : iq) x = float(ud(rng));
+    } else {
+      iq = randn(size_t(T) * sh.index_heads * D, rng);
+    }
+    const auto ik_f = make_index_keys(c, batch, rng);
+    const bool fp8 = c.index_dtype == DType::kF8E4M3;
+    const auto ik16 = fp8 ? std::vector<uint16_t>{} : to_bf16(ik_f);
+    const auto ik8 = fp8 ? to_fp8(ik_f) : std::vector<uint8_t>{};
+    const void* ik_host = fp8 ? static_cast<const void*>(ik8.data()) : static_cast<const void*>(ik16.data());
+    const Shape qs{T, sh.q_heads, D}, ks{slots, sh.kv_heads, D}, iqs{T, sh.index_heads, D}, iks{slots, D};
+    const Shape sel_shape{sh.index_heads, T, sh.top_k};
+    const size_t sel_n = size_t(sh.index_heads) * T * sh.top_k;
+    DevBuf dq(q), dk(kc), dv(vc), diq(iq), dout(q.size() * 4), dsel(sel_n * 4);
+    std::unique_ptr<DevBuf> dik = fp8 ? std::make_unique<DevBuf>(ik8) : std::make_unique<DevBuf>(ik16);
+    const ops::IndexerParams ip{sh.bs, sh.top_k};
+    h.gpu_paths();
+
+    // Indexer: exact equality.
+    std::vector<int32_t> sel(sel_n);
+    ops::indexer_topk(h.cpu(), host(iq.data(), DType::kF32, iqs), host(ik_host, c.index_dtype, iks), batch.host_meta, ip,
+                      host(sel.data(), DType::kI32, sel_shape));
+    dsel.poison();
+    ops::indexer_topk(h.gpu(), dev(diq, DType::kF32, iqs), dev(*dik, c.index_dtype, iks), batch.dev_meta, ip,
+                      dev(dsel, DType::kI32, sel_shape));
+    const auto gsel = dsel.get<int32_t>(sel_n);
+    if (gsel != sel) {
+      r.sel_exact = false;
+      size_t bad = 0;
+      while (gsel[bad] == sel[bad]) ++bad;
+      const size_t hh = bad / (size_t(T) * sh.top_k), t = bad / sh.top_k % T;
+      r.sel_error = "head " + std::to_string(hh) + " token " + std::to_string(t) + " (pos " +
+                    std::to_string(batch.positions[t]) + ") slot " + std::to_string(bad % sh.top_k) + ": gpu " +
+                    std::to_string(gsel[bad]) + " cpu " + std::to_string(sel[bad]);
+    }
+    auto check_paths = [&](const char* want) {
+      for (const auto& p : h.gpu_paths()) {
+        if (!r.entries.empty()) r.entries += ',';
+        r.entries.append(p, p.find('=') + 1, std::string::npos);
+        if (p.find(want) == std::string::npos) r.entries_ok = false;
+      }
+    };
+    check_paths(kIndexerEntry);
+
+    // Sparse attention over the CPU's selection, then over a random one (-1, repeats, out of range).
+    auto attend = [&](const std::vector<int32_t>* s) {
+      std::vector<float> ref(q.size());
+      TensorView hs, ds;
+      std::unique_ptr<DevBuf> dsv;
+      if (s) {
+        hs = host(s->data(), DType::kI32, sel_shape);
+        dsv = std::make_unique<DevBuf>(*s);
+        ds = dev(*dsv, DType::kI32, sel_shape);
+      }
+      ops::attention(h.cpu(), host(q.data(), DType::kF32, qs), host(kc.data(), DType::kBF16, ks),
+                     host(vc.data(), DType::kBF16, ks), batch.host_meta, hs, s ? sh.top_k : 0,
+                     host(ref.data(), DType::kF32, qs));
+      dout.poison();
+      ops::attention(h.gpu(), dev(dq, DType::kF32, qs), dev(dk, DType::kBF16, ks), dev(dv, DType::kBF16, ks),
+                     batch.dev_meta, ds, s ? sh.top_k : 0, dev(dout, DType::kF32, qs));
+      check_paths(kAttentionEntry);
+      return rel_err(dout.get<float>(q.size()), ref);
+    };
+    r.sparse_rel = attend(&sel);
+    std::vector<int32_t> random_sel(sel_n);
+    std::uniform_int_distribution<int> ud(-1, batch.max_blocks + 1);
+    for (auto& b : random_sel) b = ud(rng);
+    r.random_rel = attend(&random_sel);
+    if (c.dense) r.dense_rel = attend(nullptr);
+  } catch (const std::exception& e) {
+    r.error = e.what();
+    cudaGetLastError();
+  }
+  return r;
+}
+
+std::vector<Case> cases() {
+  // Decode contexts around block edges and the dense/sparse threshold (top_k blocks = 2048 keys).
+  const std::vector<SeqSpec> ragged = {{0, 1},    {126, 1},  {127, 1},  {128, 1},   {2046, 1},
+                                       {2047, 1}, {2048, 1}, {5000, 1}, {33000, 1}, {1279, 1}};
+  std::vector<Case> out;
+  out.push_back({"tp1_decode_ragged", kTp1, ragged, Keys::kRandom, DType::kBF16, false});
+  out.push_back({"tp4_decode_ragged", kTp4, ragged, Keys::kRandom, DType::kBF16, false});
+  out.push_back({"tp1_decode_short_dense", kTp1, {{0, 1}, {300, 1}, {2100, 1}, {4095, 1}}, Keys::kRandom, DType::kBF16, true});
+  out.push_back({"tp1_multi_token", kTp1, {{2040, 4}, {2046, 4}, {9000, 4}, {300, 3}, {7000, 2}, {4094, 4}}});
+  out.push_back({"tp4_multi_token", kTp4, {{2046, 4}, {9000, 7}, {17, 16}, {6000, 3}}});
+  out.push_back({"tp1_prefill_chunk", kTp1, {{3000, 37}, {0, 70}, {1990, 100}}});
+  out.push_back({"tp1_ties_small_ints", kTp1, {{4000, 1}, {6000, 4}, {2100, 1}, {9999, 2}}, Keys::kSmallInts});
+  out.push_back({"tp1_dup_blocks", kTp1, {{5000, 1}, {12000, 2}, {2200, 1}}, Keys::kDupBlocks, DType::kBF16, false});
+  out.push_back({"tp4_all_keys_equal", kTp4, {{3000, 1}, {10000, 3}, {2049, 1}}, Keys::kAllEqual, DType::kBF16, false});
+  out.push_back({"tp1_fp8_index_k", kTp1, {{5000, 1}, {20000, 1}, {2047, 2}, {700, 1}}, Keys::kRandom, DType::kF8E4M3, false});
+  out.push_back({"tp1_fp8_ties", kTp1, {{5000, 1}, {8000, 3}}, Keys::kSmallInts, DType::kF8E4M3, false});
+  out.push_back({"bs64_g4_topk8", {8, 2, 2, 64, 8}, {{1000, 1}, {500, 5}, {63, 1}, {64, 1}, {513, 1}}});
+  out.push_back({"bs16_g4", {16, 4, 4, 16, 16}, {{700, 1}, {250, 3}, {255, 1}, {256, 1}}});
+  out.push_back({"bs32_g16_topk4", {32, 2, 2, 32, 4}, {{400, 1}, {97, 2}, {127, 1}, {128, 1}}, Keys::kSmallInts});
+  {
+    std::mt19937 r(7);
+    std::uniform_int_distribution<int> ud(0, 6000);
+    std::vector<SeqSpec> big;
+    for (int i = 0; i < 150; ++i) big.push_back({ud(r), 1});
+    out.push_back({"tp1_batch150_no_split", kTp1, big, Keys::kRandom, DType::kBF16, false});
+    std::vector<SeqSpec> mid;
+    for (int i = 0; i < 12; ++i) mid.push_back({ud(r) * 3, 1});
+    out.push_back({"tp4_batch12", kTp4, mid, Keys::kRandom, DType::kBF16, false});
+  }
+  out.push_back({"tp1_long_131k", kTp1, {{131000, 1}}, Keys::kRandom, DType::kBF16, false});
+  return out;
+}
+
+// kv_write into BF16 and FP8 caches: the GPU's bytes equal the CPU's.
+bool check_kv_write(Harness& h, std::mt19937& rng, std::string& why) {
+  for (DType dt : {DType::kBF16, DType::kF8E4M3}) {
+    const int tokens = 37, row = 512, slots_total = 300;
+    auto src = randn(size_t(tokens) * row, rng, 40.0f);  // wide range: FP8 saturation and subnormals
+    src[5] = 1e-4f;
+    src[6] = -500.0f;
+    src[7] = 460.0f;
+    std::vector<int64_t> all(slots_total);
+    std::iota(all.begin(), all.end(), 0);
+    std::shuffle(all.begin(), all.end(), rng);
+    std::vector<int64_t> slots(all.begin(), all.begin() + tokens);
+    slots[3] = -1;
+    const size_t esz = dt == DType::kBF16 ? 2 : 1;
+    std::vector<uint8_t> ref(size_t(slots_total) * row * esz, 0x55);
+    ops::kv_write(h.cpu(), host(src.data(), DType::kF32, {tokens, row}), slots.data(),
+                  host(ref.data(), dt, {slots_total, row}));
+    DevBuf dsrc(src), dslots(slots), dcache(std::vector<uint8_t>(ref.size(), 0x55));
+    ops::kv_write(h.gpu(), dev(dsrc, DType::kF32, {tokens, row}), dslots.as<int64_t>(),
+                  dev(dcache, dt, {slots_total, row}));
+    if (dcache.get<uint8_t>(ref.size()) != ref) {
+      why = std::string("kv_write ") + std::string(dtype_name(dt)) + " bytes differ";
+      return false;
+    }
+  }
+  h.gpu_paths();
+  return true;
+}
+
+// The decode step (indexer + sparse attention) captured into a CUDA graph and replayed: same
+// bits as eager every time (the arrival counters re-arm themselves).
+bool check_graph(Harness& h, std::mt19937& rng, std::string& why) {
+  const Shape3 sh = kTp1;
+  Batch batch({{5000, 1}, {300, 1}, {40000, 1}, {2048, 2}}, sh.bs, rng);
+  const int T = batch.num_tokens, D = 128;
+  const int64_t slots = batch.num_slots();
+  const auto q = randn(size_t(T) * sh.q_heads * D, rng);
+  const auto iq = randn(size_t(T) * sh.index_heads * D, rng);
+  DevBuf dq(q), diq(iq), dk(to_bf16(randn(size_t(slots) * sh.kv_heads * D, rng))),
+      dv(to_bf16(randn(size_t(slots) * sh.kv_heads * D, rng))), dik(to_bf16(randn(size_t(slots) * D, rng)));
+  const size_t sel_n = size_t(sh.index_heads) * T * sh.top_k;
+  DevBuf dsel(sel_n * 4), dout(q.size() * 4);
+  const Shape qs{T, sh.q_heads, D}, ks{slots, sh.kv_heads, D};
+  const Shape sel_shape{sh.index_heads, T, sh.top_k};
+  M3_CUDA_CHECK(cudaDeviceSynchronize());
+  cudaStream_t stream = nullptr;
+  M3_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  struct Restore {
+    cudaStream_t s;
+    ~Restore() {
+      cuda::set_current_stream(nullptr);
+      cudaStreamSynchronize(s);
+      cudaStreamDestroy(s);
+    }
+  } restore{stream};
+  cuda::set_current_stream(stream);
+  auto step = [&] {
+    ops::indexer_topk(h.gpu(), dev(diq, DType::kF32, {T, sh.index_heads, D}), dev(dik, DType::kBF16, {slots, D}),
+                      batch.dev_meta, ops::IndexerParams{sh.bs, sh.top_k}, dev(dsel, DType::kI32, sel_shape));
+    ops::attention(h.gpu(), dev(dq, DType::kF32, qs), dev(dk, DType::kBF16, ks), dev(dv, DType::kBF16, ks),
+                   batch.dev_meta, dev(dsel, DType::kI32, sel_shape), sh.top_k, dev(dout, DType::kF32, qs));
+  };
+  auto fetch = [&] {
+    M3_CUDA_CHECK(cudaStreamSynchronize(stream));
+    auto out = dout.get<float>(q.size());
+    const auto s = dsel.get<int32_t>(sel_n);
+    for (int32_t v : s) out.push_back(float(v));
+    return out;
+  };
+  auto poison = [&] {
+    dsel.poison();
+    dout.poison();
+    M3_CUDA_CHECK(cudaDeviceSynchronize());
+  };
+  poison();
+  step();
+  const auto eager = fetch();
+  cudaGraph_t graph = nullptr;
+  M3_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  try {
+    step();
+  } catch (...) {
+    cudaStreamEndCapture(stream, &graph);
+    if (graph) cudaGraphDestroy(graph);
+    throw;
+  }
+  M3_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+  cudaGraphExec_t exec = nullptr;
+  M3_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  bool ok = true;
+  for (int replay = 0; replay < 3 && ok; ++replay) {
+    poison();
+    M3_CUDA_CHECK(cudaGraphLaunch(exec, stream));
+    const auto got = fetch();
+    ok = got.size() == eager.size() && std::memcmp(got.data(), eager.data(), got.size() * 4) == 0;
+    if (!ok) why = "graph replay " + std::to_string(replay) + " differs from eager";
+  }
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  h.gpu_paths();
+  return ok;
+}
+
+TEST(CudaMsa, TunedEntriesMatchTheCpuReference) {
+  if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device: the GPU parity test needs one";
+  Harness h;
+  std::mt19937 rng(20261201);
+  std::vector<Result> results;
+  for (const Case& c : cases()) results.push_back(run_case(h, c, rng));
+  std::string kv_why, graph_why;
+  bool kv_ok = false, graph_ok = false;
+  try {
+    kv_ok = check_kv_write(h, rng, kv_why);
+  } catch (const std::exception& e) {
+    kv_why = e.what();
+  }
+  try {
+    graph_ok = check_graph(h, rng, graph_why);
+  } catch (const std::exception& e) {
+    graph_why = e.what();
+  }
+  M3_CUDA_CHECK(cudaDeviceSynchronize());
+
+  nlohmann::json js = nlohmann::json::array();
+  std::printf("\n%-24s %-6s %-9s %-10s %-10s %-10s %-6s\n", "case", "tokens", "sel_exact", "sparse_rel", "random_rel",
+              "dense_rel", "result");
+  for (const Result& r : results) {
+    std::printf("%-24s %-6d %-9s %-10.3g %-10.3g %-10.3g %-6s\n", r.name.c_str(), r.tokens, r.sel_exact ? "yes" : "NO",
+                r.sparse_rel, r.random_rel, r.dense_rel, r.pass() ? "PASS" : "FAIL");
+    if (!r.sel_error.empty()) std::printf("    first selection mismatch: %s\n", r.sel_error.c_str());
+    if (!r.error.empty()) std::printf("    error: %s\n", r.error.c_str());
+    if (!r.entries_ok) std::printf("    entries: %s\n", r.entries.c_str());
+    js.push_back({{"case", r.name}, {"tokens", r.tokens}, {"selected_exact", r.sel_exact}, {"sparse_rel_err", r.sparse_rel},
+                  {"random_sel_rel_err", r.random_rel}, {"dense_rel_err", r.dense_rel}, {"tolerance", kAttnTol},
+                  {"entries", r.entries}, {"pass", r.pass()}, {"error", r.error + r.sel_error}});
+    EXPECT_TRUE(r.pass()) << r.name << ": " << r.error << r.sel_error << " sparse " << r.sparse_rel << " random "
+                          << r.random_rel << " dense " << r.dense_rel << " entries " << r.entries;
+  }
+  std::printf("%-24s %s %s\n", "kv_write_bf16_fp8", kv_ok ? "PASS" : "FAIL", kv_why.c_str());
+  std::printf("%-24s %s %s\n", "graph_replay", graph_ok ? "PASS" : "FAIL", graph_why.c_str());
+  js.push_back({{"case", "kv_write_bf16_fp8"}, {"pass", kv_ok}, {"error", kv_why}});
+  js.push_back({{"case", "graph_replay"}, {"pass", graph_ok}, {"error", graph_why}});
+  EXPECT_TRUE(kv_ok) << kv_why;
+  EXPECT_TRUE(graph_ok) << graph_why;
+  const char* dir = std::getenv("M3_OUT");
+  if (!dir || !*dir) dir = std::getenv("M3_BINARY_DIR");
+  const std::string path = std::string(dir && *dir ? dir : ".") + "/cuda_msa_parity.json";
+  std::ofstream(path) << js.dump(2) << "\n";
+  std::printf("wrote %s\n", path.c_str());
+}
+
+}  // namespace
+}  // namespace m3
