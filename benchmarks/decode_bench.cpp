@@ -155,9 +155,10 @@ int main(int argc, char** argv) {
       for (auto& buf : *bufs)
         if (buf.data()) fill_random(rt.get(), buf, kv_dtype, seed++);
     // Each sequence decodes the token at position context - 1.
-    std::vector<int32_t> tokens(size_t(B)), positions(size_t(B), context - 1), query_start(size_t(B) + 1),
-        seq_lens(size_t(B), context), tables(size_t(num_blocks)), rows(size_t(B));
-    std::vector<int64_t> slots(size_t(B));
+    const size_t nb = static_cast<size_t>(B);
+    std::vector<int32_t> tokens(nb), positions(nb, context - 1), query_start(nb + 1), seq_lens(nb, context),
+        tables(static_cast<size_t>(num_blocks)), rows(nb);
+    std::vector<int64_t> slots(nb);
     std::mt19937 rng(7);
     for (int i = 0; i < B; ++i) {
       tokens[size_t(i)] = int32_t(rng() % uint32_t(c.vocab_size));

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Everything the GPU machine checks, in one device call (binaries staged by tools/gpu_stage.sh
-# into .dev/gpu and carried there):
+# into .dev/gpu.tar.xz and carried there; unpacked here):
 #   1. kernel parity: every CUDA entry vs the CPU reference over a shape sweep (table);
 #   2. the sample op on the GPU vs the CPU reference, and inside a CUDA graph;
 #   3. the model on the GPU: HF goldens (tiny, trained small; MXFP8 native and as BF16) and
@@ -15,6 +15,9 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 dir=${M3_GPU_DIR:-$root/.dev/gpu}
 out=${OUT:-${M3_OUT:-$root/.dev/gpu-out}}
 mkdir -p "$out"
+if [[ ! -x $dir/kernels_cuda_parity && -f $root/.dev/gpu.tar.xz ]]; then
+  tar -C "$root/.dev" -xJf "$root/.dev/gpu.tar.xz"
+fi
 [[ -x $dir/kernels_cuda_parity ]] || { echo "gpu_check: no staged binaries in $dir (run tools/gpu_stage.sh)" >&2; exit 2; }
 
 nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used,clocks.sm,clocks.max.sm --format=csv 2>&1 | tee "$out/nvidia_smi.txt"

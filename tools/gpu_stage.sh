@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds (Release, sm_90a) and stages what tools/gpu_check.sh runs on the GPU machine into
-# .dev/gpu (git-ignored; pass it to the device tool's `carry`): the GPU test binaries, the
+# .dev/gpu and the archive .dev/gpu.tar.xz (git-ignored; carry the archive): the GPU test binaries, the
 # server binary, decode_bench, and the host libraries a bare machine may lack (OpenBLAS,
 # gfortran, PCRE2). cuBLAS and the driver come from the GPU machine.
 #   tools/gpu_stage.sh [BUILD_DIR]   (default: build)
@@ -24,5 +24,6 @@ for bin in "$stage"/*; do
   [[ -f $bin ]] || continue
   ldd "$bin" | awk '/=> \// {print $3}' | grep -E 'openblas|gfortran|quadmath|pcre2|libgomp' || true
 done | sort -u | while read -r lib; do cp -L "$lib" "$stage/lib/"; done
-du -sh "$stage"
-ls -la "$stage" "$stage/lib"
+# The device tool carries at most 64 MiB: ship one xz archive (gpu_check.sh unpacks it).
+tar -C "$root/.dev" -cJf "$root/.dev/gpu.tar.xz" gpu
+du -sh "$stage" "$root/.dev/gpu.tar.xz"
