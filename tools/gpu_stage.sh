@@ -8,7 +8,7 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${1:-$root/build}
 stage=$root/.dev/gpu
-targets=(kernels_cuda_parity kernels_cuda_sampling model_cuda decode_bench m3serve)
+targets=(kernels_cuda_parity kernels_cuda_msa kernels_cuda_sampling model_cuda decode_bench msa_bench m3serve)
 cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build "$build" -j"$(nproc)" --target "${targets[@]}"
 rm -rf "$stage"
@@ -22,7 +22,7 @@ done
 # Host libraries that are not part of a bare CUDA image.
 for bin in "$stage"/*; do
   [[ -f $bin ]] || continue
-  ldd "$bin" | awk '/=> \// {print $3}' | grep -E 'openblas|gfortran|quadmath|pcre2|libgomp' || true
+  ldd "$bin" | awk '/=> \// {print $3}' | grep -E 'openblas|gfortran|quadmath|pcre2|libgomp|httplib|brotli' || true
 done | sort -u | while read -r lib; do cp -L "$lib" "$stage/lib/"; done
 # The device tool carries at most 64 MiB: ship one xz archive (gpu_check.sh unpacks it).
 tar -C "$root/.dev" -cJf "$root/.dev/gpu.tar.xz" gpu
