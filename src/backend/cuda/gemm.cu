@@ -1,20 +1,26 @@
-// GEMM-based entries: linear, dense SwiGLU-OAI MLP, sigmoid router and MoE experts.
-// Batch-invariant entries use one fixed-order warp reduction per output element; the others
-// use cuBLAS (F32: SGEMM with pedantic math, no TF32; BF16 weights: activations split into
-// bf16 hi + lo, two tensor-core GEMMs accumulating in fp32).
+// GEMM-based entries: linear and the dense SwiGLU-OAI MLP (the MoE router and experts are in
+// moe.cu). Batch-invariant entries use the tiled row-dot kernels of rowdot.cuh (F32, BF16 or
+// MXFP8 weights, fixed per-output reduction order); the others use cuBLAS (F32: SGEMM with
+// pedantic math, no TF32; BF16 weights: activations split into bf16 hi + lo, two tensor-core
+// GEMMs accumulating in fp32). Everything runs on current_stream() with no host
+// synchronisation, so a decode step can be captured into a CUDA graph.
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <map>
 #include <string>
-#include <vector>
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/cuda_internal.h"
+#include "backend/cuda/rowdot.cuh"
 
 namespace m3::cuda {
 namespace {
+
+using rowdot::WType;
 
 void check_cublas(cublasStatus_t st, const char* what, int line) {
   if (st != CUBLAS_STATUS_SUCCESS) {
@@ -24,38 +30,59 @@ void check_cublas(cublasStatus_t st, const char* what, int line) {
 }
 #define M3_CUBLAS_CHECK(call) check_cublas((call), #call, __LINE__)
 
-// One handle per host thread (the kernel-entry interface carries no backend state), on the
-// legacy default stream like every other launch here.
+bool stream_capturing(cudaStream_t s) {
+  cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(s, &st) != cudaSuccess) {
+    cudaGetLastError();
+    return true;  // e.g. the legacy stream while another stream captures: treat as capturing
+  }
+  return st != cudaStreamCaptureStatusNone;
+}
+
+// One cuBLAS handle per (host thread, device), bound to current_stream() on every call, with a
+// user workspace per stream so cuBLAS never allocates inside graph capture. Handle and
+// workspace are created on first use on that stream, which must happen outside capture (the
+// engine runs an eager step before capturing).
+constexpr size_t kCublasWorkspaceBytes = size_t(32) << 20;  // cuBLAS's recommendation for Hopper
+
 cublasHandle_t cublas_handle() {
-  struct Holder {
+  struct PerDevice {
     cublasHandle_t h = nullptr;
+    std::map<cudaStream_t, void*> workspace;
+  };
+  struct Holder {
+    std::map<int, PerDevice> devices;
     ~Holder() {
-      if (h) cublasDestroy(h);
+      for (auto& [dev, d] : devices) {
+        for (auto& [s, p] : d.workspace) cudaFree(p);
+        if (d.h) cublasDestroy(d.h);
+      }
     }
   };
   thread_local Holder holder;
-  if (!holder.h) M3_CUBLAS_CHECK(cublasCreate(&holder.h));
-  return holder.h;
+  int device = 0;
+  M3_CUDA_CHECK(cudaGetDevice(&device));
+  PerDevice& d = holder.devices[device];
+  const cudaStream_t stream = current_stream();
+  auto it = d.workspace.find(stream);
+  if (!d.h || it == d.workspace.end()) {
+    if (stream_capturing(stream)) {
+      throw std::runtime_error(
+          "gemm.cu: first cuBLAS use on this stream happens inside CUDA graph capture; run one eager step on the "
+          "stream before capturing (the cuBLAS handle and workspace are allocated then)");
+    }
+    if (!d.h) M3_CUBLAS_CHECK(cublasCreate(&d.h));
+    void* ws = nullptr;
+    M3_CUDA_CHECK(cudaMalloc(&ws, kCublasWorkspaceBytes));
+    it = d.workspace.emplace(stream, ws).first;
+  }
+  // cublasSetStream resets the workspace to cuBLAS's own pool, so the workspace comes second.
+  M3_CUBLAS_CHECK(cublasSetStream(d.h, stream));
+  M3_CUBLAS_CHECK(cublasSetWorkspace(d.h, it->second, kCublasWorkspaceBytes));
+  return d.h;
 }
 
-__device__ __forceinline__ float load_w(const float* w, int64_t i) { return w[i]; }
-__device__ __forceinline__ float load_w(const uint16_t* w, int64_t i) { return __uint_as_float(uint32_t(w[i]) << 16); }
-
-// y[r, n] = sum_k x[r, k] w[n, k]: one warp per output, lanes strided over k, then a fixed
-// xor-shuffle tree. Nothing depends on the row count, so results are batch-invariant.
-template <class W>
-__global__ void rowdot_kernel(const float* x, const W* w, float* y, int64_t m, int64_t n, int64_t k) {
-  const int64_t out = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
-  const int lane = threadIdx.x & 31;
-  if (out >= m * n) return;
-  const int64_t r = out / n, c = out % n;
-  const float* xr = x + r * k;
-  const int64_t wrow = c * k;
-  float sum = 0.0f;
-  for (int64_t i = lane; i < k; i += 32) sum += xr[i] * load_w(w, wrow + i);
-  for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
-  if (lane == 0) y[out] = sum;
-}
+unsigned blocks_for(int64_t n, int threads) { return unsigned((n + threads - 1) / threads); }
 
 __global__ void split_bf16_kernel(const float* x, __nv_bfloat16* hi, __nv_bfloat16* lo, int64_t n) {
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -65,235 +92,241 @@ __global__ void split_bf16_kernel(const float* x, __nv_bfloat16* hi, __nv_bfloat
   lo[i] = __float2bfloat16_rn(x[i] - __bfloat162float(h));
 }
 
-struct Act {
-  float alpha, limit, beta;
-};
-
-// ops::swiglu_oai on device, in place into g.
-__global__ void swiglu_oai_kernel(float* g, const float* u, int64_t n, Act p) {
+// ops::swiglu_oai on device, in place into g (the cuBLAS dense MLP).
+__global__ void swiglu_oai_kernel(float* g, const float* u, int64_t n, rowdot::Act p) {
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= n) return;
-  const float gc = fminf(g[i], p.limit);
-  const float uc = fminf(fmaxf(u[i], -p.limit), p.limit);
-  g[i] = (uc + p.beta) * gc * (1.0f / (1.0f + expf(-p.alpha * gc)));
+  g[i] = rowdot::swiglu(g[i], u[i], p);
 }
 
-// One thread per token: sigmoid, selection by prob + bias (descending, ties to the lower id),
-// then the unbiased probabilities of the chosen experts renormalised and scaled. The i-th
-// pick is the best expert strictly after the (i-1)-th in that total order: no scratch.
-__global__ void router_select_kernel(const float* logits, const float* bias, int64_t tokens, int experts, int top_k,
-                                     float scale, int32_t* ids, float* weights) {
-  const int64_t t = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (t >= tokens) return;
-  const float* lg = logits + t * experts;
-  float prev_choice = INFINITY;
-  int prev_id = -1;
-  float sum = 0.0f;
-  for (int i = 0; i < top_k; ++i) {
-    int best = -1;
-    float best_choice = -INFINITY;
-    for (int e = 0; e < experts; ++e) {
-      const float c = 1.0f / (1.0f + expf(-lg[e])) + (bias ? bias[e] : 0.0f);
-      const bool after_prev = c < prev_choice || (c == prev_choice && e > prev_id);
-      if (!after_prev) continue;
-      if (best < 0 || c > best_choice) {
-        best = e;
-        best_choice = c;
-      }
-    }
-    ids[t * top_k + i] = best;
-    sum += 1.0f / (1.0f + expf(-lg[best]));
-    prev_choice = best_choice;
-    prev_id = best;
+// y[r, c] = sum over splits s, ascending, of partial[s][r][c]; fused: swiglu of the gate sum
+// (column c) and the up sum (column n + c).
+__global__ void splitk_reduce_kernel(const float* partial, int splits, int rows, int n, bool fused, float* y,
+                                     int64_t ldy, rowdot::Act act) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= int64_t(rows) * n) return;
+  const int64_t r = i / n, c = i % n;
+  const int64_t pw = fused ? 2 * int64_t(n) : int64_t(n), stride = int64_t(rows) * pw;
+  const float* p = partial + r * pw + c;
+  float g = p[0];
+  for (int s = 1; s < splits; ++s) g = __fadd_rn(g, p[s * stride]);
+  if (!fused) {
+    y[r * ldy + c] = g;
+    return;
   }
-  for (int i = 0; i < top_k; ++i) {
-    const float p = 1.0f / (1.0f + expf(-lg[ids[t * top_k + i]]));
-    weights[t * top_k + i] = p / sum * scale;
+  float u = p[n];
+  for (int s = 1; s < splits; ++s) u = __fadd_rn(u, p[n + s * stride]);
+  y[r * ldy + c] = rowdot::swiglu(g, u, act);
+}
+
+template <WType WT, bool kFused>
+void launch_direct_t(bool vec, dim3 grid, const rowdot::DirectArgs& a) {
+  if (vec) rowdot::rowdot_direct_kernel<WT, kFused, true><<<grid, rowdot::kThreads, 0, current_stream()>>>(a);
+  else rowdot::rowdot_direct_kernel<WT, kFused, false><<<grid, rowdot::kThreads, 0, current_stream()>>>(a);
+}
+
+template <bool kFused>
+void launch_direct(WType wt, bool vec, dim3 grid, const rowdot::DirectArgs& a) {
+  switch (wt) {
+    case WType::kF32: launch_direct_t<WType::kF32, kFused>(vec, grid, a); break;
+    case WType::kBF16: launch_direct_t<WType::kBF16, kFused>(vec, grid, a); break;
+    case WType::kFP8: launch_direct_t<WType::kFP8, kFused>(vec, grid, a); break;
   }
-}
-
-__global__ void gather_rows_kernel(const float* x, const int32_t* rows, float* dst, int64_t hidden) {
-  const int64_t i = blockIdx.x;
-  const float* src = x + int64_t(rows[i]) * hidden;
-  for (int64_t d = threadIdx.x; d < hidden; d += blockDim.x) dst[i * hidden + d] = src[d];
-}
-
-// out[t] = sum of w[a] * y[a] over token t's assignments, in the CPU's order (expert-major).
-__global__ void combine_kernel(const float* y, const float* w, const int32_t* token_start, const int32_t* token_assign,
-                               float* out, int64_t hidden) {
-  const int64_t t = blockIdx.x;
-  const int32_t begin = token_start[t], end = token_start[t + 1];
-  for (int64_t d = threadIdx.x; d < hidden; d += blockDim.x) {
-    float acc = 0.0f;
-    for (int32_t i = begin; i < end; ++i) {
-      const int32_t a = token_assign[i];
-      acc = __fadd_rn(acc, __fmul_rn(w[a], y[int64_t(a) * hidden + d]));
-    }
-    out[t * hidden + d] = acc;
-  }
-}
-
-unsigned blocks_for(int64_t n, int threads) { return unsigned((n + threads - 1) / threads); }
-
-void launch_swiglu(float* g, const float* u, int64_t n, const ops::SwigluParams& act) {
-  if (n == 0) return;
-  swiglu_oai_kernel<<<blocks_for(n, 256), 256>>>(g, u, n, Act{act.alpha, act.limit, act.beta});
   M3_CUDA_CHECK_LAUNCH();
 }
 
-std::string need_cuda_gemm_weight(const ops::Problem& p) {
-  if (p.device != Device::kCuda) return "tensors are not in device memory";
-  if (p.dtype != DType::kF32 && p.dtype != DType::kBF16) {
-    return "F32 or BF16 device weights (MXFP8 is dequantised to BF16 at load), got " + std::string(dtype_name(p.dtype));
+bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+
+int vec_elems(WType wt) { return wt == WType::kF32 ? 4 : wt == WType::kBF16 ? 8 : 16; }
+
+// The K split: a function of (n, k, weight type, fused) only, never of the rows, so the
+// reduction order of every output is fixed. Splits only when the columns alone give too few
+// warps (e.g. the router: 128 columns of 6144), keeping >= 2 chunk steps per split.
+struct KSplit {
+  int splits, kseg;
+};
+KSplit choose_split(int64_t n, int64_t k, WType wt, bool fused) {
+  const int64_t step = 32 * int64_t(vec_elems(wt));
+  const int64_t steps = std::max<int64_t>(1, (k + step - 1) / step);
+  const int64_t warps = fused ? n : (n + 1) / 2;
+  int64_t s = 1;
+  while (s < 64 && warps * s * 2 <= 4096 && (steps + 2 * s - 1) / (2 * s) >= 2) s *= 2;
+  const int64_t kseg = (steps + s - 1) / s * step;
+  return {int(std::max<int64_t>(1, (k + kseg - 1) / kseg)), int(kseg)};
+}
+
+// The row-dot on the direct problem: y = x W0^T (plain) or swiglu(x W0^T, x W1^T) (fused).
+void rowdot_run(const float* x, int64_t ldx, int64_t m, const ops::LinearWeight& w0, const ops::LinearWeight* w1,
+                const ops::SwigluParams& act, float* y, int64_t ldy) {
+  const int64_t n = w0.out_features(), k = w0.in_features();
+  if (m == 0 || n == 0) return;
+  const bool fused = w1 != nullptr;
+  for (const ops::LinearWeight* w : {&w0, w1}) {
+    if (!w) continue;
+    const std::string why = rowdot_weight_problem(*w);
+    if (!why.empty()) throw std::runtime_error("rowdot.sm90: " + why);
+  }
+  if (fused && (w1->data.dtype != w0.data.dtype || !(w1->data.shape == w0.data.shape))) {
+    throw std::runtime_error("rowdot.sm90: gate and up weights must have the same dtype and shape");
+  }
+  if (m > INT32_MAX || n > INT32_MAX || k > INT32_MAX || ldx < k) {
+    throw std::runtime_error("rowdot.sm90: problem too large or x row stride < in_features");
+  }
+  const WType wt = rowdot_wtype(w0.data.dtype);
+  const int64_t wbytes = int64_t(dtype_size_bytes(w0.data.dtype));
+  const bool vec = aligned16(x) && ldx % 4 == 0 && aligned16(w0.data.data) && (!fused || aligned16(w1->data.data)) &&
+                   (k * wbytes) % 16 == 0;
+  const KSplit split = choose_split(n, k, wt, fused);
+  const int64_t cols_per_cta = int64_t(rowdot::kWarps) * (fused ? 1 : 2);
+  const int64_t col_tiles = (n + cols_per_cta - 1) / cols_per_cta;
+  if (col_tiles > 65535) throw std::runtime_error("rowdot.sm90: too many output columns");
+  const dim3 grid(unsigned((m + rowdot::kRowsPerItem - 1) / rowdot::kRowsPerItem), unsigned(col_tiles),
+                  unsigned(split.splits));
+  rowdot::DirectArgs a{};
+  a.x = x;
+  a.ldx = ldx;
+  a.y = y;
+  a.ldy = ldy;
+  a.m0 = rowdot::Mat{w0.data.data, w0.scale.as<const uint8_t>()};
+  a.m1 = fused ? rowdot::Mat{w1->data.data, w1->scale.as<const uint8_t>()} : a.m0;
+  a.n = int(n);
+  a.k = int(k);
+  a.rows = int(m);
+  a.kseg = split.kseg;
+  a.partial = nullptr;
+  a.act = rowdot_act(act);
+  if (split.splits == 1) {
+    fused ? launch_direct<true>(wt, vec, grid, a) : launch_direct<false>(wt, vec, grid, a);
+    return;
+  }
+  const int64_t pw = fused ? 2 * n : n;
+  Scratch partial(size_t(split.splits) * size_t(m) * size_t(pw) * 4);
+  a.partial = partial.as<float>();
+  fused ? launch_direct<true>(wt, vec, grid, a) : launch_direct<false>(wt, vec, grid, a);
+  splitk_reduce_kernel<<<blocks_for(m * n, 256), 256, 0, current_stream()>>>(a.partial, split.splits, int(m), int(n),
+                                                                              fused, y, ldy, a.act);
+  M3_CUDA_CHECK_LAUNCH();
+}
+
+std::string need_device(const ops::Problem& p) {
+  return p.device == Device::kCuda ? "" : "tensors are not in device memory";
+}
+
+// F32 / BF16 / MXFP8 device weights (Problem::dtype is the weight dtype, k the in features).
+std::string need_rowdot_weight(const ops::Problem& p) {
+  std::string why = need_device(p);
+  if (!why.empty()) return why;
+  if (p.dtype == DType::kF32 || p.dtype == DType::kBF16) return "";
+  if (p.dtype == DType::kF8E4M3) return p.k % 32 == 0 ? "" : "MXFP8 weights need in_features % 32 == 0";
+  return "F32, BF16 or MXFP8 (F8E4M3 + e8m0 scale) device weights, got " + std::string(dtype_name(p.dtype));
+}
+
+// The row-dot entries: when invariance is asked for, and always for MXFP8 (no cuBLAS path).
+std::string need_rowdot(const ops::Problem& p) {
+  std::string why = need_rowdot_weight(p);
+  if (!why.empty()) return why;
+  if (!p.batch_invariant && p.dtype != DType::kF8E4M3) {
+    return "batch invariance not requested and the weight is F32/BF16 (the cuBLAS entry is faster)";
   }
   return "";
 }
 
-std::string need_invariant_gemm(const ops::Problem& p) {
-  if (!p.batch_invariant) return "batch invariance not requested (the cuBLAS entry is faster)";
-  return need_cuda_gemm_weight(p);
+std::string need_cublas_weight(const ops::Problem& p) {
+  std::string why = need_device(p);
+  if (!why.empty()) return why;
+  if (p.dtype != DType::kF32 && p.dtype != DType::kBF16) {
+    return "F32 or BF16 device weights (MXFP8 runs on the row-dot entry), got " + std::string(dtype_name(p.dtype));
+  }
+  return "";
 }
 
 std::string need_cublas_f32(const ops::Problem& p) {
-  std::string why = need_cuda_gemm_weight(p);
+  std::string why = need_cublas_weight(p);
   if (!why.empty()) return why;
   return p.dtype == DType::kF32 ? "" : "F32 weights only";
 }
 
 std::string need_cublas_bf16(const ops::Problem& p) {
-  std::string why = need_cuda_gemm_weight(p);
+  std::string why = need_cublas_weight(p);
   if (!why.empty()) return why;
   return p.dtype == DType::kBF16 ? "" : "BF16 weights only";
 }
 
-template <bool kInvariant>
-void linear_entry(const TensorView& x, const ops::LinearWeight& w, const TensorView& y) {
-  gemm_xwt(x.as<const float>(), x.shape[0], w, y.as<float>(), kInvariant);
+void check_rows(const TensorView& x, int64_t in, const char* what) {
+  if (x.shape.rank() != 2 || x.shape[1] != in) {
+    throw std::runtime_error(std::string(what) + ": activation shape " + x.shape.str() + " does not match in_features " +
+                             std::to_string(in));
+  }
 }
 
-template <bool kInvariant>
-void dense_mlp_entry(const TensorView& x, const ops::LinearWeight& gate, const ops::LinearWeight& up,
-                     const ops::LinearWeight& down, const ops::SwigluParams& act, const TensorView& out) {
+void linear_rowdot(const TensorView& x, const ops::LinearWeight& w, const TensorView& y) {
+  check_rows(x, w.in_features(), "linear.rowdot_invariant.sm90");
+  rowdot_linear(x.as<const float>(), x.shape[1], x.shape[0], w, y.as<float>(), w.out_features());
+}
+
+void linear_cublas(const TensorView& x, const ops::LinearWeight& w, const TensorView& y) {
+  check_rows(x, w.in_features(), "linear.cublas.sm90");
+  gemm_xwt(x.as<const float>(), x.shape[0], w, y.as<float>(), false);
+}
+
+void dense_mlp_rowdot(const TensorView& x, const ops::LinearWeight& gate, const ops::LinearWeight& up,
+                      const ops::LinearWeight& down, const ops::SwigluParams& act, const TensorView& out) {
+  const int64_t m = x.shape[0], inter = gate.out_features();
+  check_rows(x, gate.in_features(), "dense_mlp.rowdot_invariant_swiglu_oai.sm90");
+  if (down.in_features() != inter) throw std::runtime_error("dense_mlp.rowdot_invariant_swiglu_oai.sm90: down in_features != intermediate");
+  if (m == 0) return;
+  const int64_t ldh = (inter + 3) / 4 * 4;  // 16-byte rows for the down projection's vector loads
+  Scratch h(size_t(m * ldh) * 4);
+  rowdot_swiglu(x.as<const float>(), x.shape[1], m, gate, up, act, h.as<float>(), ldh);
+  rowdot_linear(h.as<const float>(), ldh, m, down, out.as<float>(), down.out_features());
+}
+
+void dense_mlp_cublas(const TensorView& x, const ops::LinearWeight& gate, const ops::LinearWeight& up,
+                      const ops::LinearWeight& down, const ops::SwigluParams& act, const TensorView& out) {
   const int64_t m = x.shape[0], inter = gate.out_features();
   if (m == 0) return;
   Scratch g(size_t(m * inter) * 4), u(size_t(m * inter) * 4);
-  gemm_xwt(x.as<const float>(), m, gate, g.as<float>(), kInvariant);
-  gemm_xwt(x.as<const float>(), m, up, u.as<float>(), kInvariant);
-  launch_swiglu(g.as<float>(), u.as<const float>(), m * inter, act);
-  gemm_xwt(g.as<const float>(), m, down, out.as<float>(), kInvariant);
-}
-
-void router_entry(const TensorView& x, const TensorView& router_w, const TensorView& bias,
-                  const ops::RouterParams& params, const TensorView& expert_ids, const TensorView& expert_weights) {
-  const int64_t tokens = x.shape[0], experts = router_w.shape[0];
-  if (tokens == 0) return;
-  Scratch logits(size_t(tokens * experts) * 4);
-  // Fixed-order reduction: the choice never depends on the batch.
-  gemm_xwt(x.as<const float>(), tokens, ops::LinearWeight{router_w, {}}, logits.as<float>(), true);
-  const float* b = params.use_bias && bias.data ? bias.as<const float>() : nullptr;
-  router_select_kernel<<<blocks_for(tokens, 128), 128>>>(logits.as<const float>(), b, tokens, int(experts),
-                                                         params.top_k, params.routed_scale,
-                                                         expert_ids.as<int32_t>(), expert_weights.as<float>());
+  gemm_xwt(x.as<const float>(), m, gate, g.as<float>(), false);
+  gemm_xwt(x.as<const float>(), m, up, u.as<float>(), false);
+  swiglu_oai_kernel<<<blocks_for(m * inter, 256), 256, 0, current_stream()>>>(g.as<float>(), u.as<const float>(),
+                                                                               m * inter, rowdot_act(act));
   M3_CUDA_CHECK_LAUNCH();
-}
-
-template <bool kInvariant>
-void moe_entry(const TensorView& x, const TensorView& expert_ids, const TensorView& expert_weights,
-               const ops::ExpertWeights& experts, const ops::SwigluParams& act, const TensorView& out) {
-  const int64_t tokens = x.shape[0], hidden = x.shape[1], top_k = expert_ids.shape[1];
-  if (tokens == 0) return;
-  const int total = experts.num_routed + (experts.has_shared ? 1 : 0);
-  // The routing comes back to the host to size each expert's GEMM (a sync; a device-side
-  // grouped GEMM is the next step).
-  std::vector<int32_t> ids(size_t(tokens * top_k));
-  std::vector<float> wts(size_t(tokens * top_k));
-  M3_CUDA_CHECK(cudaMemcpy(ids.data(), expert_ids.data, ids.size() * 4, cudaMemcpyDeviceToHost));
-  M3_CUDA_CHECK(cudaMemcpy(wts.data(), expert_weights.data, wts.size() * 4, cudaMemcpyDeviceToHost));
-  // Permute as the CPU does: per expert, its rows in token order; the shared expert takes all.
-  std::vector<std::vector<int32_t>> rows(static_cast<size_t>(total));
-  std::vector<std::vector<float>> row_w(static_cast<size_t>(total));
-  for (int64_t t = 0; t < tokens; ++t) {
-    for (int64_t i = 0; i < top_k; ++i) {
-      const int32_t e = ids[size_t(t * top_k + i)];
-      if (e < 0 || e >= experts.num_routed) throw std::runtime_error("moe_experts.sm90: expert id out of range");
-      rows[size_t(e)].push_back(int32_t(t));
-      row_w[size_t(e)].push_back(wts[size_t(t * top_k + i)]);
-    }
-    if (experts.has_shared) {
-      rows[size_t(experts.num_routed)].push_back(int32_t(t));
-      row_w[size_t(experts.num_routed)].push_back(1.0f);
-    }
-  }
-  std::vector<int32_t> perm, expert_start(size_t(total) + 1, 0);
-  std::vector<float> perm_w;
-  for (int e = 0; e < total; ++e) {
-    expert_start[size_t(e)] = int32_t(perm.size());
-    perm.insert(perm.end(), rows[size_t(e)].begin(), rows[size_t(e)].end());
-    perm_w.insert(perm_w.end(), row_w[size_t(e)].begin(), row_w[size_t(e)].end());
-  }
-  expert_start[size_t(total)] = int32_t(perm.size());
-  // Per token, its assignments in expert order (the order the CPU adds them in).
-  std::vector<int32_t> token_start(size_t(tokens) + 1, 0), token_assign(perm.size());
-  for (int32_t r : perm) ++token_start[size_t(r) + 1];
-  for (int64_t t = 0; t < tokens; ++t) token_start[size_t(t) + 1] += token_start[size_t(t)];
-  std::vector<int32_t> fill(token_start.begin(), token_start.end() - 1);
-  for (size_t a = 0; a < perm.size(); ++a) token_assign[size_t(fill[size_t(perm[a])]++)] = int32_t(a);
-
-  const int64_t assigned = int64_t(perm.size());
-  int64_t inter_max = 0;
-  for (int e = 0; e < total; ++e) inter_max = std::max(inter_max, experts.gate[e].out_features());
-  Scratch d_perm(perm.size() * 4), d_w(perm_w.size() * 4), d_tstart(token_start.size() * 4),
-      d_tassign(token_assign.size() * 4), xg(size_t(assigned * hidden) * 4), yg(size_t(assigned * hidden) * 4),
-      g(size_t(assigned * inter_max) * 4), u(size_t(assigned * inter_max) * 4);
-  M3_CUDA_CHECK(cudaMemcpy(d_perm.as<void>(), perm.data(), perm.size() * 4, cudaMemcpyHostToDevice));
-  M3_CUDA_CHECK(cudaMemcpy(d_w.as<void>(), perm_w.data(), perm_w.size() * 4, cudaMemcpyHostToDevice));
-  M3_CUDA_CHECK(cudaMemcpy(d_tstart.as<void>(), token_start.data(), token_start.size() * 4, cudaMemcpyHostToDevice));
-  M3_CUDA_CHECK(cudaMemcpy(d_tassign.as<void>(), token_assign.data(), token_assign.size() * 4, cudaMemcpyHostToDevice));
-  gather_rows_kernel<<<unsigned(assigned), 128>>>(x.as<const float>(), d_perm.as<const int32_t>(), xg.as<float>(),
-                                                  hidden);
-  M3_CUDA_CHECK_LAUNCH();
-  for (int e = 0; e < total; ++e) {
-    const int64_t begin = expert_start[size_t(e)], n = expert_start[size_t(e) + 1] - begin;
-    if (n == 0) continue;
-    const int64_t inter = experts.gate[e].out_features();
-    const float* xe = xg.as<const float>() + begin * hidden;
-    gemm_xwt(xe, n, experts.gate[e], g.as<float>(), kInvariant);
-    gemm_xwt(xe, n, experts.up[e], u.as<float>(), kInvariant);
-    launch_swiglu(g.as<float>(), u.as<const float>(), n * inter, act);
-    gemm_xwt(g.as<const float>(), n, experts.down[e], yg.as<float>() + begin * hidden, kInvariant);
-  }
-  combine_kernel<<<unsigned(tokens), 128>>>(yg.as<const float>(), d_w.as<const float>(), d_tstart.as<const int32_t>(),
-                                            d_tassign.as<const int32_t>(), out.as<float>(), hidden);
-  M3_CUDA_CHECK_LAUNCH();
+  gemm_xwt(g.as<const float>(), m, down, out.as<float>(), false);
 }
 
 }  // namespace
 
+void rowdot_linear(const float* x, int64_t ldx, int64_t m, const ops::LinearWeight& w, float* y, int64_t ldy) {
+  rowdot_run(x, ldx, m, w, nullptr, ops::SwigluParams{}, y, ldy);
+}
+
+void rowdot_swiglu(const float* x, int64_t ldx, int64_t m, const ops::LinearWeight& gate, const ops::LinearWeight& up,
+                   const ops::SwigluParams& act, float* h, int64_t ldh) {
+  rowdot_run(x, ldx, m, gate, &up, act, h, ldh);
+}
+
 void gemm_xwt(const float* x, int64_t m, const ops::LinearWeight& w, float* y, bool invariant) {
   const int64_t n = w.out_features(), k = w.in_features();
   if (m == 0 || n == 0) return;
+  if (invariant || w.data.dtype == DType::kF8E4M3) {
+    rowdot_linear(x, k, m, w, y, n);
+    return;
+  }
   if (w.data.dtype != DType::kF32 && w.data.dtype != DType::kBF16) {
     throw std::runtime_error("gemm_xwt.sm90: weight dtype " + std::string(dtype_name(w.data.dtype)));
-  }
-  const bool bf16 = w.data.dtype == DType::kBF16;
-  if (invariant) {
-    const int64_t threads = m * n * 32;
-    if (bf16) rowdot_kernel<<<blocks_for(threads, 256), 256>>>(x, w.data.as<const uint16_t>(), y, m, n, k);
-    else rowdot_kernel<<<blocks_for(threads, 256), 256>>>(x, w.data.as<const float>(), y, m, n, k);
-    M3_CUDA_CHECK_LAUNCH();
-    return;
   }
   // Row-major y[m,n] = x[m,k] w[n,k]^T is column-major y^T = w x^T: (op T on w) x (op N on x).
   cublasHandle_t h = cublas_handle();
   const float one = 1.0f, zero = 0.0f;
-  if (!bf16) {
+  if (w.data.dtype == DType::kF32) {
     M3_CUBLAS_CHECK(cublasSetMathMode(h, CUBLAS_PEDANTIC_MATH));
     M3_CUBLAS_CHECK(cublasSgemm(h, CUBLAS_OP_T, CUBLAS_OP_N, int(n), int(m), int(k), &one, w.data.as<const float>(),
                                 int(k), x, int(k), &zero, y, int(n)));
     return;
   }
   Scratch hi(size_t(m * k) * 2), lo(size_t(m * k) * 2);
-  split_bf16_kernel<<<blocks_for(m * k, 256), 256>>>(x, hi.as<__nv_bfloat16>(), lo.as<__nv_bfloat16>(), m * k);
+  split_bf16_kernel<<<blocks_for(m * k, 256), 256, 0, current_stream()>>>(x, hi.as<__nv_bfloat16>(),
+                                                                           lo.as<__nv_bfloat16>(), m * k);
   M3_CUDA_CHECK_LAUNCH();
   M3_CUBLAS_CHECK(cublasSetMathMode(h, cublasMath_t(CUBLAS_DEFAULT_MATH | CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION)));
   const float* betas[2] = {&zero, &one};
@@ -307,35 +340,24 @@ void gemm_xwt(const float* x, int64_t m, const ops::LinearWeight& w, float* y, b
 
 void register_gemm(ops::KernelTable& table) {
   table.linear.add({"linear.rowdot_invariant.sm90",
-                    "device F32/BF16 weight, batch-invariant: one warp per output, fixed-order fp32 reduction",
-                    need_invariant_gemm, linear_entry<true>});
+                    "device F32/BF16/MXFP8 weight (MXFP8: in % 32 == 0, U8 e8m0 scale [out, in/32]); taken when batch "
+                    "invariance is requested, and always for MXFP8: tiled warp row-dot (2 weight rows per warp, 16-byte "
+                    "loads, rows in tiles of 8/4/2/1), fixed per-output fp32 order, in-register MXFP8 dequant (W8A32), "
+                    "fixed K split for narrow outputs; no host sync",
+                    need_rowdot, linear_rowdot});
   table.linear.add({"linear.cublas_sgemm.sm90", "device F32 weight: cuBLAS SGEMM, pedantic math (no TF32)",
-                    need_cublas_f32, linear_entry<false>});
+                    need_cublas_f32, linear_cublas});
   table.linear.add({"linear.cublas_bf16_hilo.sm90",
                     "device BF16 weight: F32 activations split into bf16 hi+lo, two cuBLAS BF16 GEMMs, fp32 accumulate",
-                    need_cublas_bf16, linear_entry<false>});
-  table.mlp.add({"dense_mlp.rowdot_invariant_swiglu_oai.sm90", "device F32/BF16 weights, batch-invariant",
-                 need_invariant_gemm, dense_mlp_entry<true>});
+                    need_cublas_bf16, linear_cublas});
+  table.mlp.add({"dense_mlp.rowdot_invariant_swiglu_oai.sm90",
+                 "device F32/BF16/MXFP8 weights (gate and up one dtype); taken when batch invariance is requested, and "
+                 "always for MXFP8: fused gate+up row-dot writing swiglu_oai, then the down row-dot; no host sync",
+                 need_rowdot, dense_mlp_rowdot});
   table.mlp.add({"dense_mlp.cublas_swiglu_oai.sm90",
                  "device F32 (SGEMM, pedantic) or BF16 (hi+lo BF16 GEMMs, fp32 accumulate) weights",
-                 need_cuda_gemm_weight, dense_mlp_entry<false>});
-  table.router.add({"moe_router.sigmoid_bias_topk.sm90",
-                    "device F32 router weight and bias; fixed-order fp32 logits, one thread per token selects",
-                    [](const ops::Problem& p) -> std::string {
-                      std::string why = need_cuda_f32(p);
-                      if (!why.empty()) return why;
-                      if (p.extra < 1 || p.extra > p.n) return "top_k must be in [1, experts]";
-                      return "";
-                    },
-                    router_entry});
-  table.moe.add({"moe_experts.permuted_rowdot_invariant.sm90",
-                 "device F32/BF16 expert weights, batch-invariant; routing read back to the host to permute; "
-                 "shared expert as the last expert",
-                 need_invariant_gemm, moe_entry<true>});
-  table.moe.add({"moe_experts.permuted_cublas.sm90",
-                 "device F32/BF16 expert weights via cuBLAS; routing read back to the host to permute; shared expert "
-                 "as the last expert",
-                 need_cuda_gemm_weight, moe_entry<false>});
+                 need_cublas_weight, dense_mlp_cublas});
+  register_moe(table);
 }
 
 }  // namespace m3::cuda

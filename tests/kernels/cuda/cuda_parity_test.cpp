@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <deque>
 #include <fstream>
 #include <map>
@@ -22,6 +23,7 @@
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_check.h"
+#include "backend/cuda/cuda_internal.h"
 #include "backend/cuda/device_pool.h"
 
 namespace m3 {
@@ -33,9 +35,13 @@ const std::map<std::string, double> kTolerance = {
     {"embedding", 0.0},         {"rms_norm", 1e-5},        {"rope", 1e-5},
     {"add", 0.0},               {"kv_write", 0.0},         {"attention_dense", 2e-5},
     {"attention_sparse", 2e-5}, {"indexer_topk", 0.0},     {"moe_router", 1e-5},
-    {"linear", 2e-5},           {"linear_bf16", 5e-5},     {"linear_invariance", 0.0},
-    {"dense_mlp", 5e-5},        {"dense_mlp_bf16", 1e-4},  {"moe_experts", 5e-5},
-    {"moe_experts_bf16", 1e-4},
+    {"linear", 2e-5},           {"linear_bf16", 5e-5},     {"linear_mxfp8", 2e-5},
+    {"dense_mlp", 5e-5},        {"dense_mlp_bf16", 1e-4},  {"dense_mlp_mxfp8", 5e-5},
+    {"moe_experts", 5e-5},      {"moe_experts_bf16", 1e-4}, {"moe_experts_mxfp8", 5e-5},
+    // Integer rows: 1 per bit-identical comparison (a row alone vs in its batch, x misaligned
+    // vs aligned, graph replay vs eager).
+    {"linear_invariance", 0.0}, {"dense_mlp_invariance", 0.0}, {"moe_invariance", 0.0},
+    {"cuda_graph", 0.0},
 };
 
 // Device buffer; poisoned with 0x7f bytes (float 3.4e38, int 0x7f7f7f7f) before each GPU run
@@ -432,11 +438,11 @@ void check_router(Harness& h, std::mt19937& rng) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// A weight as both backends hold it: F32 for the CPU (BF16 weights dequantised exactly), and
-// the device copy in its own dtype.
+// A weight as both backends hold it: F32 for the CPU (BF16 and MXFP8 weights dequantised
+// exactly, as the loader does), and the device copy in its own encoding.
 struct Weight {
   std::vector<float> f32;
-  std::unique_ptr<DevBuf> device;
+  std::unique_ptr<DevBuf> device, device_scale;
   ops::LinearWeight host_w, dev_w;
   Weight(int64_t out, int64_t in, DType dt, std::mt19937& rng) {
     f32 = randn(size_t(out * in), rng, 1.0f / std::sqrt(float(in)));
@@ -447,6 +453,40 @@ struct Weight {
         f32[i] = bf16_to_f32(bits[i]);
       }
       device = std::make_unique<DevBuf>(bits);
+    } else if (dt == DType::kF8E4M3) {
+      // MXFP8 as make_model writes it: per 1x32 block the smallest e with 448 * 2^e >= amax,
+      // scale byte e + 127, q = e4m3(w * 2^-e). Rows get spread magnitudes (2^-12 .. 2^6) so
+      // the scales, e4m3 subnormals and the e8m0 range are all exercised.
+      std::vector<uint8_t> q(f32.size()), s(size_t(out * (in / 32)));
+      for (int64_t o = 0; o < out; ++o) {
+        const float row_scale = std::ldexp(1.0f, int(o % 19) - 12);
+        for (int64_t b = 0; b < in / 32; ++b) {
+          float* x = f32.data() + o * in + b * 32;
+          float amax = 0.0f;
+          for (int i = 0; i < 32; ++i) {
+            x[i] *= row_scale;
+            amax = std::max(amax, std::fabs(x[i]));
+          }
+          int e = -127;
+          if (amax > 0.0f) {
+            int fe;
+            std::frexp(double(amax) / 448.0, &fe);
+            e = fe;
+            while (e > -127 && std::ldexp(448.0, e - 1) >= double(amax)) --e;
+            while (e < 127 && std::ldexp(448.0, e) < double(amax)) ++e;
+          }
+          const uint8_t sb = uint8_t(std::clamp(e, -127, 127) + 127);
+          s[size_t(o * (in / 32) + b)] = sb;
+          for (int i = 0; i < 32; ++i) {
+            uint8_t& qi = q[size_t(o * in + b * 32 + i)];
+            qi = f32_to_fp8_e4m3(float(double(x[i]) * std::ldexp(1.0, -(int(sb) - 127))));
+            x[i] = fp8_e4m3_to_f32(qi) * e8m0_to_f32(sb);  // exact: the loader's dequantisation
+          }
+        }
+      }
+      device = std::make_unique<DevBuf>(q);
+      device_scale = std::make_unique<DevBuf>(s);
+      dev_w.scale = dev(*device_scale, DType::kU8, {out, in / 32});
     } else {
       device = std::make_unique<DevBuf>(f32);
     }
@@ -455,14 +495,30 @@ struct Weight {
   }
 };
 
-std::string gemm_row(const char* op, DType dt) { return std::string(op) + (dt == DType::kBF16 ? "_bf16" : ""); }
+std::string gemm_row(const char* op, DType dt) {
+  return std::string(op) + (dt == DType::kBF16 ? "_bf16" : dt == DType::kF8E4M3 ? "_mxfp8" : "");
+}
 
-void check_gemms(Harness& h, std::mt19937& rng) {
-  for (DType dt : {DType::kF32, DType::kBF16}) {
+constexpr DType kWeightTypes[] = {DType::kF32, DType::kBF16, DType::kF8E4M3};
+
+// Bit-exact comparison of float vectors, as an integer row (1 = identical).
+int32_t same_bits(const float* a, const float* b, size_t n) { return std::memcmp(a, b, n * sizeof(float)) == 0 ? 1 : 0; }
+
+void check_linear(Harness& h, std::mt19937& rng) {
+  struct Case {
+    int m, n, k;
+  };
+  // Ragged K (77: scalar-load path, K % 8 != 0), narrow outputs with deep K (fixed K split:
+  // 48 x 4096 -> 8 splits, 33 x 4096, 20 x 6144 router-like), token counts 1, 2, 7, 33, 130.
+  const std::vector<Case> cases = {{1, 64, 128},  {37, 200, 96},  {130, 256, 520}, {3, 33, 77},   {2, 48, 4096},
+                                   {7, 33, 4096}, {33, 20, 6144}, {130, 256, 512}, {1, 1000, 96}, {2, 130, 100}};
+  for (DType dt : kWeightTypes) {
     for (bool invariant : {true, false}) {
       const std::string lin = gemm_row("linear", dt);
       h.guarded(lin, [&] {
-        for (auto [m, n, k] : std::vector<std::tuple<int, int, int>>{{1, 64, 128}, {37, 200, 96}, {130, 256, 520}, {3, 33, 77}}) {
+        for (const Case& c : cases) {
+          if (dt == DType::kF8E4M3 && c.k % 32 != 0) continue;
+          const int m = c.m, n = c.n, k = c.k;
           Weight w(n, k, dt, rng);
           auto x = randn(size_t(m) * k, rng);
           std::vector<float> ref(size_t(m) * n);
@@ -470,45 +526,139 @@ void check_gemms(Harness& h, std::mt19937& rng) {
           DevBuf dx(x), dy(ref.size() * 4);
           dy.poison();
           ops::linear(h.gpu(invariant), dev(dx, DType::kF32, {m, k}), w.dev_w, dev(dy, DType::kF32, {m, n}));
-          h.compare(lin, dy.get<float>(ref.size()), ref);
-          if (invariant && m > 1) {  // each row alone must give the same bits as inside the batch
+          const auto batch = dy.get<float>(ref.size());
+          h.compare(lin, batch, ref);
+          // MXFP8 always runs the row-dot entry, so it is batch-invariant in either mode.
+          if (!invariant && dt != DType::kF8E4M3) continue;
+          std::vector<int32_t> same, want;
+          // Each row alone gives the same bits as inside the batch.
+          for (int r : {0, m / 2, m - 1}) {
+            TensorView xr{dx.as<float>() + int64_t(r) * k, DType::kF32, {1, k}, Device::kCuda};
+            DevBuf one(size_t(n) * 4);
+            one.poison();
+            ops::linear(h.gpu(invariant), xr, w.dev_w, dev(one, DType::kF32, {1, n}));
+            const auto alone = one.get<float>(size_t(n));
+            same.push_back(same_bits(alone.data(), batch.data() + int64_t(r) * n, size_t(n)));
+            want.push_back(1);
+          }
+          // x 4 bytes off 16-byte alignment: the scalar-load kernel gives the vector kernel's bits.
+          DevBuf shifted(x.size() * 4 + 16);
+          M3_CUDA_CHECK(cudaMemcpy(shifted.as<float>() + 1, x.data(), x.size() * 4, cudaMemcpyHostToDevice));
+          dy.poison();
+          ops::linear(h.gpu(invariant), TensorView{shifted.as<float>() + 1, DType::kF32, {m, k}, Device::kCuda},
+                      w.dev_w, dev(dy, DType::kF32, {m, n}));
+          const auto unaligned = dy.get<float>(ref.size());
+          same.push_back(same_bits(unaligned.data(), batch.data(), batch.size()));
+          want.push_back(1);
+          h.compare_ints("linear_invariance", same, want);
+        }
+      });
+    }
+  }
+}
+
+void check_dense_mlp(Harness& h, std::mt19937& rng) {
+  struct Case {
+    int hidden, inter;
+  };
+  for (DType dt : kWeightTypes) {
+    // F32/BF16: a K % 8 != 0 hidden (77) and a TP-local 48; MXFP8 needs multiples of 32. The
+    // 2048 x 32 case splits K in the fused gate+up kernel.
+    const std::vector<Case> shapes = dt == DType::kF8E4M3 ? std::vector<Case>{{96, 160}, {128, 96}, {2048, 32}}
+                                                          : std::vector<Case>{{96, 160}, {77, 48}, {2048, 32}};
+    for (bool invariant : {true, false}) {
+      const std::string mlp = gemm_row("dense_mlp", dt);
+      h.guarded(mlp, [&] {
+        for (const Case& s : shapes) {
+          for (int m : {1, 2, 7, 33, 130}) {
+            if (s.hidden >= 2048 && m > 7) continue;
+            const int hidden = s.hidden, inter = s.inter;
+            Weight g(inter, hidden, dt, rng), u(inter, hidden, dt, rng), d(hidden, inter, dt, rng);
+            auto x = randn(size_t(m) * hidden, rng, 2.0f);
+            std::vector<float> ref(x.size());
+            const ops::SwigluParams act;
+            ops::dense_mlp(h.cpu(), host(x.data(), DType::kF32, {m, hidden}), g.host_w, u.host_w, d.host_w, act,
+                           host(ref.data(), DType::kF32, {m, hidden}));
+            DevBuf dx(x), dy(x.size() * 4);
+            dy.poison();
+            ops::dense_mlp(h.gpu(invariant), dev(dx, DType::kF32, {m, hidden}), g.dev_w, u.dev_w, d.dev_w, act,
+                           dev(dy, DType::kF32, {m, hidden}));
             const auto batch = dy.get<float>(ref.size());
+            h.compare(mlp, batch, ref);
+            if ((!invariant && dt != DType::kF8E4M3) || m == 1) continue;
             std::vector<int32_t> same, want;
-            for (int r : {0, m / 2, m - 1}) {
-              TensorView xr{dx.as<float>() + int64_t(r) * k, DType::kF32, {1, k}, Device::kCuda};
-              DevBuf one(size_t(n) * 4);
-              ops::linear(h.gpu(true), xr, w.dev_w, dev(one, DType::kF32, {1, n}));
-              const auto alone = one.get<float>(size_t(n));
-              same.push_back(std::equal(alone.begin(), alone.end(), batch.begin() + int64_t(r) * n) ? 1 : 0);
+            for (int r : {0, m - 1}) {
+              TensorView xr{dx.as<float>() + int64_t(r) * hidden, DType::kF32, {1, hidden}, Device::kCuda};
+              DevBuf one(size_t(hidden) * 4);
+              one.poison();
+              ops::dense_mlp(h.gpu(invariant), xr, g.dev_w, u.dev_w, d.dev_w, act, dev(one, DType::kF32, {1, hidden}));
+              const auto alone = one.get<float>(size_t(hidden));
+              same.push_back(same_bits(alone.data(), batch.data() + int64_t(r) * hidden, size_t(hidden)));
               want.push_back(1);
             }
-            h.compare_ints("linear_invariance", same, want);
+            h.compare_ints("dense_mlp_invariance", same, want);
           }
         }
       });
-      const std::string mlp = gemm_row("dense_mlp", dt);
-      h.guarded(mlp, [&] {
-        for (int m : {1, 37}) {
-          const int hidden = 96, inter = 160;
-          Weight g(inter, hidden, dt, rng), u(inter, hidden, dt, rng), d(hidden, inter, dt, rng);
-          auto x = randn(size_t(m) * hidden, rng, 2.0f);
-          std::vector<float> ref(x.size());
-          const ops::SwigluParams act;
-          ops::dense_mlp(h.cpu(), host(x.data(), DType::kF32, {m, hidden}), g.host_w, u.host_w, d.host_w, act,
-                         host(ref.data(), DType::kF32, {m, hidden}));
-          DevBuf dx(x), dy(x.size() * 4);
-          dy.poison();
-          ops::dense_mlp(h.gpu(invariant), dev(dx, DType::kF32, {m, hidden}), g.dev_w, u.dev_w, d.dev_w, act,
-                         dev(dy, DType::kF32, {m, hidden}));
-          h.compare(mlp, dy.get<float>(ref.size()), ref);
-        }
-      });
+    }
+  }
+}
+
+// Routing for the expert tests: top_k distinct experts per token drawn with weight
+// 1 / (e + 1)^skew (skew 0 = uniform; 2 = expert 0 takes most tokens, high ids none), or with
+// `dup` some tokens naming one expert twice (the CPU adds such pairs in slot order).
+void make_routing(int tokens, int routed, int top_k, double skew, bool dup, std::mt19937& rng, std::vector<int32_t>& ids,
+                  std::vector<float>& wts) {
+  std::vector<double> p(static_cast<size_t>(routed));
+  for (int e = 0; e < routed; ++e) p[size_t(e)] = 1.0 / std::pow(double(e + 1), skew);
+  std::uniform_real_distribution<float> uw(0.05f, 1.0f);
+  ids.assign(size_t(tokens) * top_k, 0);
+  wts.assign(ids.size(), 0.0f);
+  for (int t = 0; t < tokens; ++t) {
+    std::vector<double> left = p;
+    for (int j = 0; j < top_k; ++j) {
+      std::discrete_distribution<int> dd(left.begin(), left.end());
+      const int e = dd(rng);
+      ids[size_t(t) * top_k + j] = e;
+      left[size_t(e)] = 0.0;
+      wts[size_t(t) * top_k + j] = uw(rng);
+    }
+    if (dup && top_k > 1 && t % 3 == 1) ids[size_t(t) * top_k + top_k - 1] = ids[size_t(t) * top_k];
+  }
+}
+
+void check_moe(Harness& h, std::mt19937& rng) {
+  struct Case {
+    int tokens;
+    bool shared;
+    int routed, top_k, hidden, inter, shared_inter;  // shared_inter: the shared expert's own size
+    double skew;
+    bool dup, from_router;
+  };
+  for (DType dt : kWeightTypes) {
+    const bool mx = dt == DType::kF8E4M3;
+    std::vector<Case> cases = {
+        {37, true, 8, 3, 64, 96, 96, 0.0, false, true},   {1, true, 8, 3, 64, 96, 96, 0.0, false, true},
+        {19, false, 8, 3, 64, 96, 96, 0.0, false, true},  {2, true, 32, 4, 64, 96, 96, 0.0, false, false},
+        {7, true, 32, 4, 96, 64, 64, 1.0, false, false},  {33, true, 16, 4, 64, 96, 96, 2.0, false, false},
+        {130, true, 16, 4, 64, 96, 96, 2.0, false, false}, {130, false, 64, 6, 96, 64, 64, 0.5, false, false},
+    };
+    if (!mx) {
+      // Shapes MXFP8 cannot take: TP-local 48, odd hidden, hidden % 8 != 0, a shared expert of
+      // another size; and duplicate experts within a token.
+      cases.push_back({33, true, 16, 4, 64, 48, 96, 1.0, false, false});
+      cases.push_back({7, true, 16, 4, 67, 48, 48, 0.0, false, false});
+      cases.push_back({130, true, 16, 4, 68, 48, 32, 2.0, false, false});
+      cases.push_back({13, true, 8, 3, 64, 48, 48, 0.0, true, false});
+    }
+    for (bool invariant : {true, false}) {
       const std::string moe = gemm_row("moe_experts", dt);
       h.guarded(moe, [&] {
-        for (auto [tokens, shared] : std::vector<std::pair<int, bool>>{{37, true}, {1, true}, {19, false}}) {
-          const int hidden = 64, inter = 96, routed = 8, top_k = 3;
+        for (const Case& c : cases) {
+          const int tokens = c.tokens, hidden = c.hidden, routed = c.routed, top_k = c.top_k;
           std::vector<Weight> gw, uw, dw;
-          for (int e = 0; e < routed + (shared ? 1 : 0); ++e) {
+          for (int e = 0; e < routed + (c.shared ? 1 : 0); ++e) {
+            const int inter = e == routed ? c.shared_inter : c.inter;
             gw.emplace_back(inter, hidden, dt, rng);
             uw.emplace_back(inter, hidden, dt, rng);
             dw.emplace_back(hidden, inter, dt, rng);
@@ -519,31 +669,149 @@ void check_gemms(Harness& h, std::mt19937& rng) {
             dg.push_back(gw[e].dev_w), du.push_back(uw[e].dev_w), dd.push_back(dw[e].dev_w);
           }
           auto x = randn(size_t(tokens) * hidden, rng, 2.0f);
-          // Routing from the CPU router, so both sides run the same assignment.
-          auto rw = randn(size_t(routed) * hidden, rng, 0.3f), rb = randn(size_t(routed), rng, 0.05f);
           std::vector<int32_t> ids(size_t(tokens) * top_k);
           std::vector<float> wts(ids.size());
-          ops::moe_router(h.cpu(), host(x.data(), DType::kF32, {tokens, hidden}),
-                          host(rw.data(), DType::kF32, {routed, hidden}), host(rb.data(), DType::kF32, {routed}),
-                          ops::RouterParams{top_k, 2.0f, true}, host(ids.data(), DType::kI32, {tokens, top_k}),
-                          host(wts.data(), DType::kF32, {tokens, top_k}));
+          if (c.from_router) {  // the CPU router's assignment
+            auto rw = randn(size_t(routed) * hidden, rng, 0.3f), rb = randn(size_t(routed), rng, 0.05f);
+            ops::moe_router(h.cpu(), host(x.data(), DType::kF32, {tokens, hidden}),
+                            host(rw.data(), DType::kF32, {routed, hidden}), host(rb.data(), DType::kF32, {routed}),
+                            ops::RouterParams{top_k, 2.0f, true}, host(ids.data(), DType::kI32, {tokens, top_k}),
+                            host(wts.data(), DType::kF32, {tokens, top_k}));
+          } else {
+            make_routing(tokens, routed, top_k, c.skew, c.dup, rng, ids, wts);
+          }
+          // Experts nobody picked: their device weights become NaN (0xff bytes), which would
+          // reach the output if the GPU ran them (it must skip zero-count experts entirely).
+          std::vector<int> picked(static_cast<size_t>(routed), 0);
+          for (int32_t e : ids) picked[size_t(e)] = 1;
+          for (int e = 0; e < routed; ++e) {
+            if (picked[size_t(e)]) continue;
+            for (Weight* w : {&gw[size_t(e)], &uw[size_t(e)], &dw[size_t(e)]}) {
+              M3_CUDA_CHECK(cudaMemset(w->dev_w.data.data, 0xff, w->dev_w.data.size_bytes()));
+            }
+          }
           const ops::SwigluParams act;
           std::vector<float> ref(x.size());
           ops::moe_experts(h.cpu(), host(x.data(), DType::kF32, {tokens, hidden}),
                            host(ids.data(), DType::kI32, {tokens, top_k}), host(wts.data(), DType::kF32, {tokens, top_k}),
-                           ops::ExpertWeights{routed, shared, hg.data(), hu.data(), hd.data()}, act,
+                           ops::ExpertWeights{routed, c.shared, hg.data(), hu.data(), hd.data()}, act,
                            host(ref.data(), DType::kF32, {tokens, hidden}));
           DevBuf dx(x), dids(ids), dwts(wts), dy(x.size() * 4);
           dy.poison();
-          ops::moe_experts(h.gpu(invariant), dev(dx, DType::kF32, {tokens, hidden}), dev(dids, DType::kI32, {tokens, top_k}),
-                           dev(dwts, DType::kF32, {tokens, top_k}),
-                           ops::ExpertWeights{routed, shared, dg.data(), du.data(), dd.data()}, act,
-                           dev(dy, DType::kF32, {tokens, hidden}));
-          h.compare(moe, dy.get<float>(ref.size()), ref);
+          const ops::ExpertWeights dexperts{routed, c.shared, dg.data(), du.data(), dd.data()};
+          ops::moe_experts(h.gpu(invariant), dev(dx, DType::kF32, {tokens, hidden}),
+                           dev(dids, DType::kI32, {tokens, top_k}), dev(dwts, DType::kF32, {tokens, top_k}), dexperts,
+                           act, dev(dy, DType::kF32, {tokens, hidden}));
+          const auto batch = dy.get<float>(ref.size());
+          h.compare(moe, batch, ref);
+          if (!invariant || tokens == 1) continue;
+          // Each token alone (its own routing row) gives the same bits as inside the batch.
+          std::vector<int32_t> same, want;
+          for (int r : {0, tokens / 2, tokens - 1}) {
+            DevBuf one(size_t(hidden) * 4);
+            one.poison();
+            ops::moe_experts(h.gpu(true), TensorView{dx.as<float>() + int64_t(r) * hidden, DType::kF32, {1, hidden}, Device::kCuda},
+                             TensorView{dids.as<int32_t>() + int64_t(r) * top_k, DType::kI32, {1, top_k}, Device::kCuda},
+                             TensorView{dwts.as<float>() + int64_t(r) * top_k, DType::kF32, {1, top_k}, Device::kCuda},
+                             dexperts, act, dev(one, DType::kF32, {1, hidden}));
+            const auto alone = one.get<float>(size_t(hidden));
+            same.push_back(same_bits(alone.data(), batch.data() + int64_t(r) * hidden, size_t(hidden)));
+            want.push_back(1);
+          }
+          h.compare_ints("moe_invariance", same, want);
         }
       });
     }
   }
+}
+
+// Router + MoE experts + linear (row-dot, and cuBLAS SGEMM) on a non-default stream, captured
+// into a CUDA graph and replayed twice: bit-identical to the eager run, and nothing in the
+// capture may synchronise with the host (capture would fail).
+void check_graph(Harness& h, std::mt19937& rng) {
+  h.guarded("cuda_graph", [&] {
+    const int tokens = 5, hidden = 128, inter = 64, routed = 16, top_k = 4, n_out = 96;
+    for (DType dt : {DType::kBF16, DType::kF8E4M3}) {
+      std::vector<Weight> gw, uw, dw;
+      for (int e = 0; e <= routed; ++e) {
+        gw.emplace_back(inter, hidden, dt, rng);
+        uw.emplace_back(inter, hidden, dt, rng);
+        dw.emplace_back(hidden, inter, dt, rng);
+      }
+      std::vector<ops::LinearWeight> dg, du, dd;
+      for (size_t e = 0; e < gw.size(); ++e) dg.push_back(gw[e].dev_w), du.push_back(uw[e].dev_w), dd.push_back(dw[e].dev_w);
+      const ops::ExpertWeights experts{routed, true, dg.data(), du.data(), dd.data()};
+      Weight lw(n_out, hidden, dt, rng), lf(n_out, hidden, DType::kF32, rng);
+      auto x = randn(size_t(tokens) * hidden, rng, 2.0f);
+      auto rw = randn(size_t(routed) * hidden, rng, 0.3f), rb = randn(size_t(routed), rng, 0.05f);
+      DevBuf dx(x), drw(rw), drb(rb), dids(size_t(tokens) * top_k * 4), dwts(size_t(tokens) * top_k * 4),
+          dmoe(x.size() * 4), dlin(size_t(tokens) * n_out * 4), dsg(size_t(tokens) * n_out * 4);
+      M3_CUDA_CHECK(cudaDeviceSynchronize());  // uploads above ran on the legacy stream
+      cudaStream_t stream = nullptr;
+      M3_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+      struct Restore {
+        cudaStream_t s;
+        ~Restore() {
+          cuda::set_current_stream(nullptr);
+          cudaStreamSynchronize(s);
+          cudaStreamDestroy(s);
+        }
+      } restore{stream};
+      cuda::set_current_stream(stream);
+      auto step = [&] {
+        ops::moe_router(h.gpu(), dev(dx, DType::kF32, {tokens, hidden}), dev(drw, DType::kF32, {routed, hidden}),
+                        dev(drb, DType::kF32, {routed}), ops::RouterParams{top_k, 2.0f, true},
+                        dev(dids, DType::kI32, {tokens, top_k}), dev(dwts, DType::kF32, {tokens, top_k}));
+        ops::moe_experts(h.gpu(), dev(dx, DType::kF32, {tokens, hidden}), dev(dids, DType::kI32, {tokens, top_k}),
+                         dev(dwts, DType::kF32, {tokens, top_k}), experts, ops::SwigluParams{},
+                         dev(dmoe, DType::kF32, {tokens, hidden}));
+        ops::linear(h.gpu(), dev(dmoe, DType::kF32, {tokens, hidden}), lw.dev_w, dev(dlin, DType::kF32, {tokens, n_out}));
+        ops::linear(h.gpu(false), dev(dmoe, DType::kF32, {tokens, hidden}), lf.dev_w,
+                    dev(dsg, DType::kF32, {tokens, n_out}));  // cuBLAS SGEMM
+      };
+      auto fetch = [&] {
+        M3_CUDA_CHECK(cudaStreamSynchronize(stream));
+        std::vector<float> all = dwts.get<float>(size_t(tokens) * top_k);
+        for (const DevBuf* b : {&dmoe, &dlin, &dsg}) {
+          const auto v = b->get<float>(b == &dmoe ? x.size() : size_t(tokens) * n_out);
+          all.insert(all.end(), v.begin(), v.end());
+        }
+        const auto ids = dids.get<int32_t>(size_t(tokens) * top_k);
+        for (int32_t i : ids) all.push_back(float(i));
+        return all;
+      };
+      auto poison = [&] {
+        for (DevBuf* b : {&dids, &dwts, &dmoe, &dlin, &dsg}) b->poison();
+        M3_CUDA_CHECK(cudaDeviceSynchronize());
+      };
+      poison();
+      step();  // eager (also creates the cuBLAS handle and workspace for this stream)
+      const auto eager = fetch();
+      cudaGraph_t graph = nullptr;
+      M3_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+      try {
+        step();
+      } catch (...) {
+        cudaStreamEndCapture(stream, &graph);
+        if (graph) cudaGraphDestroy(graph);
+        throw;
+      }
+      M3_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+      cudaGraphExec_t exec = nullptr;
+      M3_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+      std::vector<int32_t> same, want;
+      for (int replay = 0; replay < 2; ++replay) {
+        poison();
+        M3_CUDA_CHECK(cudaGraphLaunch(exec, stream));
+        const auto replayed = fetch();
+        same.push_back(replayed.size() == eager.size() && same_bits(replayed.data(), eager.data(), eager.size()));
+        want.push_back(1);
+      }
+      cudaGraphExecDestroy(exec);
+      cudaGraphDestroy(graph);
+      h.compare_ints("cuda_graph", same, want);
+    }
+  });
 }
 
 std::string fmt(double v) {
@@ -584,7 +852,10 @@ TEST(CudaParity, EveryOpMatchesTheCpuReference) {
   check_elementwise(h, rng);
   check_attention(h, rng);
   check_router(h, rng);
-  check_gemms(h, rng);
+  check_linear(h, rng);
+  check_dense_mlp(h, rng);
+  check_moe(h, rng);
+  check_graph(h, rng);
   M3_CUDA_CHECK(cudaDeviceSynchronize());
   report(h);
   for (const Row& r : h.rows()) {
@@ -592,7 +863,7 @@ TEST(CudaParity, EveryOpMatchesTheCpuReference) {
                           << r.error;
     for (const auto& e : r.entries) EXPECT_NE(e.find(".sm90"), std::string::npos) << r.op << " ran " << e;
   }
-  EXPECT_GE(h.rows().size(), 16u);
+  EXPECT_GE(h.rows().size(), 22u);
 }
 
 }  // namespace
