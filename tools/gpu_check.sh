@@ -6,7 +6,8 @@
 #   2. the sample op on the GPU vs the CPU reference, and inside a CUDA graph;
 #   3. the model on the GPU: HF goldens (tiny, trained small; MXFP8 native and as BF16) and
 #      the CUDA engine vs the CPU engine (greedy equality, graphs == eager, batch invariance);
-#   4. a decode step of `m3serve generate --device cuda --trace-dispatch` (the dispatch trace);
+#   4. a decode step of `m3serve generate --device cuda --trace-dispatch` (the dispatch trace),
+#      and `m3serve serve --device cuda` answering a chat completion;
 #   5. decode_bench on an m3-layers:N MXFP8 checkpoint made on the machine (M3_BENCH_LAYERS,
 #      default 4; 0 skips), batches M3_BENCH_BATCHES (default 1,8,32,128).
 #   6. with M3_MSA_BENCH=1, the MSA kernel benchmark (tools/msa_bench; MSA_BENCH_ARGS).
@@ -31,6 +32,24 @@ step generate_trace 120 "$dir/m3serve" generate --model "$root/models/m3-small-m
   --print-steps --prompt "The old house on the hill" --max-tokens 8 --temperature 0
 grep -E "dispatch:|graph|tok/s|loaded" "$out/generate_trace.log" | head -60
 
+# The OpenAI server on the GPU (default model): one chat completion, then the kernel table.
+"$dir/m3serve" serve --device cuda --port 18123 > "$out/serve.log" 2>&1 &
+serve_pid=$!
+for _ in $(seq 1 60); do curl -sf localhost:18123/health > /dev/null 2>&1 && break; sleep 0.5; done
+curl -s localhost:18123/v1/chat/completions -H 'Content-Type: application/json' \
+  -d '{"messages":[{"role":"user","content":"Tell me about the sea."}],"max_tokens":24,"temperature":0}' \
+  > "$out/serve_chat.json" 2>&1
+curl -s localhost:18123/debug/kernels > "$out/serve_kernels.json" 2>&1
+kill "$serve_pid" 2>/dev/null
+wait "$serve_pid" 2>/dev/null
+if grep -q '"content"' "$out/serve_chat.json"; then
+  echo "gpu: serve chat ok: $(head -c 400 "$out/serve_chat.json")"
+else
+  echo "gpu: serve chat FAILED: $(head -c 400 "$out/serve_chat.json")"
+  tail -5 "$out/serve.log"
+  status=1
+fi
+
 if [[ ${M3_SANITIZE:-0} == 1 ]]; then
   cs=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null)
   [[ -n $cs ]] && step memcheck 200 "$cs" --tool memcheck --leak-check no "$dir/kernels_cuda_parity" &&
@@ -43,6 +62,11 @@ if [[ $layers -gt 0 ]]; then
   [[ -f $ckpt/config.json ]] || step make_model 300 "$dir/m3serve" make-model --preset "m3-layers:$layers" --mxfp8 \
     --seed 0 --out "$ckpt"
   tail -3 "$out/make_model.log" 2>/dev/null
+  # The engine on it: a decode step's kernels (graph replays count the captured selections).
+  step generate_m3_layers 180 "$dir/m3serve" generate --model "$ckpt" --device cuda --trace-dispatch --print-steps \
+    --prompt-ids 1,200,3000,45,77,9,123,4567,8,901 --max-tokens 4 --temperature 0 --max-num-seqs 8 \
+    --max-num-batched-tokens 256 --max-model-len 4096
+  grep -E "^step|kernels:|loaded|tok/s" "$out/generate_m3_layers.log" | head -20
   step decode_bench "${M3_BENCH_TIMEOUT:-300}" "$dir/decode_bench" --model "$ckpt" \
     --batch-sizes "${M3_BENCH_BATCHES:-1,8,32,128}" --context "${M3_BENCH_CONTEXT:-4096}" --json "$out/decode_bench.json"
   cat "$out/decode_bench.log"

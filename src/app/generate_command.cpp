@@ -145,6 +145,11 @@ void register_generate(CLI::App& app) {
                     st.scheduler.kv_blocks_used, st.scheduler.kv_blocks_used + st.scheduler.kv_blocks_free,
                     st.scheduler.prefix_hit_tokens, st.scheduler.prefix_query_tokens, st.step_ms,
                     st.graph_batch > 0 ? (" graph b" + std::to_string(st.graph_batch)).c_str() : "");
+        if (opts->engine.trace_dispatch) {
+          std::printf("  kernels:");
+          for (const auto& p : st.kernel_paths) std::printf(" %s", p.c_str());
+          std::printf("\n");
+        }
       }
     }
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - ts).count();
