@@ -1,0 +1,1303 @@
+// MXFP8 MoE experts on Hopper: routing, activation conversion, the W8A16 (mma.sync) and W8A8
+// (wgmma) grouped GEMMs with fused SwiGLU-OAI, and the combine. See moe_mxfp8.h for the contract,
+// docs/moe_kernels.md for the design and docs/adr/0003-moe-mxfp8-kernels.md for the choices.
+//
+// Data flow of one call (everything on current_stream(), nothing read back by the host):
+//   route   one CTA: counting sort of the (token, slot) assignments into expert-contiguous rows in
+//           the CPU reference's order (routed experts ascending, shared expert last with every
+//           token, each expert's rows in (token, slot) order), work items of <= BT rows for the
+//           non-empty experts only;
+//   prep    one CTA per token: x -> f16 (W8A16) or e4m3 (W8A8) with a power-of-two scale per token;
+//   gate_up grouped GEMM over the items, h = swiglu_oai(gate, up) * hscale written as f16
+//           (hscale: a power of two from the SwiGLU clamp, so |h| stays < 2^15);
+//   [W8A8]  h -> e4m3 with a power-of-two scale per row;
+//   down    grouped GEMM, y[row] (F32, permuted order);
+//   combine one CTA per token: out[t] = sum of w * y over t's rows, ascending expert, shared last.
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <type_traits>
+
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/cuda_internal.h"
+#include "backend/cuda/moe_mxfp8.h"
+
+namespace m3::cuda::moe_mxfp8 {
+namespace {
+
+constexpr int kMaxExperts = 256;  // routed + shared in one launch (kernel-parameter table)
+constexpr int kMaxTopK = 64;
+
+struct Act {
+  float alpha, limit, beta;
+};
+
+// One expert matrix: e4m3 [n, k] and its e8m0 scales [n, k / 32].
+struct Mat {
+  const uint8_t* w;
+  const uint8_t* s;
+};
+
+// Per-expert matrices and sizes, passed by value (11 KB of kernel parameters; CUDA >= 12.1
+// allows 32 KB), so nothing is uploaded or cached per call. gate_up: a = gate, b = up,
+// n = intermediate, k = hidden; down: a = down, n = hidden, k = intermediate.
+struct Group {
+  Mat a[kMaxExperts];
+  Mat b[kMaxExperts];
+  int n[kMaxExperts];
+  int k[kMaxExperts];
+};
+
+// ---------------------------------------------------------------------------------------------
+// Device helpers.
+
+__device__ __forceinline__ float swiglu(float g, float u, const Act& p) {  // ops::swiglu_oai
+  const float gc = fminf(g, p.limit);
+  const float uc = fminf(fmaxf(u, -p.limit), p.limit);
+  return (uc + p.beta) * gc * (1.0f / (1.0f + expf(-p.alpha * gc)));
+}
+
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// 16-byte copy global -> shared; src_bytes 0 writes zeros (rows past an item's end).
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, uint32_t src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
+}
+__device__ __forceinline__ void cp_async4(uint32_t dst, const void* src) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(dst), "l"(src) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+// Streaming 16-byte weight load: read once, not kept in L1.
+__device__ __forceinline__ uint4 ld_stream16(const void* p) {
+  uint4 r;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+               : "l"(p));
+  return r;
+}
+
+__device__ __forceinline__ uint32_t word_of(const uint4& q, int i) {
+  return i == 0 ? q.x : i == 1 ? q.y : i == 2 ? q.z : q.w;
+}
+
+// Programmatic dependent launch: a kernel launched with programmatic stream serialisation may
+// start while the previous one drains; it must wait before reading what that one writes.
+__device__ __forceinline__ void pdl_launch_dependents() { asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory"); }
+__device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
+
+// Largest byte of a 32-bit word.
+__device__ __forceinline__ int max_byte(uint32_t v) {
+  v = __vmaxu4(v, v >> 16);
+  v = __vmaxu4(v, v >> 8);
+  return int(v & 0xffu);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Routing: one CTA of 1024 threads for any token count (a few microseconds per 1024
+// assignments; prefill-sized calls spend well under 1% of the block here).
+constexpr int kRouteThreads = 1024;
+constexpr int kRouteWarps = kRouteThreads / 32;
+
+// Needs exactly kRouteThreads threads.
+__device__ __forceinline__ void route_body(const int32_t* ids, int tokens, int top_k, int routed, int has_shared,
+                                           int rows_per_item, int32_t* perm, int32_t* pos, int4* items, int* meta) {
+  __shared__ int cnt[kMaxExperts], start[kMaxExperts], item_start[kMaxExperts], run[kMaxExperts];
+  __shared__ int wtab[kRouteWarps][kMaxExperts];  // per chunk: count, then exclusive offset, per (warp, expert)
+  const int tid = int(threadIdx.x), warp = tid >> 5, lane = tid & 31;
+  const int n_assign = tokens * top_k, total = routed + has_shared;
+  for (int e = tid; e < kMaxExperts; e += kRouteThreads) cnt[e] = run[e] = 0;
+  __syncthreads();
+  for (int a = tid; a < n_assign; a += kRouteThreads) {
+    const int e = ids[a];
+    if (e >= 0 && e < routed) atomicAdd(&cnt[e], 1);  // counts only: order-independent
+  }
+  __syncthreads();
+  // Exclusive scans of rows and items per expert (warp 0); the shared expert is last.
+  if (warp == 0) {
+    int carry = 0, icarry = 0;
+    for (int base = 0; base < total; base += 32) {
+      const int e = base + lane;
+      const int c = e < routed ? cnt[e] : (e < total ? tokens : 0);
+      const int ni = (c + rows_per_item - 1) / rows_per_item;
+      int incl = c, iincl = ni;
+#pragma unroll
+      for (int off = 1; off < 32; off <<= 1) {
+        const int t = __shfl_up_sync(0xffffffffu, incl, off), it = __shfl_up_sync(0xffffffffu, iincl, off);
+        if (lane >= off) {
+          incl += t;
+          iincl += it;
+        }
+      }
+      if (e < total) {
+        cnt[e] = c;
+        start[e] = carry + incl - c;
+        item_start[e] = icarry + iincl - ni;
+      }
+      carry += __shfl_sync(0xffffffffu, incl, 31);
+      icarry += __shfl_sync(0xffffffffu, iincl, 31);
+    }
+    if (lane == 0) {
+      meta[0] = icarry;
+      meta[1] = carry - (has_shared ? tokens : 0);
+    }
+  }
+  __syncthreads();
+  for (int e = warp; e < total; e += kRouteWarps) {
+    const int c = cnt[e], s = start[e], i0 = item_start[e];
+    for (int g = lane; g * rows_per_item < c; g += 32) {
+      items[i0 + g] = make_int4(e, s + g * rows_per_item, s + min(c, (g + 1) * rows_per_item), 0);
+    }
+  }
+  // Ranks in assignment order, 1024 assignments per round: rank = rows of earlier rounds +
+  // rows of earlier warps in this round + earlier lanes of this warp with the same expert.
+  for (int base = 0; base < n_assign; base += kRouteThreads) {
+    const int a = base + tid;
+    const int e = a < n_assign ? ids[a] : -1;
+    const bool valid = e >= 0 && e < routed;
+    for (int i = lane; i < kMaxExperts; i += 32) wtab[warp][i] = 0;
+    __syncwarp();
+    const unsigned peers = __match_any_sync(0xffffffffu, valid ? e : -1);
+    const int lrank = __popc(peers & ((1u << lane) - 1u));
+    if (valid && lrank == 0) wtab[warp][e] = __popc(peers);
+    __syncthreads();
+    int round_total = 0;
+    if (tid < routed) {
+      for (int w = 0; w < kRouteWarps; ++w) {
+        const int c = wtab[w][tid];
+        wtab[w][tid] = round_total;
+        round_total += c;
+      }
+    }
+    __syncthreads();
+    if (valid) {
+      const int p = start[e] + run[e] + wtab[warp][e] + lrank;
+      perm[p] = a / top_k;
+      pos[a] = p;
+    } else if (a < n_assign) {
+      pos[a] = -1;
+    }
+    __syncthreads();
+    if (tid < routed) run[tid] += round_total;
+  }
+  if (has_shared) {
+    const int sb = start[routed];
+    for (int t = tid; t < tokens; t += kRouteThreads) perm[sb + t] = t;
+  }
+}
+
+__global__ void __launch_bounds__(kRouteThreads) route_kernel(const int32_t* ids, int tokens, int top_k, int routed,
+                                                               int has_shared, int rows_per_item, int32_t* perm,
+                                                               int32_t* pos, int4* items, int* meta) {
+  route_body(ids, tokens, top_k, routed, has_shared, rows_per_item, perm, pos, items, meta);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Row conversion with a power-of-two scale per row (one CTA per row): out = x * 2^k as f16 (|.|
+// < 2^15) or e4m3 (|.| <= 448), scale[row] = 2^-k. Power-of-two scaling is exact, so the only
+// rounding is the conversion itself; a row's result depends on that row alone.
+constexpr int kQuantThreads = 256;
+
+template <class In>
+__device__ __forceinline__ float4 load4(const In* p) {
+  if constexpr (std::is_same<In, float>::value) {
+    return *reinterpret_cast<const float4*>(p);
+  } else {
+    const uint2 u = *reinterpret_cast<const uint2*>(p);
+    const float2 lo = __half22float2(*reinterpret_cast<const __half2*>(&u.x));
+    const float2 hi = __half22float2(*reinterpret_cast<const __half2*>(&u.y));
+    return make_float4(lo.x, lo.y, hi.x, hi.y);
+  }
+}
+
+// One row by the whole CTA (any multiple of 32 threads up to 1024).
+template <class In, bool kFp8>
+__device__ __forceinline__ void quant_row(const In* xr, int cols, void* out_row, float* scale) {
+  __shared__ float red[32];
+  const int nt = int(blockDim.x);
+  float amax = 0.0f;
+  for (int c = 4 * int(threadIdx.x); c < cols; c += 4 * nt) {
+    const float4 v = load4(xr + c);
+    amax = fmaxf(amax, fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w))));
+  }
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
+  if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = amax;
+  __syncthreads();
+  amax = red[0];
+  for (int w = 1; w < nt / 32; ++w) amax = fmaxf(amax, red[w]);
+  int k = 0;
+  if (amax > 0.0f && amax <= 3.0e38f) {  // zero, inf or NaN rows keep scale 1 (and propagate)
+    int ex = 0;
+    frexpf(amax, &ex);  // amax in [2^(ex-1), 2^ex)
+    k = kFp8 ? 9 - ex : 15 - ex;
+    if (kFp8 && ldexpf(amax, k) > 448.0f) --k;
+    k = max(-126, min(126, k));
+  }
+  const float mul = ldexpf(1.0f, k);
+  if (threadIdx.x == 0) *scale = ldexpf(1.0f, -k);
+  for (int c = 4 * int(threadIdx.x); c < cols; c += 4 * nt) {
+    const float4 v = load4(xr + c);
+    if constexpr (kFp8) {
+      const __nv_fp8x2_storage_t lo = __nv_cvt_float2_to_fp8x2(make_float2(v.x * mul, v.y * mul), __NV_SATFINITE, __NV_E4M3);
+      const __nv_fp8x2_storage_t hi = __nv_cvt_float2_to_fp8x2(make_float2(v.z * mul, v.w * mul), __NV_SATFINITE, __NV_E4M3);
+      *reinterpret_cast<uint32_t*>(static_cast<uint8_t*>(out_row) + c) = uint32_t(lo) | (uint32_t(hi) << 16);
+    } else {
+      const __half2 lo = __floats2half2_rn(v.x * mul, v.y * mul), hi = __floats2half2_rn(v.z * mul, v.w * mul);
+      uint2 u;
+      u.x = *reinterpret_cast<const uint32_t*>(&lo);
+      u.y = *reinterpret_cast<const uint32_t*>(&hi);
+      *reinterpret_cast<uint2*>(static_cast<__half*>(out_row) + c) = u;
+    }
+  }
+}
+
+template <class In, bool kFp8>
+__global__ void __launch_bounds__(kQuantThreads) quant_rows_kernel(const In* x, int64_t ldx, int cols, void* out,
+                                                                    int64_t ldo, float* scale) {
+  const int64_t r = blockIdx.x;
+  quant_row<In, kFp8>(x + r * ldx, cols, static_cast<uint8_t*>(out) + r * ldo * (kFp8 ? 1 : 2), scale + r);
+}
+
+// Routing (block 0) and the activation conversion (block 1 + t for token t) in one launch: one
+// kernel boundary less on the decode path.
+template <bool kFp8>
+__global__ void __launch_bounds__(kRouteThreads) route_prep_kernel(const int32_t* ids, int tokens, int top_k, int routed,
+                                                                    int has_shared, int rows_per_item, int32_t* perm,
+                                                                    int32_t* pos, int4* items, int* meta, const float* x,
+                                                                    int hidden, void* xc, float* xs) {
+  if (blockIdx.x == 0) {
+    route_body(ids, tokens, top_k, routed, has_shared, rows_per_item, perm, pos, items, meta);
+  } else {
+    const int64_t t = int64_t(blockIdx.x) - 1;
+    quant_row<float, kFp8>(x + t * hidden, hidden, static_cast<uint8_t*>(xc) + t * hidden * (kFp8 ? 1 : 2), xs + t);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Combine: one CTA per token. Assignments in ascending (expert, slot) order, then the shared row
+// with weight 1, as acc = fadd(acc, fmul(w, y)) from 0 (the CPU reference's order).
+constexpr int kCombineThreads = 256;
+
+__global__ void __launch_bounds__(kCombineThreads) combine_kernel(const float* y, const float* w, const int32_t* ids,
+                                                                   const int32_t* pos, int top_k, const int* meta,
+                                                                   int has_shared, float* out, int hidden) {
+  __shared__ int s_row[kMaxTopK + 1];
+  __shared__ float s_w[kMaxTopK + 1];
+  __shared__ int s_n;
+  const int64_t t = blockIdx.x;
+  if (threadIdx.x == 0) {
+    const int32_t* id = ids + t * top_k;
+    const int32_t* ps = pos + t * top_k;
+    int prev_e = -1, prev_j = -1, n = 0;
+    for (int i = 0; i < top_k; ++i) {  // the i-th is the least (expert, slot) after the (i-1)-th
+      int best = -1, best_e = 0;
+      for (int j = 0; j < top_k; ++j) {
+        if (ps[j] < 0) continue;
+        const int e = id[j];
+        if (e < prev_e || (e == prev_e && j <= prev_j)) continue;
+        if (best < 0 || e < best_e) {
+          best = j;
+          best_e = e;
+        }
+      }
+      if (best < 0) break;
+      s_row[n] = ps[best];
+      s_w[n] = w[t * top_k + best];
+      ++n;
+      prev_e = best_e;
+      prev_j = best;
+    }
+    if (has_shared) {
+      s_row[n] = meta[1] + int(t);
+      s_w[n] = 1.0f;
+      ++n;
+    }
+    s_n = n;
+  }
+  __syncthreads();
+  const int n = s_n;
+  for (int d = 4 * int(threadIdx.x); d < hidden; d += 4 * kCombineThreads) {
+    float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    for (int i = 0; i < n; ++i) {
+      const float wi = s_w[i];
+      const float4 v = *reinterpret_cast<const float4*>(y + int64_t(s_row[i]) * hidden + d);
+      acc.x = __fadd_rn(acc.x, __fmul_rn(wi, v.x));
+      acc.y = __fadd_rn(acc.y, __fmul_rn(wi, v.y));
+      acc.z = __fadd_rn(acc.z, __fmul_rn(wi, v.z));
+      acc.w = __fadd_rn(acc.w, __fmul_rn(wi, v.w));
+    }
+    *reinterpret_cast<float4*>(out + t * hidden + d) = acc;
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// W8A16 grouped GEMM (decode and any batch-invariant call).
+//
+// CTA = 8 warps over one (work item, column tile). Weights are the MMA's A operand (16 weight
+// rows per warp), tokens its N (8 per m16n8k16, kTMT sub-tiles = up to 8 * kTMT rows). Each
+// weight element is used by one warp only, so weights go global -> registers with 16-byte
+// streaming loads two stages ahead (no shared memory); the item's activation rows (f16) go
+// through a 3-stage cp.async ring shared by the 8 warps.
+//
+// K order inside a 64-wide chunk: lane (g, tig) loads bytes [16 tig, 16 tig + 16) of weight
+// rows g and g + 8; MMA step s (0..3) takes its bytes 4s..4s+3 as the fragment's k = 2tig,
+// 2tig+1, 2tig+8, 2tig+9, and reads the same real k of the activation rows. Any fixed
+// permutation of k inside a chunk is the same dot product; this one needs no shuffles.
+//
+// Dequantisation: e4m3 -> f16 is exact (cvt.rn.f16x2.e4m3x2); the block scale 2^(s_b - 127) is
+// split into 2^(s_b - ref) folded into the f16 value (exact while s_b >= ref - 15, and below
+// that the rounding is < 2^-25 of the row's largest block unit) and 2^(ref - 127) applied to
+// the fp32 result, ref = the row's largest scale byte. Activations are f16 scaled per token by
+// a power of two. Accumulation: fp32 in the tensor core, fixed sequence of MMAs per output.
+//
+// Fused (gate_up): warp w owns output columns col0 + 8w .. + 7: MMA row g = gate row, g + 8 =
+// the up row of the same column, so the SwiGLU pair sits in one thread's accumulators.
+// Plain (down): warp w owns weight rows col0 + 16w .. + 15.
+constexpr int kW16Threads = 256;
+constexpr int kW16Warps = kW16Threads / 32;
+constexpr int kW16Stages = 3;   // activation stages in shared memory
+constexpr int kW16Kc = 128;     // K per stage (two 64-wide chunks)
+constexpr int kXRowHalves = kW16Kc + 8;  // 272-byte smem rows: conflict-free 16-byte reads
+
+struct W16Args {
+  const __half* x;         // activation rows (gate_up: x16 [tokens, hidden]; down: h16 [rows, ldx])
+  const int32_t* gather;   // x row of permuted row p (gate_up: perm), or null (row p itself)
+  int64_t ldx;
+  const float* row_scale;  // per x row (gate_up: token scale), or null
+  float out_mul;           // gate_up: hscale; down: 1 / hscale
+  void* out;               // gate_up: __half h [rows, ldo]; down: float y [rows, ldo]
+  int64_t ldo;
+  const int4* items;
+  const int* num_items;
+  Act act;
+  Group g;
+};
+
+// Two e4m3 (low 16 bits, low byte first) -> f16x2, times m (a power of two).
+__device__ __forceinline__ uint32_t e4m3x2_scaled(uint32_t two, __half2 m) {
+  uint32_t h;
+  asm("cvt.rn.f16x2.e4m3x2 %0, %1;\n" : "=r"(h) : "h"(static_cast<unsigned short>(two & 0xffffu)));
+  __half2 v = __hmul2(*reinterpret_cast<const __half2*>(&h), m);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+
+// 2^d (d <= 0) as f16x2; 0 below 2^-24 (round to nearest even of 2^-25 is 0).
+__device__ __forceinline__ __half2 pow2_h2(int d) {
+  d = max(d, -25);
+  return __float2half2_rn(__uint_as_float(uint32_t(d + 127) << 23));
+}
+
+__device__ __forceinline__ void mma_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+template <bool kFused, int kTMT>
+__global__ void __launch_bounds__(kW16Threads, 2) w8a16_kernel(const __grid_constant__ W16Args a) {
+  constexpr int kBT = 8 * kTMT;
+  // Weight register buffers: loads run kRing - 1 stages ahead (fewer with the wide token tile,
+  // whose accumulators need the registers; two CTAs per SM keep enough bytes in flight).
+  constexpr int kW16Ring = kTMT >= 8 ? 2 : 3;
+  extern __shared__ __align__(16) unsigned char w16_smem[];
+  __half* xs = reinterpret_cast<__half*>(w16_smem);  // [kW16Stages][kBT][kXRowHalves]
+  pdl_launch_dependents();  // the down projection may start streaming its weights meanwhile
+  if (int(blockIdx.x) >= __ldg(a.num_items)) return;
+  const int4 item = a.items[blockIdx.x];
+  const int e = item.x, r0 = item.y, nrows = item.z - item.y;
+  const int n = a.g.n[e], K = a.g.k[e];
+  const int col0 = int(blockIdx.y) * (kFused ? 8 * kW16Warps : 16 * kW16Warps);
+  if (col0 >= n) return;  // whole CTA: this expert is narrower than the widest one
+  const int tid = int(threadIdx.x), warp = tid >> 5, lane = tid & 31, g = lane >> 2, tig = lane & 3;
+  const int row_lo = kFused ? col0 + 8 * warp + g : col0 + 16 * warp + g;
+  const int row_hi = kFused ? row_lo : row_lo + 8;
+  const Mat m_lo = a.g.a[e];
+  const Mat m_hi = kFused ? a.g.b[e] : a.g.a[e];
+  const uint8_t* w_lo = m_lo.w + int64_t(row_lo) * K + 16 * tig;
+  const uint8_t* w_hi = m_hi.w + int64_t(row_hi) * K + 16 * tig;
+  const uint32_t* s_lo = reinterpret_cast<const uint32_t*>(m_lo.s + int64_t(row_lo) * (K / 32));
+  const uint32_t* s_hi = reinterpret_cast<const uint32_t*>(m_hi.s + int64_t(row_hi) * (K / 32));
+  const int nst = K / kW16Kc;
+
+  // Each row's largest scale byte (the quad of lanes sharing a row splits the scan).
+  int ref_lo, ref_hi;
+  {
+    uint32_t v_lo = 0, v_hi = 0;
+    for (int j = tig; j < K / 128; j += 4) {
+      v_lo = __vmaxu4(v_lo, __ldg(s_lo + j));
+      v_hi = __vmaxu4(v_hi, __ldg(s_hi + j));
+    }
+    ref_lo = max_byte(v_lo);
+    ref_hi = max_byte(v_hi);
+#pragma unroll
+    for (int off = 1; off <= 2; off <<= 1) {
+      ref_lo = max(ref_lo, __shfl_xor_sync(0xffffffffu, ref_lo, off));
+      ref_hi = max(ref_hi, __shfl_xor_sync(0xffffffffu, ref_hi, off));
+    }
+  }
+
+  // Activation rows of the item: only the 8-row sub-tiles that hold rows are loaded (rows past
+  // the end of the last one are zero-filled).
+  const int rows_alloc = min(kBT, (nrows + 7) & ~7);
+  auto load_x = [&](int st, int buf) {
+    __half* dst = xs + buf * kBT * kXRowHalves;
+    const int k0 = st * kW16Kc;
+    for (int c = tid; c < rows_alloc * (kW16Kc / 8); c += kW16Threads) {
+      const int r = c / (kW16Kc / 8), ch = c % (kW16Kc / 8);
+      const bool live = r < nrows;
+      const int src_row = live ? (a.gather ? __ldg(a.gather + r0 + r) : r0 + r) : 0;
+      cp_async16(smem_u32(dst + r * kXRowHalves + ch * 8), a.x + int64_t(src_row) * a.ldx + k0 + ch * 8, live ? 16u : 0u);
+    }
+  };
+  // Weight stage st: per row, bytes [16 tig, +16) of both 64-wide chunks, and the 4 scale bytes.
+  auto load_w = [&](int st, uint4 (&q)[4], uint32_t (&s)[2]) {
+    const int k0 = st * kW16Kc;
+    q[0] = ld_stream16(w_lo + k0);
+    q[1] = ld_stream16(w_lo + k0 + 64);
+    q[2] = ld_stream16(w_hi + k0);
+    q[3] = ld_stream16(w_hi + k0 + 64);
+    s[0] = __ldg(s_lo + st);
+    s[1] = __ldg(s_hi + st);
+  };
+
+  float acc[kTMT][4];
+#pragma unroll
+  for (int j = 0; j < kTMT; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
+
+  auto compute = [&](int buf, const uint4 (&q)[4], const uint32_t (&s)[2]) {
+    const __half* xb = xs + buf * kBT * kXRowHalves;
+#pragma unroll
+    for (int c = 0; c < 2; ++c) {  // 64-wide chunk; this lane's bytes are in block 2c + tig / 2
+      const int sh = 8 * (2 * c + (tig >> 1));
+      const __half2 mul_lo = pow2_h2(int((s[0] >> sh) & 0xffu) - ref_lo);
+      const __half2 mul_hi = pow2_h2(int((s[1] >> sh) & 0xffu) - ref_hi);
+      uint32_t af[4][4];
+#pragma unroll
+      for (int st = 0; st < 4; ++st) {
+        const uint32_t wl = word_of(q[c], st), wh = word_of(q[2 + c], st);
+        af[st][0] = e4m3x2_scaled(wl, mul_lo);
+        af[st][1] = e4m3x2_scaled(wh, mul_hi);
+        af[st][2] = e4m3x2_scaled(wl >> 16, mul_lo);
+        af[st][3] = e4m3x2_scaled(wh >> 16, mul_hi);
+      }
+#pragma unroll
+      for (int j = 0; j < kTMT; ++j) {
+        if (8 * j < nrows) {  // warp-uniform: sub-tiles without rows are skipped
+          const uint4* xr = reinterpret_cast<const uint4*>(xb + (8 * j + g) * kXRowHalves + 64 * c + 16 * tig);
+          const uint4 b0 = xr[0], b1 = xr[1];
+          mma_16816(acc[j], af[0], b0.x, b0.y);
+          mma_16816(acc[j], af[1], b0.z, b0.w);
+          mma_16816(acc[j], af[2], b1.x, b1.y);
+          mma_16816(acc[j], af[3], b1.z, b1.w);
+        }
+      }
+    }
+  };
+
+  uint4 wq[kW16Ring][4];
+  uint32_t ws[kW16Ring][2];
+#pragma unroll
+  for (int d = 0; d < kW16Ring - 1; ++d) {
+    if (d < nst) load_w(d, wq[d], ws[d]);
+  }
+  // Items, weights and scales come from before the previous kernel; its output (the activation
+  // rows, for the down projection) only after this.
+  pdl_wait();
+  for (int s = 0; s < kW16Stages - 1; ++s) {
+    if (s < nst) load_x(s, s);
+    cp_async_commit();
+  }
+  for (int st0 = 0; st0 < nst; st0 += kW16Ring) {
+#pragma unroll
+    for (int d = 0; d < kW16Ring; ++d) {
+      const int st = st0 + d;
+      if (st < nst) {
+        constexpr int kAhead = kW16Ring - 1;
+        if (st + kAhead < nst) load_w(st + kAhead, wq[(d + kAhead) % kW16Ring], ws[(d + kAhead) % kW16Ring]);
+        cp_async_wait<kW16Stages - 2>();
+        __syncthreads();  // stage st visible to all warps; all are done with stage st - 1
+        if (st + kW16Stages - 1 < nst) load_x(st + kW16Stages - 1, (st + kW16Stages - 1) % kW16Stages);
+        cp_async_commit();
+        compute(st % kW16Stages, wq[d], ws[d]);
+      }
+    }
+  }
+  cp_async_wait<0>();
+
+  // Epilogue: c0, c1 = (row g, tokens 2tig, 2tig+1), c2, c3 = (row g + 8, same tokens).
+  const float fr_lo = ldexpf(1.0f, ref_lo - 127), fr_hi = ldexpf(1.0f, ref_hi - 127);
+#pragma unroll
+  for (int j = 0; j < kTMT; ++j) {
+#pragma unroll
+    for (int cc = 0; cc < 2; ++cc) {
+      const int b = 8 * j + 2 * tig + cc;
+      if (b >= nrows) continue;
+      const int64_t p = r0 + b;
+      const float tok = a.row_scale ? __ldg(a.row_scale + (a.gather ? __ldg(a.gather + p) : p)) : 1.0f;
+      if constexpr (kFused) {
+        const float h = swiglu(acc[j][cc] * fr_lo * tok, acc[j][2 + cc] * fr_hi * tok, a.act) * a.out_mul;
+        static_cast<__half*>(a.out)[p * a.ldo + col0 + 8 * warp + g] = __float2half_rn(h);
+      } else {
+        float* y = static_cast<float*>(a.out) + p * a.ldo + col0 + 16 * warp + g;
+        y[0] = acc[j][cc] * fr_lo * tok * a.out_mul;
+        y[8] = acc[j][2 + cc] * fr_hi * tok * a.out_mul;
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// W8A8 grouped GEMM (prefill, batch invariance off): persistent CTAs of 3 warpgroups.
+//   WG0 (producer, 56 registers): 16-byte cp.async of the weight tile (A: 128 rows x 128 K), the
+//       token tile (B: up to 128 rows x 128 K, gathered through perm for gate_up, zero-filled
+//       past the item) into 128B-swizzled shared memory, and the tile's e8m0 scales (4 bytes per
+//       weight row); each thread arrives on the stage's mbarrier when its copies land.
+//   WG1, WG2 (consumers, 224 registers): 64 weight rows each; per 32-wide K step one
+//       wgmma m64nNk32 e4m3 into a fresh fp32 fragment, then acc += P * 2^(s - 127) with the
+//       weight row's block scale (two steps per wait; the two consumers' wgmmas and FMAs overlap).
+//       The per-token activation scale is constant over K and applied once in the epilogue.
+// Weights are the A operand so each thread needs 2 block scales per K step (its 2 rows), not
+// one per column. N (tokens per tile) is 32, 64, 96 or 128, picked per tile from the item's
+// rows. Tiles: (item, column tile), column tile fastest, so the CTAs running together share an
+// item's token rows, and consecutive items of one expert share its weight tiles, in L2.
+// Fused (gate_up): A rows 16w + g are gate rows and 16w + g + 8 the up rows of the same output
+// column (the producer interleaves 8-row groups), so the SwiGLU pair is thread-local.
+// K order per output is fixed (ascending 32-wide steps), so a token's result does not depend on
+// the tile it ran in; but the W8A16/W8A8 choice depends on the token count.
+constexpr int kW8Threads = 384;
+constexpr int kW8Stages = 4;
+constexpr int kW8Bk = 128;
+constexpr int kW8ARows = 128;
+constexpr int kW8MaxTok = 128;
+constexpr int kATile = kW8ARows * kW8Bk;    // bytes per stage
+constexpr int kBTile = kW8MaxTok * kW8Bk;
+constexpr int kSTile = kW8ARows * 4;        // 4 e8m0 bytes (the stage's 32-wide blocks) per A row
+constexpr size_t kW8SmemBytes = size_t(kW8Stages) * (kATile + kBTile + kSTile) + 2 * kW8Stages * 8 + 1024;
+constexpr int kProducerRegs = 56, kConsumerRegs = 224;  // 128 * 56 + 256 * 224 <= 65536
+
+struct W8Args {
+  const uint8_t* x;         // e4m3 activation rows (gate_up: xq [tokens, hidden]; down: hq [rows, ldx])
+  const int32_t* gather;    // gate_up: perm; down: null
+  int64_t ldx;
+  const float* row_scale;   // per x row: the activation's power-of-two scale
+  float out_mul;            // gate_up: hscale; down: 1 / hscale
+  void* out;                // gate_up: __half h [rows, ldo]; down: float y [rows, ldo]
+  int64_t ldo;
+  const int4* items;
+  const int* num_items;
+  int col_tiles;            // column tiles of the widest expert
+  Act act;
+  Group g;
+};
+
+__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+  uint32_t done = 0;
+  do {
+    asm volatile(
+        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(bar), "r"(parity)
+        : "memory");
+  } while (!done);
+}
+// Arrive on `bar` when this thread's earlier cp.async copies have landed (counts as one of the
+// barrier's expected arrivals).
+__device__ __forceinline__ void cp_async_arrive_noinc(uint32_t bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+// Keeps the compiler from moving accesses of the fragment across wgmma issue/wait points.
+template <int R>
+__device__ __forceinline__ void fence_regs(float (&d)[R]) {
+#pragma unroll
+  for (int i = 0; i < R; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+// K-major operand tile, 128-byte swizzle (16-byte chunk c of row r stored at c ^ (r & 7)), rows
+// 128 bytes apart, 8-row groups 1024 bytes apart (SBO); LBO unused for swizzled K-major.
+__device__ __forceinline__ uint64_t smem_desc(uint32_t addr) {
+  return uint64_t((addr & 0x3ffffu) >> 4) | (uint64_t(1) << 16) | (uint64_t(1024 >> 4) << 32) | (uint64_t(1) << 62);
+}
+
+template <int N>
+struct Wgmma;
+template <>
+struct Wgmma<32> {
+  __device__ __forceinline__ static void run(float (&d)[16], uint64_t da, uint64_t db) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n32k32.f32.e4m3.e4m3 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, p, 1, 1;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+        : "l"(da), "l"(db), "r"(0));
+  }
+};
+
+template <>
+struct Wgmma<64> {
+  __device__ __forceinline__ static void run(float (&d)[32], uint64_t da, uint64_t db) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+        : "l"(da), "l"(db), "r"(0));
+  }
+};
+
+template <>
+struct Wgmma<96> {
+  __device__ __forceinline__ static void run(float (&d)[48], uint64_t da, uint64_t db) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %50, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n96k32.f32.e4m3.e4m3 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47}, %48, %49, p, 1, 1;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47])
+        : "l"(da), "l"(db), "r"(0));
+  }
+};
+
+template <>
+struct Wgmma<128> {
+  __device__ __forceinline__ static void run(float (&d)[64], uint64_t da, uint64_t db) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : "l"(da), "l"(db), "r"(0));
+  }
+};
+
+// e8m0 byte i of a word as 2^(s - 127) (s = 0 reads as 0 rather than 2^-127: negligible; s = 255
+// as inf where the reference has NaN).
+__device__ __forceinline__ float e8m0_byte(uint32_t w, int i) { return __uint_as_float(((w >> (8 * i)) & 0xffu) << 23); }
+
+template <int R>
+__device__ __forceinline__ void scale_add(float (&acc)[R], const float (&p)[R], float s_lo, float s_hi) {
+#pragma unroll
+  for (int i = 0; i < R; i += 4) {
+    acc[i] = fmaf(p[i], s_lo, acc[i]);
+    acc[i + 1] = fmaf(p[i + 1], s_lo, acc[i + 1]);
+    acc[i + 2] = fmaf(p[i + 2], s_hi, acc[i + 2]);
+    acc[i + 3] = fmaf(p[i + 3], s_hi, acc[i + 3]);
+  }
+}
+
+struct W8Smem {
+  uint8_t* a;
+  uint8_t* b;
+  uint8_t* s;
+  uint32_t full, empty;  // shared addresses of the barrier arrays (8 bytes each)
+};
+
+struct Pipe {
+  int stage = 0;
+  uint32_t phase = 0;
+  __device__ __forceinline__ void advance() {
+    if (++stage == kW8Stages) {
+      stage = 0;
+      phase ^= 1u;
+    }
+  }
+};
+
+// The tile's item and columns; false when the expert is narrower than this column tile.
+struct W8Tile {
+  int e, r0, nrows, n0, K;
+};
+template <bool kFused>
+__device__ __forceinline__ bool w8_tile(const W8Args& a, int tile, W8Tile& t) {
+  const int4 item = a.items[tile / a.col_tiles];
+  t.e = item.x;
+  t.r0 = item.y;
+  t.nrows = item.z - item.y;
+  t.n0 = (tile % a.col_tiles) * (kFused ? kW8ARows / 2 : kW8ARows);
+  t.K = a.g.k[t.e];
+  return t.n0 < a.g.n[t.e];
+}
+
+// Consumer warpgroup cw (0, 1): A rows 64 cw .. 64 cw + 63 of the tile, all N tokens.
+template <bool kFused, int N>
+__device__ __forceinline__ void w8_consume(const W8Args& a, const W8Smem& sm, Pipe& pipe, const W8Tile& t, int cw,
+                                           int tw) {
+  constexpr int R = N / 2;
+  const int w4 = tw >> 5, lane = tw & 31, g = lane >> 2, tig = lane & 3;
+  const int rlo = 64 * cw + 16 * w4 + g, rhi = rlo + 8;
+  float acc[R], p0[R], p1[R];
+#pragma unroll
+  for (int i = 0; i < R; ++i) acc[i] = p0[i] = p1[i] = 0.0f;
+  const int nk = t.K / kW8Bk;
+  for (int kt = 0; kt < nk; ++kt) {
+    const int st = pipe.stage;
+    mbar_wait(sm.full + 8u * uint32_t(st), pipe.phase);
+    fence_proxy_async();  // the copies were generic-proxy writes; wgmma reads through the async proxy
+    const uint32_t sc_lo = *reinterpret_cast<const uint32_t*>(sm.s + st * kSTile + rlo * 4);
+    const uint32_t sc_hi = *reinterpret_cast<const uint32_t*>(sm.s + st * kSTile + rhi * 4);
+    const uint64_t da = smem_desc(smem_u32(sm.a + st * kATile + cw * (kATile / 2)));
+    const uint64_t db = smem_desc(smem_u32(sm.b + st * kBTile));
+    // Two 32-wide steps per wait (fresh fragments), then their block scales in fp32. Waiting for
+    // all (not all-but-one) keeps ptxas from serialising; the other consumer warpgroup's wgmmas
+    // run while this one does its FMAs.
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      wgmma_fence();
+      Wgmma<N>::run(p0, da + uint64_t(4 * half), db + uint64_t(4 * half));  // +32 bytes along K per step
+      Wgmma<N>::run(p1, da + uint64_t(4 * half + 2), db + uint64_t(4 * half + 2));
+      wgmma_commit();
+      wgmma_wait<0>();
+      fence_regs(p0);
+      fence_regs(p1);
+      if (half == 1 && lane == 0) mbar_arrive(sm.empty + 8u * uint32_t(st));  // stage fully read
+      scale_add(acc, p0, e8m0_byte(sc_lo, 2 * half), e8m0_byte(sc_hi, 2 * half));
+      scale_add(acc, p1, e8m0_byte(sc_lo, 2 * half + 1), e8m0_byte(sc_hi, 2 * half + 1));
+    }
+    pipe.advance();
+  }
+
+  // Epilogue: acc[4j + 0/1] = (row rlo, tokens 8j + 2tig + 0/1), acc[4j + 2/3] = (row rhi, same).
+#pragma unroll
+  for (int j = 0; j < N / 8; ++j) {
+#pragma unroll
+    for (int cc = 0; cc < 2; ++cc) {
+      const int b = 8 * j + 2 * tig + cc;
+      if (b >= t.nrows) continue;
+      const int64_t p = t.r0 + b;
+      const float tok = __ldg(a.row_scale + (a.gather ? __ldg(a.gather + p) : p));
+      if constexpr (kFused) {
+        const float h = swiglu(acc[4 * j + cc] * tok, acc[4 * j + 2 + cc] * tok, a.act) * a.out_mul;
+        static_cast<__half*>(a.out)[p * a.ldo + t.n0 + 32 * cw + 8 * w4 + g] = __float2half_rn(h);
+      } else {
+        float* y = static_cast<float*>(a.out) + p * a.ldo + t.n0 + rlo;
+        y[0] = acc[4 * j + cc] * tok * a.out_mul;
+        y[8] = acc[4 * j + 2 + cc] * tok * a.out_mul;
+      }
+    }
+  }
+}
+
+template <bool kFused>
+__device__ __forceinline__ void w8_produce(const W8Args& a, const W8Smem& sm, const W8Tile& t, Pipe& pipe, int tid) {
+  const int c8 = tid & 7, rb = tid >> 3;  // this thread's 16-byte chunk and first row (0..15)
+  const int ntok = min(kW8MaxTok, (t.nrows + 31) & ~31);
+  // A rows rb + 16 i (i < 8). Fused: row r holds gate (r % 16 < 8) or up row n0 + 32 (r / 64) +
+  // 8 ((r / 16) % 4) + r % 8, which for r = rb + 16 i is n0 + 8 i + rb % 8.
+  const Mat& ma = (kFused && rb >= 8) ? a.g.b[t.e] : a.g.a[t.e];
+  const uint8_t* a_src = ma.w + int64_t(t.n0 + (kFused ? (rb & 7) : rb)) * t.K + 16 * c8;
+  const int64_t a_step = int64_t(kFused ? 8 : 16) * t.K;
+  // The scale row of A row `tid` (same mapping).
+  int srow;
+  const Mat* ms;
+  if (kFused) {
+    const int within = tid & 15;
+    ms = within < 8 ? &a.g.a[t.e] : &a.g.b[t.e];
+    srow = t.n0 + 32 * (tid >> 6) + 8 * ((tid >> 4) & 3) + (within & 7);
+  } else {
+    ms = &a.g.a[t.e];
+    srow = t.n0 + tid;
+  }
+  const uint8_t* s_src = ms->s + int64_t(srow) * (t.K / 32);
+  int32_t xrow[8];
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    const int b = rb + 16 * i;
+    xrow[i] = b < t.nrows ? (a.gather ? __ldg(a.gather + t.r0 + b) : t.r0 + b) : -1;
+  }
+  const uint32_t sw = uint32_t((c8 ^ (rb & 7)) << 4);  // swizzled chunk offset (r & 7 == rb & 7)
+  for (int k0 = 0; k0 < t.K; k0 += kW8Bk) {
+    const int st = pipe.stage;
+    mbar_wait(sm.empty + 8u * uint32_t(st), pipe.phase ^ 1u);
+    const uint32_t a_dst = smem_u32(sm.a + st * kATile), b_dst = smem_u32(sm.b + st * kBTile);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      cp_async16(a_dst + uint32_t((rb + 16 * i) * kW8Bk) + sw, a_src + i * a_step + k0, 16u);
+    }
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const int b = rb + 16 * i;
+      if (b < ntok) {
+        const bool live = xrow[i] >= 0;
+        const uint8_t* src = live ? a.x + int64_t(xrow[i]) * a.ldx + k0 + 16 * c8 : a.x;
+        cp_async16(b_dst + uint32_t(b * kW8Bk) + sw, src, live ? 16u : 0u);
+      }
+    }
+    cp_async4(smem_u32(sm.s + st * kSTile + tid * 4), s_src + k0 / 32);
+    cp_async_arrive_noinc(sm.full + 8u * uint32_t(st));
+    pipe.advance();
+  }
+}
+
+template <bool kFused>
+__global__ void __launch_bounds__(kW8Threads, 1) w8a8_kernel(const __grid_constant__ W8Args a) {
+  extern __shared__ unsigned char w8_smem[];
+  const uintptr_t base = (reinterpret_cast<uintptr_t>(w8_smem) + 1023) & ~uintptr_t(1023);
+  W8Smem sm;
+  sm.a = reinterpret_cast<uint8_t*>(base);
+  sm.b = sm.a + kW8Stages * kATile;
+  sm.s = sm.b + kW8Stages * kBTile;
+  sm.full = smem_u32(sm.s + kW8Stages * kSTile);
+  sm.empty = sm.full + 8u * kW8Stages;
+  const int tid = int(threadIdx.x), wg = tid >> 7;
+  if (tid == 0) {
+    for (int s = 0; s < kW8Stages; ++s) {
+      mbar_init(sm.full + 8u * uint32_t(s), 128);  // one cp.async arrival per producer thread
+      mbar_init(sm.empty + 8u * uint32_t(s), 8);   // one per consumer warp
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncthreads();
+  const int total = __ldg(a.num_items) * a.col_tiles;
+  Pipe pipe;
+  if (wg == 0) {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegs));
+    for (int tile = int(blockIdx.x); tile < total; tile += int(gridDim.x)) {
+      W8Tile t;
+      if (w8_tile<kFused>(a, tile, t)) w8_produce<kFused>(a, sm, t, pipe, tid);
+    }
+    cp_async_wait<0>();
+  } else {
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kConsumerRegs));
+    const int cw = wg - 1, tw = tid - 128 * wg;
+    for (int tile = int(blockIdx.x); tile < total; tile += int(gridDim.x)) {
+      W8Tile t;
+      if (!w8_tile<kFused>(a, tile, t)) continue;
+      const int ntok = min(kW8MaxTok, (t.nrows + 31) & ~31);
+      switch (ntok) {
+        case 32: w8_consume<kFused, 32>(a, sm, pipe, t, cw, tw); break;
+        case 64: w8_consume<kFused, 64>(a, sm, pipe, t, cw, tw); break;
+        case 96: w8_consume<kFused, 96>(a, sm, pipe, t, cw, tw); break;
+        default: w8_consume<kFused, 128>(a, sm, pipe, t, cw, tw); break;
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Host side.
+
+size_t round_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
+bool aligned(const void* p, uintptr_t a) { return (reinterpret_cast<uintptr_t>(p) % a) == 0; }
+
+int max_inter_of(const ops::ExpertWeights& ex) {
+  int64_t m = 0;
+  for (int e = 0; e < ex.num_routed + (ex.has_shared ? 1 : 0); ++e) m = std::max(m, ex.gate[e].out_features());
+  return int(m);
+}
+
+// Workspace carve-up; every size is a function of shapes only.
+struct Layout {
+  int64_t tokens = 0, top_k = 0, n_assign = 0, rows = 0, items = 0, hidden = 0, inter = 0;
+  int bt = 0;
+  size_t perm = 0, pos = 0, item = 0, meta = 0, xs = 0, xc = 0, h16 = 0, hq = 0, hs = 0, y = 0, bytes = 0;
+};
+
+Layout plan(int64_t tokens, int64_t top_k, const ops::ExpertWeights& ex, int64_t hidden, Path path) {
+  Layout l;
+  l.tokens = tokens;
+  l.top_k = top_k;
+  l.n_assign = tokens * top_k;
+  l.rows = l.n_assign + (ex.has_shared ? tokens : 0);
+  l.bt = rows_per_item(path, tokens);
+  l.items = item_bound(tokens, top_k, ex.num_routed + (ex.has_shared ? 1 : 0), l.bt);
+  l.hidden = hidden;
+  l.inter = max_inter_of(ex);
+  const bool w8 = path == Path::kW8A8;
+  size_t off = 0;
+  auto take = [&](size_t bytes) {
+    const size_t at = off;
+    off = round_up(off + std::max<size_t>(bytes, 16), 256);
+    return at;
+  };
+  l.perm = take(size_t(l.rows) * 4);
+  l.pos = take(size_t(l.n_assign) * 4);
+  l.item = take(size_t(l.items) * 16);
+  l.meta = take(16);
+  l.xs = take(size_t(tokens) * 4);
+  l.xc = take(size_t(tokens) * size_t(hidden) * (w8 ? 1 : 2));
+  l.h16 = take(size_t(l.rows) * size_t(l.inter) * 2);
+  if (w8) {
+    l.hq = take(size_t(l.rows) * size_t(l.inter));
+    l.hs = take(size_t(l.rows) * 4);
+  }
+  l.y = take(size_t(l.rows) * size_t(hidden) * 4);
+  l.bytes = off;
+  return l;
+}
+
+Group make_group(const ops::ExpertWeights& ex, bool gate_up, int64_t hidden) {
+  Group g{};
+  for (int e = 0; e < ex.num_routed + (ex.has_shared ? 1 : 0); ++e) {
+    const int inter = int(ex.gate[e].out_features());
+    if (gate_up) {
+      g.a[e] = Mat{ex.gate[e].data.as<const uint8_t>(), ex.gate[e].scale.as<const uint8_t>()};
+      g.b[e] = Mat{ex.up[e].data.as<const uint8_t>(), ex.up[e].scale.as<const uint8_t>()};
+      g.n[e] = inter;
+      g.k[e] = int(hidden);
+    } else {
+      g.a[e] = Mat{ex.down[e].data.as<const uint8_t>(), ex.down[e].scale.as<const uint8_t>()};
+      g.b[e] = g.a[e];
+      g.n[e] = int(hidden);
+      g.k[e] = inter;
+    }
+  }
+  return g;
+}
+
+// Raises a kernel's dynamic shared-memory limit once per (kernel, device), so graph capture (the
+// engine's replays, the benchmark) never meets the call; returns the device's SM count.
+int allow_smem(const void* kernel, size_t bytes) {
+  static std::mutex mu;
+  static std::map<std::pair<const void*, int>, int> done;  // -> SM count
+  int device = 0;
+  M3_CUDA_CHECK(cudaGetDevice(&device));
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = done.find({kernel, device});
+  if (it != done.end()) return it->second;
+  int sms = 0;
+  M3_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  if (bytes > 48 * 1024) {
+    M3_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
+  }
+  done[{kernel, device}] = sms;
+  return sms;
+}
+
+// The down projection (kFused false) is launched with programmatic stream serialisation: its CTAs
+// may become resident during gate+up's tail and prefetch weights before waiting (on created
+// streams; the legacy stream keeps plain ordering).
+template <bool kFused>
+void launch_w16(int tmt, dim3 grid, const W16Args& a) {
+  const size_t smem = size_t(kW16Stages) * size_t(8 * tmt) * kXRowHalves * sizeof(__half);
+  auto kernel = tmt == 2 ? w8a16_kernel<kFused, 2> : w8a16_kernel<kFused, 8>;
+  allow_smem(reinterpret_cast<const void*>(kernel), smem);
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = grid;
+  cfg.blockDim = dim3(kW16Threads);
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = current_stream();
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = (!kFused && cfg.stream) ? 1 : 0;
+  M3_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, a));
+  M3_CUDA_CHECK_LAUNCH();
+}
+
+template <bool kFused>
+void launch_w8(const W8Args& a) {
+  const int sms = allow_smem(reinterpret_cast<const void*>(w8a8_kernel<kFused>), kW8SmemBytes);
+  w8a8_kernel<kFused><<<unsigned(sms), kW8Threads, kW8SmemBytes, current_stream()>>>(a);
+  M3_CUDA_CHECK_LAUNCH();
+}
+
+[[noreturn]] void fail(const std::string& why) { throw std::runtime_error("moe_mxfp8: " + why); }
+
+}  // namespace
+
+// |swiglu_oai| <= (|limit| + |beta|) * max(|limit|, 0.2785 / alpha) (g * sigmoid(alpha g) >=
+// -0.2785 / alpha), so h * 2^k with bound * 2^k <= 2^15 fits f16 for every input.
+float intermediate_scale(const ops::SwigluParams& p) {
+  const double lim = std::fabs(double(p.limit));
+  const double bound = (lim + std::fabs(double(p.beta))) * std::max(lim, 0.2785 / double(p.alpha));
+  if (!(p.alpha > 0.0f) || !std::isfinite(bound) || !(bound > 0.0)) {
+    throw std::runtime_error("moe_mxfp8: needs a finite SwiGLU limit and alpha > 0 (the f16 intermediate is scaled by its bound)");
+  }
+  int ex = 0;
+  std::frexp(bound, &ex);  // bound < 2^ex
+  return std::ldexp(1.0f, 15 - ex);
+}
+
+int rows_per_item(Path path, int64_t tokens) {
+  if (path == Path::kW8A8) return kW8MaxTok;
+  return tokens < 64 ? 16 : 64;  // W8A16: 2 or 8 sub-tiles of 8 rows (kTMT)
+}
+
+int64_t item_bound(int64_t tokens, int64_t top_k, int total_experts, int rows_per_item) {
+  const int64_t rows = tokens * (top_k + 1);
+  return (rows + rows_per_item - 1) / rows_per_item + std::min<int64_t>(total_experts, rows);
+}
+
+std::string check(const ops::ExpertWeights& ex, int64_t hidden, int64_t top_k) {
+  const int total = ex.num_routed + (ex.has_shared ? 1 : 0);
+  if (ex.num_routed < 1 || total > kMaxExperts) return "needs 1..256 experts including the shared one";
+  if (top_k < 1 || top_k > kMaxTopK) return "top_k must be in [1, 64]";
+  if (hidden % 128 != 0 || hidden > (int64_t(1) << 24)) return "hidden size must be a multiple of 128";
+  for (int e = 0; e < total; ++e) {
+    const int64_t inter = ex.gate[e].out_features();
+    if (inter < 128 || inter % 128 != 0 || inter > (int64_t(1) << 24)) {
+      return "expert " + std::to_string(e) + ": intermediate size must be a positive multiple of 128";
+    }
+    const ops::LinearWeight* ws[3] = {&ex.gate[e], &ex.up[e], &ex.down[e]};
+    for (int i = 0; i < 3; ++i) {
+      const ops::LinearWeight& w = *ws[i];
+      if (w.data.dtype != DType::kF8E4M3 || w.data.shape.rank() != 2 || !w.data.data) {
+        return "expert " + std::to_string(e) + ": weights must be 2-D F8E4M3";
+      }
+      const int64_t out = i < 2 ? inter : hidden, in = i < 2 ? hidden : inter;
+      if (w.out_features() != out || w.in_features() != in) {
+        return "expert " + std::to_string(e) + ": gate/up must be [inter, hidden] and down [hidden, inter]";
+      }
+      if (!w.scale.data || w.scale.dtype != DType::kU8 || w.scale.shape.rank() != 2 || w.scale.shape[0] != out ||
+          w.scale.shape[1] != in / 32) {
+        return "expert " + std::to_string(e) + ": needs a U8 e8m0 scale [out, in / 32]";
+      }
+      if (!aligned(w.data.data, 16) || !aligned(w.scale.data, 4)) {
+        return "expert " + std::to_string(e) + ": weight data must be 16-byte and scales 4-byte aligned";
+      }
+    }
+  }
+  return "";
+}
+
+size_t workspace_bytes(int64_t tokens, int64_t top_k, const ops::ExpertWeights& experts, int64_t hidden, Path path) {
+  return plan(tokens, top_k, experts, hidden, path).bytes;
+}
+
+void route(const int32_t* ids, int tokens, int top_k, int routed, bool has_shared, int rpi, int32_t* perm,
+           int32_t* pos, void* items, int* meta) {
+  route_kernel<<<1, kRouteThreads, 0, current_stream()>>>(ids, tokens, top_k, routed, has_shared ? 1 : 0, rpi, perm,
+                                                          pos, static_cast<int4*>(items), meta);
+  M3_CUDA_CHECK_LAUNCH();
+}
+
+void run(const TensorView& x, const TensorView& expert_ids, const TensorView& expert_weights,
+         const ops::ExpertWeights& experts, const ops::SwigluParams& act, const TensorView& out, Path path,
+         void* workspace, unsigned stages) {
+  if (x.shape.rank() != 2 || expert_ids.shape.rank() != 2) fail("x and expert_ids must be 2-D");
+  const int64_t tokens = x.shape[0], hidden = x.shape[1], top_k = expert_ids.shape[1];
+  if (tokens == 0) return;
+  const std::string why = check(experts, hidden, top_k);
+  if (!why.empty()) fail(why);
+  if (x.dtype != DType::kF32 || out.dtype != DType::kF32 || !(out.shape == x.shape)) fail("x and out must be F32 [tokens, hidden]");
+  if (expert_ids.shape[0] != tokens || expert_weights.shape.rank() != 2 || expert_weights.shape[0] != tokens ||
+      expert_weights.shape[1] != top_k) {
+    fail("expert_ids / expert_weights must be [tokens, top_k]");
+  }
+  if (!aligned(x.data, 16) || !aligned(out.data, 16)) fail("x and out must be 16-byte aligned");
+  if (tokens * (top_k + 1) > (int64_t(1) << 30)) fail("too many tokens");
+  const Layout l = plan(tokens, top_k, experts, hidden, path);
+  if (l.items > 65535 * 64 || hidden / 128 > 65535) fail("problem too large for the grid");
+  char* ws = static_cast<char*>(workspace);
+  int32_t* perm = reinterpret_cast<int32_t*>(ws + l.perm);
+  int32_t* pos = reinterpret_cast<int32_t*>(ws + l.pos);
+  int4* items = reinterpret_cast<int4*>(ws + l.item);
+  int* meta = reinterpret_cast<int*>(ws + l.meta);
+  float* xs = reinterpret_cast<float*>(ws + l.xs);
+  __half* h16 = reinterpret_cast<__half*>(ws + l.h16);
+  float* y = reinterpret_cast<float*>(ws + l.y);
+  const cudaStream_t stream = current_stream();
+  const bool w8 = path == Path::kW8A8;
+  const float hscale = intermediate_scale(act);
+  const Act a{act.alpha, act.limit, act.beta};
+
+  if ((stages & kRoute) && (stages & kPrep)) {
+    const int32_t* ids = expert_ids.as<const int32_t>();
+    if (w8) {
+      route_prep_kernel<true><<<unsigned(tokens + 1), kRouteThreads, 0, stream>>>(
+          ids, int(tokens), int(top_k), experts.num_routed, experts.has_shared ? 1 : 0, l.bt, perm, pos, items, meta,
+          x.as<const float>(), int(hidden), ws + l.xc, xs);
+    } else {
+      route_prep_kernel<false><<<unsigned(tokens + 1), kRouteThreads, 0, stream>>>(
+          ids, int(tokens), int(top_k), experts.num_routed, experts.has_shared ? 1 : 0, l.bt, perm, pos, items, meta,
+          x.as<const float>(), int(hidden), ws + l.xc, xs);
+    }
+    M3_CUDA_CHECK_LAUNCH();
+  } else if (stages & kRoute) {
+    route(expert_ids.as<const int32_t>(), int(tokens), int(top_k), experts.num_routed, experts.has_shared, l.bt, perm,
+          pos, items, meta);
+  } else if (stages & kPrep) {
+    if (w8) {
+      quant_rows_kernel<float, true><<<unsigned(tokens), kQuantThreads, 0, stream>>>(
+          x.as<const float>(), hidden, int(hidden), ws + l.xc, hidden, xs);
+    } else {
+      quant_rows_kernel<float, false><<<unsigned(tokens), kQuantThreads, 0, stream>>>(
+          x.as<const float>(), hidden, int(hidden), ws + l.xc, hidden, xs);
+    }
+    M3_CUDA_CHECK_LAUNCH();
+  }
+  if (stages & kGemms) {
+    if (!w8) {
+      const int tmt = l.bt / 8;
+      W16Args gu{};
+      gu.x = reinterpret_cast<const __half*>(ws + l.xc);
+      gu.gather = perm;
+      gu.ldx = hidden;
+      gu.row_scale = xs;
+      gu.out_mul = hscale;
+      gu.out = h16;
+      gu.ldo = l.inter;
+      gu.items = items;
+      gu.num_items = meta;
+      gu.act = a;
+      gu.g = make_group(experts, true, hidden);
+      launch_w16<true>(tmt, dim3(unsigned(l.items), unsigned((l.inter + 8 * kW16Warps - 1) / (8 * kW16Warps))), gu);
+      W16Args dn{};
+      dn.x = h16;
+      dn.gather = nullptr;
+      dn.ldx = l.inter;
+      dn.row_scale = nullptr;
+      dn.out_mul = 1.0f / hscale;
+      dn.out = y;
+      dn.ldo = hidden;
+      dn.items = items;
+      dn.num_items = meta;
+      dn.act = a;
+      dn.g = make_group(experts, false, hidden);
+      launch_w16<false>(tmt, dim3(unsigned(l.items), unsigned(hidden / (16 * kW16Warps))), dn);
+    } else {
+      uint8_t* hq = reinterpret_cast<uint8_t*>(ws + l.hq);
+      float* hs = reinterpret_cast<float*>(ws + l.hs);
+      W8Args gu{};
+      gu.x = reinterpret_cast<const uint8_t*>(ws + l.xc);
+      gu.gather = perm;
+      gu.ldx = hidden;
+      gu.row_scale = xs;
+      gu.out_mul = hscale;
+      gu.out = h16;
+      gu.ldo = l.inter;
+      gu.items = items;
+      gu.num_items = meta;
+      gu.col_tiles = int(l.inter / (kW8ARows / 2));
+      gu.act = a;
+      gu.g = make_group(experts, true, hidden);
+      // Row scales come from each row's amax over the widest intermediate: experts narrower than
+      // that must leave zeros (not stale bytes) in the columns past their own width.
+      bool uniform = true;
+      for (int e = 0; e < experts.num_routed + (experts.has_shared ? 1 : 0); ++e) {
+        uniform = uniform && experts.gate[e].out_features() == l.inter;
+      }
+      if (!uniform) M3_CUDA_CHECK(cudaMemsetAsync(h16, 0, size_t(l.rows) * size_t(l.inter) * 2, stream));
+      launch_w8<true>(gu);
+      // Rows past the routed ones (ids outside [0, routed)) are never written: their quantised
+      // copies are never read either.
+      quant_rows_kernel<__half, true><<<unsigned(l.rows), kQuantThreads, 0, stream>>>(h16, l.inter, int(l.inter), hq,
+                                                                                      l.inter, hs);
+      M3_CUDA_CHECK_LAUNCH();
+      W8Args dn{};
+      dn.x = hq;
+      dn.gather = nullptr;
+      dn.ldx = l.inter;
+      dn.row_scale = hs;
+      dn.out_mul = 1.0f / hscale;
+      dn.out = y;
+      dn.ldo = hidden;
+      dn.items = items;
+      dn.num_items = meta;
+      dn.col_tiles = int(hidden / kW8ARows);
+      dn.act = a;
+      dn.g = make_group(experts, false, hidden);
+      launch_w8<false>(dn);
+    }
+  }
+  if (stages & kCombine) {
+    combine_kernel<<<unsigned(tokens), kCombineThreads, 0, stream>>>(
+        y, expert_weights.as<const float>(), expert_ids.as<const int32_t>(), pos, int(top_k), meta,
+        experts.has_shared ? 1 : 0, out.as<float>(), int(hidden));
+    M3_CUDA_CHECK_LAUNCH();
+  }
+}
+
+}  // namespace m3::cuda::moe_mxfp8
+
+// ---------------------------------------------------------------------------------------------
+// Dispatch entries.
+namespace m3::cuda {
+namespace {
+
+// Below this hidden size a layer's experts are a few hundred KB: latency, not bandwidth, sets the
+// time, and the grouped row-dot (fp32 activations) costs the same.
+constexpr int64_t kMinHidden = 1024;
+
+std::string need_mxfp8_moe(const ops::Problem& p) {
+  if (p.device != Device::kCuda) return "tensors are not in device memory";
+  if (p.dtype != DType::kF8E4M3) {
+    return "MXFP8 (F8E4M3 + e8m0 scale) expert weights only, got " + std::string(dtype_name(p.dtype));
+  }
+  if (p.k % 128 != 0) return "hidden size is not a multiple of 128";
+  if (p.k < kMinHidden) {
+    return "hidden size < " + std::to_string(kMinHidden) +
+           " (experts this small are launch-latency-bound: the exact fp32 row-dot is as fast)";
+  }
+  if (p.n % 128 != 0) return "intermediate size is not a multiple of 128";
+  if (p.extra < 1 || p.extra > 64) return "top_k must be in [1, 64]";
+  return "";
+}
+
+std::string need_w8a8(const ops::Problem& p) {
+  std::string why = need_mxfp8_moe(p);
+  if (!why.empty()) return why;
+  if (p.batch_invariant) {
+    return "batch invariance requested (the path switches with the token count, so a token's result would depend on "
+           "its batch)";
+  }
+  if (p.m < moe_mxfp8::kW8A8MinTokens) {
+    return "fewer than " + std::to_string(moe_mxfp8::kW8A8MinTokens) + " tokens (W8A16 streams the weights there)";
+  }
+  return "";
+}
+
+void run_entry(const TensorView& x, const TensorView& ids, const TensorView& wts, const ops::ExpertWeights& experts,
+               const ops::SwigluParams& act, const TensorView& out, moe_mxfp8::Path path) {
+  if (x.shape.rank() != 2 || ids.shape.rank() != 2 || x.shape[0] == 0) return;
+  Scratch ws(moe_mxfp8::workspace_bytes(x.shape[0], ids.shape[1], experts, x.shape[1], path));
+  moe_mxfp8::run(x, ids, wts, experts, act, out, path, ws.as<void>());
+}
+
+void w8a8_entry(const TensorView& x, const TensorView& ids, const TensorView& wts, const ops::ExpertWeights& experts,
+                const ops::SwigluParams& act, const TensorView& out) {
+  run_entry(x, ids, wts, experts, act, out, moe_mxfp8::Path::kW8A8);
+}
+
+void w8a16_entry(const TensorView& x, const TensorView& ids, const TensorView& wts, const ops::ExpertWeights& experts,
+                 const ops::SwigluParams& act, const TensorView& out) {
+  run_entry(x, ids, wts, experts, act, out, moe_mxfp8::Path::kW8A16);
+}
+
+}  // namespace
+
+void register_moe_mxfp8(ops::KernelTable& table) {
+  table.moe.add({"moe_experts.mxfp8_w8a8_wgmma.sm90",
+                 "device MXFP8 experts, hidden >= 1024, hidden and intermediate sizes multiples of 128, top_k <= 64, "
+                 "<= 256 experts incl. the shared one; tokens >= 1024 and batch invariance NOT requested (not batch-invariant: "
+                 "the path depends on the token count): activations e4m3 with a power-of-two scale per token, "
+                 "wgmma m64nNk32 e4m3 with the weight's e8m0 block scale applied per 32-wide K step in fp32, "
+                 "persistent warp-specialised CTAs, fused gate+up SwiGLU-OAI, device routing, combine in the "
+                 "CPU's order; no host sync",
+                 need_w8a8, w8a8_entry});
+  table.moe.add({"moe_experts.mxfp8_w8a16_mma.sm90",
+                 "device MXFP8 experts, hidden >= 1024, hidden and intermediate sizes multiples of 128, top_k <= 64, "
+                 "<= 256 experts incl. the shared one; any token count, any batch-invariance setting (batch-invariant: fixed "
+                 "per-output reduction order, per-token activation scale): activations f16 with a power-of-two "
+                 "scale per token, e4m3 weights dequantised exactly to f16 in registers, mma.sync m16n8k16 with "
+                 "fp32 accumulation, many CTAs per expert over N, fused gate+up SwiGLU-OAI, device routing, "
+                 "combine in the CPU's order; no host sync",
+                 need_mxfp8_moe, w8a16_entry});
+}
+
+}  // namespace m3::cuda
