@@ -32,22 +32,24 @@ step generate_trace 120 "$dir/m3serve" generate --model "$root/models/m3-small-m
   --print-steps --prompt "The old house on the hill" --max-tokens 8 --temperature 0
 grep -E "dispatch:|graph|tok/s|loaded" "$out/generate_trace.log" | head -60
 
-# The OpenAI server on the GPU (default model): one chat completion, then the kernel table.
-"$dir/m3serve" serve --device cuda --port 18123 > "$out/serve.log" 2>&1 &
+# The OpenAI server on the GPU: one chat completion, then the kernel table.
+if [[ -x $dir/m3serve ]]; then
+"$dir/m3serve" serve "$root/models/m3-small" --device cuda --host 127.0.0.1 --port 18123 > "$out/serve.log" 2>&1 &
 serve_pid=$!
-for _ in $(seq 1 60); do curl -sf localhost:18123/health > /dev/null 2>&1 && break; sleep 0.5; done
-curl -s localhost:18123/v1/chat/completions -H 'Content-Type: application/json' \
+for _ in $(seq 1 60); do curl -sf 127.0.0.1:18123/health > /dev/null 2>&1 && break; sleep 0.5; done
+curl -sS 127.0.0.1:18123/v1/chat/completions -H 'Content-Type: application/json' \
   -d '{"messages":[{"role":"user","content":"Tell me about the sea."}],"max_tokens":24,"temperature":0}' \
   > "$out/serve_chat.json" 2>&1
-curl -s localhost:18123/debug/kernels > "$out/serve_kernels.json" 2>&1
+curl -sS 127.0.0.1:18123/debug/kernels > "$out/serve_kernels.json" 2>&1
 kill "$serve_pid" 2>/dev/null
 wait "$serve_pid" 2>/dev/null
 if grep -q '"content"' "$out/serve_chat.json"; then
   echo "gpu: serve chat ok: $(head -c 400 "$out/serve_chat.json")"
 else
   echo "gpu: serve chat FAILED: $(head -c 400 "$out/serve_chat.json")"
-  tail -5 "$out/serve.log"
+  head -c 2000 "$out/serve.log"
   status=1
+fi
 fi
 
 if [[ ${M3_SANITIZE:-0} == 1 ]]; then

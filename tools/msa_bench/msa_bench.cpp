@@ -1,14 +1,22 @@
-// MSA decode kernel benchmark (M3 TP1 shapes: 64 query / 4 KV heads, head_dim 128, 4 index
-// heads x 128, block 128, top-16 per KV group). For each context and batch, B sequences of
-// `context` cached tokens decode one token each; one layer's whole MSA step (indexer +
-// selection + attention: every launch it needs) runs as a CUDA graph, timed on the GPU with
-// events around each replay and L2 flushed before it (a 256 MB memset). Reports the bytes
-// that must move (index-K scanned + the selected K/V keys + queries/outputs/metadata), the
-// achieved bandwidth and its ratio to the device-to-device copy bandwidth measured in the
-// same run, the indexer and attention alone, and the same for the old simple entries
-// (F32 caches, as the engine ran before) as the baseline. Prints a table, writes JSON.
+// MSA kernel benchmark (M3 TP1 shapes: 64 query / 4 KV heads, head_dim 128, 4 index heads x
+// 128, block 128, top-16 per KV group).
+// Decode: for each context and batch, B sequences of `context` cached tokens decode one token
+// each; one layer's whole MSA step (indexer + selection + attention: every launch it needs)
+// runs as a CUDA graph, timed on the GPU with events around each replay and L2 flushed before
+// it (a 256 MB memset). Reports the bytes that must move (index-K scanned + the selected K/V
+// keys + queries/outputs/metadata), the achieved bandwidth and its ratio to the
+// device-to-device copy bandwidth measured in the same run, the indexer and attention alone,
+// and the same for the old simple entries (F32 caches, as the engine ran before) as the
+// baseline.
+// Prefill: one sequence of `context` tokens prefilled from position 0: the indexer (prefill
+// tiles), the KV-block-major and query-major attention alone, and the step (indexer + the
+// attention the dispatch picks); TFLOP/s of the attention core from the FLOPs the selections
+// require (4 * head_dim per visible (query head, key)), against a cuBLAS BF16 GEMM ceiling
+// measured in the same run. Prints tables, writes JSON.
 //   msa_bench [--contexts 2048,8192,32768,131072,524288] [--batches 1,8,64,128]
-//             [--index-dtypes bf16,fp8] [--iters 30] [--max-gb 100] [--no-baseline] [--json F]
+//             [--index-dtypes bf16,fp8] [--prefill 8192,32768] [--no-decode] [--iters 30]
+//             [--max-gb 100] [--no-baseline] [--json F]
+#include <cublas_v2.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -30,6 +38,7 @@
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/cuda_internal.h"
+#include "backend/cuda/msa.h"
 #include "msa_bench_fill.h"
 
 namespace {
@@ -209,6 +218,56 @@ double step_bytes(const Problem& p, const std::vector<int32_t>& sel, Elem kv, El
   return kv_bytes + index_bytes + io;
 }
 
+// cuBLAS BF16 GEMM (fp32 accumulation) TFLOP/s, best of a few, 8192^3: the tensor-core
+// ceiling the prefill attention is compared with.
+double bf16_gemm_tflops(cudaStream_t stream) {
+  const int n = 8192;
+  Dev a(size_t(n) * n * 2), b(size_t(n) * n * 2), c(size_t(n) * n * 4);
+  msa_bench::fill_random(a.as<void>(), size_t(n) * n, Elem::kBF16, 11, stream);
+  msa_bench::fill_random(b.as<void>(), size_t(n) * n, Elem::kBF16, 12, stream);
+  cublasHandle_t h = nullptr;
+  if (cublasCreate(&h) != CUBLAS_STATUS_SUCCESS) return 0;
+  cublasSetStream(h, stream);
+  const float alpha = 1.0f, beta = 0.0f;
+  cudaEvent_t e0, e1;
+  M3_CUDA_CHECK(cudaEventCreate(&e0));
+  M3_CUDA_CHECK(cudaEventCreate(&e1));
+  double best = 0;
+  for (int i = 0; i < 6; ++i) {
+    M3_CUDA_CHECK(cudaEventRecord(e0, stream));
+    const cublasStatus_t st = cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, n, n, n, &alpha, a.as<void>(), CUDA_R_16BF, n,
+                                           b.as<void>(), CUDA_R_16BF, n, &beta, c.as<void>(), CUDA_R_32F, n,
+                                           CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+    M3_CUDA_CHECK(cudaEventRecord(e1, stream));
+    M3_CUDA_CHECK(cudaEventSynchronize(e1));
+    if (st != CUBLAS_STATUS_SUCCESS) break;
+    float ms = 0;
+    M3_CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+    if (i > 0) best = std::max(best, 2.0 * n * double(n) * n / (double(ms) * 1e-3) / 1e12);
+  }
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  cublasDestroy(h);
+  return best;
+}
+
+// FLOPs of sparse attention under a selection: 4 * head_dim per (query head, visible key).
+double sparse_flops(const std::vector<int32_t>& sel, const std::vector<int32_t>& pos, int tokens, int group) {
+  double keys = 0;
+  for (int g = 0; g < kKvHeads; ++g) {
+    for (int t = 0; t < tokens; ++t) {
+      const int p = pos[size_t(t)], local = p / kBlock;
+      std::set<int> blocks;
+      for (int i = 0; i < kTopK; ++i) {
+        const int b = sel[(size_t(g) * tokens + t) * kTopK + i];
+        if (b >= 0 && b <= local) blocks.insert(b);
+      }
+      for (int b : blocks) keys += b == local ? p - b * kBlock + 1 : kBlock;
+    }
+  }
+  return keys * group * 4.0 * kHeadDim;
+}
+
 struct Tables {
   ops::KernelTable tuned, base;
   ops::DispatchStats tuned_stats, base_stats;
@@ -225,9 +284,92 @@ std::string entries_of(ops::DispatchStats& st) {
   return out;
 }
 
+
+// Prefill of one sequence of `ctx` tokens from position 0 (pages shuffled over the pool).
+nlohmann::json bench_prefill(int ctx, const std::string& idt, Tables& tables, cudaStream_t stream, const Dev& flush,
+                             int iters, double gemm_tflops, std::mt19937& rng) {
+  const Elem ik_elem = idt == "fp8" ? Elem::kFP8 : Elem::kBF16;
+  const int blocks = (ctx + kBlock - 1) / kBlock;
+  const int64_t slots = int64_t(blocks) * kBlock;
+  std::vector<int32_t> qs{0, ctx}, lens{ctx};
+  std::vector<int32_t> pos(static_cast<size_t>(ctx)), perm(static_cast<size_t>(blocks));
+  std::iota(pos.begin(), pos.end(), 0);
+  std::iota(perm.begin(), perm.end(), 0);
+  std::shuffle(perm.begin(), perm.end(), rng);
+  Dev dqs = upload(qs), dpos = upload(pos), dlens = upload(lens), dtab = upload(perm);
+  ops::AttentionMetadata meta;
+  meta.num_seqs = 1;
+  meta.num_tokens = ctx;
+  meta.query_start = dqs.as<int32_t>();
+  meta.positions = dpos.as<int32_t>();
+  meta.seq_lens = dlens.as<int32_t>();
+  meta.block_tables = dtab.as<int32_t>();
+  meta.max_blocks_per_seq = blocks;
+  meta.block_size = kBlock;
+  Dev q(size_t(ctx) * kQHeads * kHeadDim * 4), out(q.bytes()), iq(size_t(ctx) * kIndexHeads * kIndexDim * 4),
+      sel(size_t(kIndexHeads) * ctx * kTopK * 4), k(size_t(slots) * kKvHeads * kHeadDim * 2), v(k.bytes()),
+      ik(size_t(slots) * kIndexDim * elem_size(ik_elem));
+  msa_bench::fill_random(q.as<void>(), q.bytes() / 4, Elem::kF32, 21, stream);
+  msa_bench::fill_random(iq.as<void>(), iq.bytes() / 4, Elem::kF32, 22, stream);
+  msa_bench::fill_random(k.as<void>(), k.bytes() / 2, Elem::kBF16, 23, stream);
+  msa_bench::fill_random(v.as<void>(), v.bytes() / 2, Elem::kBF16, 24, stream);
+  msa_bench::fill_random(ik.as<void>(), ik.bytes() / elem_size(ik_elem), ik_elem, 25, stream);
+  const TensorView qv{q.as<void>(), DType::kF32, {ctx, kQHeads, kHeadDim}, Device::kCuda};
+  const TensorView ov{out.as<void>(), DType::kF32, {ctx, kQHeads, kHeadDim}, Device::kCuda};
+  const TensorView iqv{iq.as<void>(), DType::kF32, {ctx, kIndexHeads, kIndexDim}, Device::kCuda};
+  const TensorView sv{sel.as<void>(), DType::kI32, {kIndexHeads, ctx, kTopK}, Device::kCuda};
+  const TensorView kv_{k.as<void>(), DType::kBF16, {slots, kKvHeads, kHeadDim}, Device::kCuda};
+  const TensorView vv{v.as<void>(), DType::kBF16, {slots, kKvHeads, kHeadDim}, Device::kCuda};
+  const TensorView ikv{ik.as<void>(), dtype_of(ik_elem), {slots, kIndexDim}, Device::kCuda};
+  const ops::IndexerParams ip{kBlock, kTopK};
+  const ops::OpContext ctx_t{&tables.tuned, &tables.tuned_stats, Device::kCuda, true};
+  auto indexer = [&] { ops::indexer_topk(ctx_t, iqv, ikv, meta, ip, sv); };
+  auto attention = [&] { ops::attention(ctx_t, qv, kv_, vv, meta, sv, kTopK, ov); };
+  const int it = std::max(3, iters / 3);
+  nlohmann::json row = {{"mode", "prefill"}, {"index_dtype", idt}, {"kv_dtype", "bf16"}, {"context", ctx}, {"batch", 1}};
+  const Timing step = time_graph([&] { indexer(); attention(); }, stream, flush, it);
+  row["entries"] = entries_of(tables.tuned_stats);
+  const Timing ti = time_graph(indexer, stream, flush, it);
+  std::vector<int32_t> host_sel(size_t(kIndexHeads) * ctx * kTopK);
+  M3_CUDA_CHECK(cudaMemcpy(host_sel.data(), sel.as<void>(), host_sel.size() * 4, cudaMemcpyDeviceToHost));
+  const double flops = sparse_flops(host_sel, pos, ctx, kQHeads / kKvHeads);
+  row["step_us"] = step.median_us;
+  row["indexer_us"] = ti.median_us;
+  row["attention_flops"] = flops;
+  row["gemm_tflops"] = gemm_tflops;
+  struct Variant {
+    const char* name;
+    std::function<void()> fn;
+  };
+  const std::vector<Variant> variants = {
+      {"block_major", [&] { cuda::launch_msa_attention_block_major(qv, kv_, vv, meta, sv, kTopK, ov); }},
+      {"block_major_fast", [&] { cuda::launch_msa_attention_block_major_fast(qv, kv_, vv, meta, sv, kTopK, ov); }},
+      {"query_major", [&] { cuda::launch_msa_attention(qv, kv_, vv, meta, sv, kTopK, ov); }},
+  };
+  std::string line;
+  for (const auto& var : variants) {
+    const Timing t = time_graph(var.fn, stream, flush, it);
+    row[std::string(var.name) + "_us"] = t.median_us;
+    row[std::string(var.name) + "_tflops"] = flops / (t.median_us * 1e-6) / 1e12;
+    char buf[96];
+    std::snprintf(buf, sizeof buf, " %9.1f %6.0f", t.median_us, flops / (t.median_us * 1e-6) / 1e12);
+    line += buf;
+  }
+  const double lim = ctx == 8192 ? 1000 : ctx == 32768 ? 5000 : 0;
+  std::string target;
+  if (lim > 0) target = (step.median_us <= lim ? "MET <= " : "MISSED <= ") + std::to_string(int(lim)) + " us";
+  row["target"] = target;
+  std::printf("%-5s %7d | %9.1f %8.1f |%s | %6.0f %s\n", idt.c_str(), ctx, step.median_us, ti.median_us, line.c_str(),
+              gemm_tflops, target.c_str());
+  std::fflush(stdout);
+  return row;
+}
+
 int run(int argc, char** argv) {
   std::vector<int> contexts = {2048, 8192, 32768, 131072, 524288}, batches = {1, 8, 64, 128};
   std::vector<std::string> index_dtypes = {"bf16", "fp8"};
+  std::vector<int> prefill = {8192, 32768};
+  bool decode = true;
   int iters = 30;
   double max_gb = 100;
   bool baseline = true;
@@ -244,6 +386,8 @@ int run(int argc, char** argv) {
     else if (k == "--iters") iters = std::stoi(next());
     else if (k == "--max-gb") max_gb = std::stod(next());
     else if (k == "--no-baseline") baseline = false;
+    else if (k == "--prefill") prefill = next() == "none" ? std::vector<int>{} : parse_list(argv[i]);
+    else if (k == "--no-decode") decode = false;
     else if (k == "--json") json_path = next();
     else throw std::runtime_error("unknown option " + k);
   }
@@ -267,7 +411,7 @@ int run(int argc, char** argv) {
   std::map<std::pair<int, int>, nlohmann::json> base_rows;
   for (const std::string& idt : index_dtypes) {
     const Elem ik_elem = idt == "fp8" ? Elem::kFP8 : Elem::kBF16;
-    for (int ctx : contexts) {
+    for (int ctx : decode ? contexts : std::vector<int>{}) {
       for (int batch : batches) {
         nlohmann::json row = {{"index_dtype", idt}, {"kv_dtype", "bf16"}, {"context", ctx}, {"batch", batch}};
         const double need = cache_bytes(batch, ctx, Elem::kBF16, ik_elem);
@@ -382,7 +526,25 @@ int run(int argc, char** argv) {
       }
     }
   }
+  double gemm_tflops = 0;
+  if (!prefill.empty()) {
+    gemm_tflops = bf16_gemm_tflops(stream);
+    std::printf("\nprefill, one sequence from position 0 (attention TFLOP/s = 4*128 per visible (query head, key))\n");
+    std::printf("%-5s %7s | %9s %8s | %9s %6s %9s %6s %9s %6s | %6s %s\n", "idx", "context", "step_us", "idx_us",
+                "bm_us", "TF/s", "bmfast_us", "TF/s", "qm_us", "TF/s", "gemmTF", "target");
+    for (const std::string& idt : index_dtypes) {
+      for (int ctx : prefill) {
+        try {
+          rows.push_back(bench_prefill(ctx, idt, tables, stream, flush, iters, gemm_tflops, rng));
+        } catch (const std::exception& e) {
+          std::printf("%-5s %7d | prefill failed: %s\n", idt.c_str(), ctx, e.what());
+          rows.push_back({{"mode", "prefill"}, {"index_dtype", idt}, {"context", ctx}, {"error", e.what()}});
+        }
+      }
+    }
+  }
   nlohmann::json doc = {{"device", prop.name},
+                        {"bf16_gemm_tflops", gemm_tflops},
                         {"sms", prop.multiProcessorCount},
                         {"copy_bandwidth_gbps", copy_bw / 1e9},
                         {"shapes", {{"q_heads", kQHeads}, {"kv_heads", kKvHeads}, {"head_dim", kHeadDim},

@@ -1,6 +1,7 @@
 #pragma once
-// The tuned MSA entries (msa_indexer.cu, msa_decode.cu) and the generic kernels of
-// attention.cu they hand shapes they do not take to (so a BF16 cache always has a kernel).
+// The tuned MSA entries (msa_indexer.cu, msa_decode.cu, msa_prefill.cu) and the generic
+// kernels of attention.cu they hand shapes they do not take to (so a BF16 cache always has a
+// kernel).
 #include "ops/ops.h"
 
 namespace m3::cuda {
@@ -13,12 +14,41 @@ void launch_generic_indexer_topk(const TensorView& index_q, const TensorView& in
                                  const ops::AttentionMetadata& meta, const ops::IndexerParams& params,
                                  const TensorView& selected);
 
-// Tuned entries, callable directly (the benchmark times them without the dispatch table).
+// Tuned entries, callable directly (the benchmark and the parity test time and check them
+// without the dispatch table).
+enum class MsaIndexerLayout {
+  kAuto,     // prefill tiles when the batch averages >= 8 tokens per sequence (and >= 64 tokens)
+  kDecode,   // 16 (token, head) rows per CTA, pages split over CTAs
+  kPrefill,  // 128 rows per CTA
+};
 void launch_msa_indexer(const TensorView& index_q, const TensorView& index_k_cache, const ops::AttentionMetadata& meta,
                         const ops::IndexerParams& params, const TensorView& selected);
+void launch_msa_indexer_layout(const TensorView& index_q, const TensorView& index_k_cache,
+                               const ops::AttentionMetadata& meta, const ops::IndexerParams& params,
+                               const TensorView& selected, MsaIndexerLayout layout);
+// Query-major (decode, speculative verification, and the query-major prefill baseline).
 void launch_msa_attention(const TensorView& q, const TensorView& k_cache, const TensorView& v_cache,
                           const ops::AttentionMetadata& meta, const TensorView& selected, int top_k,
                           const TensorView& out);
+// KV-block-major sparse prefill: selections inverted to {block -> tokens}, each selected block
+// loaded once per CTA for all the tokens that chose it, partials merged per row. Shapes it
+// does not take (dense, pages > 128, > 128 query heads per KV head) run launch_msa_attention.
+void launch_msa_attention_block_major(const TensorView& q, const TensorView& k_cache, const TensorView& v_cache,
+                                      const ops::AttentionMetadata& meta, const TensorView& selected, int top_k,
+                                      const TensorView& out);
+// The same with Q and P rounded to bf16 (half the MMAs): not bit-identical to the other
+// entries, so only for batch_invariant == false.
+void launch_msa_attention_block_major_fast(const TensorView& q, const TensorView& k_cache, const TensorView& v_cache,
+                                           const ops::AttentionMetadata& meta, const TensorView& selected, int top_k,
+                                           const TensorView& out);
+// The dispatch entries: block-major when the batch averages >= 64 tokens per sequence, else
+// query-major (bit-identical results either way for the canonical variant).
+void launch_msa_attention_prefill(const TensorView& q, const TensorView& k_cache, const TensorView& v_cache,
+                                  const ops::AttentionMetadata& meta, const TensorView& selected, int top_k,
+                                  const TensorView& out);
+void launch_msa_attention_prefill_fast(const TensorView& q, const TensorView& k_cache, const TensorView& v_cache,
+                                       const ops::AttentionMetadata& meta, const TensorView& selected, int top_k,
+                                       const TensorView& out);
 
 // Multiprocessor count of the current device (cached per device).
 int current_sm_count();

@@ -1,8 +1,10 @@
 #pragma once
-// Device helpers shared by the tuned MSA kernels (msa_indexer.cu, msa_decode.cu): batch
-// bookkeeping, order-preserving score keys, cp.async, and the arrival counters that let the
-// last CTA of a group finish the work (selection, split merge) without a second launch.
+// Device helpers shared by the tuned MSA kernels (msa_indexer.cu, msa_decode.cu,
+// msa_prefill.cu): batch bookkeeping, order-preserving score keys, cp.async, tensor-core
+// fragments, the canonical softmax fold, cluster barriers, and the arrival counters that let
+// the last CTA of a group finish the work (selection) without a second launch.
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -22,12 +24,13 @@ __device__ __forceinline__ int seq_of_token(const int32_t* query_start, int num_
 }
 
 // fp32 -> uint32 with the same order. -0 and +0 get one key: the CPU reference compares
-// floats, for which they are equal (a tie, broken by block id).
+// floats, for which they are equal (a tie, broken by block id). 0 is below every float's key.
 __device__ __forceinline__ uint32_t order_key(float f) {
   uint32_t u = __float_as_uint(f);
   if (u == 0x80000000u) u = 0;
   return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
 }
+constexpr uint32_t kKeyMinusInf = 0x007fffffu;  // order_key(-inf)
 
 __device__ __forceinline__ uint32_t smem_u32(const void* p) { return uint32_t(__cvta_generic_to_shared(p)); }
 
@@ -47,6 +50,14 @@ __device__ __forceinline__ void cp_async_wait() {
 // kernel may signal early that its dependents can be scheduled. Both are no-ops otherwise.
 __device__ __forceinline__ void wait_previous_kernel() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
 __device__ __forceinline__ void allow_next_kernel() { asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory"); }
+
+// Every thread of every CTA of the cluster; release/acquire at cluster scope (the global
+// writes before it, fenced, are visible to the cluster's CTAs after it).
+__device__ __forceinline__ void cluster_sync() {
+  __threadfence();
+  asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory");
+  asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+}
 
 // Arrival of one CTA of a group of `expected`; true for the last one, which also re-arms the
 // counter for the next launch. Every CTA's global writes before this call are visible to the
@@ -70,5 +81,81 @@ __device__ __forceinline__ bool arrive_last(unsigned* counter, unsigned expected
 // CTA), so no memset node is needed per launch. Consequence: launches of one kernel must not
 // overlap in time on one device (the engine drives one stream per device).
 constexpr int kMaxCounters = 1 << 16;
+
+// ---- tensor-core fragments (mma.sync m16n8k16, fp32 accumulation) ----
+
+__device__ __forceinline__ uint32_t bf16x2_bits(__nv_bfloat162 v) { return *reinterpret_cast<uint32_t*>(&v); }
+
+// (x0, x1) = hi + lo with hi, lo bf16 pairs (element 0 in the low half).
+__device__ __forceinline__ void split_bf16(float x0, float x1, uint32_t& hi, uint32_t& lo) {
+  const __nv_bfloat162 h = __floats2bfloat162_rn(x0, x1);
+  const float2 hf = __bfloat1622float2(h);
+  hi = bf16x2_bits(h);
+  lo = bf16x2_bits(__floats2bfloat162_rn(__fsub_rn(x0, hf.x), __fsub_rn(x1, hf.y)));
+}
+
+constexpr uint32_t kBf16OnePair = 0x3f803f80u;  // (1.0, 1.0) as bf16x2
+
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+__device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ void mma_f16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Byte offset of 16-byte chunk `ch` of row `row` in a swizzled [rows][128] bf16 tile (256 B rows).
+__device__ __forceinline__ uint32_t tile_off(int row, int ch) { return uint32_t(row * 256 + ((ch ^ (row & 7)) << 4)); }
+
+// ---- the canonical softmax fold (batch invariance) ----
+// One step: state (M, L, O) absorbs a partial (m, l, o), each relative to its own max.
+// Identities (m = -inf, l = 0, o = 0) leave the state's bits unchanged, and the identity
+// state absorbing x gives x exactly, so units a row does not see change nothing.
+struct FoldScale {
+  float a, b;
+};
+__device__ __forceinline__ FoldScale fold_scale(float& M, float m, float sl2) {
+  const float mn = fmaxf(M, m);
+  const float a = M == mn ? 1.0f : exp2f(__fmul_rn(__fsub_rn(M, mn), sl2));
+  const float b = m == -INFINITY ? 0.0f : exp2f(__fmul_rn(__fsub_rn(m, mn), sl2));
+  M = mn;
+  return FoldScale{a, b};
+}
+__device__ __forceinline__ float fold_val(float acc, const FoldScale& f, float x) {
+  return __fmaf_rn(acc, f.a, __fmul_rn(x, f.b));
+}
+__device__ __forceinline__ float finish(float o, float l) { return l > 0.0f ? __fdiv_rn(o, l) : 0.0f; }
+
+// Probability of a score relative to the unit's max (scaled), the canonical expression.
+__device__ __forceinline__ float unit_prob(float s, float mb, float sl2) { return exp2f(__fmaf_rn(s, sl2, -mb)); }
+__device__ __forceinline__ float unit_mb(float m, float sl2) { return m == -INFINITY ? 0.0f : __fmul_rn(m, sl2); }
+
+// ---- warp scans ----
+__device__ __forceinline__ int warp_inclusive_scan(int v) {
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int off = 1; off < 32; off <<= 1) {
+    const int n = __shfl_up_sync(0xffffffffu, v, off);
+    if (lane >= off) v += n;
+  }
+  return v;
+}
 
 }  // namespace m3::cuda::msa

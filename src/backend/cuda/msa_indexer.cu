@@ -1,20 +1,29 @@
-// MSA lightning indexer for decode (and short multi-token queries such as speculative
-// verification), tuned for Hopper: BF16 or FP8 (e4m3) index-K, dim 128.
+// MSA lightning indexer for decode, multi-token queries and prefill, tuned for Hopper: BF16
+// or FP8 (e4m3) index-K, dim 128, exact selections.
 //
-// One launch. Grid (token, chunk): a CTA whose token starts a query group of a sequence (up
-// to kMaxPairs (token, index head) pairs, so the keys read are shared by every query of the
-// group) scores one contiguous chunk of that sequence's earlier blocks; chunks spread a long
-// context over all SMs when the batch is small. Keys stream through a cp.async pipeline into
-// XOR-swizzled shared memory; each thread scores one key for its (token, head) pairs.
+// One launch. A CTA owns a query group of one sequence (rows = (token, index head) pairs:
+// 16 for decode and speculative verification, 128 for prefill) and one chunk of that
+// sequence's earlier blocks (chunks spread a long context over all SMs when the batch is
+// small; prefill has enough groups for one chunk). Keys stream through a cp.async pipeline
+// into XOR-swizzled shared memory and every key read is shared by all the group's rows.
 //
-// Exactness: every dot is the CPU reference's expression, a sequential fp32 sum over d of
-// separately rounded products (__fmul_rn/__fadd_rn: no FMA contraction, no reassociation),
-// and a block's score is the max of its keys' dots, so block scores equal the CPU's bit for
-// bit and the selection (ties to the lower block id) is identical. The last CTA of a group to
-// finish (arrival counter) selects the top_k - 1 earlier blocks per pair with a warp-level
-// exact argmax tournament (k rounds, only the winning lane rescans its segment) and writes
-// ascending ids plus the local block.
+// Scores are exact without an exact dot per (row, key). The tensor cores compute an
+// approximate dot a for every (row, key): Q scaled by a power of two sigma (exact) and rounded
+// to bf16 (BF16 keys) or f16 (FP8 keys, converted exactly to f16), fp32 accumulation. Its
+// distance to the CPU reference's dot (sequential fp32 sum of rounded products, scaled by
+// sigma) is bounded by e = c |q sigma| |k| (+ terms for the elements zeroed below the
+// operand's normal range), with c = 2^-7 (bf16 Q) or 2^-10 (f16 Q), about twice the worst
+// case of Q rounding + tensor-core accumulation + the reference's own rounding; |k| comes
+// from the same MMA (the keys' Gram diagonal). Per (row, block) lo = max(a - e) (rounded down)
+// is a lower bound of the exact block score, so only keys with a + e (rounded up) >= lo can be
+// the block's maximum: the CTA computes the reference's exact dot for those (typically one or
+// two per block; every key when scores tie, e.g. duplicated keys) and the block score is their
+// max, bit-identical to the CPU's. Keys whose a or e is not finite are always recomputed.
+// The last CTA of a group to finish (arrival counter; the CTA itself with one chunk) selects
+// the top_k - 1 earlier blocks per row with a warp radix select (four 8-bit passes, ties to
+// the lower id) and writes ascending ids plus the local block.
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_fp8.h>
 
 #include <algorithm>
@@ -36,22 +45,23 @@ using msa::cp_async_wait;
 using msa::order_key;
 using msa::smem_u32;
 
-constexpr int kDim = 128;              // index head dim
-constexpr int kStageKeys = 128;        // keys per pipeline stage (whole blocks: block size divides 128)
-constexpr int kThreads = 256;          // two threads per key: each takes half of the pairs
+constexpr int kDim = 128;   // index head dim
+constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
-constexpr int kMaxPairs = 16;          // (token, head) pairs per query group
 constexpr int kMaxTopK = 64;
-constexpr int kStageBufBytes = 96 * 1024;  // 3 BF16 / 6 FP8 stages; 2 CTAs per SM
-constexpr int kSelectCap = kStageBufBytes / 4 / kWarps;  // block scores per warp cached for selection
-constexpr size_t kSmemBytes = kStageBufBytes + kMaxPairs * kDim * 4 + 2 * kWarps * kMaxPairs * 4;
+constexpr int kMinBs = 8;   // a block covers whole 8-key n-tiles
+constexpr int kStageBufBytes = 96 * 1024;
 constexpr size_t kMaxScoreBytes = size_t(512) << 20;
 
 __device__ unsigned g_indexer_counters[msa::kMaxCounters];
 
 template <class IK> struct IkTraits;
 template <> struct IkTraits<__nv_bfloat16> {
+  static constexpr int kRowBytes = 256;
   static constexpr int kPerChunk = 8;  // elements per 16-byte chunk
+  static constexpr int kSigmaExp = 32;  // max |q sigma| in [2^32, 2^33)
+  static constexpr float kErr = 0.0078125f;  // 2^-7
+  static constexpr float kZeroTerm = 7.52316385e-37f;  // 2^-120: elements below 2^-126 zeroed
   // Elements of one chunk in order (exact conversion).
   static __device__ __forceinline__ void unpack(const uint4& r, float (&f)[8]) {
     const uint32_t w[4] = {r.x, r.y, r.z, r.w};
@@ -61,9 +71,22 @@ template <> struct IkTraits<__nv_bfloat16> {
       f[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
     }
   }
+  // A operand pair (element 0 low); magnitudes below bf16's normal range are zeroed.
+  static __device__ __forceinline__ uint32_t pack(float x, float y) {
+    if (!(fabsf(x) >= 1.17549435e-38f)) x = fabsf(x) >= 0.0f ? 0.0f : x;  // keeps NaN
+    if (!(fabsf(y) >= 1.17549435e-38f)) y = fabsf(y) >= 0.0f ? 0.0f : y;
+    return msa::bf16x2_bits(__floats2bfloat162_rn(x, y));
+  }
+  static __device__ __forceinline__ void mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    msa::mma_bf16(c, a, b0, b1);
+  }
 };
 template <> struct IkTraits<__nv_fp8_e4m3> {
+  static constexpr int kRowBytes = 128;
   static constexpr int kPerChunk = 16;
+  static constexpr int kSigmaExp = 14;  // max |q sigma| in [2^14, 2^15): f16 range
+  static constexpr float kErr = 0.0009765625f;  // 2^-10
+  static constexpr float kZeroTerm = 0.0009765625f;  // elements below 2^-14 zeroed: 2^-14 sqrt(128) < 2^-10
   static __device__ __forceinline__ void unpack(const uint4& r, float (&f)[16]) {
     const uint32_t w[4] = {r.x, r.y, r.z, r.w};
 #pragma unroll
@@ -77,115 +100,198 @@ template <> struct IkTraits<__nv_fp8_e4m3> {
       f[4 * i + 3] = b.y;
     }
   }
+  static __device__ __forceinline__ uint32_t pack(float x, float y) {
+    if (!(fabsf(x) >= 6.10351562e-05f)) x = fabsf(x) >= 0.0f ? 0.0f : x;
+    if (!(fabsf(y) >= 6.10351562e-05f)) y = fabsf(y) >= 0.0f ? 0.0f : y;
+    const __half2 h = __floats2half2_rn(x, y);
+    return *reinterpret_cast<const uint32_t*>(&h);
+  }
+  static __device__ __forceinline__ void mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    msa::mma_f16(c, a, b0, b1);
+  }
+};
+
+// Two e4m3 (low byte first) -> f16x2, exact (every e4m3 value is an f16 normal).
+__device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t v) {
+  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(v & 0xffffu), __NV_E4M3);
+  return uint32_t(h.x) | (uint32_t(h.y) << 16);
+}
+
+// Tiles: kWM warps along the rows (kMTiles m-tiles each), 8 / kWM along the keys.
+template <class IK, int kWM, int kMTiles>
+struct Cfg {
+  static constexpr int kWN = kWarps / kWM;
+  static constexpr int kRows = 16 * kMTiles * kWM;
+  static constexpr int kSK = (kWM == 1 && sizeof(IK) == 1) ? 256 : 128;  // keys per stage
+  static constexpr int kKPW = kSK / kWN;  // keys per warp per stage
+  static constexpr int kNT = kKPW / 8;    // n-tiles per warp
+  static constexpr int kGT = kSK / 64;    // Gram n-tiles per warp
+  static_assert(kGT * kWM == kNT, "the Gram tiles of a warp lie among its own n-tiles");
+  static constexpr int kRowBytes = IkTraits<IK>::kRowBytes;
+  static constexpr int kStageBytes = kSK * kRowBytes;
+  static constexpr int kStages = kStageBufBytes / kStageBytes;
+  static constexpr int kBps = kSK / kMinBs;  // blocks per stage at most
+  static constexpr size_t kNkOff = kStageBufBytes;
+  static constexpr size_t kLoOff = kNkOff + size_t(kSK) * 4;
+  static constexpr size_t kScOff = kLoOff + size_t(kRows) * kBps * 4;
+  static constexpr size_t kNqOff = kScOff + size_t(kRows) * kBps * 4;
+  static constexpr size_t kSigOff = kNqOff + size_t(kRows) * 4;
+  static constexpr size_t kHistOff = kSigOff + size_t(kRows) * 4;
+  static constexpr size_t kPosOff = kHistOff + size_t(kWarps) * 256 * 4;
+  static constexpr size_t kBytes = kPosOff + size_t(kRows) * 4;
+  static constexpr int kSelectCap = kStageBufBytes / 4 / kWarps;  // block scores per warp cached for selection
 };
 
 struct IndexerArgs {
   const float* q;       // [tokens, heads, 128]
   const void* keys;     // [slots, 128] BF16 or FP8
   int32_t* selected;    // [heads, tokens, top_k]
-  uint32_t* scores;     // scratch [tokens, heads, max_blocks]: order keys of block scores
+  uint32_t* scores;     // scratch [tokens of the slice (+ a group), heads, max_blocks]: order keys
   const int32_t* query_start;
   const int32_t* positions;
   const int32_t* block_tables;
   unsigned* counters;
-  int num_seqs, num_tokens, max_blocks, bs, bs_shift, heads, top_k, group_tokens, chunks;
+  int num_seqs, num_tokens, max_blocks, bs, bs_shift, heads, top_k, group_tokens, chunks, tok_begin, tok_end;
 };
 
-// Sequential fp32 dots of one swizzled key row with one or two query rows (the CPU's order).
-template <class IK, bool kTwo>
-__device__ __forceinline__ void key_dots(const unsigned char* row, int key, const float* qa, const float* qb, float& da,
-                                         float& db) {
+// The reference's dot of one query row (fp32, global) with one swizzled key row: a sequential
+// fp32 sum over d of separately rounded products (no FMA contraction, no reassociation).
+template <class IK>
+__device__ float exact_dot(const float* q, const unsigned char* row, int key) {
   using Tr = IkTraits<IK>;
   constexpr int kE = Tr::kPerChunk, kChunks = kDim / kE;
-  float sa = 0.0f, sb = 0.0f;
-#pragma unroll
+  float s = 0.0f;
+#pragma unroll 4
   for (int ch = 0; ch < kChunks; ++ch) {
     const uint4 raw = *reinterpret_cast<const uint4*>(row + ((ch ^ (key & 7)) << 4));
     float kf[kE];
     Tr::unpack(raw, kf);
 #pragma unroll
     for (int e = 0; e < kE; e += 4) {
-      const float4 x = *reinterpret_cast<const float4*>(qa + ch * kE + e);
-      sa = __fadd_rn(sa, __fmul_rn(x.x, kf[e]));
-      sa = __fadd_rn(sa, __fmul_rn(x.y, kf[e + 1]));
-      sa = __fadd_rn(sa, __fmul_rn(x.z, kf[e + 2]));
-      sa = __fadd_rn(sa, __fmul_rn(x.w, kf[e + 3]));
-      if (kTwo) {
-        const float4 y = *reinterpret_cast<const float4*>(qb + ch * kE + e);
-        sb = __fadd_rn(sb, __fmul_rn(y.x, kf[e]));
-        sb = __fadd_rn(sb, __fmul_rn(y.y, kf[e + 1]));
-        sb = __fadd_rn(sb, __fmul_rn(y.z, kf[e + 2]));
-        sb = __fadd_rn(sb, __fmul_rn(y.w, kf[e + 3]));
-      }
+      const float4 x = __ldg(reinterpret_cast<const float4*>(q + ch * kE + e));
+      s = __fadd_rn(s, __fmul_rn(x.x, kf[e]));
+      s = __fadd_rn(s, __fmul_rn(x.y, kf[e + 1]));
+      s = __fadd_rn(s, __fmul_rn(x.z, kf[e + 2]));
+      s = __fadd_rn(s, __fmul_rn(x.w, kf[e + 3]));
     }
   }
-  da = sa;
-  db = sb;
+  return s;
+}
+
+// Power of two sigma putting max |q| in [2^e, 2^(e+1)) (clamped to the normal range).
+__device__ __forceinline__ float sigma_for(float mx, int e) {
+  if (!(mx > 0.0f) || !(mx <= 3.402823466e38f)) return 1.0f;
+  const int ex = int((__float_as_uint(mx) >> 23) & 0xffu) - 127;  // subnormal: -127
+  const int k = min(127, max(-126, e - ex));
+  return __uint_as_float(uint32_t(k + 127) << 23);
 }
 
 // Exact top-k of one warp: the k best of keys[0, n) by (score desc, id asc), as ascending ids
-// into dst[0, k). Composite (score key << 32 | ~id) is unique, so each round's max names one
-// block; only the lane that held it rescans its segment (for its best below the winner).
-__device__ void warp_select(const uint32_t* keys, int n, int k, uint32_t* cache, int* chosen, int32_t* dst) {
+// into dst[0, k). Radix select on the 32-bit keys (four 8-bit digit passes) finds the k-th
+// key T; all keys above T are taken, and the lowest ids among those equal to T.
+__device__ void warp_select(const uint32_t* keys, int n, int k, uint32_t* cache, int cap, unsigned* hist,
+                            int32_t* dst) {
   const int lane = threadIdx.x & 31;
-  const bool cached = n <= kSelectCap;
+  const bool cached = n <= cap;
   if (cached) {
     for (int b = lane; b < n; b += 32) cache[b] = __ldcg(keys + b);
     __syncwarp();
   }
-  const uint32_t* src = cached ? cache : keys;
-  const int per = (n + 31) / 32;
-  const int lo = min(n, lane * per), hi = min(n, lo + per);
-  auto composite = [&](int b) {
-    const uint32_t key = cached ? src[b] : __ldcg(src + b);
-    return (uint64_t(key) << 32) | uint32_t(~uint32_t(b));
-  };
-  uint64_t best = 0;
-  for (int b = lo; b < hi; ++b) best = max(best, composite(b));
-  for (int r = 0; r < k; ++r) {
-    const uint32_t whi = __reduce_max_sync(0xffffffffu, uint32_t(best >> 32));
-    const uint32_t wlo = __reduce_max_sync(0xffffffffu, uint32_t(best >> 32) == whi ? uint32_t(best) : 0u);
-    const uint64_t win = (uint64_t(whi) << 32) | wlo;
-    if (lane == 0) chosen[r] = int(~wlo);
-    if (best == win) {
-      best = 0;
-      for (int b = lo; b < hi; ++b) {
-        const uint64_t c = composite(b);
-        if (c < win && c > best) best = c;
+  auto key_at = [&](int i) { return cached ? cache[i] : __ldcg(keys + i); };
+  uint32_t prefix = 0, mask = 0;
+  int need = k;
+#pragma unroll 1
+  for (int shift = 24; shift >= 0; shift -= 8) {
+    for (int b = lane; b < 256; b += 32) hist[b] = 0;
+    __syncwarp();
+    for (int i = lane; i < n; i += 32) {
+      const uint32_t x = key_at(i);
+      if ((x & mask) == prefix) atomicAdd(&hist[(x >> shift) & 255u], 1u);
+    }
+    __syncwarp();
+    // Lane l owns bins 255 - 8l - j (j = 0..7): descending digits across lanes.
+    int cnt[8], sum = 0;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      cnt[j] = int(hist[255 - 8 * lane - j]);
+      sum += cnt[j];
+    }
+    const int incl = msa::warp_inclusive_scan(sum), excl = incl - sum;
+    const bool mine = excl < need && need <= incl;
+    const unsigned who = __ballot_sync(0xffffffffu, mine);
+    int digit = 0, above = 0;
+    if (mine) {
+      int acc = excl;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        if (acc + cnt[j] >= need) {
+          digit = 255 - 8 * lane - j;
+          above = acc;
+          break;
+        }
+        acc += cnt[j];
       }
     }
+    const int src = __ffs(who) - 1;
+    digit = __shfl_sync(0xffffffffu, digit, src);
+    above = __shfl_sync(0xffffffffu, above, src);
+    need -= above;
+    prefix |= uint32_t(digit) << shift;
+    mask |= 255u << shift;
+    __syncwarp();
   }
-  __syncwarp();
-  for (int i = lane; i < k; i += 32) {
-    const int id = chosen[i];
-    int rank = 0;
-    for (int j = 0; j < k; ++j) rank += chosen[j] < id ? 1 : 0;
-    dst[rank] = id;
+  // Gather in id order: lane l scans ids [l * per, (l + 1) * per).
+  const uint32_t thr = prefix;
+  const int per = (n + 31) / 32, lo = min(n, lane * per), hi = min(n, lo + per);
+  int gt = 0, eq = 0;
+  for (int i = lo; i < hi; ++i) {
+    const uint32_t x = key_at(i);
+    gt += x > thr ? 1 : 0;
+    eq += x == thr ? 1 : 0;
+  }
+  const int eq_excl = msa::warp_inclusive_scan(eq) - eq;
+  const int take_eq = max(0, min(eq, need - eq_excl));
+  const int cnt = gt + take_eq;
+  int pos = msa::warp_inclusive_scan(cnt) - cnt;
+  int taken_eq = 0;
+  for (int i = lo; i < hi; ++i) {
+    const uint32_t x = key_at(i);
+    bool take = x > thr;
+    if (x == thr && taken_eq < take_eq) {
+      take = true;
+      ++taken_eq;
+    }
+    if (take) dst[pos++] = i;
   }
   __syncwarp();
 }
 
-template <class IK>
-__global__ void __launch_bounds__(kThreads, 2) msa_indexer_kernel(IndexerArgs a) {
-  constexpr int kRowBytes = kDim * int(sizeof(IK));
-  constexpr int kChunks = kRowBytes / 16;
-  constexpr int kStageBytes = kStageKeys * kRowBytes;
-  constexpr int kStages = kStageBufBytes / kStageBytes;
+template <class IK, int kWM, int kMTiles>
+__global__ void __launch_bounds__(kThreads, kWM == 1 ? 2 : 1) msa_indexer_kernel(IndexerArgs a) {
+  using Cf = Cfg<IK, kWM, kMTiles>;
+  using Tr = IkTraits<IK>;
+  constexpr int kRows = Cf::kRows, kSK = Cf::kSK, kNT = Cf::kNT, kGT = Cf::kGT, kBps = Cf::kBps;
+  constexpr int kStages = Cf::kStages, kRowBytes = Cf::kRowBytes, kStageBytes = Cf::kStageBytes;
   extern __shared__ __align__(128) unsigned char smem[];
   unsigned char* const stage_buf = smem;
-  float* const qs = reinterpret_cast<float*>(smem + kStageBufBytes);       // [kMaxPairs][kDim]
-  uint32_t* const red = reinterpret_cast<uint32_t*>(qs + kMaxPairs * kDim);  // [2][kWarps][kMaxPairs]
-  __shared__ int s_pos[kMaxPairs];
-  __shared__ int s_chosen[kWarps][kMaxTopK];
+  float* const nk_s = reinterpret_cast<float*>(smem + Cf::kNkOff);
+  uint32_t* const lo_s = reinterpret_cast<uint32_t*>(smem + Cf::kLoOff);
+  uint32_t* const sc_s = reinterpret_cast<uint32_t*>(smem + Cf::kScOff);
+  float* const nq_s = reinterpret_cast<float*>(smem + Cf::kNqOff);
+  float* const sig_s = reinterpret_cast<float*>(smem + Cf::kSigOff);
+  unsigned* const hist = reinterpret_cast<unsigned*>(smem + Cf::kHistOff);
+  int* const s_pos = reinterpret_cast<int*>(smem + Cf::kPosOff);
   __shared__ int s_last;
 
-  const int t0 = blockIdx.x;
+  const int t0 = a.tok_end - 1 - int(blockIdx.x);  // longest causal prefixes first
   const int s = msa::seq_of_token(a.query_start, a.num_seqs, t0);
   const int q_begin = a.query_start[s], q_end = a.query_start[s + 1];
   if ((t0 - q_begin) % a.group_tokens != 0) return;  // not the first token of a query group
   const int T = min(a.group_tokens, q_end - t0), H = a.heads, P = T * H;
   const int bs = a.bs, bs_shift = a.bs_shift, top_k = a.top_k;
-  if (threadIdx.x < T) s_pos[threadIdx.x] = a.positions[t0 + threadIdx.x];
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, gq = lane >> 2, cq = lane & 3;
+  const int wm = warp / Cf::kWN, wn = warp % Cf::kWN;
+  for (int i = tid; i < T; i += kThreads) s_pos[i] = a.positions[t0 + i];
   __syncthreads();
   // Blocks to score: those before the local block of any token that has more than top_k.
   int nb = 0;
@@ -197,29 +303,30 @@ __global__ void __launch_bounds__(kThreads, 2) msa_indexer_kernel(IndexerArgs a)
     const int t = t0 + p / H, h = p % H;
     const int n = (s_pos[p / H] >> bs_shift) + 1;
     int32_t* dst = a.selected + (int64_t(h) * a.num_tokens + t) * top_k;
-    for (int i = threadIdx.x & 31; i < top_k; i += 32) dst[i] = i < n ? i : -1;
+    for (int i = lane; i < top_k; i += 32) dst[i] = i < n ? i : -1;
   };
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   if (nb == 0) {
     if (blockIdx.y == 0) {
       for (int p = warp; p < P; p += kWarps) write_dense(p);
     }
     return;
   }
+  auto q_row = [&](int r) { return a.q + (int64_t(t0 + r / H) * H + r % H) * kDim; };
+  auto local_of = [&](int r) { return s_pos[r / H] >> bs_shift; };
 
   const int chunk = blockIdx.y;
   const int b0 = int(int64_t(chunk) * nb / a.chunks), b1 = int(int64_t(chunk + 1) * nb / a.chunks);
   if (b0 < b1) {
-    for (int i = threadIdx.x; i < P * kDim; i += kThreads) qs[i] = a.q[int64_t(t0) * H * kDim + i];
     const int key_begin = b0 << bs_shift, key_end = b1 << bs_shift;
-    const int nstage = (key_end - key_begin + kStageKeys - 1) / kStageKeys;
+    const int nstage = (key_end - key_begin + kSK - 1) / kSK;
     const int32_t* table = a.block_tables + int64_t(s) * a.max_blocks;
     const unsigned char* keys = static_cast<const unsigned char*>(a.keys);
     auto load_stage = [&](int i) {
       unsigned char* buf = stage_buf + (i % kStages) * kStageBytes;
-      const int j0 = key_begin + i * kStageKeys;
+      const int j0 = key_begin + i * kSK;
+      constexpr int kChunks = kRowBytes / 16;
 #pragma unroll 4
-      for (int ci = threadIdx.x; ci < kStageKeys * kChunks; ci += kThreads) {
+      for (int ci = tid; ci < kSK * kChunks; ci += kThreads) {
         const int row = ci / kChunks, ch = ci % kChunks;
         const int j = j0 + row;
         const bool ok = j < key_end;
@@ -228,80 +335,207 @@ __global__ void __launch_bounds__(kThreads, 2) msa_indexer_kernel(IndexerArgs a)
         cp_async16(smem_u32(buf + row * kRowBytes + ((ch ^ (row & 7)) << 4)), keys + slot * kRowBytes + ch * 16, ok);
       }
     };
-    const int key = threadIdx.x & (kStageKeys - 1), half = threadIdx.x / kStageKeys;
-    const int blocks_per_stage = kStageKeys >> bs_shift;
-    auto local_of = [&](int p) { return s_pos[p / H] >> bs_shift; };
-    auto score_dst = [&](int p, int blk) {
-      return a.scores + (int64_t(t0 + p / H) * H + p % H) * a.max_blocks + blk;
-    };
-    // Per pair: the max of this key's block (segmented over lanes when blocks are < 32 keys,
-    // else per warp into `red`, combined by flush()).
-    auto reduce = [&](int p, float dot, int j, uint32_t* red_buf) {
-      const int blk = j >> bs_shift;
-      const bool valid = j < key_end && blk < local_of(p);
-      uint32_t k = valid ? order_key(dot) : 0u;  // 0 is below every real key
-      if (bs >= 32) {
-        k = __reduce_max_sync(0xffffffffu, k);
-        if (lane == 0) red_buf[warp * kMaxPairs + p] = k;
-      } else {
-        for (int off = 1; off < bs; off <<= 1) k = max(k, __shfl_xor_sync(0xffffffffu, k, off));
-        if ((lane & (bs - 1)) == 0 && valid) *score_dst(p, blk) = k;
-      }
-    };
-    auto flush = [&](int i) {
-      if (bs < 32) return;
-      const uint32_t* red_buf = red + (i & 1) * kWarps * kMaxPairs;
-      const int first_blk = (key_begin + i * kStageKeys) >> bs_shift;
-      const int warps_per_blk = bs / 32;
-      for (int e = threadIdx.x; e < blocks_per_stage * P; e += kThreads) {
-        const int bi = e / P, p = e % P, blk = first_blk + bi;
-        if (blk >= b1 || blk >= local_of(p)) continue;
-        const int w0 = (p & 1) * (kStageKeys / 32) + bi * warps_per_blk;
-        uint32_t m = 0;
-        for (int w = w0; w < w0 + warps_per_blk; ++w) m = max(m, red_buf[w * kMaxPairs + p]);
-        *score_dst(p, blk) = m;
-      }
-    };
+    // The first stages' loads overlap the setup below.
 #pragma unroll 1
     for (int i = 0; i < kStages - 1; ++i) {
       if (i < nstage) load_stage(i);
       cp_async_commit();
     }
+    // Per row: sigma and |q sigma| (an upper bound).
+    for (int r = warp; r < kRows; r += kWarps) {
+      float sig = 0.0f, nq = 0.0f;
+      if (r < P) {
+        const float4 v = *reinterpret_cast<const float4*>(q_row(r) + lane * 4);
+        float mx = fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
+#pragma unroll
+        for (int off = 16; off > 0; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
+        sig = sigma_for(mx, Tr::kSigmaExp);
+        const float x0 = v.x * sig, x1 = v.y * sig, x2 = v.z * sig, x3 = v.w * sig;
+        float ss = x0 * x0 + x1 * x1 + x2 * x2 + x3 * x3;
+#pragma unroll
+        for (int off = 16; off > 0; off >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, off);
+        nq = __fmul_ru(sqrtf(ss), 1.001f);
+      }
+      if (lane == 0) {
+        sig_s[r] = sig;
+        nq_s[r] = nq;
+      }
+    }
+    __syncthreads();
+    // A fragments (Q sigma) of this thread's rows, in the key layout's k order.
+    uint32_t af[kMTiles][8][4];
+#pragma unroll
+    for (int mt = 0; mt < kMTiles; ++mt) {
+      const int ra = (wm * kMTiles + mt) * 16 + gq, rb = ra + 8;
+      const float sa = sig_s[ra], sb = sig_s[rb];
+      const float* qa = q_row(ra < P ? ra : 0);
+      const float* qb = q_row(rb < P ? rb : 0);
+#pragma unroll
+      for (int ks = 0; ks < 8; ++ks) {
+        // bf16: dims (16ks + 2c, +1) and (+8, +9); f16 (FP8 keys): dims 16ks + 4c + 0..3.
+        const int d0 = sizeof(IK) == 2 ? 16 * ks + 2 * cq : 16 * ks + 4 * cq;
+        const int d1 = sizeof(IK) == 2 ? d0 + 8 : d0 + 2;
+        const float2 x0 = *reinterpret_cast<const float2*>(qa + d0), x1 = *reinterpret_cast<const float2*>(qa + d1);
+        const float2 y0 = *reinterpret_cast<const float2*>(qb + d0), y1 = *reinterpret_cast<const float2*>(qb + d1);
+        af[mt][ks][0] = Tr::pack(x0.x * sa, x0.y * sa);
+        af[mt][ks][1] = Tr::pack(y0.x * sb, y0.y * sb);
+        af[mt][ks][2] = Tr::pack(x1.x * sa, x1.y * sa);
+        af[mt][ks][3] = Tr::pack(y1.x * sb, y1.y * sb);
+      }
+    }
+
+    // Error bound of (row, key), scaled units, rounded up.
+    auto bound = [&](int r, int k) {
+      return __fmaf_ru(__fmaf_ru(Tr::kErr, nq_s[r], Tr::kZeroTerm), nk_s[k], 5.96046448e-08f);
+    };
+    int loc[kMTiles][2];
+#pragma unroll
+    for (int mt = 0; mt < kMTiles; ++mt) {
+      const int ra = (wm * kMTiles + mt) * 16 + gq;
+      loc[mt][0] = ra < P ? local_of(ra) : -1;
+      loc[mt][1] = ra + 8 < P ? local_of(ra + 8) : -1;
+    }
+
 #pragma unroll 1
     for (int i = 0; i < nstage; ++i) {
       cp_async_wait<kStages - 2>();
       __syncthreads();
-      if (i > 0) flush(i - 1);
       if (i + kStages - 1 < nstage) load_stage(i + kStages - 1);
       cp_async_commit();
-      const unsigned char* row = stage_buf + (i % kStages) * kStageBytes + key * kRowBytes;
-      const int j = key_begin + i * kStageKeys + key;
-      uint32_t* red_buf = red + (i & 1) * kWarps * kMaxPairs;
-#pragma unroll 1
-      for (int p0 = half; p0 < P; p0 += 4) {
-        const int p1 = p0 + 2;
-        float d0, d1;
-        if (p1 < P) {
-          key_dots<IK, true>(row, key, qs + p0 * kDim, qs + p1 * kDim, d0, d1);
-          reduce(p0, d0, j, red_buf);
-          reduce(p1, d1, j, red_buf);
+      const unsigned char* buf = stage_buf + (i % kStages) * kStageBytes;
+      const uint32_t buf_u32 = smem_u32(buf);
+      const int kb = key_begin + i * kSK, nkeys = min(kSK, key_end - kb), first_blk = kb >> bs_shift;
+      for (int e = tid; e < kRows * kBps; e += kThreads) {
+        lo_s[e] = 0u;
+        sc_s[e] = msa::kKeyMinusInf;
+      }
+      // Approximate dots (and the Gram diagonal of this warp's Gram tiles).
+      float acc[kMTiles][kNT][4];
+#pragma unroll
+      for (int nt = 0; nt < kNT; ++nt) {
+        const int key0 = wn * Cf::kKPW + nt * 8;
+        const int krow = key0 + (lane & 7);
+        uint32_t bf[8][2];
+        if constexpr (sizeof(IK) == 2) {
+#pragma unroll
+          for (int q4 = 0; q4 < 4; ++q4) {
+            uint32_t r4[4];
+            msa::ldmatrix_x4(r4, buf_u32 + krow * kRowBytes + (((q4 * 4 + (lane >> 3)) ^ (krow & 7)) << 4));
+            bf[2 * q4][0] = r4[0];
+            bf[2 * q4][1] = r4[1];
+            bf[2 * q4 + 1][0] = r4[2];
+            bf[2 * q4 + 1][1] = r4[3];
+          }
         } else {
-          key_dots<IK, false>(row, key, qs + p0 * kDim, nullptr, d0, d1);
-          reduce(p0, d0, j, red_buf);
+#pragma unroll
+          for (int q2 = 0; q2 < 2; ++q2) {
+            uint32_t r4[4];
+            msa::ldmatrix_x4(r4, buf_u32 + krow * kRowBytes + (((q2 * 4 + (lane >> 3)) ^ (krow & 7)) << 4));
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+              bf[q2 * 4 + j][0] = e4m3x2_to_f16x2(r4[j]);
+              bf[q2 * 4 + j][1] = e4m3x2_to_f16x2(r4[j] >> 16);
+            }
+          }
+        }
+        if (nt >= kGT * wm && nt < kGT * wm + kGT) {
+          // Gram of the 8 keys (A rows 0..7 = the keys themselves): diagonal = |k|^2.
+          float gr[4] = {0, 0, 0, 0};
+#pragma unroll
+          for (int ks = 0; ks < 8; ++ks) {
+            const uint32_t ga[4] = {bf[ks][0], 0u, bf[ks][1], 0u};
+            Tr::mma(gr, ga, bf[ks][0], bf[ks][1]);
+          }
+          if ((gq >> 1) == cq) nk_s[key0 + gq] = __fmul_ru(sqrtf((gq & 1) ? gr[1] : gr[0]), 1.001f);
+        }
+#pragma unroll
+        for (int mt = 0; mt < kMTiles; ++mt) {
+          acc[mt][nt][0] = acc[mt][nt][1] = acc[mt][nt][2] = acc[mt][nt][3] = 0.0f;
+#pragma unroll
+          for (int ks = 0; ks < 8; ++ks) Tr::mma(acc[mt][nt], af[mt][ks], bf[ks][0], bf[ks][1]);
+        }
+      }
+      __syncthreads();
+      // Lower bounds per (row, block): max over the block's keys of a - e.
+#pragma unroll
+      for (int mt = 0; mt < kMTiles; ++mt) {
+        const int ra = (wm * kMTiles + mt) * 16 + gq;
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int r = ra + 8 * h;
+          float run = -INFINITY;
+          int cur = -1;
+#pragma unroll
+          for (int nt = 0; nt < kNT; ++nt) {
+            const int k0 = wn * Cf::kKPW + nt * 8 + 2 * cq;
+            const int bi = (wn * Cf::kKPW + nt * 8) >> bs_shift;  // warp-uniform
+            if (bi != cur) {
+              if (cur >= 0) {
+                run = fmaxf(run, __shfl_xor_sync(0xffffffffu, run, 1));
+                run = fmaxf(run, __shfl_xor_sync(0xffffffffu, run, 2));
+                if (cq == 0 && run > -INFINITY) atomicMax(&lo_s[r * kBps + cur], order_key(run));
+              }
+              run = -INFINITY;
+              cur = bi;
+            }
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+              const int k = k0 + e;
+              const float av = acc[mt][nt][2 * h + e];
+              if (loc[mt][h] > first_blk + bi && k < nkeys) {
+                const float ev = bound(r, k);
+                if (isfinite(av) && isfinite(ev)) run = fmaxf(run, __fsub_rd(av, ev));
+              }
+            }
+          }
+          run = fmaxf(run, __shfl_xor_sync(0xffffffffu, run, 1));
+          run = fmaxf(run, __shfl_xor_sync(0xffffffffu, run, 2));
+          if (cq == 0 && run > -INFINITY) atomicMax(&lo_s[r * kBps + cur], order_key(run));
+        }
+      }
+      __syncthreads();
+      // Keys that can be their block's maximum: the reference's exact dot.
+#pragma unroll
+      for (int mt = 0; mt < kMTiles; ++mt) {
+        const int ra = (wm * kMTiles + mt) * 16 + gq;
+#pragma unroll
+        for (int nt = 0; nt < kNT; ++nt) {
+          const int bi = (wn * Cf::kKPW + nt * 8) >> bs_shift;
+#pragma unroll
+          for (int v = 0; v < 4; ++v) {
+            const int h = v >> 1, r = ra + 8 * h, k = wn * Cf::kKPW + nt * 8 + 2 * cq + (v & 1);
+            if (!(loc[mt][h] > first_blk + bi && k < nkeys)) continue;
+            const float av = acc[mt][nt][v], ev = bound(r, k);
+            const bool forced = !(isfinite(av) && isfinite(ev));
+            if (forced || order_key(__fadd_ru(av, ev)) >= lo_s[r * kBps + bi]) {
+              const float x = exact_dot<IK>(q_row(r), buf + k * kRowBytes, k);
+              if (x == x) atomicMax(&sc_s[r * kBps + bi], order_key(x));  // the reference skips NaN
+            }
+          }
+        }
+      }
+      __syncthreads();
+      for (int e = tid; e < kRows * kBps; e += kThreads) {
+        const int r = e / kBps, bi = e % kBps, blk = first_blk + bi;
+        if (r < P && (bi << bs_shift) < nkeys && blk < local_of(r)) {
+          a.scores[(int64_t(t0 - a.tok_begin + r / H) * H + r % H) * a.max_blocks + blk] = sc_s[e];
         }
       }
     }
     cp_async_wait<0>();
-    __syncthreads();
-    flush(nstage - 1);
   }
 
   msa::allow_next_kernel();  // the attention kernel may start its setup while the selection runs
-  if (!msa::arrive_last(&a.counters[t0], unsigned(a.chunks), &s_last)) return;
-  // Last CTA of the group: one warp per pair selects its blocks.
+  if (a.chunks > 1) {
+    if (!msa::arrive_last(&a.counters[t0], unsigned(a.chunks), &s_last)) return;
+  } else {
+    __syncthreads();  // this CTA's score writes (and the stage buffers' last reads) are done
+  }
+  // Last CTA of the group: one warp per row selects its blocks.
   const int k = top_k - 1;
+  uint32_t* const cache = reinterpret_cast<uint32_t*>(stage_buf) + warp * Cf::kSelectCap;
   for (int p = warp; p < P; p += kWarps) {
-    const int local = s_pos[p / H] >> bs_shift;
+    const int local = local_of(p);
     if (local + 1 <= top_k) {
       write_dense(p);
       continue;
@@ -309,8 +543,8 @@ __global__ void __launch_bounds__(kThreads, 2) msa_indexer_kernel(IndexerArgs a)
     const int t = t0 + p / H, h = p % H;
     int32_t* dst = a.selected + (int64_t(h) * a.num_tokens + t) * top_k;
     if (k > 0) {
-      warp_select(a.scores + (int64_t(t) * H + h) * a.max_blocks, local, k,
-                  reinterpret_cast<uint32_t*>(stage_buf) + warp * kSelectCap, s_chosen[warp], dst);
+      warp_select(a.scores + (int64_t(t - a.tok_begin) * H + h) * a.max_blocks, local, k, cache, Cf::kSelectCap,
+                  hist + warp * 256, dst);
     }
     if (lane == 0) dst[k] = local;  // the local block has the highest id
   }
@@ -337,58 +571,81 @@ int current_sm_count() {
   return counts[dev];
 }
 
-// Shapes outside the tuned kernel (index dim != 128, block size not a power of two <= 128,
-// more than kMaxPairs heads, top_k > 64, huge score scratch) run the generic kernel.
-void launch_msa_indexer(const TensorView& index_q, const TensorView& index_k_cache, const ops::AttentionMetadata& meta,
-                        const ops::IndexerParams& params, const TensorView& selected) {
+// Shapes outside the tuned kernel (index dim != 128, block size not a power of two in
+// 8..128, more than 16 heads, top_k > 64) run the generic kernel.
+void launch_msa_indexer_layout(const TensorView& index_q, const TensorView& index_k_cache,
+                               const ops::AttentionMetadata& meta, const ops::IndexerParams& params,
+                               const TensorView& selected, MsaIndexerLayout layout) {
   const int64_t tokens = index_q.shape[0], heads = index_q.shape[1], dim = index_q.shape[2];
   if (tokens == 0) return;
   if (params.block_size != meta.block_size) throw std::runtime_error("indexer_topk: block size differs from the page size");
   const int bs = params.block_size;
-  const size_t score_bytes = size_t(tokens) * size_t(heads) * size_t(std::max(1, meta.max_blocks_per_seq)) * 4;
-  const bool tuned = dim == kDim && bs >= 1 && bs <= kStageKeys && (bs & (bs - 1)) == 0 && heads <= kMaxPairs &&
-                     params.top_k >= 1 && params.top_k <= kMaxTopK && tokens <= msa::kMaxCounters &&
-                     score_bytes <= kMaxScoreBytes &&
+  const bool tuned = dim == kDim && bs >= kMinBs && bs <= 128 && (bs & (bs - 1)) == 0 && heads >= 1 && heads <= 16 &&
+                     params.top_k >= 1 && params.top_k <= kMaxTopK && tokens < (int64_t(1) << 30) &&
                      (index_k_cache.dtype == DType::kBF16 || index_k_cache.dtype == DType::kF8E4M3);
   if (!tuned) return launch_generic_indexer_topk(index_q, index_k_cache, meta, params, selected);
 
-  Scratch scores(score_bytes);
-  static unsigned* counters_of[64] = {};  // per device
-  int dev = 0;
-  M3_CUDA_CHECK(cudaGetDevice(&dev));
-  unsigned*& counters = counters_of[dev & 63];
-  if (!counters) M3_CUDA_CHECK(cudaGetSymbolAddress(reinterpret_cast<void**>(&counters), g_indexer_counters));
+  const bool prefill = layout == MsaIndexerLayout::kPrefill ||
+                       (layout == MsaIndexerLayout::kAuto && tokens >= 64 && tokens >= 8 * int64_t(meta.num_seqs));
   IndexerArgs a{};
   a.q = index_q.as<const float>();
   a.keys = index_k_cache.data;
   a.selected = selected.as<int32_t>();
-  a.scores = scores.as<uint32_t>();
   a.query_start = meta.query_start;
   a.positions = meta.positions;
   a.block_tables = meta.block_tables;
-  a.counters = counters;
   a.num_seqs = meta.num_seqs;
   a.num_tokens = int(tokens);
-  a.max_blocks = meta.max_blocks_per_seq;
+  a.max_blocks = std::max(1, meta.max_blocks_per_seq);
   a.bs = bs;
   a.bs_shift = ilog2(bs);
   a.heads = int(heads);
   a.top_k = params.top_k;
-  a.group_tokens = std::max(1, kMaxPairs / int(heads));
-  // Chunks per query group: enough CTAs for two per SM over the groups there are (the host
-  // does not know the contexts: chunks past a sequence's blocks exit at once).
+  a.group_tokens = std::max(1, (prefill ? 128 : 16) / int(heads));
+  // Chunks per query group: enough CTAs for the SMs (two per SM for decode) over the groups
+  // there are (the host does not know the contexts: chunks past a sequence's blocks exit).
   const int64_t groups = tokens == meta.num_seqs ? tokens : (tokens + a.group_tokens - 1) / a.group_tokens + meta.num_seqs;
-  const int64_t max_scored = std::max(1, meta.max_blocks_per_seq - 1);
-  const int64_t target = 2 * int64_t(current_sm_count());
+  const int64_t max_scored = std::max(1, a.max_blocks - 1);
+  const int64_t target = (prefill ? 1 : 2) * int64_t(current_sm_count());
   a.chunks = int(std::clamp<int64_t>(target / std::max<int64_t>(1, groups), 1, std::min<int64_t>(max_scored, 1024)));
-  const dim3 grid{unsigned(tokens), unsigned(a.chunks)};
-  auto run = [&](auto kernel) {
-    M3_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmemBytes)));
-    kernel<<<grid, kThreads, kSmemBytes, current_stream()>>>(a);
+  if (tokens > msa::kMaxCounters) a.chunks = 1;
+  if (a.chunks > 1) {
+    static unsigned* counters_of[64] = {};  // per device
+    int dev = 0;
+    M3_CUDA_CHECK(cudaGetDevice(&dev));
+    unsigned*& counters = counters_of[dev & 63];
+    if (!counters) M3_CUDA_CHECK(cudaGetSymbolAddress(reinterpret_cast<void**>(&counters), g_indexer_counters));
+    a.counters = counters;
+  }
+  // Score scratch for a slice of the tokens (long prefills run in several launches).
+  const size_t row_bytes = size_t(heads) * size_t(a.max_blocks) * 4;
+  const int64_t fit = int64_t(kMaxScoreBytes / row_bytes) - a.group_tokens;
+  const int64_t slice = std::max<int64_t>(a.group_tokens, std::min<int64_t>(tokens, fit));
+  Scratch scores(size_t(std::min<int64_t>(tokens, slice) + a.group_tokens) * row_bytes);
+  a.scores = scores.as<uint32_t>();
+  auto run = [&](auto kernel, size_t smem) {
+    M3_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+    for (int64_t tb = 0; tb < tokens; tb += slice) {
+      a.tok_begin = int(tb);
+      a.tok_end = int(std::min<int64_t>(tokens, tb + slice));
+      const dim3 grid{unsigned(a.tok_end - a.tok_begin), unsigned(a.chunks)};
+      kernel<<<grid, kThreads, smem, current_stream()>>>(a);
+    }
   };
-  if (index_k_cache.dtype == DType::kBF16) run(msa_indexer_kernel<__nv_bfloat16>);
-  else run(msa_indexer_kernel<__nv_fp8_e4m3>);
+  const bool fp8 = index_k_cache.dtype == DType::kF8E4M3;
+  if (prefill) {
+    if (fp8) run(msa_indexer_kernel<__nv_fp8_e4m3, 4, 2>, Cfg<__nv_fp8_e4m3, 4, 2>::kBytes);
+    else run(msa_indexer_kernel<__nv_bfloat16, 4, 2>, Cfg<__nv_bfloat16, 4, 2>::kBytes);
+  } else {
+    if (fp8) run(msa_indexer_kernel<__nv_fp8_e4m3, 1, 1>, Cfg<__nv_fp8_e4m3, 1, 1>::kBytes);
+    else run(msa_indexer_kernel<__nv_bfloat16, 1, 1>, Cfg<__nv_bfloat16, 1, 1>::kBytes);
+  }
   M3_CUDA_CHECK_LAUNCH();
+}
+
+void launch_msa_indexer(const TensorView& index_q, const TensorView& index_k_cache, const ops::AttentionMetadata& meta,
+                        const ops::IndexerParams& params, const TensorView& selected) {
+  launch_msa_indexer_layout(index_q, index_k_cache, meta, params, selected, MsaIndexerLayout::kAuto);
 }
 
 }  // namespace m3::cuda

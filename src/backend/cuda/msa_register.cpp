@@ -8,12 +8,17 @@
 
 namespace m3::cuda {
 
+// Query tokens from which a sparse attention call is a prefill for the KV-block-major entry.
+constexpr int64_t kBlockMajorMinTokens = 1024;
+
 void register_msa(ops::KernelTable& table) {
   table.indexer_topk.add(
-      {"indexer_topk.msa_split_pages.sm90",
+      {"indexer_topk.msa_tc_exact.sm90",
        "device BF16 or F8E4M3 index-K cache, index dim 128, <= 16 index heads, 1 <= top_k <= 64 (page size a power "
-       "of two <= 128, else the generic kernel runs); pages of each query group split over CTAs, block scores "
-       "bit-identical to the CPU (sequential fp32 dots, no FMA), the last CTA selects exactly (ties to the lower id)",
+       "of two in 8..128, else the generic kernel runs); decode tiles of 16 (token, head) rows with pages split over "
+       "CTAs, prefill tiles of 128 rows; tensor-core approximate dots with a rigorous error bound, the reference's "
+       "exact dot for the keys that can be a block's maximum (block scores bit-identical to the CPU), warp radix "
+       "select (ties to the lower id)",
        [](const ops::Problem& p) -> std::string {
          if (p.device != Device::kCuda) return "tensors are not in device memory";
          if (p.dtype != DType::kBF16 && p.dtype != DType::kF8E4M3) return "index-K cache is not BF16 or F8E4M3";
@@ -24,11 +29,43 @@ void register_msa(ops::KernelTable& table) {
        },
        launch_msa_indexer});
   table.attention.add(
-      {"attention.msa_mma_splitkv.sm90",
+      {"attention.msa_block_major_prefill_fast.sm90",
+       "as attention.msa_block_major_prefill.sm90, with Q and P rounded to bf16 (half the tensor-core work, ~1e-3 "
+       "relative error): only when batch invariance is not requested",
+       [](const ops::Problem& p) -> std::string {
+         if (p.batch_invariant) return "batch invariance requested (the canonical entries are bit-identical)";
+         if (p.device != Device::kCuda) return "tensors are not in device memory";
+         if (p.dtype != DType::kBF16) return "KV cache is not BF16";
+         if (p.k != 128) return "head_dim is not 128";
+         if (p.extra < 1) return "dense attention";
+         if (p.extra > 64) return "top_k above 64";
+         if (p.m < kBlockMajorMinTokens) return "fewer than 1024 query tokens (not a prefill)";
+         return "";
+       },
+       launch_msa_attention_prefill_fast});
+  table.attention.add(
+      {"attention.msa_block_major_prefill.sm90",
+       "device BF16 KV cache, head_dim 128, block-sparse with top_k <= 64, >= 1024 query tokens (a prefill: "
+       "sequences averaging < 64 tokens, pages > 128 or > 128 query heads per KV head run the query-major entry); "
+       "selections inverted to {block -> tokens}, each selected block loaded once for all the tokens that chose it, "
+       "canonical unit partials merged in block order (bit-identical to the query-major entry: batch-invariant)",
+       [](const ops::Problem& p) -> std::string {
+         if (p.device != Device::kCuda) return "tensors are not in device memory";
+         if (p.dtype != DType::kBF16) return "KV cache is not BF16";
+         if (p.k != 128) return "head_dim is not 128";
+         if (p.extra < 1) return "dense attention";
+         if (p.extra > 64) return "top_k above 64";
+         if (p.m < kBlockMajorMinTokens) return "fewer than 1024 query tokens (not a prefill)";
+         return "";
+       },
+       launch_msa_attention_prefill});
+  table.attention.add(
+      {"attention.msa_query_major.sm90",
        "device BF16 KV cache, head_dim 128, dense or block-sparse with top_k <= 64 (query heads per KV head <= 64, "
        "else the generic kernel runs); the query heads of a KV group (and up to 64 rows of consecutive tokens) share "
-       "each K/V tile, bf16 hi+lo tensor-core MMAs, fp32 softmax folded per 64-key unit in a fixed order "
-       "(batch-invariant), split-KV merged in the same launch for small batches",
+       "each 128-key K/V tile, m-tiles of tokens that did not choose a block skip it, bf16 hi+lo tensor-core MMAs, "
+       "canonical fp32 unit partials folded in a fixed order (batch-invariant), small batches split over a "
+       "thread-block cluster (<= 16 CTAs) and merged in parallel through it",
        [](const ops::Problem& p) -> std::string {
          if (p.device != Device::kCuda) return "tensors are not in device memory";
          if (p.dtype != DType::kBF16) return "KV cache is not BF16";

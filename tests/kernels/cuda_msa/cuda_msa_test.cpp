@@ -1,12 +1,16 @@
-// GPU parity of the tuned MSA entries (indexer_topk.msa_split_pages.sm90,
-// attention.msa_mma_splitkv.sm90) against the CPU reference on the same BF16 / FP8 caches:
-// selected blocks must be identical (exact integers), attention within 2e-3 of max|ref|.
-// Cases: M3 TP1 (64/4 heads, 4 index heads) and TP4 (16/1, 1) shapes, ragged batches with
-// pages shuffled across the pool, contexts on and off multiples of 128, fewer blocks than
-// top_k, multi-token queries (speculative verification, a prefill chunk), crafted ties
-// (small-integer keys, duplicated blocks, all keys equal), FP8 index-K, other page sizes and
-// group sizes, large batches (no split) and small ones (split-KV merge), random selections
-// with invalid and repeated ids; plus BF16/FP8 kv_write bytes and CUDA-graph replays.
+// GPU parity of the tuned MSA entries (indexer_topk.msa_tc_exact.sm90,
+// attention.msa_query_major.sm90, attention.msa_block_major_prefill.sm90) against the CPU
+// reference on the same BF16 / FP8 caches: selected blocks must be identical (exact
+// integers) in both indexer layouts (decode tiles, prefill tiles), attention within 2e-3 of
+// max|ref|; the KV-block-major prefill must equal the query-major result bit for bit, and a
+// sequence run alone must equal its rows in the batch bit for bit (batch invariance: other
+// cluster splits, other row groups). Cases: M3 TP1 (64/4 heads, 4 index heads) and TP4
+// (16/1, 1) shapes, ragged batches with pages shuffled across the pool, contexts on and off
+// multiples of 128, fewer blocks than top_k, multi-token queries (speculative verification,
+// prefill chunks, whole prefills), crafted ties (small-integer keys, duplicated blocks, all
+// keys equal), FP8 index-K, other page sizes and group sizes, large batches (no split) and
+// small ones (cluster split), random selections with invalid and repeated ids; plus BF16/FP8
+// kv_write bytes and CUDA-graph replays.
 // Prints a table and writes it as JSON to $M3_OUT (else $M3_BINARY_DIR, else ".").
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
@@ -28,13 +32,17 @@
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/cuda_internal.h"
+#include "backend/cuda/msa.h"
 
 namespace m3 {
 namespace {
 
 constexpr double kAttnTol = 2e-3;
-const char* kIndexerEntry = "indexer_topk.msa_split_pages.sm90";
-const char* kAttentionEntry = "attention.msa_mma_splitkv.sm90";
+// The non-invariant block-major variant rounds Q and P to bf16 (2^-9 relative each): BF16
+// tolerance. Measured on the H200: up to 3.05e-3 over the cases here.
+constexpr double kAttnFastTol = 1e-2;
+const char* kIndexerEntry = "indexer_topk.msa_tc_exact.sm90";
+const char* kAttentionEntry = "attention.msa_";  // query-major, or block-major for >= 1024 tokens
 
 class DevBuf {
  public:
@@ -137,21 +145,26 @@ struct Case {
   std::vector<SeqSpec> seqs;
   Keys keys = Keys::kRandom;
   DType index_dtype = DType::kBF16;
-  bool dense = true;  // also compare dense attention (CPU cost grows with the context)
+  bool dense = true;         // also compare dense attention (CPU cost grows with the context)
+  bool block_major = true;   // also run the KV-block-major and query-major entries directly (bitwise equal)
 };
 
 struct Result {
   std::string name;
   int tokens = 0;
-  bool sel_exact = true;
+  bool sel_exact = true;      // dispatch, decode tiles and prefill tiles all equal the CPU's
   std::string sel_error;
-  double sparse_rel = 0, dense_rel = 0, random_rel = 0;
+  double sparse_rel = 0, dense_rel = 0, random_rel = 0, bm_rel = 0;
+  double bm_fast_rel = 0;     // the non-invariant block-major variant (bf16 Q and P), vs the CPU
+  bool bm_same = true;        // block-major == query-major, bit for bit (CPU and random selections)
+  bool alone_same = true;     // one sequence alone == its rows in the batch, bit for bit
+  std::string invariance_error;
   bool entries_ok = true;
   std::string entries;
   std::string error;
   bool pass() const {
     return error.empty() && sel_exact && entries_ok && sparse_rel <= kAttnTol && dense_rel <= kAttnTol &&
-           random_rel <= kAttnTol;
+           random_rel <= kAttnTol && bm_rel <= kAttnTol && bm_fast_rel <= kAttnFastTol && bm_same && alone_same;
   }
 };
 
@@ -231,6 +244,21 @@ std::vector<float> make_index_keys(const Case& c, const Batch& batch, std::mt199
   return ik;
 }
 
+// First mismatch of two selections, described.
+std::string sel_mismatch(const std::vector<int32_t>& gsel, const std::vector<int32_t>& sel, const Batch& batch, int T,
+                         int top_k, const char* what) {
+  size_t bad = 0;
+  while (gsel[bad] == sel[bad]) ++bad;
+  const size_t hh = bad / (size_t(T) * top_k), t = bad / top_k % T;
+  return std::string(what) + ": head " + std::to_string(hh) + " token " + std::to_string(t) + " (pos " +
+         std::to_string(batch.positions[t]) + ") slot " + std::to_string(bad % top_k) + ": gpu " +
+         std::to_string(gsel[bad]) + " cpu " + std::to_string(sel[bad]);
+}
+
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * 4) == 0;
+}
+
 Result run_case(Harness& h, const Case& c, std::mt19937& rng) {
   Result r;
   r.name = c.name;
@@ -265,22 +293,28 @@ Result run_case(Harness& h, const Case& c, std::mt19937& rng) {
     const ops::IndexerParams ip{sh.bs, sh.top_k};
     h.gpu_paths();
 
-    // Indexer: exact equality.
+    // Indexer: exact equality, through the dispatch table and in each tile layout.
     std::vector<int32_t> sel(sel_n);
     ops::indexer_topk(h.cpu(), host(iq.data(), DType::kF32, iqs), host(ik_host, c.index_dtype, iks), batch.host_meta, ip,
                       host(sel.data(), DType::kI32, sel_shape));
     dsel.poison();
     ops::indexer_topk(h.gpu(), dev(diq, DType::kF32, iqs), dev(*dik, c.index_dtype, iks), batch.dev_meta, ip,
                       dev(dsel, DType::kI32, sel_shape));
-    const auto gsel = dsel.get<int32_t>(sel_n);
+    auto gsel = dsel.get<int32_t>(sel_n);
     if (gsel != sel) {
       r.sel_exact = false;
-      size_t bad = 0;
-      while (gsel[bad] == sel[bad]) ++bad;
-      const size_t hh = bad / (size_t(T) * sh.top_k), t = bad / sh.top_k % T;
-      r.sel_error = "head " + std::to_string(hh) + " token " + std::to_string(t) + " (pos " +
-                    std::to_string(batch.positions[t]) + ") slot " + std::to_string(bad % sh.top_k) + ": gpu " +
-                    std::to_string(gsel[bad]) + " cpu " + std::to_string(sel[bad]);
+      r.sel_error = sel_mismatch(gsel, sel, batch, T, sh.top_k, "dispatch");
+    }
+    for (auto layout : {cuda::MsaIndexerLayout::kDecode, cuda::MsaIndexerLayout::kPrefill}) {
+      dsel.poison();
+      cuda::launch_msa_indexer_layout(dev(diq, DType::kF32, iqs), dev(*dik, c.index_dtype, iks), batch.dev_meta, ip,
+                                      dev(dsel, DType::kI32, sel_shape), layout);
+      gsel = dsel.get<int32_t>(sel_n);
+      if (gsel != sel && r.sel_exact) {
+        r.sel_exact = false;
+        r.sel_error = sel_mismatch(gsel, sel, batch, T, sh.top_k,
+                                   layout == cuda::MsaIndexerLayout::kDecode ? "decode tiles" : "prefill tiles");
+      }
     }
     auto check_paths = [&](const char* want) {
       for (const auto& p : h.gpu_paths()) {
@@ -291,31 +325,94 @@ Result run_case(Harness& h, const Case& c, std::mt19937& rng) {
     };
     check_paths(kIndexerEntry);
 
-    // Sparse attention over the CPU's selection, then over a random one (-1, repeats, out of range).
-    auto attend = [&](const std::vector<int32_t>* s) {
+    // Sparse attention over the CPU's selection, then over a random one (-1, repeats, out of
+    // range); the KV-block-major entry on both must equal the dispatch's bits.
+    auto cpu_attend = [&](const std::vector<int32_t>* s) {
       std::vector<float> ref(q.size());
-      TensorView hs, ds;
-      std::unique_ptr<DevBuf> dsv;
-      if (s) {
-        hs = host(s->data(), DType::kI32, sel_shape);
-        dsv = std::make_unique<DevBuf>(*s);
-        ds = dev(*dsv, DType::kI32, sel_shape);
-      }
+      TensorView hs;
+      if (s) hs = host(s->data(), DType::kI32, sel_shape);
       ops::attention(h.cpu(), host(q.data(), DType::kF32, qs), host(kc.data(), DType::kBF16, ks),
                      host(vc.data(), DType::kBF16, ks), batch.host_meta, hs, s ? sh.top_k : 0,
                      host(ref.data(), DType::kF32, qs));
-      dout.poison();
-      ops::attention(h.gpu(), dev(dq, DType::kF32, qs), dev(dk, DType::kBF16, ks), dev(dv, DType::kBF16, ks),
-                     batch.dev_meta, ds, s ? sh.top_k : 0, dev(dout, DType::kF32, qs));
-      check_paths(kAttentionEntry);
-      return rel_err(dout.get<float>(q.size()), ref);
+      return ref;
     };
-    r.sparse_rel = attend(&sel);
+    enum class Via { kDispatch, kQueryMajor, kBlockMajor, kBlockMajorFast };
+    auto gpu_attend = [&](const std::vector<int32_t>* s, Via via) {
+      TensorView ds;
+      std::unique_ptr<DevBuf> dsv;
+      if (s) {
+        dsv = std::make_unique<DevBuf>(*s);
+        ds = dev(*dsv, DType::kI32, sel_shape);
+      }
+      dout.poison();
+      const TensorView qv = dev(dq, DType::kF32, qs), kv = dev(dk, DType::kBF16, ks), vv = dev(dv, DType::kBF16, ks);
+      const TensorView ov = dev(dout, DType::kF32, qs);
+      if (via == Via::kBlockMajor) {
+        cuda::launch_msa_attention_block_major(qv, kv, vv, batch.dev_meta, ds, sh.top_k, ov);
+      } else if (via == Via::kBlockMajorFast) {
+        cuda::launch_msa_attention_block_major_fast(qv, kv, vv, batch.dev_meta, ds, sh.top_k, ov);
+      } else if (via == Via::kQueryMajor) {
+        cuda::launch_msa_attention(qv, kv, vv, batch.dev_meta, ds, s ? sh.top_k : 0, ov);
+      } else {
+        ops::attention(h.gpu(), qv, kv, vv, batch.dev_meta, ds, s ? sh.top_k : 0, ov);
+        check_paths(kAttentionEntry);
+      }
+      return dout.get<float>(q.size());
+    };
     std::vector<int32_t> random_sel(sel_n);
     std::uniform_int_distribution<int> ud(-1, batch.max_blocks + 1);
     for (auto& b : random_sel) b = ud(rng);
-    r.random_rel = attend(&random_sel);
-    if (c.dense) r.dense_rel = attend(nullptr);
+    const auto ref_sparse = cpu_attend(&sel), ref_random = cpu_attend(&random_sel);
+    const auto out_sparse = gpu_attend(&sel, Via::kDispatch), out_random = gpu_attend(&random_sel, Via::kDispatch);
+    r.sparse_rel = rel_err(out_sparse, ref_sparse);
+    r.random_rel = rel_err(out_random, ref_random);
+    if (c.dense) r.dense_rel = rel_err(gpu_attend(nullptr, Via::kDispatch), cpu_attend(nullptr));
+    if (c.block_major) {
+      const auto bm_sparse = gpu_attend(&sel, Via::kBlockMajor), bm_random = gpu_attend(&random_sel, Via::kBlockMajor);
+      const auto qm_sparse = gpu_attend(&sel, Via::kQueryMajor), qm_random = gpu_attend(&random_sel, Via::kQueryMajor);
+      r.bm_rel = std::max(rel_err(bm_sparse, ref_sparse), rel_err(bm_random, ref_random));
+      r.bm_fast_rel = std::max(rel_err(gpu_attend(&sel, Via::kBlockMajorFast), ref_sparse),
+                               rel_err(gpu_attend(&random_sel, Via::kBlockMajorFast), ref_random));
+      r.bm_same = same_bits(bm_sparse, qm_sparse) && same_bits(bm_random, qm_random) && same_bits(qm_sparse, out_sparse);
+      if (!r.bm_same) r.invariance_error = "block-major / query-major / dispatch differ";
+    }
+
+    // Batch invariance: the sequence with the longest context alone, through the dispatch.
+    size_t pick = 0;
+    for (size_t si = 0; si < c.seqs.size(); ++si) {
+      if (c.seqs[si].cached + c.seqs[si].fresh > c.seqs[pick].cached + c.seqs[pick].fresh) pick = si;
+    }
+    const int qb = batch.query_start[pick], n1 = batch.query_start[pick + 1] - qb;
+    if (n1 > 0 && c.seqs.size() > 1) {
+      std::vector<int32_t> qs1{0, n1}, pos1(batch.positions.begin() + qb, batch.positions.begin() + qb + n1),
+          lens1{batch.seq_lens[pick]},
+          tab1(batch.block_tables.begin() + int64_t(pick) * batch.max_blocks,
+               batch.block_tables.begin() + int64_t(pick + 1) * batch.max_blocks);
+      std::vector<int32_t> sel1(size_t(sh.index_heads) * n1 * sh.top_k);
+      for (int g = 0; g < sh.index_heads; ++g)
+        for (int t = 0; t < n1; ++t)
+          for (int i = 0; i < sh.top_k; ++i)
+            sel1[(size_t(g) * n1 + t) * sh.top_k + i] = sel[(size_t(g) * T + qb + t) * sh.top_k + i];
+      DevBuf dqs1(qs1), dpos1(pos1), dlens1(lens1), dtab1(tab1), dsel1(sel1), dout1(size_t(n1) * sh.q_heads * D * 4);
+      DevBuf dq1(std::vector<float>(q.begin() + int64_t(qb) * sh.q_heads * D, q.begin() + int64_t(qb + n1) * sh.q_heads * D));
+      ops::AttentionMetadata m1 = batch.dev_meta;
+      m1.num_seqs = 1;
+      m1.num_tokens = n1;
+      m1.query_start = dqs1.as<int32_t>();
+      m1.positions = dpos1.as<int32_t>();
+      m1.seq_lens = dlens1.as<int32_t>();
+      m1.block_tables = dtab1.as<int32_t>();
+      m1.slot_mapping = nullptr;
+      const Shape q1s{n1, sh.q_heads, D};
+      ops::attention(h.gpu(), dev(dq1, DType::kF32, q1s), dev(dk, DType::kBF16, ks), dev(dv, DType::kBF16, ks), m1,
+                     dev(dsel1, DType::kI32, {sh.index_heads, n1, sh.top_k}), sh.top_k, dev(dout1, DType::kF32, q1s));
+      check_paths(kAttentionEntry);
+      const auto alone = dout1.get<float>(size_t(n1) * sh.q_heads * D);
+      const std::vector<float> batched(out_sparse.begin() + int64_t(qb) * sh.q_heads * D,
+                                       out_sparse.begin() + int64_t(qb + n1) * sh.q_heads * D);
+      r.alone_same = same_bits(alone, batched);
+      if (!r.alone_same) r.invariance_error += (r.invariance_error.empty() ? "" : "; ") + std::string("sequence alone differs from batched");
+    }
   } catch (const std::exception& e) {
     r.error = e.what();
     cudaGetLastError();
@@ -353,6 +450,12 @@ std::vector<Case> cases() {
     out.push_back({"tp4_batch12", kTp4, mid, Keys::kRandom, DType::kBF16, false});
   }
   out.push_back({"tp1_long_131k", kTp1, {{131000, 1}}, Keys::kRandom, DType::kBF16, false});
+  // Prefills (prefill indexer tiles; >= 1024 tokens: the dispatch picks the block-major entry).
+  out.push_back({"tp1_prefill_2200", kTp1, {{2200, 160}}, Keys::kRandom, DType::kBF16, false});
+  out.push_back({"tp4_prefill_3000", kTp4, {{3000, 200}, {0, 150}}, Keys::kRandom, DType::kBF16, false});
+  out.push_back({"tp1_prefill_fp8", kTp1, {{4000, 100}}, Keys::kRandom, DType::kF8E4M3, false});
+  out.push_back({"tp1_prefill_dup_blocks", kTp1, {{3000, 64}}, Keys::kDupBlocks, DType::kBF16, false});
+  out.push_back({"bs32_g16_prefill_1800", {32, 2, 2, 32, 4}, {{0, 1500}, {700, 300}}, Keys::kRandom, DType::kBF16, false});
   return out;
 }
 
@@ -480,19 +583,24 @@ TEST(CudaMsa, TunedEntriesMatchTheCpuReference) {
   M3_CUDA_CHECK(cudaDeviceSynchronize());
 
   nlohmann::json js = nlohmann::json::array();
-  std::printf("\n%-24s %-6s %-9s %-10s %-10s %-10s %-6s\n", "case", "tokens", "sel_exact", "sparse_rel", "random_rel",
-              "dense_rel", "result");
+  std::printf("\n%-24s %-6s %-9s %-10s %-10s %-10s %-10s %-10s %-9s %-6s\n", "case", "tokens", "sel_exact", "sparse_rel",
+              "random_rel", "dense_rel", "bm_rel", "bmfast_rel", "bitwise", "result");
   for (const Result& r : results) {
-    std::printf("%-24s %-6d %-9s %-10.3g %-10.3g %-10.3g %-6s\n", r.name.c_str(), r.tokens, r.sel_exact ? "yes" : "NO",
-                r.sparse_rel, r.random_rel, r.dense_rel, r.pass() ? "PASS" : "FAIL");
+    std::printf("%-24s %-6d %-9s %-10.3g %-10.3g %-10.3g %-10.3g %-10.3g %-9s %-6s\n", r.name.c_str(), r.tokens,
+                r.sel_exact ? "yes" : "NO", r.sparse_rel, r.random_rel, r.dense_rel, r.bm_rel, r.bm_fast_rel,
+                r.bm_same && r.alone_same ? "yes" : "NO", r.pass() ? "PASS" : "FAIL");
     if (!r.sel_error.empty()) std::printf("    first selection mismatch: %s\n", r.sel_error.c_str());
+    if (!r.invariance_error.empty()) std::printf("    invariance: %s\n", r.invariance_error.c_str());
     if (!r.error.empty()) std::printf("    error: %s\n", r.error.c_str());
     if (!r.entries_ok) std::printf("    entries: %s\n", r.entries.c_str());
     js.push_back({{"case", r.name}, {"tokens", r.tokens}, {"selected_exact", r.sel_exact}, {"sparse_rel_err", r.sparse_rel},
-                  {"random_sel_rel_err", r.random_rel}, {"dense_rel_err", r.dense_rel}, {"tolerance", kAttnTol},
-                  {"entries", r.entries}, {"pass", r.pass()}, {"error", r.error + r.sel_error}});
-    EXPECT_TRUE(r.pass()) << r.name << ": " << r.error << r.sel_error << " sparse " << r.sparse_rel << " random "
-                          << r.random_rel << " dense " << r.dense_rel << " entries " << r.entries;
+                  {"random_sel_rel_err", r.random_rel}, {"dense_rel_err", r.dense_rel}, {"block_major_rel_err", r.bm_rel},
+                  {"block_major_fast_rel_err", r.bm_fast_rel}, {"block_major_bitwise", r.bm_same}, {"alone_bitwise", r.alone_same}, {"tolerance", kAttnTol},
+                  {"entries", r.entries}, {"pass", r.pass()}, {"error", r.error + r.sel_error + r.invariance_error}});
+    EXPECT_TRUE(r.pass()) << r.name << ": " << r.error << r.sel_error << r.invariance_error << " sparse " << r.sparse_rel
+                          << " random " << r.random_rel << " dense " << r.dense_rel << " block-major " << r.bm_rel
+                          << " block-major fast " << r.bm_fast_rel
+                          << " entries " << r.entries;
   }
   std::printf("%-24s %s %s\n", "kv_write_bf16_fp8", kv_ok ? "PASS" : "FAIL", kv_why.c_str());
   std::printf("%-24s %s %s\n", "graph_replay", graph_ok ? "PASS" : "FAIL", graph_why.c_str());

@@ -1,0 +1,487 @@
+// KV-block-major MSA sparse attention for prefill (BF16 KV cache, head_dim 128, block size
+// <= 128). The selections {token -> blocks} of a chunk of tokens are inverted into
+// {(KV group, sequence, block) -> tokens} by a counting sort; each CTA loads one selected
+// block's K and V into shared memory once and attends up to 4 tiles of 8 tokens x 16 heads
+// (128 rows, one m-tile per warp) that chose it, writing per (token, head, selected block) a
+// partial (max, sum, P.V); a merge kernel folds each row's partials in ascending block order.
+//
+// The unit partial is the canonical one of msa_decode.cu instruction for instruction (S by
+// one MMA chain over the k-steps with Q's bf16 hi then lo half, masked, the unit's row max,
+// exp2 of the scaled difference, P split into bf16 hi + lo, P.V and the row sum by one chain
+// over the key steps, hi then lo), and the merge is the canonical fold, so a row's result is
+// bit-identical to the query-major and decode paths: the entry is batch-invariant.
+//
+// Launches per chunk of tokens (the partials of a chunk stay under kScratchBytes): a memset
+// of the counts, rank-and-count, one-CTA scan (entry offsets and the work list), scatter,
+// the block kernel, the merge.
+#include <cuda_bf16.h>
+
+#include <algorithm>
+#include <cmath>
+#include <stdexcept>
+#include <string>
+
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/cuda_internal.h"
+#include "backend/cuda/msa.h"
+#include "backend/cuda/msa_common.cuh"
+
+namespace m3::cuda {
+namespace {
+
+using msa::cp_async16;
+using msa::cp_async_commit;
+using msa::cp_async_wait;
+using msa::smem_u32;
+using msa::tile_off;
+
+constexpr int kHeadDim = 128;
+constexpr int kUnitKeys = 128;
+constexpr int kThreads = 256;
+constexpr int kWarps = kThreads / 32;
+constexpr int kTileRows = kWarps * 16;  // one m-tile per warp
+constexpr int kTilesPerCta = 4;         // tiles of one block per CTA (its K/V loaded once)
+constexpr int kMaxTopK = 64;
+constexpr int kMaxGroup = 128;
+constexpr size_t kScratchBytes = size_t(2) << 30;  // partials of one chunk of tokens
+constexpr int kScanThreads = 1024;
+
+struct BmArgs {
+  const float* q;  // [tokens, q_heads, 128]
+  float* out;
+  const __nv_bfloat16* k;  // [slots, kv_heads, 128]
+  const __nv_bfloat16* v;
+  const int32_t* sel;  // [kv_heads, tokens, top_k]
+  const int32_t* query_start;
+  const int32_t* positions;
+  const int32_t* seq_lens;
+  const int32_t* block_tables;
+  // scratch
+  int* count;       // [n_keys] selections per (group, seq, block); back to 0 after the scatter
+  int* entry_off;   // [n_keys + 1]
+  int2* items;      // [max_items] (key, first tile)
+  int* item_total;  // [1]
+  int* slot_of;     // [chunk tokens, kv, top_k] rank of the block among the token's distinct valid ones, or -1
+  int* n_valid;     // [chunk tokens, kv]
+  int* entries;     // [chunk tokens * kv * top_k] (token in chunk << 6 | slot), grouped by key
+  float* part_o;    // [kv, chunk tokens, top_k, group, 128]
+  float2* part_ml;  // [kv, chunk tokens, top_k, group]
+  int num_seqs, num_tokens, max_blocks, bs, q_heads, kv_heads, group, top_k, tile_tokens;
+  int c0, n_tok;    // the chunk: tokens [c0, c0 + n_tok)
+  int n_keys, max_items;
+  float scale_log2;
+};
+
+__device__ __forceinline__ int key_of(const BmArgs& a, int g, int s, int b) {
+  return (g * a.num_seqs + s) * a.max_blocks + b;
+}
+
+// Per (token, group): the valid distinct blocks, their rank (ascending block id) and counts.
+__global__ void bm_rank_count(BmArgs a) {
+  const int i = int(blockIdx.x * blockDim.x + threadIdx.x);
+  if (i >= a.n_tok * a.kv_heads) return;
+  const int tr = i / a.kv_heads, g = i % a.kv_heads, t = a.c0 + tr;
+  const int s = msa::seq_of_token(a.query_start, a.num_seqs, t);
+  const int local = a.positions[t] / a.bs;
+  const int32_t* ids = a.sel + (int64_t(g) * a.num_tokens + t) * a.top_k;
+  int* slot = a.slot_of + int64_t(i) * a.top_k;
+  int nvalid = 0;
+  for (int j = 0; j < a.top_k; ++j) {
+    const int b = ids[j];
+    bool ok = b >= 0 && b <= local;
+    for (int jj = 0; jj < j && ok; ++jj) ok = ids[jj] != b;
+    int rank = -1;
+    if (ok) {
+      rank = 0;
+      for (int jj = 0; jj < a.top_k; ++jj) {
+        const int c = ids[jj];
+        if (c < 0 || c >= b) continue;  // only valid ids below b (c <= local holds: c < b)
+        bool first = true;
+        for (int x = 0; x < jj && first; ++x) first = ids[x] != c;
+        rank += first ? 1 : 0;
+      }
+      ++nvalid;
+      atomicAdd(&a.count[key_of(a, g, s, b)], 1);
+    }
+    slot[j] = rank;
+  }
+  a.n_valid[i] = nvalid;
+}
+
+// One CTA: entry offsets (exclusive scan of the counts) and the work list (per key,
+// ceil(count / (tile_tokens * kTilesPerCta)) items).
+__global__ void __launch_bounds__(kScanThreads) bm_scan(BmArgs a) {
+  __shared__ int warp_sum[2][kScanThreads / 32];
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int n = a.n_keys, per = (n + kScanThreads - 1) / kScanThreads;
+  const int lo = min(n, tid * per), hi = min(n, lo + per);
+  const int per_item = a.tile_tokens * kTilesPerCta;
+  int se = 0, si = 0;
+  for (int k = lo; k < hi; ++k) {
+    const int c = a.count[k];
+    se += c;
+    si += (c + per_item - 1) / per_item;
+  }
+  const int ie = msa::warp_inclusive_scan(se), ii = msa::warp_inclusive_scan(si);
+  if (lane == 31) {
+    warp_sum[0][warp] = ie;
+    warp_sum[1][warp] = ii;
+  }
+  __syncthreads();
+  int be = 0, bi = 0, te = 0, ti = 0;
+  for (int w = 0; w < kScanThreads / 32; ++w) {
+    if (w < warp) {
+      be += warp_sum[0][w];
+      bi += warp_sum[1][w];
+    }
+    te += warp_sum[0][w];
+    ti += warp_sum[1][w];
+  }
+  int oe = be + ie - se, oi = bi + ii - si;
+  for (int k = lo; k < hi; ++k) {
+    const int c = a.count[k];
+    a.entry_off[k] = oe;
+    const int items = (c + per_item - 1) / per_item;
+    for (int j = 0; j < items; ++j) a.items[oi + j] = make_int2(k, j * kTilesPerCta);
+    oe += c;
+    oi += items;
+  }
+  if (tid == 0) {
+    a.entry_off[n] = te;
+    a.item_total[0] = ti;
+  }
+}
+
+// Each (token, group, selected block) into its key's range of entries (order within a key
+// does not matter: every row's partial is computed the same way wherever it lands).
+__global__ void bm_scatter(BmArgs a) {
+  const int i = int(blockIdx.x * blockDim.x + threadIdx.x);
+  if (i >= a.n_tok * a.kv_heads) return;
+  const int tr = i / a.kv_heads, g = i % a.kv_heads, t = a.c0 + tr;
+  const int s = msa::seq_of_token(a.query_start, a.num_seqs, t);
+  const int32_t* ids = a.sel + (int64_t(g) * a.num_tokens + t) * a.top_k;
+  const int* slot = a.slot_of + int64_t(i) * a.top_k;
+  for (int j = 0; j < a.top_k; ++j) {
+    if (slot[j] < 0) continue;
+    const int key = key_of(a, g, s, ids[j]);
+    const int idx = a.entry_off[key] + atomicSub(&a.count[key], 1) - 1;
+    a.entries[idx] = (tr << 6) | slot[j];
+  }
+}
+
+constexpr size_t kKOff = 0, kVOff = kKOff + size_t(kUnitKeys) * 256, kQOff = kVOff + size_t(kUnitKeys) * 256;
+constexpr size_t kTokOff = kQOff + size_t(2) * kTileRows * 256;
+constexpr size_t kBlockSmem = kTokOff + size_t(3) * kTileRows * 4;
+
+// One work item: up to kTilesPerCta tiles of tokens that chose one (group, seq, block).
+// kHiLo: the canonical numerics (Q and P as bf16 hi + lo halves); false: the fast variant
+// (Q and P rounded to bf16, half the MMAs; not batch-invariant with the other entries).
+template <bool kHiLo>
+__global__ void __launch_bounds__(kThreads, 1) bm_block_kernel(BmArgs a) {
+  extern __shared__ __align__(128) unsigned char smem[];
+  int* const tok_s = reinterpret_cast<int*>(smem + kTokOff);
+  int* const slot_s = tok_s + kTileRows;
+  int* const pos_s = slot_s + kTileRows;
+  const uint32_t k_tile = smem_u32(smem + kKOff), v_tile = smem_u32(smem + kVOff);
+  const uint32_t q_hi = smem_u32(smem + kQOff), q_lo = q_hi + kTileRows * 256;
+
+  const int item = blockIdx.x;
+  if (item >= a.item_total[0]) return;
+  const int2 it = a.items[item];
+  const int key = it.x, tile0 = it.y;
+  const int g = key / (a.num_seqs * a.max_blocks), s = (key / a.max_blocks) % a.num_seqs, b = key % a.max_blocks;
+  const int begin = a.entry_off[key], cnt = a.entry_off[key + 1] - begin;
+  const int TQ = a.tile_tokens, G = a.group, bs = a.bs;
+  const int n_tiles = min((cnt + TQ - 1) / TQ, tile0 + kTilesPerCta);
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, gq = lane >> 2, cq = lane & 3;
+  const float sl2 = a.scale_log2;
+  // K and V of the block (keys past the sequence's cache are zero-filled and masked).
+  const int kvis = min(bs, a.seq_lens[s] - b * bs);
+  const int64_t page = a.block_tables[int64_t(s) * a.max_blocks + b];
+  for (int i = tid; i < kUnitKeys * 16; i += kThreads) {
+    const int r = i >> 4, ch = i & 15;
+    const bool ok = r < kvis;
+    const int64_t elem = ((page * bs + (ok ? r : 0)) * a.kv_heads + g) * kHeadDim + ch * 8;
+    cp_async16(smem_u32(smem + kKOff + tile_off(r, ch)), a.k + elem, ok);
+    cp_async16(smem_u32(smem + kVOff + tile_off(r, ch)), a.v + elem, ok);
+  }
+  cp_async_commit();
+
+#pragma unroll 1
+  for (int tile = tile0; tile < n_tiles; ++tile) {
+    const int e0 = begin + tile * TQ, nt_tok = min(TQ, cnt - tile * TQ), rows = nt_tok * G;
+    __syncthreads();  // the previous tile's Q and token info are no longer read
+    if (tid < nt_tok) {
+      const int e = a.entries[e0 + tid];
+      tok_s[tid] = e >> 6;
+      slot_s[tid] = e & 63;
+      pos_s[tid] = a.positions[a.c0 + (e >> 6)];
+    }
+    __syncthreads();
+    for (int i = tid; i < kTileRows * 16; i += kThreads) {
+      const int row = i >> 4, ch = i & 15;
+      float x[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+      if (row < rows) {
+        const float* src = a.q + (int64_t(a.c0 + tok_s[row / G]) * a.q_heads + g * G + row % G) * kHeadDim + ch * 8;
+        const float4 u = *reinterpret_cast<const float4*>(src), w = *reinterpret_cast<const float4*>(src + 4);
+        x[0] = u.x, x[1] = u.y, x[2] = u.z, x[3] = u.w, x[4] = w.x, x[5] = w.y, x[6] = w.z, x[7] = w.w;
+      }
+      uint4 hi, lo;
+      msa::split_bf16(x[0], x[1], hi.x, lo.x);
+      msa::split_bf16(x[2], x[3], hi.y, lo.y);
+      msa::split_bf16(x[4], x[5], hi.z, lo.z);
+      msa::split_bf16(x[6], x[7], hi.w, lo.w);
+      *reinterpret_cast<uint4*>(smem + kQOff + tile_off(row, ch)) = hi;
+      if (kHiLo) *reinterpret_cast<uint4*>(smem + kQOff + kTileRows * 256 + tile_off(row, ch)) = lo;
+    }
+    cp_async_wait<0>();
+    __syncthreads();
+    if (warp * 16 >= rows) continue;
+
+    // S for this warp's 16 rows over the 128 keys (canonical chain: k-steps ascending, hi then lo).
+    float sv[16][4];
+#pragma unroll
+    for (int nt = 0; nt < 16; ++nt) sv[nt][0] = sv[nt][1] = sv[nt][2] = sv[nt][3] = 0.0f;
+#pragma unroll
+    for (int ks2 = 0; ks2 < 4; ++ks2) {
+      uint32_t qh0[4], ql0[4], qh1[4], ql1[4];
+      msa::ldmatrix_x4(qh0, q_hi + tile_off(warp * 16 + (lane & 15), ks2 * 4 + (lane >> 4)));
+      msa::ldmatrix_x4(qh1, q_hi + tile_off(warp * 16 + (lane & 15), ks2 * 4 + 2 + (lane >> 4)));
+      if (kHiLo) {
+        msa::ldmatrix_x4(ql0, q_lo + tile_off(warp * 16 + (lane & 15), ks2 * 4 + (lane >> 4)));
+        msa::ldmatrix_x4(ql1, q_lo + tile_off(warp * 16 + (lane & 15), ks2 * 4 + 2 + (lane >> 4)));
+      }
+#pragma unroll
+      for (int nt = 0; nt < 16; ++nt) {
+        uint32_t kf[4];
+        msa::ldmatrix_x4(kf, k_tile + tile_off(nt * 8 + (lane & 7), ks2 * 4 + (lane >> 3)));
+        msa::mma_bf16(sv[nt], qh0, kf[0], kf[1]);
+        if (kHiLo) msa::mma_bf16(sv[nt], ql0, kf[0], kf[1]);
+        msa::mma_bf16(sv[nt], qh1, kf[2], kf[3]);
+        if (kHiLo) msa::mma_bf16(sv[nt], ql1, kf[2], kf[3]);
+      }
+    }
+    const int r0 = warp * 16 + gq, r1 = r0 + 8;
+    const int pos0 = r0 < rows ? pos_s[r0 / G] : -1, pos1 = r1 < rows ? pos_s[r1 / G] : -1;
+    const int kb = b * bs;
+    float m0 = -INFINITY, m1 = -INFINITY;
+#pragma unroll
+    for (int nt = 0; nt < 16; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int kk = nt * 8 + 2 * cq + e;
+        const bool in = kk < kvis;
+        sv[nt][e] = (in && kb + kk <= pos0) ? sv[nt][e] : -INFINITY;
+        sv[nt][2 + e] = (in && kb + kk <= pos1) ? sv[nt][2 + e] : -INFINITY;
+        m0 = fmaxf(m0, sv[nt][e]);
+        m1 = fmaxf(m1, sv[nt][2 + e]);
+      }
+    }
+    m0 = fmaxf(m0, __shfl_xor_sync(0xffffffffu, m0, 1));
+    m0 = fmaxf(m0, __shfl_xor_sync(0xffffffffu, m0, 2));
+    m1 = fmaxf(m1, __shfl_xor_sync(0xffffffffu, m1, 1));
+    m1 = fmaxf(m1, __shfl_xor_sync(0xffffffffu, m1, 2));
+    const float mb0 = msa::unit_mb(m0, sl2), mb1 = msa::unit_mb(m1, sl2);
+#pragma unroll
+    for (int nt = 0; nt < 16; ++nt) {
+      sv[nt][0] = msa::unit_prob(sv[nt][0], mb0, sl2);
+      sv[nt][1] = msa::unit_prob(sv[nt][1], mb0, sl2);
+      sv[nt][2] = msa::unit_prob(sv[nt][2], mb1, sl2);
+      sv[nt][3] = msa::unit_prob(sv[nt][3], mb1, sl2);
+    }
+    // P.V over all 128 dims and the row sums (canonical chain: key steps ascending, hi then lo).
+    float ov[16][4], lv[4] = {0, 0, 0, 0};
+#pragma unroll
+    for (int dt = 0; dt < 16; ++dt) ov[dt][0] = ov[dt][1] = ov[dt][2] = ov[dt][3] = 0.0f;
+#pragma unroll
+    for (int kk = 0; kk < 8; ++kk) {
+      uint32_t ph[4], pl[4];
+      msa::split_bf16(sv[2 * kk][0], sv[2 * kk][1], ph[0], pl[0]);
+      msa::split_bf16(sv[2 * kk][2], sv[2 * kk][3], ph[1], pl[1]);
+      msa::split_bf16(sv[2 * kk + 1][0], sv[2 * kk + 1][1], ph[2], pl[2]);
+      msa::split_bf16(sv[2 * kk + 1][2], sv[2 * kk + 1][3], ph[3], pl[3]);
+#pragma unroll
+      for (int dp = 0; dp < 8; ++dp) {
+        uint32_t vf[4];
+        msa::ldmatrix_x4_trans(vf, v_tile + tile_off(kk * 16 + ((lane >> 3) & 1) * 8 + (lane & 7), dp * 2 + (lane >> 4)));
+        msa::mma_bf16(ov[2 * dp], ph, vf[0], vf[1]);
+        if (kHiLo) msa::mma_bf16(ov[2 * dp], pl, vf[0], vf[1]);
+        msa::mma_bf16(ov[2 * dp + 1], ph, vf[2], vf[3]);
+        if (kHiLo) msa::mma_bf16(ov[2 * dp + 1], pl, vf[2], vf[3]);
+      }
+      msa::mma_bf16(lv, ph, msa::kBf16OnePair, msa::kBf16OnePair);
+      if (kHiLo) msa::mma_bf16(lv, pl, msa::kBf16OnePair, msa::kBf16OnePair);
+    }
+    // Partials of the rows: [group, token in chunk, slot, head].
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int r = h ? r1 : r0;
+      if (r >= rows) continue;
+      const int ti = r / G;
+      const int64_t pidx = ((int64_t(g) * a.n_tok + tok_s[ti]) * a.top_k + slot_s[ti]) * G + r % G;
+      float* dst = a.part_o + pidx * kHeadDim;
+#pragma unroll
+      for (int dt = 0; dt < 16; ++dt)
+        *reinterpret_cast<float2*>(dst + dt * 8 + 2 * cq) = make_float2(ov[dt][2 * h], ov[dt][2 * h + 1]);
+      if (cq == 0) a.part_ml[pidx] = make_float2(h ? m1 : m0, lv[2 * h]);
+    }
+  }
+}
+
+// Per (token, head): the canonical fold of its partials in ascending block order.
+__global__ void bm_merge(BmArgs a) {
+  const int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int G = a.group;
+  if (idx >= int64_t(a.n_tok) * a.kv_heads * G * 32) return;
+  const int d = int(idx & 31) * 4;
+  const int64_t row = idx >> 5;  // (token in chunk, group, head)
+  const int hh = int(row % G), g = int((row / G) % a.kv_heads), tr = int(row / (int64_t(G) * a.kv_heads));
+  const int n = a.n_valid[tr * a.kv_heads + g];
+  const float sl2 = a.scale_log2;
+  float M = -INFINITY, L = 0.0f, O[4] = {0, 0, 0, 0};
+  for (int k = 0; k < n; ++k) {
+    const int64_t pidx = ((int64_t(g) * a.n_tok + tr) * a.top_k + k) * G + hh;
+    const float2 ml = __ldcg(&a.part_ml[pidx]);
+    const float4 o = __ldcg(reinterpret_cast<const float4*>(a.part_o + pidx * kHeadDim + d));
+    const msa::FoldScale f = msa::fold_scale(M, ml.x, sl2);
+    L = msa::fold_val(L, f, ml.y);
+    O[0] = msa::fold_val(O[0], f, o.x);
+    O[1] = msa::fold_val(O[1], f, o.y);
+    O[2] = msa::fold_val(O[2], f, o.z);
+    O[3] = msa::fold_val(O[3], f, o.w);
+  }
+  float* dst = a.out + (int64_t(a.c0 + tr) * a.q_heads + g * G + hh) * kHeadDim + d;
+  *reinterpret_cast<float4*>(dst) = make_float4(msa::finish(O[0], L), msa::finish(O[1], L), msa::finish(O[2], L),
+                                                msa::finish(O[3], L));
+}
+
+}  // namespace
+
+namespace {
+
+void block_major(const TensorView& q, const TensorView& k_cache, const TensorView& v_cache,
+                 const ops::AttentionMetadata& meta, const TensorView& selected, int top_k, const TensorView& out,
+                 bool hilo) {
+  const int64_t tokens = q.shape[0], q_heads = q.shape[1], head_dim = q.shape[2];
+  if (tokens == 0) return;
+  const int64_t kv_heads = k_cache.shape[1];
+  const int bs = meta.block_size;
+  const int64_t n_keys = kv_heads * int64_t(meta.num_seqs) * std::max(1, meta.max_blocks_per_seq);
+  const bool tuned = selected.data != nullptr && k_cache.dtype == DType::kBF16 && v_cache.dtype == DType::kBF16 &&
+                     head_dim == kHeadDim && kv_heads >= 1 && q_heads % kv_heads == 0 &&
+                     q_heads / kv_heads <= kMaxGroup && top_k >= 1 && top_k <= kMaxTopK && bs >= 1 &&
+                     bs <= kUnitKeys && meta.seq_lens != nullptr && n_keys < (int64_t(1) << 24) &&
+                     tokens < (int64_t(1) << 24);
+  if (!tuned) return launch_msa_attention(q, k_cache, v_cache, meta, selected, top_k, out);
+
+  BmArgs a{};
+  a.q = q.as<const float>();
+  a.out = out.as<float>();
+  a.k = k_cache.as<const __nv_bfloat16>();
+  a.v = v_cache.as<const __nv_bfloat16>();
+  a.sel = selected.as<const int32_t>();
+  a.query_start = meta.query_start;
+  a.positions = meta.positions;
+  a.seq_lens = meta.seq_lens;
+  a.block_tables = meta.block_tables;
+  a.num_seqs = meta.num_seqs;
+  a.num_tokens = int(tokens);
+  a.max_blocks = std::max(1, meta.max_blocks_per_seq);
+  a.bs = bs;
+  a.q_heads = int(q_heads);
+  a.kv_heads = int(kv_heads);
+  a.group = int(q_heads / kv_heads);
+  a.top_k = top_k;
+  a.tile_tokens = std::max(1, kTileRows / a.group);
+  a.n_keys = int(n_keys);
+  a.scale_log2 = float(1.4426950408889634 / std::sqrt(double(head_dim)));
+  // Tokens per chunk: partials (and per-selection bookkeeping) under the scratch budget.
+  const size_t per_token = size_t(kv_heads) * size_t(top_k) * (size_t(a.group) * (kHeadDim + 2) * 4 + 12) + size_t(kv_heads) * 4;
+  const int64_t chunk = std::clamp<int64_t>(int64_t(kScratchBytes / per_token), 1, tokens);
+  const int64_t max_items = (chunk * kv_heads * top_k) / (int64_t(a.tile_tokens) * kTilesPerCta) + n_keys + 1;
+  auto align = [](size_t x) { return (x + 255) & ~size_t(255); };
+  const size_t sel_n = size_t(chunk) * kv_heads * top_k;
+  const size_t part_rows = sel_n * a.group;
+  size_t off = 0;
+  const size_t o_count = off;
+  off = align(off + size_t(n_keys) * 4);
+  const size_t o_entry_off = off;
+  off = align(off + size_t(n_keys + 1) * 4);
+  const size_t o_items = off;
+  off = align(off + size_t(max_items) * 8);
+  const size_t o_total = off;
+  off = align(off + 4);
+  const size_t o_slot = off;
+  off = align(off + sel_n * 4);
+  const size_t o_nvalid = off;
+  off = align(off + size_t(chunk) * kv_heads * 4);
+  const size_t o_entries = off;
+  off = align(off + sel_n * 4);
+  const size_t o_part_ml = off;
+  off = align(off + part_rows * 8);
+  const size_t o_part_o = off;
+  off = align(off + part_rows * kHeadDim * 4);
+  Scratch scratch(off);
+  unsigned char* base = scratch.as<unsigned char>();
+  a.count = reinterpret_cast<int*>(base + o_count);
+  a.entry_off = reinterpret_cast<int*>(base + o_entry_off);
+  a.items = reinterpret_cast<int2*>(base + o_items);
+  a.item_total = reinterpret_cast<int*>(base + o_total);
+  a.slot_of = reinterpret_cast<int*>(base + o_slot);
+  a.n_valid = reinterpret_cast<int*>(base + o_nvalid);
+  a.entries = reinterpret_cast<int*>(base + o_entries);
+  a.part_ml = reinterpret_cast<float2*>(base + o_part_ml);
+  a.part_o = reinterpret_cast<float*>(base + o_part_o);
+  a.max_items = int(max_items);
+  const cudaStream_t stream = current_stream();
+  const auto block_kernel = hilo ? bm_block_kernel<true> : bm_block_kernel<false>;
+  M3_CUDA_CHECK(cudaFuncSetAttribute(block_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kBlockSmem)));
+  for (int64_t c0 = 0; c0 < tokens; c0 += chunk) {
+    a.c0 = int(c0);
+    a.n_tok = int(std::min<int64_t>(chunk, tokens - c0));
+    const int n_sel = a.n_tok * a.kv_heads;
+    M3_CUDA_CHECK(cudaMemsetAsync(a.count, 0, size_t(n_keys) * 4, stream));
+    bm_rank_count<<<unsigned((n_sel + 255) / 256), 256, 0, stream>>>(a);
+    bm_scan<<<1, kScanThreads, 0, stream>>>(a);
+    bm_scatter<<<unsigned((n_sel + 255) / 256), 256, 0, stream>>>(a);
+    const int64_t items = (int64_t(a.n_tok) * kv_heads * top_k) / (int64_t(a.tile_tokens) * kTilesPerCta) + n_keys + 1;
+    block_kernel<<<unsigned(items), kThreads, kBlockSmem, stream>>>(a);
+    const int64_t merge_threads = int64_t(a.n_tok) * kv_heads * a.group * 32;
+    bm_merge<<<unsigned((merge_threads + 255) / 256), 256, 0, stream>>>(a);
+  }
+  M3_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace
+
+void launch_msa_attention_block_major(const TensorView& q, const TensorView& k_cache, const TensorView& v_cache,
+                                      const ops::AttentionMetadata& meta, const TensorView& selected, int top_k,
+                                      const TensorView& out) {
+  block_major(q, k_cache, v_cache, meta, selected, top_k, out, true);
+}
+
+void launch_msa_attention_block_major_fast(const TensorView& q, const TensorView& k_cache, const TensorView& v_cache,
+                                           const ops::AttentionMetadata& meta, const TensorView& selected, int top_k,
+                                           const TensorView& out) {
+  block_major(q, k_cache, v_cache, meta, selected, top_k, out, false);
+}
+
+// Block-major pays off when many tokens of a sequence share blocks: a prefill, not a batch of
+// short chunks (the canonical variant gives the same bits either way).
+void launch_msa_attention_prefill(const TensorView& q, const TensorView& k_cache, const TensorView& v_cache,
+                                  const ops::AttentionMetadata& meta, const TensorView& selected, int top_k,
+                                  const TensorView& out) {
+  if (q.shape[0] >= 64 * int64_t(std::max(1, meta.num_seqs)))
+    return block_major(q, k_cache, v_cache, meta, selected, top_k, out, true);
+  launch_msa_attention(q, k_cache, v_cache, meta, selected, top_k, out);
+}
+
+void launch_msa_attention_prefill_fast(const TensorView& q, const TensorView& k_cache, const TensorView& v_cache,
+                                       const ops::AttentionMetadata& meta, const TensorView& selected, int top_k,
+                                       const TensorView& out) {
+  if (q.shape[0] >= 64 * int64_t(std::max(1, meta.num_seqs)))
+    return block_major(q, k_cache, v_cache, meta, selected, top_k, out, false);
+  launch_msa_attention(q, k_cache, v_cache, meta, selected, top_k, out);
+}
+
+}  // namespace m3::cuda
