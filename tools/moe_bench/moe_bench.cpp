@@ -35,6 +35,7 @@
 
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_check.h"
+#include "backend/cuda/graph_capture.h"
 #include "backend/cuda/cuda_internal.h"
 #include "backend/cuda/moe_mxfp8.h"
 #include "moe_bench_fill.h"
@@ -88,18 +89,7 @@ struct Timing {
 Timing time_graph(const std::function<void()>& step, cudaStream_t stream, const Dev& flush, int iters) {
   step();  // eager warm-up (module load, pool growth, cuBLAS handles)
   M3_CUDA_CHECK(cudaStreamSynchronize(stream));
-  cudaGraph_t graph = nullptr;
-  M3_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-  try {
-    step();
-  } catch (...) {
-    cudaStreamEndCapture(stream, &graph);
-    if (graph) cudaGraphDestroy(graph);
-    throw;
-  }
-  M3_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
-  cudaGraphExec_t exec = nullptr;
-  M3_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  cudaGraphExec_t exec = m3::cuda::capture_graph(stream, step);
   cudaEvent_t e0, e1;
   M3_CUDA_CHECK(cudaEventCreate(&e0));
   M3_CUDA_CHECK(cudaEventCreate(&e1));
@@ -117,7 +107,6 @@ Timing time_graph(const std::function<void()>& step, cudaStream_t stream, const 
   cudaEventDestroy(e0);
   cudaEventDestroy(e1);
   cudaGraphExecDestroy(exec);
-  cudaGraphDestroy(graph);
   std::sort(us.begin(), us.end());
   return Timing{us[us.size() / 2], us.front()};
 }

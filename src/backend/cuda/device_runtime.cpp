@@ -9,6 +9,7 @@
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/cuda_internal.h"
 #include "backend/cuda/device_pool.h"
+#include "backend/cuda/graph_capture.h"
 
 namespace m3::cuda {
 namespace {
@@ -26,10 +27,7 @@ class CudaRuntime final : public ops::BackendRuntime {
   }
   ~CudaRuntime() override {
     clear_events();
-    for (auto& g : graphs_) {
-      if (g.exec) cudaGraphExecDestroy(g.exec);
-      if (g.graph) cudaGraphDestroy(g.graph);
-    }
+    for (cudaGraphExec_t g : graphs_) cudaGraphExecDestroy(g);
     if (stream_) {
       cudaStreamSynchronize(stream_);
       if (current_stream() == stream_) set_current_stream(nullptr);
@@ -101,24 +99,12 @@ class CudaRuntime final : public ops::BackendRuntime {
   bool supports_graphs() const override { return true; }
   int capture(const std::function<void()>& fn) override {
     activate();
-    M3_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
-    Graph g;
-    try {
-      fn();
-    } catch (...) {
-      cudaStreamEndCapture(stream_, &g.graph);
-      if (g.graph) cudaGraphDestroy(g.graph);
-      cudaGetLastError();
-      throw;
-    }
-    M3_CUDA_CHECK(cudaStreamEndCapture(stream_, &g.graph));
-    M3_CUDA_CHECK(cudaGraphInstantiate(&g.exec, g.graph, 0));
-    graphs_.push_back(g);
+    graphs_.push_back(capture_graph(stream_, fn));
     return int(graphs_.size()) - 1;
   }
   void replay(int graph) override {
     if (graph < 0 || size_t(graph) >= graphs_.size()) throw std::runtime_error("replay of unknown graph " + std::to_string(graph));
-    M3_CUDA_CHECK(cudaGraphLaunch(graphs_[size_t(graph)].exec, stream_));
+    M3_CUDA_CHECK(cudaGraphLaunch(graphs_[size_t(graph)], stream_));
   }
   int record_event() override {
     cudaEvent_t e = nullptr;
@@ -140,15 +126,11 @@ class CudaRuntime final : public ops::BackendRuntime {
 
  private:
   std::vector<cudaEvent_t> events_;
-  struct Graph {
-    cudaGraph_t graph = nullptr;
-    cudaGraphExec_t exec = nullptr;
-  };
   int device_ = 0;
   DeviceInfo info_;
   std::string name_;
   cudaStream_t stream_ = nullptr;
-  std::vector<Graph> graphs_;
+  std::vector<cudaGraphExec_t> graphs_;
 };
 
 }  // namespace

@@ -23,6 +23,7 @@
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_check.h"
+#include "backend/cuda/graph_capture.h"
 #include "backend/cuda/cuda_internal.h"
 #include "backend/cuda/device_pool.h"
 
@@ -787,18 +788,7 @@ void check_graph(Harness& h, std::mt19937& rng) {
       poison();
       step();  // eager (also creates the cuBLAS handle and workspace for this stream)
       const auto eager = fetch();
-      cudaGraph_t graph = nullptr;
-      M3_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-      try {
-        step();
-      } catch (...) {
-        cudaStreamEndCapture(stream, &graph);
-        if (graph) cudaGraphDestroy(graph);
-        throw;
-      }
-      M3_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
-      cudaGraphExec_t exec = nullptr;
-      M3_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+      cudaGraphExec_t exec = m3::cuda::capture_graph(stream, step);
       std::vector<int32_t> same, want;
       for (int replay = 0; replay < 2; ++replay) {
         poison();
@@ -808,7 +798,6 @@ void check_graph(Harness& h, std::mt19937& rng) {
         want.push_back(1);
       }
       cudaGraphExecDestroy(exec);
-      cudaGraphDestroy(graph);
       h.compare_ints("cuda_graph", same, want);
     }
   });

@@ -28,6 +28,7 @@
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_check.h"
+#include "backend/cuda/graph_capture.h"
 #include "backend/cuda/cuda_internal.h"
 #include "backend/cuda/moe_mxfp8.h"
 #include "core/dtype.h"
@@ -583,18 +584,7 @@ void check_graph(Harness& h, const Layer& L, Rng& noise) {
         dy.fill(0x7f);
         step();
         const auto eager = fetch();
-        cudaGraph_t graph = nullptr;
-        M3_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-        try {
-          step();
-        } catch (...) {
-          cudaStreamEndCapture(stream, &graph);
-          if (graph) cudaGraphDestroy(graph);
-          throw;
-        }
-        M3_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
-        cudaGraphExec_t exec = nullptr;
-        M3_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+        cudaGraphExec_t exec = m3::cuda::capture_graph(stream, step);
         std::vector<int32_t> same, want;
         for (int replay = 0; replay < 2; ++replay) {
           dy.fill(0x7f);
@@ -604,7 +594,6 @@ void check_graph(Harness& h, const Layer& L, Rng& noise) {
           want.push_back(1);
         }
         cudaGraphExecDestroy(exec);
-        cudaGraphDestroy(graph);
         h.compare_ints("graph", same, want, "T=" + std::to_string(tokens) + (invariant ? " invariant" : " w8a8"));
       }
     }

@@ -31,6 +31,7 @@
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_check.h"
+#include "backend/cuda/graph_capture.h"
 #include "backend/cuda/cuda_internal.h"
 #include "backend/cuda/msa.h"
 
@@ -536,18 +537,7 @@ bool check_graph(Harness& h, std::mt19937& rng, std::string& why) {
   poison();
   step();
   const auto eager = fetch();
-  cudaGraph_t graph = nullptr;
-  M3_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-  try {
-    step();
-  } catch (...) {
-    cudaStreamEndCapture(stream, &graph);
-    if (graph) cudaGraphDestroy(graph);
-    throw;
-  }
-  M3_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
-  cudaGraphExec_t exec = nullptr;
-  M3_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  cudaGraphExec_t exec = m3::cuda::capture_graph(stream, step);
   bool ok = true;
   for (int replay = 0; replay < 3 && ok; ++replay) {
     poison();
@@ -557,7 +547,6 @@ bool check_graph(Harness& h, std::mt19937& rng, std::string& why) {
     if (!ok) why = "graph replay " + std::to_string(replay) + " differs from eager";
   }
   cudaGraphExecDestroy(exec);
-  cudaGraphDestroy(graph);
   h.gpu_paths();
   return ok;
 }
