@@ -37,7 +37,7 @@
 
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_check.h"
-#include "backend/cuda/graph_capture.h"
+#include "gpu_bench_common.h"
 #include "backend/cuda/cuda_internal.h"
 #include "backend/cuda/msa.h"
 #include "msa_bench_fill.h"
@@ -45,50 +45,17 @@
 namespace {
 
 using namespace m3;
+using namespace m3::gpu_bench;
 using msa_bench::Elem;
 
 constexpr int kQHeads = 64, kKvHeads = 4, kHeadDim = 128, kIndexHeads = 4, kIndexDim = 128, kBlock = 128, kTopK = 16;
 constexpr size_t kFlushBytes = size_t(256) << 20;
 
-std::vector<int> parse_list(const std::string& s) {
-  std::vector<int> v;
-  std::stringstream ss(s);
-  for (std::string x; std::getline(ss, x, ',');) v.push_back(std::stoi(x));
-  return v;
-}
 std::vector<std::string> parse_words(const std::string& s) {
   std::vector<std::string> v;
   std::stringstream ss(s);
   for (std::string x; std::getline(ss, x, ',');) v.push_back(x);
   return v;
-}
-
-class Dev {
- public:
-  Dev() = default;
-  explicit Dev(size_t bytes) : bytes_(bytes) { M3_CUDA_CHECK(cudaMalloc(&p_, std::max<size_t>(bytes, 256))); }
-  ~Dev() {
-    if (p_) cudaFree(p_);
-  }
-  Dev(Dev&& o) noexcept : p_(o.p_), bytes_(o.bytes_) { o.p_ = nullptr; }
-  Dev& operator=(Dev&& o) noexcept {
-    std::swap(p_, o.p_);
-    std::swap(bytes_, o.bytes_);
-    return *this;
-  }
-  template <class T> T* as() const { return static_cast<T*>(p_); }
-  size_t bytes() const { return bytes_; }
-
- private:
-  void* p_ = nullptr;
-  size_t bytes_ = 0;
-};
-
-template <class T>
-Dev upload(const std::vector<T>& v) {
-  Dev d(v.size() * sizeof(T));
-  M3_CUDA_CHECK(cudaMemcpy(d.as<void>(), v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice));
-  return d;
 }
 
 // Batch metadata: B sequences at position context-1, pages shuffled over the pool.
@@ -128,59 +95,6 @@ DType dtype_of(Elem e) { return e == Elem::kF32 ? DType::kF32 : e == Elem::kBF16
 double cache_bytes(int batch, int ctx, Elem kv, Elem ik) {
   const double slots = double(batch) * ((ctx + kBlock - 1) / kBlock) * kBlock;
   return slots * (2.0 * kKvHeads * kHeadDim * elem_size(kv) + kIndexDim * elem_size(ik));
-}
-
-struct Timing {
-  double median_us = 0, min_us = 0;
-};
-
-// GPU time of one graph replay, L2 flushed before each (events bracket the replay only).
-Timing time_graph(const std::function<void()>& step, cudaStream_t stream, const Dev& flush, int iters) {
-  step();  // eager warm-up (module loads, pool growth)
-  M3_CUDA_CHECK(cudaStreamSynchronize(stream));
-  cudaGraphExec_t exec = m3::cuda::capture_graph(stream, step);
-  cudaEvent_t e0, e1;
-  M3_CUDA_CHECK(cudaEventCreate(&e0));
-  M3_CUDA_CHECK(cudaEventCreate(&e1));
-  std::vector<double> us;
-  for (int i = 0; i < iters + 2; ++i) {
-    M3_CUDA_CHECK(cudaMemsetAsync(flush.as<void>(), i & 0xff, flush.bytes(), stream));
-    M3_CUDA_CHECK(cudaEventRecord(e0, stream));
-    M3_CUDA_CHECK(cudaGraphLaunch(exec, stream));
-    M3_CUDA_CHECK(cudaEventRecord(e1, stream));
-    M3_CUDA_CHECK(cudaEventSynchronize(e1));
-    float ms = 0;
-    M3_CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
-    if (i >= 2) us.push_back(double(ms) * 1e3);  // first replays upload the graph
-  }
-  cudaEventDestroy(e0);
-  cudaEventDestroy(e1);
-  cudaGraphExecDestroy(exec);
-  std::sort(us.begin(), us.end());
-  return Timing{us[us.size() / 2], us.front()};
-}
-
-// Device-to-device copy bandwidth (bytes read + written per second), best of a few.
-double copy_bandwidth(cudaStream_t stream) {
-  const size_t bytes = size_t(1) << 30;
-  Dev a(bytes), b(bytes);
-  M3_CUDA_CHECK(cudaMemsetAsync(a.as<void>(), 1, bytes, stream));
-  cudaEvent_t e0, e1;
-  M3_CUDA_CHECK(cudaEventCreate(&e0));
-  M3_CUDA_CHECK(cudaEventCreate(&e1));
-  double best = 0;
-  for (int i = 0; i < 8; ++i) {
-    M3_CUDA_CHECK(cudaEventRecord(e0, stream));
-    M3_CUDA_CHECK(cudaMemcpyAsync(b.as<void>(), a.as<void>(), bytes, cudaMemcpyDeviceToDevice, stream));
-    M3_CUDA_CHECK(cudaEventRecord(e1, stream));
-    M3_CUDA_CHECK(cudaEventSynchronize(e1));
-    float ms = 0;
-    M3_CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
-    best = std::max(best, 2.0 * double(bytes) / (double(ms) * 1e-3));
-  }
-  cudaEventDestroy(e0);
-  cudaEventDestroy(e1);
-  return best;
 }
 
 // Bytes a decode step must move: index keys of the scored blocks (every block before the
@@ -272,7 +186,6 @@ std::string entries_of(ops::DispatchStats& st) {
   for (const auto& p : st.take_step_paths()) out += (out.empty() ? "" : " ") + p;
   return out;
 }
-
 
 // Prefill of one sequence of `ctx` tokens from position 0 (pages shuffled over the pool).
 nlohmann::json bench_prefill(int ctx, const std::string& idt, Tables& tables, cudaStream_t stream, const Dev& flush,

@@ -19,6 +19,7 @@
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/cuda_internal.h"
+#include "backend/cuda/moe_route.cuh"
 #include "backend/cuda/rowdot.cuh"
 
 namespace m3::cuda {
@@ -74,7 +75,7 @@ __global__ void __launch_bounds__(kRouteThreads) moe_route_kernel(const int32_t*
                                                                   int* shared_base) {
   __shared__ int cnt[kMaxExperts], start[kMaxExperts], item_start[kMaxExperts], run[kMaxExperts];
   const int warp = int(threadIdx.x) >> 5, lane = int(threadIdx.x) & 31, nwarps = int(blockDim.x) >> 5;
-  const int n_assign = tokens * top_k, total = routed + has_shared;
+  const int n_assign = tokens * top_k;
   for (int e = int(threadIdx.x); e < kMaxExperts; e += int(blockDim.x)) cnt[e] = run[e] = 0;
   __syncthreads();
   // Counts: warp w owns experts w, w + nwarps, ...; every warp reads the ids 32 at a time.
@@ -87,43 +88,7 @@ __global__ void __launch_bounds__(kRouteThreads) moe_route_kernel(const int32_t*
     }
   }
   __syncthreads();
-  // Exclusive scans of rows and of work items per expert (warp 0); the shared expert is last.
-  if (warp == 0) {
-    int carry = 0, icarry = 0;
-    for (int base = 0; base < total; base += 32) {
-      const int e = base + lane;
-      const int c = e < routed ? cnt[e] : (e < total ? tokens : 0);
-      const int ni = (c + kRowsPerItem - 1) / kRowsPerItem;
-      int incl = c, iincl = ni;
-#pragma unroll
-      for (int off = 1; off < 32; off <<= 1) {
-        const int t = __shfl_up_sync(0xffffffffu, incl, off), it = __shfl_up_sync(0xffffffffu, iincl, off);
-        if (lane >= off) {
-          incl += t;
-          iincl += it;
-        }
-      }
-      if (e < total) {
-        cnt[e] = c;
-        start[e] = carry + incl - c;
-        item_start[e] = icarry + iincl - ni;
-      }
-      carry += __shfl_sync(0xffffffffu, incl, 31);
-      icarry += __shfl_sync(0xffffffffu, iincl, 31);
-    }
-    if (lane == 0) {
-      *num_items = icarry;
-      *shared_base = carry - (has_shared ? tokens : 0);
-    }
-  }
-  __syncthreads();
-  // Work items, expert-major.
-  for (int e = warp; e < total; e += nwarps) {
-    const int c = cnt[e], s = start[e], i0 = item_start[e];
-    for (int g = lane; g * kRowsPerItem < c; g += 32) {
-      items[i0 + g] = make_int4(e, s + g * kRowsPerItem, s + min(c, (g + 1) * kRowsPerItem), 0);
-    }
-  }
+  scan_and_emit_items(cnt, start, item_start, routed, has_shared, tokens, kRowsPerItem, items, num_items, shared_base);
   // Routed rows: an assignment's rank within its expert = earlier assignments with that id.
   for (int base = 0; base < n_assign; base += 32) {
     const int a = base + lane;

@@ -28,6 +28,7 @@
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/cuda_internal.h"
+#include "backend/cuda/moe_route.cuh"
 #include "backend/cuda/moe_mxfp8.h"
 
 namespace m3::cuda::moe_mxfp8 {
@@ -119,7 +120,7 @@ __device__ __forceinline__ void route_body(const int32_t* ids, int tokens, int t
   __shared__ int cnt[kMaxExperts], start[kMaxExperts], item_start[kMaxExperts], run[kMaxExperts];
   __shared__ int wtab[kRouteWarps][kMaxExperts];  // per chunk: count, then exclusive offset, per (warp, expert)
   const int tid = int(threadIdx.x), warp = tid >> 5, lane = tid & 31;
-  const int n_assign = tokens * top_k, total = routed + has_shared;
+  const int n_assign = tokens * top_k;
   for (int e = tid; e < kMaxExperts; e += kRouteThreads) cnt[e] = run[e] = 0;
   __syncthreads();
   for (int a = tid; a < n_assign; a += kRouteThreads) {
@@ -127,42 +128,7 @@ __device__ __forceinline__ void route_body(const int32_t* ids, int tokens, int t
     if (e >= 0 && e < routed) atomicAdd(&cnt[e], 1);  // counts only: order-independent
   }
   __syncthreads();
-  // Exclusive scans of rows and items per expert (warp 0); the shared expert is last.
-  if (warp == 0) {
-    int carry = 0, icarry = 0;
-    for (int base = 0; base < total; base += 32) {
-      const int e = base + lane;
-      const int c = e < routed ? cnt[e] : (e < total ? tokens : 0);
-      const int ni = (c + rows_per_item - 1) / rows_per_item;
-      int incl = c, iincl = ni;
-#pragma unroll
-      for (int off = 1; off < 32; off <<= 1) {
-        const int t = __shfl_up_sync(0xffffffffu, incl, off), it = __shfl_up_sync(0xffffffffu, iincl, off);
-        if (lane >= off) {
-          incl += t;
-          iincl += it;
-        }
-      }
-      if (e < total) {
-        cnt[e] = c;
-        start[e] = carry + incl - c;
-        item_start[e] = icarry + iincl - ni;
-      }
-      carry += __shfl_sync(0xffffffffu, incl, 31);
-      icarry += __shfl_sync(0xffffffffu, iincl, 31);
-    }
-    if (lane == 0) {
-      meta[0] = icarry;
-      meta[1] = carry - (has_shared ? tokens : 0);
-    }
-  }
-  __syncthreads();
-  for (int e = warp; e < total; e += kRouteWarps) {
-    const int c = cnt[e], s = start[e], i0 = item_start[e];
-    for (int g = lane; g * rows_per_item < c; g += 32) {
-      items[i0 + g] = make_int4(e, s + g * rows_per_item, s + min(c, (g + 1) * rows_per_item), 0);
-    }
-  }
+  scan_and_emit_items(cnt, start, item_start, routed, has_shared, tokens, rows_per_item, items, &meta[0], &meta[1]);
   // Ranks in assignment order, 1024 assignments per round: rank = rows of earlier rounds +
   // rows of earlier warps in this round + earlier lanes of this warp with the same expert.
   for (int base = 0; base < n_assign; base += kRouteThreads) {

@@ -1,0 +1,56 @@
+#pragma once
+// The part of MoE routing both grouped-expert paths share (moe.cu, moe_mxfp8.cu): from the
+// per-expert row counts, the expert-major row offsets and the work items (rows_per_item rows
+// of one expert each). Kept C++17 (included by .cu files only).
+#include <cuda_runtime.h>
+
+namespace m3::cuda {
+
+// Called by every thread of one CTA after cnt[0, routed) holds the routed counts (the shared
+// expert, index routed when has_shared, takes all `tokens` rows). Warp 0 scans; then every
+// warp writes its experts' items as (expert, row_begin, row_end, 0). On return (after a
+// barrier) cnt/start/item_start hold counts, first rows and first items per expert;
+// *num_items and *shared_base (first row of the shared expert) are written by thread 0.
+__device__ __forceinline__ void scan_and_emit_items(int* cnt, int* start, int* item_start, int routed, int has_shared,
+                                                    int tokens, int rows_per_item, int4* items, int* num_items,
+                                                    int* shared_base) {
+  const int warp = int(threadIdx.x) >> 5, lane = int(threadIdx.x) & 31, nwarps = int(blockDim.x) >> 5;
+  const int total = routed + has_shared;
+  if (warp == 0) {
+    int carry = 0, icarry = 0;
+    for (int base = 0; base < total; base += 32) {
+      const int e = base + lane;
+      const int c = e < routed ? cnt[e] : (e < total ? tokens : 0);
+      const int ni = (c + rows_per_item - 1) / rows_per_item;
+      int incl = c, iincl = ni;
+#pragma unroll
+      for (int off = 1; off < 32; off <<= 1) {
+        const int t = __shfl_up_sync(0xffffffffu, incl, off), it = __shfl_up_sync(0xffffffffu, iincl, off);
+        if (lane >= off) {
+          incl += t;
+          iincl += it;
+        }
+      }
+      if (e < total) {
+        cnt[e] = c;
+        start[e] = carry + incl - c;
+        item_start[e] = icarry + iincl - ni;
+      }
+      carry += __shfl_sync(0xffffffffu, incl, 31);
+      icarry += __shfl_sync(0xffffffffu, iincl, 31);
+    }
+    if (lane == 0) {
+      *num_items = icarry;
+      *shared_base = carry - (has_shared ? tokens : 0);
+    }
+  }
+  __syncthreads();
+  for (int e = warp; e < total; e += nwarps) {
+    const int c = cnt[e], s = start[e], i0 = item_start[e];
+    for (int g = lane; g * rows_per_item < c; g += 32) {
+      items[i0 + g] = make_int4(e, s + g * rows_per_item, s + min(c, (g + 1) * rows_per_item), 0);
+    }
+  }
+}
+
+}  // namespace m3::cuda
