@@ -40,69 +40,22 @@ TEST_P(Goldens, MatchHfReference) {
   ops::DispatchStats stats;
   ops::OpContext ctx{&table, &stats, Device::kCpu};
   nlohmann::json report;
-  for (int p = 0;; ++p) {
-    const std::string pre = "prompt." + std::to_string(p) + ".";
-    if (!golden->find(pre + "input_ids")) break;
-    auto ids = tensor_values<int32_t>(*golden, pre + "input_ids");
-    auto want_logits = tensor_values<float>(*golden, pre + "logits");
-    auto want_sel = tensor_values<int32_t>(*golden, pre + "selected_blocks");
-    auto want_exp = tensor_values<int32_t>(*golden, pre + "expert_ids");
-    auto want_greedy = tensor_values<int32_t>(*golden, pre + "greedy");
-    const int64_t T = int64_t(ids.size()), V = c.vocab_size;
-
-    // Large goldens keep the logits of some positions only (prompt.i.logit_positions, ascending).
-    std::vector<int32_t> rows;
-    if (golden->find(pre + "logit_positions")) {
-      rows = tensor_values<int32_t>(*golden, pre + "logit_positions");
-    } else {
-      for (int64_t t = 0; t < T; ++t) rows.push_back(int32_t(t));
-    }
-
+  testing::GoldenPrompt g;
+  for (int p = 0; testing::read_prompt(*golden, p, g); ++p) {
+    const auto& want_greedy = g.greedy;
+    const int64_t T = int64_t(g.ids.size()), V = c.vocab_size;
     SequenceRunner runner(**model, ctx, T + int64_t(want_greedy.size()) + 1);
     ForwardTrace trace;
-    auto logits = runner.extend(ids, true, &trace);
+    auto logits = runner.extend(g.ids, true, &trace);
     ASSERT_EQ(logits.size(), size_t(T * V));
-    ASSERT_EQ(want_logits.size(), rows.size() * size_t(V));
-    double dot = 0, na = 0, nb = 0, max_abs = 0;
-    int argmax_mismatch = 0;
-    for (size_t r = 0; r < rows.size(); ++r) {
-      ASSERT_TRUE(rows[r] >= 0 && rows[r] < T) << "logit position out of range";
-      const float* a = logits.data() + int64_t(rows[r]) * V;
-      const float* b = want_logits.data() + int64_t(r) * V;
-      for (int64_t i = 0; i < V; ++i) {
-        dot += double(a[i]) * b[i];
-        na += double(a[i]) * a[i];
-        nb += double(b[i]) * b[i];
-        max_abs = std::max(max_abs, double(std::fabs(a[i] - b[i])));
-      }
-      argmax_mismatch += (std::max_element(a, a + V) - a) != (std::max_element(b, b + V) - b);
-    }
-    const double cosine = dot / std::sqrt(na * nb);
+    const testing::LogitsDiff d = testing::compare_logits(logits, g, V);
+    const double cosine = d.cosine, max_abs = d.max_abs;
+    const int argmax_mismatch = d.argmax_mismatch;
     EXPECT_GE(cosine, 0.99999) << GetParam() << " prompt " << p;
     EXPECT_EQ(argmax_mismatch, 0) << GetParam() << " prompt " << p;
-
-    // Selected blocks: ours [G, T, K] per sparse layer (ascending, -1 padded); golden [Ls, T, G, K].
-    const int G = c.num_key_value_heads, K = c.index_topk_blocks;
-    ASSERT_EQ(int64_t(want_sel.size()), int64_t(trace.selected_blocks.size()) * T * G * K);
-    int64_t sel_mismatch = 0;
-    for (size_t l = 0; l < trace.selected_blocks.size(); ++l)
-      for (int64_t t = 0; t < T; ++t)
-        for (int g = 0; g < G; ++g)
-          for (int k = 0; k < K; ++k)
-            sel_mismatch += trace.selected_blocks[l][size_t((g * T + t) * K + k)] !=
-                            want_sel[size_t(((int64_t(l) * T + t) * G + g) * K + k)];
+    const int64_t sel_mismatch = testing::selection_mismatches(trace, g, c.num_key_value_heads, c.index_topk_blocks);
     EXPECT_EQ(sel_mismatch, 0) << GetParam() << " prompt " << p;
-
-    // Experts: ours in choice order per token; golden sorted ascending.
-    const int E = c.num_experts_per_tok;
-    ASSERT_EQ(int64_t(want_exp.size()), int64_t(trace.expert_ids.size()) * T * E);
-    int64_t exp_mismatch = 0;
-    for (size_t l = 0; l < trace.expert_ids.size(); ++l)
-      for (int64_t t = 0; t < T; ++t) {
-        std::vector<int32_t> got(trace.expert_ids[l].begin() + t * E, trace.expert_ids[l].begin() + (t + 1) * E);
-        std::sort(got.begin(), got.end());
-        for (int e = 0; e < E; ++e) exp_mismatch += got[size_t(e)] != want_exp[size_t((int64_t(l) * T + t) * E + e)];
-      }
+    const int64_t exp_mismatch = testing::expert_mismatches(trace, g, c.num_experts_per_tok);
     EXPECT_EQ(exp_mismatch, 0) << GetParam() << " prompt " << p;
 
     // Greedy continuation through incremental decode (prefill logits' last row first).

@@ -3,6 +3,8 @@
 // regenerates from its preset and seed) the checkpoint the HF oracle read.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -12,6 +14,7 @@
 
 #include "loader/safetensors.h"
 #include "model/minimax_m3/make_model.h"
+#include "model/minimax_m3/model.h"
 
 namespace m3::testing {
 
@@ -85,6 +88,100 @@ inline bool open_golden(const std::string& name, const std::string& scratch, Gol
     return false;
   }
   return true;
+}
+
+// One prompt of a golden file: ids, reference logits (of `rows` only), MSA selections
+// [sparse layers, T, G, K], experts [MoE layers, T, E] ascending, greedy continuation.
+struct GoldenPrompt {
+  std::vector<int32_t> ids, selected, experts, greedy, rows;
+  std::vector<float> logits;
+};
+
+// False when the golden has no prompt p.
+inline bool read_prompt(const SafetensorsFile& golden, int p, GoldenPrompt& out) {
+  const std::string pre = "prompt." + std::to_string(p) + ".";
+  if (!golden.find(pre + "input_ids")) return false;
+  out.ids = tensor_values<int32_t>(golden, pre + "input_ids");
+  out.logits = tensor_values<float>(golden, pre + "logits");
+  out.selected = tensor_values<int32_t>(golden, pre + "selected_blocks");
+  out.experts = tensor_values<int32_t>(golden, pre + "expert_ids");
+  out.greedy = tensor_values<int32_t>(golden, pre + "greedy");
+  // Large goldens keep the logits of some positions only (prompt.i.logit_positions, ascending).
+  out.rows.clear();
+  if (golden.find(pre + "logit_positions")) {
+    out.rows = tensor_values<int32_t>(golden, pre + "logit_positions");
+  } else {
+    for (size_t t = 0; t < out.ids.size(); ++t) out.rows.push_back(int32_t(t));
+  }
+  return true;
+}
+
+struct LogitsDiff {
+  double cosine = 0, max_abs = 0, max_ref = 0;
+  int argmax_mismatch = 0;
+};
+
+// Ours: [T, V] for every prompt position; the golden's: [rows, V].
+inline LogitsDiff compare_logits(const std::vector<float>& ours, const GoldenPrompt& g, int64_t V) {
+  LogitsDiff d;
+  const int64_t T = int64_t(g.ids.size());
+  if (g.logits.size() != g.rows.size() * size_t(V) || ours.size() != size_t(T * V)) {
+    ADD_FAILURE() << "logits of unexpected size";
+    return d;
+  }
+  double dot = 0, na = 0, nb = 0;
+  for (size_t r = 0; r < g.rows.size(); ++r) {
+    if (g.rows[r] < 0 || g.rows[r] >= T) {
+      ADD_FAILURE() << "logit position out of range";
+      return d;
+    }
+    const float* a = ours.data() + int64_t(g.rows[r]) * V;
+    const float* b = g.logits.data() + int64_t(r) * V;
+    for (int64_t i = 0; i < V; ++i) {
+      dot += double(a[i]) * b[i];
+      na += double(a[i]) * a[i];
+      nb += double(b[i]) * b[i];
+      d.max_abs = std::max(d.max_abs, double(std::fabs(a[i] - b[i])));
+      d.max_ref = std::max(d.max_ref, double(std::fabs(b[i])));
+    }
+    d.argmax_mismatch += (std::max_element(a, a + V) - a) != (std::max_element(b, b + V) - b);
+  }
+  d.cosine = dot / std::sqrt(na * nb);
+  return d;
+}
+
+// Selected blocks: ours [G, T, K] per sparse layer (ascending, -1 padded); golden [Ls, T, G, K].
+inline int64_t selection_mismatches(const ForwardTrace& trace, const GoldenPrompt& g, int G, int K) {
+  const int64_t T = int64_t(g.ids.size());
+  if (int64_t(g.selected.size()) != int64_t(trace.selected_blocks.size()) * T * G * K) {
+    ADD_FAILURE() << "selection count differs from the golden's";
+    return -1;
+  }
+  int64_t n = 0;
+  for (size_t l = 0; l < trace.selected_blocks.size(); ++l)
+    for (int64_t t = 0; t < T; ++t)
+      for (int gr = 0; gr < G; ++gr)
+        for (int k = 0; k < K; ++k)
+          n += trace.selected_blocks[l][size_t((gr * T + t) * K + k)] !=
+               g.selected[size_t(((int64_t(l) * T + t) * G + gr) * K + k)];
+  return n;
+}
+
+// Experts: ours in choice order per token; golden sorted ascending.
+inline int64_t expert_mismatches(const ForwardTrace& trace, const GoldenPrompt& g, int E) {
+  const int64_t T = int64_t(g.ids.size());
+  if (int64_t(g.experts.size()) != int64_t(trace.expert_ids.size()) * T * E) {
+    ADD_FAILURE() << "expert count differs from the golden's";
+    return -1;
+  }
+  int64_t n = 0;
+  for (size_t l = 0; l < trace.expert_ids.size(); ++l)
+    for (int64_t t = 0; t < T; ++t) {
+      std::vector<int32_t> got(trace.expert_ids[l].begin() + t * E, trace.expert_ids[l].begin() + (t + 1) * E);
+      std::sort(got.begin(), got.end());
+      for (int e = 0; e < E; ++e) n += got[size_t(e)] != g.experts[size_t((int64_t(l) * T + t) * E + e)];
+    }
+  return n;
 }
 
 }  // namespace m3::testing
