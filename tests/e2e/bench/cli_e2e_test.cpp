@@ -1,6 +1,7 @@
 // The `bench` / `eval` subcommands, parsed by CLI11 as m3serve's main() does, against the
 // stdlib-Python fake server.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cstdlib>
 #include <filesystem>
@@ -94,7 +95,8 @@ class RealTokenizer : public BenchCli {
     if (IsSkipped()) return;
     const char* src = std::getenv("M3_SOURCE_DIR");
     const char* shared = std::getenv("M3_SHARED_DIR");
-    dir_ = ::testing::TempDir() + "/bench_bpe";
+    // Per process: two test runs (e.g. two clones under CI) must not rewrite each other's tokenizer.
+    dir_ = ::testing::TempDir() + "/bench_bpe_" + std::to_string(getpid());
     const std::string cmd = "python3 '" + std::string(src ? src : ".") + "/tests/e2e/bench/make_bpe_tokenizer.py' '" +
                             dir_ + "' '" + std::string(shared ? shared : "../shared") +
                             "/data/corpus/tinyshakespeare.txt' > /dev/null 2>&1";
