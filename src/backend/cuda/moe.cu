@@ -20,6 +20,7 @@
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/cuda_internal.h"
 #include "backend/cuda/moe_route.cuh"
+#include "backend/cuda/moe_router.h"
 #include "backend/cuda/rowdot.cuh"
 
 namespace m3::cuda {
@@ -183,10 +184,17 @@ void router_entry(const TensorView& x, const TensorView& router_w, const TensorV
                   const ops::RouterParams& params, const TensorView& expert_ids, const TensorView& expert_weights) {
   const int64_t tokens = x.shape[0], experts = router_w.shape[0];
   if (tokens == 0) return;
-  Scratch logits(size_t(tokens * experts) * 4);
-  // Batch-invariant logits: the choice never depends on the batch.
-  rowdot_linear(x.as<const float>(), x.shape[1], tokens, ops::LinearWeight{router_w, {}}, logits.as<float>(), experts);
   const float* b = params.use_bias && bias.data ? bias.as<const float>() : nullptr;
+  if (fused_router_problem(experts, x.shape[1], params.top_k, x.as<const float>(), x.shape[1],
+                           router_w.as<const float>())
+          .empty()) {
+    launch_fused_router(x.as<const float>(), x.shape[1], tokens, router_w.as<const float>(), experts, x.shape[1], b,
+                        params.top_k, params.routed_scale, expert_ids.as<int32_t>(), expert_weights.as<float>());
+    return;
+  }
+  // Other shapes: batch-invariant row-dot logits, one thread per token selects.
+  Scratch logits(size_t(tokens * experts) * 4);
+  rowdot_linear(x.as<const float>(), x.shape[1], tokens, ops::LinearWeight{router_w, {}}, logits.as<float>(), experts);
   router_select_kernel<<<unsigned((tokens + 127) / 128), 128, 0, current_stream()>>>(
       logits.as<const float>(), b, tokens, int(experts), params.top_k, params.routed_scale, expert_ids.as<int32_t>(),
       expert_weights.as<float>());
@@ -314,7 +322,9 @@ std::string need_moe(const ops::Problem& p) {
 
 void register_moe(ops::KernelTable& table) {
   table.router.add({"moe_router.sigmoid_bias_topk.sm90",
-                    "device F32 router weight and bias; batch-invariant row-dot logits, one thread per token selects",
+                    "device F32 router weight and bias; split-K logits in a fixed order (batch-invariant) and a warp per token "
+                    "selecting (<= 256 experts, top_k <= 32, widths % 4 == 0); other shapes: row-dot logits, a thread "
+                    "per token selects",
                     [](const ops::Problem& p) -> std::string {
                       std::string why = need_cuda_f32(p);
                       if (!why.empty()) return why;

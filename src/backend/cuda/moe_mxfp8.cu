@@ -377,7 +377,7 @@ __device__ __forceinline__ void mma_16816(float (&d)[4], const uint32_t (&a)[4],
 }
 
 template <bool kFused, int kTMT>
-__global__ void __launch_bounds__(kW16Threads, 2) w8a16_kernel(const __grid_constant__ W16Args a) {
+__device__ __forceinline__ void w8a16_body(const W16Args& a) {
   constexpr int kBT = 8 * kTMT;
   // Weight register buffers: loads run kRing - 1 stages ahead (fewer with the wide token tile,
   // whose accumulators need the registers; two CTAs per SM keep enough bytes in flight).
@@ -526,6 +526,26 @@ __global__ void __launch_bounds__(kW16Threads, 2) w8a16_kernel(const __grid_cons
         y[8] = acc[j][2 + cc] * fr_hi * tok * a.out_mul;
       }
     }
+  }
+}
+
+// kTMT 2 or 8: one token tile for every item. kTMT 0 (batches of >= 64 tokens, items of up to
+// 64 rows): per item, the narrow tile (deeper weight prefetch) when it has <= 16 rows, as most
+// routed experts do, and the wide one for the rest (the shared expert). A row's MMA sequence is
+// the same in both tiles, so the choice changes no bit.
+template <bool kFused, int kTMT>
+__global__ void __launch_bounds__(kW16Threads, 2) w8a16_kernel(const __grid_constant__ W16Args a) {
+  if constexpr (kTMT == 0) {
+    if (int(blockIdx.x) < __ldg(a.num_items)) {
+      const int4 item = a.items[blockIdx.x];
+      if (item.z - item.y <= 16) {
+        w8a16_body<kFused, 2>(a);
+        return;
+      }
+    }
+    w8a16_body<kFused, 8>(a);
+  } else {
+    w8a16_body<kFused, kTMT>(a);
   }
 }
 
@@ -958,8 +978,8 @@ int allow_smem(const void* kernel, size_t bytes) {
 // streams; the legacy stream keeps plain ordering).
 template <bool kFused>
 void launch_w16(int tmt, dim3 grid, const W16Args& a) {
-  const size_t smem = size_t(kW16Stages) * size_t(8 * tmt) * kXRowHalves * sizeof(__half);
-  auto kernel = tmt == 2 ? w8a16_kernel<kFused, 2> : w8a16_kernel<kFused, 8>;
+  const size_t smem = size_t(kW16Stages) * size_t(8 * (tmt == 2 ? 2 : 8)) * kXRowHalves * sizeof(__half);
+  auto kernel = tmt == 2 ? w8a16_kernel<kFused, 2> : tmt == 0 ? w8a16_kernel<kFused, 0> : w8a16_kernel<kFused, 8>;
   allow_smem(reinterpret_cast<const void*>(kernel), smem);
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = grid;
@@ -1109,7 +1129,7 @@ void run(const TensorView& x, const TensorView& expert_ids, const TensorView& ex
   }
   if (stages & kGemms) {
     if (!w8) {
-      const int tmt = l.bt / 8;
+      const int tmt = l.bt == 16 ? 2 : 0;  // 64-row items: the tile follows each item's rows
       W16Args gu{};
       gu.x = reinterpret_cast<const __half*>(ws + l.xc);
       gu.gather = perm;

@@ -152,18 +152,21 @@ struct IndexerArgs {
   const int32_t* block_tables;
   unsigned* counters;
   int num_seqs, num_tokens, max_blocks, bs, bs_shift, heads, top_k, group_tokens, chunks, tok_begin, tok_end;
+  int defer;  // exact dots listed and run in batches (key ids < 2^24, rows < 256)
 };
 
-// The reference's dot of one query row (fp32, global) with one swizzled key row: a sequential
-// fp32 sum over d of separately rounded products (no FMA contraction, no reassociation).
-template <class IK>
+// The reference's dot of one query row (fp32, global) with one key row: a sequential fp32 sum
+// over d of separately rounded products (no FMA contraction, no reassociation). The row is a
+// swizzled shared-memory stage row (kGlobal false) or the cache's row in global memory.
+template <class IK, bool kGlobal = false>
 __device__ float exact_dot(const float* q, const unsigned char* row, int key) {
   using Tr = IkTraits<IK>;
   constexpr int kE = Tr::kPerChunk, kChunks = kDim / kE;
   float s = 0.0f;
 #pragma unroll 4
   for (int ch = 0; ch < kChunks; ++ch) {
-    const uint4 raw = *reinterpret_cast<const uint4*>(row + ((ch ^ (key & 7)) << 4));
+    const uint4 raw = kGlobal ? __ldg(reinterpret_cast<const uint4*>(row) + ch)
+                              : *reinterpret_cast<const uint4*>(row + ((ch ^ (key & 7)) << 4));
     float kf[kE];
     Tr::unpack(raw, kf);
 #pragma unroll
@@ -282,6 +285,7 @@ __global__ void __launch_bounds__(kThreads, kWM == 1 ? 2 : 1) msa_indexer_kernel
   unsigned* const hist = reinterpret_cast<unsigned*>(smem + Cf::kHistOff);
   int* const s_pos = reinterpret_cast<int*>(smem + Cf::kPosOff);
   __shared__ int s_last;
+  __shared__ int s_ncand;  // exact-dot candidates listed (a.defer)
 
   const int t0 = a.tok_end - 1 - int(blockIdx.x);  // longest causal prefixes first
   const int s = msa::seq_of_token(a.query_start, a.num_seqs, t0);
@@ -292,6 +296,7 @@ __global__ void __launch_bounds__(kThreads, kWM == 1 ? 2 : 1) msa_indexer_kernel
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, gq = lane >> 2, cq = lane & 3;
   const int wm = warp / Cf::kWN, wn = warp % Cf::kWN;
   for (int i = tid; i < T; i += kThreads) s_pos[i] = a.positions[t0 + i];
+  if (tid == 0) s_ncand = 0;
   __syncthreads();
   // Blocks to score: those before the local block of any token that has more than top_k.
   int nb = 0;
@@ -321,18 +326,21 @@ __global__ void __launch_bounds__(kThreads, kWM == 1 ? 2 : 1) msa_indexer_kernel
     const int nstage = (key_end - key_begin + kSK - 1) / kSK;
     const int32_t* table = a.block_tables + int64_t(s) * a.max_blocks;
     const unsigned char* keys = static_cast<const unsigned char*>(a.keys);
+    // Stage loads: thread = (16-byte column, row group), fixed column per thread; 32-bit slots.
     auto load_stage = [&](int i) {
       unsigned char* buf = stage_buf + (i % kStages) * kStageBytes;
       const int j0 = key_begin + i * kSK;
-      constexpr int kChunks = kRowBytes / 16;
-#pragma unroll 4
-      for (int ci = tid; ci < kSK * kChunks; ci += kThreads) {
-        const int row = ci / kChunks, ch = ci % kChunks;
-        const int j = j0 + row;
+      constexpr int kChunks = kRowBytes / 16, kRowsPerPass = kThreads / kChunks;
+      static_assert(kSK % kRowsPerPass == 0, "whole passes per stage");
+      const int ch = tid % kChunks, row0 = tid / kChunks;
+#pragma unroll
+      for (int pss = 0; pss < kSK / kRowsPerPass; ++pss) {
+        const int row = row0 + pss * kRowsPerPass, j = j0 + row;
         const bool ok = j < key_end;
         const int jj = ok ? j : key_begin;
-        const int64_t slot = int64_t(table[jj >> bs_shift]) * bs + (jj & (bs - 1));
-        cp_async16(smem_u32(buf + row * kRowBytes + ((ch ^ (row & 7)) << 4)), keys + slot * kRowBytes + ch * 16, ok);
+        const uint32_t slot = uint32_t(__ldg(table + (jj >> bs_shift))) * uint32_t(bs) + uint32_t(jj & (bs - 1));
+        cp_async16(smem_u32(buf + row * kRowBytes + ((ch ^ (row & 7)) << 4)), keys + uint64_t(slot) * kRowBytes + ch * 16,
+                   ok);
       }
     };
     // The first stages' loads overlap the setup below.
@@ -387,6 +395,23 @@ __global__ void __launch_bounds__(kThreads, kWM == 1 ? 2 : 1) msa_indexer_kernel
     // Error bound of (row, key), scaled units, rounded up.
     auto bound = [&](int r, int k) {
       return __fmaf_ru(__fmaf_ru(Tr::kErr, nq_s[r], Tr::kZeroTerm), nk_s[k], 5.96046448e-08f);
+    };
+    uint32_t* const cand_list = hist;
+    // Runs the listed exact dots (one per thread) and clears the list; all threads call it.
+    auto drain = [&](int cap) {
+      const int n = min(s_ncand, cap);
+      for (int c = tid; c < n; c += kThreads) {
+        const int r = int(cand_list[c] >> 24), j = int(cand_list[c] & 0xffffffu);
+        const uint32_t slot = uint32_t(__ldg(table + (j >> bs_shift))) * uint32_t(bs) + uint32_t(j & (bs - 1));
+        const float x = exact_dot<IK, true>(q_row(r), keys + uint64_t(slot) * kRowBytes, 0);
+        if (x == x) {  // the reference skips NaN
+          atomicMax(a.scores + (int64_t(t0 - a.tok_begin + r / H) * H + r % H) * a.max_blocks + (j >> bs_shift),
+                    order_key(x));
+        }
+      }
+      __syncthreads();
+      if (tid == 0) s_ncand = 0;
+      __syncthreads();
     };
     int loc[kMTiles][2];
 #pragma unroll
@@ -494,7 +519,14 @@ __global__ void __launch_bounds__(kThreads, kWM == 1 ? 2 : 1) msa_indexer_kernel
         }
       }
       __syncthreads();
-      // Keys that can be their block's maximum: the reference's exact dot.
+      // Keys that can be their block's maximum: the reference's exact dot, a sequential 128-step
+      // chain. Run in place, one or two lanes of a warp at a time, the chains stall every warp of
+      // the stage at the next barrier; so candidates are listed (the selection's histogram space
+      // holds the list) and their chains run in batches of hundreds, one per thread, reading the
+      // key again from the cache (mostly L2), with atomicMax into the global block scores. Only
+      // overflow (ties) or keys >= 2^24 run in place.
+      uint32_t* const cand = cand_list;
+      constexpr int kCandCap = kWarps * 256, kDrainAt = kCandCap - kCandCap / 4;
 #pragma unroll
       for (int mt = 0; mt < kMTiles; ++mt) {
         const int ra = (wm * kMTiles + mt) * 16 + gq;
@@ -508,21 +540,36 @@ __global__ void __launch_bounds__(kThreads, kWM == 1 ? 2 : 1) msa_indexer_kernel
             const float av = acc[mt][nt][v], ev = bound(r, k);
             const bool forced = !(isfinite(av) && isfinite(ev));
             if (forced || order_key(__fadd_ru(av, ev)) >= lo_s[r * kBps + bi]) {
-              const float x = exact_dot<IK>(q_row(r), buf + k * kRowBytes, k);
-              if (x == x) atomicMax(&sc_s[r * kBps + bi], order_key(x));  // the reference skips NaN
+              const int slot = a.defer ? atomicAdd(&s_ncand, 1) : kCandCap;
+              if (slot < kCandCap) {
+                cand[slot] = (uint32_t(r) << 24) | uint32_t(kb + k);
+              } else {
+                const float x = exact_dot<IK>(q_row(r), buf + k * kRowBytes, k);
+                if (x == x) atomicMax(&sc_s[r * kBps + bi], order_key(x));  // the reference skips NaN
+              }
             }
           }
         }
       }
       __syncthreads();
+      // Every scanned (row, block): the in-place maximum (-inf when none); listed candidates
+      // raise it later with atomicMax.
       for (int e = tid; e < kRows * kBps; e += kThreads) {
         const int r = e / kBps, bi = e % kBps, blk = first_blk + bi;
         if (r < P && (bi << bs_shift) < nkeys && blk < local_of(r)) {
           a.scores[(int64_t(t0 - a.tok_begin + r / H) * H + r % H) * a.max_blocks + blk] = sc_s[e];
         }
       }
+      if (s_ncand >= kDrainAt) {  // uniform: s_ncand changes only after the next barriers
+        __syncthreads();
+        drain(kCandCap);
+      }
     }
     cp_async_wait<0>();
+    if (a.defer) {
+      __syncthreads();
+      drain(kWarps * 256);
+    }
   }
 
   msa::allow_next_kernel();  // the attention kernel may start its setup while the selection runs
@@ -602,6 +649,7 @@ void launch_msa_indexer_layout(const TensorView& index_q, const TensorView& inde
   a.heads = int(heads);
   a.top_k = params.top_k;
   a.group_tokens = std::max(1, (prefill ? 128 : 16) / int(heads));
+  a.defer = int64_t(a.max_blocks) * bs <= (int64_t(1) << 24) ? 1 : 0;
   // Chunks per query group: enough CTAs for the SMs (two per SM for decode) over the groups
   // there are (the host does not know the contexts: chunks past a sequence's blocks exit).
   const int64_t groups = tokens == meta.num_seqs ? tokens : (tokens + a.group_tokens - 1) / a.group_tokens + meta.num_seqs;

@@ -42,6 +42,7 @@ const std::map<std::string, double> kTolerance = {
     // Integer rows: 1 per bit-identical comparison (a row alone vs in its batch, x misaligned
     // vs aligned, graph replay vs eager).
     {"linear_invariance", 0.0}, {"dense_mlp_invariance", 0.0}, {"moe_invariance", 0.0},
+    {"router_invariance", 0.0},
     {"cuda_graph", 0.0},
 };
 
@@ -403,7 +404,10 @@ void check_router(Harness& h, std::mt19937& rng) {
     bool use_bias, crafted;
   };
   for (const Case& c : {Case{37, 16, 64, 4, true, false}, Case{37, 16, 64, 4, false, false}, Case{1, 16, 64, 4, true, false},
-                        Case{29, 16, 32, 4, true, true}, Case{5, 64, 96, 8, true, false}, Case{23, 8, 16, 3, true, true}}) {
+                        Case{29, 16, 32, 4, true, true}, Case{5, 64, 96, 8, true, false}, Case{23, 8, 16, 3, true, true},
+                        // M3-like widths (fused split-K path, wide-batch variant past 32 tokens), and
+                        // a width not divisible by 4 (row-dot fallback).
+                        Case{70, 128, 1536, 4, true, false}, Case{9, 16, 18, 4, true, false}}) {
     h.guarded("moe_router", [&] {
       std::vector<float> x, w, bias;
       if (c.crafted) {
@@ -433,7 +437,24 @@ void check_router(Harness& h, std::mt19937& rng) {
                       dev(db, DType::kF32, {c.experts}), rp, dev(dids, DType::kI32, {c.tokens, c.top_k}),
                       dev(dwts, DType::kF32, {c.tokens, c.top_k}));
       h.compare_ints("moe_router", dids.get<int32_t>(ids.size()), ids, false);
-      h.compare("moe_router", dwts.get<float>(wts.size()), wts);
+      const auto batch_w = dwts.get<float>(wts.size());
+      h.compare("moe_router", batch_w, wts);
+      // Batch invariance: a token routed alone gets its batch row's ids and weights, bit for bit.
+      std::vector<int> same, want;
+      for (int t : {0, c.tokens / 2, c.tokens - 1}) {
+        DevBuf one_x(std::vector<float>(x.begin() + int64_t(t) * c.hidden, x.begin() + int64_t(t + 1) * c.hidden));
+        DevBuf one_ids(size_t(c.top_k) * 4), one_w(size_t(c.top_k) * 4);
+        ops::moe_router(h.gpu(), dev(one_x, DType::kF32, {1, c.hidden}), dev(dw, DType::kF32, {c.experts, c.hidden}),
+                        dev(db, DType::kF32, {c.experts}), rp, dev(one_ids, DType::kI32, {1, c.top_k}),
+                        dev(one_w, DType::kF32, {1, c.top_k}));
+        const auto oi = one_ids.get<int32_t>(size_t(c.top_k));
+        const auto ow = one_w.get<float>(size_t(c.top_k));
+        const bool eq = std::equal(oi.begin(), oi.end(), dids.get<int32_t>(ids.size()).begin() + int64_t(t) * c.top_k) &&
+                        std::memcmp(ow.data(), batch_w.data() + int64_t(t) * c.top_k, size_t(c.top_k) * 4) == 0;
+        same.push_back(eq ? 1 : 0);
+        want.push_back(1);
+      }
+      h.compare_ints("router_invariance", same, want);
     });
   }
 }
