@@ -339,6 +339,14 @@ constexpr int kW16Warps = kW16Threads / 32;
 constexpr int kW16Stages = 3;   // activation stages in shared memory
 constexpr int kW16Kc = 128;     // K per stage (two 64-wide chunks)
 constexpr int kXRowHalves = kW16Kc + 8;  // 272-byte smem rows: conflict-free 16-byte reads
+constexpr int kW16Deep = 4;     // shared-memory weight stages of the narrow tile
+
+// Dynamic shared memory of the W8A16 kernel for a token tile (2, 8, or 0 = per item).
+constexpr size_t w16_smem_bytes(int tmt) {
+  const size_t deep = size_t(kW16Deep) * kW16Threads * (4 * 16 + 8) + size_t(kW16Deep) * 16 * kXRowHalves * 2;
+  const size_t wide = size_t(kW16Stages) * 64 * kXRowHalves * 2;
+  return tmt == 2 ? deep : tmt == 8 ? wide : (deep > wide ? deep : wide);
+}
 
 struct W16Args {
   const __half* x;         // activation rows (gate_up: x16 [tokens, hidden]; down: h16 [rows, ldx])
@@ -376,14 +384,20 @@ __device__ __forceinline__ void mma_16816(float (&d)[4], const uint32_t (&a)[4],
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-template <bool kFused, int kTMT>
+// kDeep = 0: weights global -> registers, kRing - 1 stages ahead (fewer with the wide token
+// tile, whose accumulators need the registers). kDeep = D > 0: weights and scales go through a
+// D-stage cp.async ring in shared memory (each thread's own 16-byte slots, read back by the same
+// thread), D - 1 stages ahead, with the activations in the same commit groups: more bytes in
+// flight per SM than registers allow, for the narrow tile.
+template <bool kFused, int kTMT, int kDeep>
 __device__ __forceinline__ void w8a16_body(const W16Args& a) {
   constexpr int kBT = 8 * kTMT;
-  // Weight register buffers: loads run kRing - 1 stages ahead (fewer with the wide token tile,
-  // whose accumulators need the registers; two CTAs per SM keep enough bytes in flight).
   constexpr int kW16Ring = kTMT >= 8 ? 2 : 3;
+  constexpr int kXStages = kDeep > 0 ? kDeep : kW16Stages;
   extern __shared__ __align__(16) unsigned char w16_smem[];
-  __half* xs = reinterpret_cast<__half*>(w16_smem);  // [kW16Stages][kBT][kXRowHalves]
+  uint4* const wq_s = reinterpret_cast<uint4*>(w16_smem);  // kDeep: [kDeep][4][threads]
+  uint2* const ws_s = reinterpret_cast<uint2*>(w16_smem + size_t(kDeep) * 4 * kW16Threads * 16);  // [kDeep][threads]
+  __half* xs = reinterpret_cast<__half*>(w16_smem + size_t(kDeep) * kW16Threads * (4 * 16 + 8));  // [kXStages][kBT][..]
   pdl_launch_dependents();  // the down projection may start streaming its weights meanwhile
   if (int(blockIdx.x) >= __ldg(a.num_items)) return;
   const int4 item = a.items[blockIdx.x];
@@ -402,23 +416,7 @@ __device__ __forceinline__ void w8a16_body(const W16Args& a) {
   const uint32_t* s_hi = reinterpret_cast<const uint32_t*>(m_hi.s + int64_t(row_hi) * (K / 32));
   const int nst = K / kW16Kc;
 
-  // Each row's largest scale byte (the quad of lanes sharing a row splits the scan).
-  int ref_lo, ref_hi;
-  {
-    uint32_t v_lo = 0, v_hi = 0;
-    for (int j = tig; j < K / 128; j += 4) {
-      v_lo = __vmaxu4(v_lo, __ldg(s_lo + j));
-      v_hi = __vmaxu4(v_hi, __ldg(s_hi + j));
-    }
-    ref_lo = max_byte(v_lo);
-    ref_hi = max_byte(v_hi);
-#pragma unroll
-    for (int off = 1; off <= 2; off <<= 1) {
-      ref_lo = max(ref_lo, __shfl_xor_sync(0xffffffffu, ref_lo, off));
-      ref_hi = max(ref_hi, __shfl_xor_sync(0xffffffffu, ref_hi, off));
-    }
-  }
-
+  int ref_lo = 0, ref_hi = 0;  // each row's largest scale byte (scanned once the weight loads are in flight)
   // Activation rows of the item: only the 8-row sub-tiles that hold rows are loaded (rows past
   // the end of the last one are zero-filled).
   const int rows_alloc = min(kBT, (nrows + 7) & ~7);
@@ -446,6 +444,18 @@ __device__ __forceinline__ void w8a16_body(const W16Args& a) {
   float acc[kTMT][4];
 #pragma unroll
   for (int j = 0; j < kTMT; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
+
+  auto load_w_smem = [&](int st, int buf) {
+    const int k0 = st * kW16Kc;
+    const uint32_t q0 = smem_u32(wq_s + size_t(buf) * 4 * kW16Threads + tid);
+    cp_async16(q0, w_lo + k0, 16u);
+    cp_async16(q0 + kW16Threads * 16, w_lo + k0 + 64, 16u);
+    cp_async16(q0 + 2 * kW16Threads * 16, w_hi + k0, 16u);
+    cp_async16(q0 + 3 * kW16Threads * 16, w_hi + k0 + 64, 16u);
+    const uint32_t s0 = smem_u32(ws_s + size_t(buf) * kW16Threads + tid);
+    cp_async4(s0, s_lo + st);
+    cp_async4(s0 + 4, s_hi + st);
+  };
 
   auto compute = [&](int buf, const uint4 (&q)[4], const uint32_t (&s)[2]) {
     const __half* xb = xs + buf * kBT * kXRowHalves;
@@ -477,20 +487,62 @@ __device__ __forceinline__ void w8a16_body(const W16Args& a) {
     }
   };
 
-  uint4 wq[kW16Ring][4];
-  uint32_t ws[kW16Ring][2];
+  uint4 wq[kDeep > 0 ? 1 : kW16Ring][4];
+  uint32_t ws[kDeep > 0 ? 1 : kW16Ring][2];
+  if constexpr (kDeep > 0) {
+    for (int d = 0; d < kDeep - 1; ++d) {
+      if (d < nst) load_w_smem(d, d);
+      cp_async_commit();
+    }
+  } else {
 #pragma unroll
-  for (int d = 0; d < kW16Ring - 1; ++d) {
-    if (d < nst) load_w(d, wq[d], ws[d]);
+    for (int d = 0; d < kW16Ring - 1; ++d) {
+      if (d < nst) load_w(d, wq[d], ws[d]);
+    }
   }
+  // Each row's largest scale byte (the quad of lanes sharing a row splits the scan).
+  {
+    uint32_t v_lo = 0, v_hi = 0;
+    for (int j = tig; j < K / 128; j += 4) {
+      v_lo = __vmaxu4(v_lo, __ldg(s_lo + j));
+      v_hi = __vmaxu4(v_hi, __ldg(s_hi + j));
+    }
+    ref_lo = max_byte(v_lo);
+    ref_hi = max_byte(v_hi);
+#pragma unroll
+    for (int off = 1; off <= 2; off <<= 1) {
+      ref_lo = max(ref_lo, __shfl_xor_sync(0xffffffffu, ref_lo, off));
+      ref_hi = max(ref_hi, __shfl_xor_sync(0xffffffffu, ref_hi, off));
+    }
+  }
+
   // Items, weights and scales come from before the previous kernel; its output (the activation
   // rows, for the down projection) only after this.
   pdl_wait();
-  for (int s = 0; s < kW16Stages - 1; ++s) {
+  for (int s = 0; s < kXStages - 1; ++s) {
     if (s < nst) load_x(s, s);
     cp_async_commit();
   }
-  for (int st0 = 0; st0 < nst; st0 += kW16Ring) {
+  if constexpr (kDeep > 0) {
+    for (int st = 0; st < nst; ++st) {
+      cp_async_wait<kDeep - 2>();  // this thread's weights and every thread's x of stage st
+      __syncthreads();             // x visible to all warps; all are done with stage st - 1
+      const int nx = st + kDeep - 1;
+      if (nx < nst) {
+        load_w_smem(nx, nx % kDeep);
+        load_x(nx, nx % kDeep);
+      }
+      cp_async_commit();
+      const int b = st % kDeep;
+      uint4 q[4];
+#pragma unroll
+      for (int c = 0; c < 4; ++c) q[c] = wq_s[(size_t(b) * 4 + c) * kW16Threads + tid];
+      const uint2 sv = ws_s[size_t(b) * kW16Threads + tid];
+      const uint32_t sc[2] = {sv.x, sv.y};
+      compute(b, q, sc);
+    }
+  }
+  for (int st0 = 0; kDeep == 0 && st0 < nst; st0 += kW16Ring) {
 #pragma unroll
     for (int d = 0; d < kW16Ring; ++d) {
       const int st = st0 + d;
@@ -539,13 +591,13 @@ __global__ void __launch_bounds__(kW16Threads, 2) w8a16_kernel(const __grid_cons
     if (int(blockIdx.x) < __ldg(a.num_items)) {
       const int4 item = a.items[blockIdx.x];
       if (item.z - item.y <= 16) {
-        w8a16_body<kFused, 2>(a);
+        w8a16_body<kFused, 2, kW16Deep>(a);
         return;
       }
     }
-    w8a16_body<kFused, 8>(a);
+    w8a16_body<kFused, 8, 0>(a);
   } else {
-    w8a16_body<kFused, kTMT>(a);
+    w8a16_body<kFused, kTMT, kTMT == 2 ? kW16Deep : 0>(a);
   }
 }
 
@@ -978,7 +1030,7 @@ int allow_smem(const void* kernel, size_t bytes) {
 // streams; the legacy stream keeps plain ordering).
 template <bool kFused>
 void launch_w16(int tmt, dim3 grid, const W16Args& a) {
-  const size_t smem = size_t(kW16Stages) * size_t(8 * (tmt == 2 ? 2 : 8)) * kXRowHalves * sizeof(__half);
+  const size_t smem = w16_smem_bytes(tmt);
   auto kernel = tmt == 2 ? w8a16_kernel<kFused, 2> : tmt == 0 ? w8a16_kernel<kFused, 0> : w8a16_kernel<kFused, 8>;
   allow_smem(reinterpret_cast<const void*>(kernel), smem);
   cudaLaunchConfig_t cfg{};
