@@ -297,7 +297,9 @@ __global__ void __launch_bounds__(kCombineThreads) combine_kernel(const float* y
   }
   __syncthreads();
   const int n = s_n;
-  for (int d = 4 * int(threadIdx.x); d < hidden; d += 4 * kCombineThreads) {
+  // CTA (token, slice of hidden): small batches spread a token's rows over several SMs.
+  for (int d = 4 * (int(blockIdx.y) * kCombineThreads + int(threadIdx.x)); d < hidden;
+       d += 4 * kCombineThreads * int(gridDim.y)) {
     float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     for (int i = 0; i < n; ++i) {
       const float wi = s_w[i];
@@ -341,12 +343,20 @@ constexpr int kW16Kc = 128;     // K per stage (two 64-wide chunks)
 constexpr int kXRowHalves = kW16Kc + 8;  // 272-byte smem rows: conflict-free 16-byte reads
 constexpr int kW16Deep = 4;     // shared-memory weight stages of the narrow tile
 
-// Dynamic shared memory of the W8A16 kernel for a token tile (2, 8, or 0 = per item).
-constexpr size_t w16_smem_bytes(int tmt) {
-  const size_t deep = size_t(kW16Deep) * kW16Threads * (4 * 16 + 8) + size_t(kW16Deep) * 16 * kXRowHalves * 2;
-  const size_t wide = size_t(kW16Stages) * 64 * kXRowHalves * 2;
-  return tmt == 2 ? deep : tmt == 8 ? wide : (deep > wide ? deep : wide);
+// Dynamic shared memory of a W8A16 body: token tile 8 * tmt rows, weights in registers (deep 0)
+// or through the shared-memory ring (deep > 0).
+constexpr size_t w16_body_smem(int tmt, int deep) {
+  return deep > 0 ? size_t(deep) * kW16Threads * (4 * 16 + 8) + size_t(deep) * 8 * tmt * kXRowHalves * 2
+                  : size_t(kW16Stages) * 8 * tmt * kXRowHalves * 2;
 }
+// Of the kernel for a token tile (2, 8, or 0 = chosen per item between 2 and 8). (A third,
+// 32-row tile with the ring was slower at 128 tokens and no faster at 512: its 107 KB of shared
+// memory per CTA leaves almost no L1 for the activation gathers.)
+constexpr size_t w16_smem_bytes(int tmt) {
+  const size_t narrow = w16_body_smem(2, kW16Deep), wide = w16_body_smem(8, 0);
+  return tmt == 2 ? narrow : tmt == 8 ? wide : (narrow > wide ? narrow : wide);
+}
+static_assert(2 * (w16_smem_bytes(0) + 1024) <= 233472, "two W8A16 CTAs per SM");
 
 struct W16Args {
   const __half* x;         // activation rows (gate_up: x16 [tokens, hidden]; down: h16 [rows, ldx])
@@ -582,9 +592,9 @@ __device__ __forceinline__ void w8a16_body(const W16Args& a) {
 }
 
 // kTMT 2 or 8: one token tile for every item. kTMT 0 (batches of >= 64 tokens, items of up to
-// 64 rows): per item, the narrow tile (deeper weight prefetch) when it has <= 16 rows, as most
-// routed experts do, and the wide one for the rest (the shared expert). A row's MMA sequence is
-// the same in both tiles, so the choice changes no bit.
+// 64 rows): per item, the 16-row tile with the shared-memory weight ring when it has <= 16 rows,
+// as most routed experts do, and the 64-row register tile for the rest (the shared expert).
+// A row's MMA sequence is the same in every tile, so the choice changes no bit.
 template <bool kFused, int kTMT>
 __global__ void __launch_bounds__(kW16Threads, 2) w8a16_kernel(const __grid_constant__ W16Args a) {
   if constexpr (kTMT == 0) {
@@ -1254,7 +1264,8 @@ void run(const TensorView& x, const TensorView& expert_ids, const TensorView& ex
     }
   }
   if (stages & kCombine) {
-    combine_kernel<<<unsigned(tokens), kCombineThreads, 0, stream>>>(
+    const dim3 grid(unsigned(tokens), unsigned((hidden + 4 * kCombineThreads - 1) / (4 * kCombineThreads)));
+    combine_kernel<<<grid, kCombineThreads, 0, stream>>>(
         y, expert_weights.as<const float>(), expert_ids.as<const int32_t>(), pos, int(top_k), meta,
         experts.has_shared ? 1 : 0, out.as<float>(), int(hidden));
     M3_CUDA_CHECK_LAUNCH();

@@ -55,30 +55,39 @@ constexpr int kTileBytes = kUnitKeys * kHeadDim * 2;  // K or V of one unit, 32 
 constexpr int kStageBytes = 2 * kTileBytes;
 constexpr int kMaxRows = 64;
 constexpr int kMaxList = 512;       // selected ids of one row group (tokens x top_k), multi-token
-constexpr int kMaxListDecode = 64;  // one token: top_k <= 64
+constexpr int kMaxListDecode = 16;  // one m-tile: tokens x top_k <= 16 (M3 decode), so two CTAs fit an SM
 constexpr int kMaxTopK = 64;
 constexpr int kMaxCluster = 16;
 constexpr int kDenseSuUnits = 8;    // units per super-unit, dense (sparse: 1)
 constexpr size_t kMaxPartialBytes = size_t(256) << 20;
 
+// MT == 1 (decode): K and V tiles are separate pipeline steps through a ring of 3 tile slots
+// (K(u), V(u), K(u+1), ...: two tiles in flight while one is read), which leaves room for two
+// CTAs per SM (16 warps to hide the S / softmax / P.V latencies). MT == 4: 2 whole-unit stages.
 template <int MT>
 struct Layout {
   static constexpr int kRows = MT * 16;
-  static constexpr int kStages = MT == 1 ? 3 : 2;
+  static constexpr bool kSplitKV = MT == 1;
+  static constexpr int kStages = MT == 1 ? 3 : 2;  // tile slots (split) or unit stages
   static constexpr int kList = MT == 1 ? kMaxListDecode : kMaxList;
-  static constexpr size_t kQOff = size_t(kStages) * kStageBytes;  // Q hi, Q lo: [kRows][128] bf16
+  static constexpr size_t kQOff = size_t(kStages) * (kSplitKV ? kTileBytes : kStageBytes);  // Q hi, Q lo: [kRows][128] bf16
   static constexpr size_t kPOff = kQOff + size_t(2) * kRows * 256;  // P hi, P lo: [kRows][128 keys] bf16
   static constexpr size_t kMaxOff = kPOff + size_t(2) * kRows * 256;  // [kWarps][kRows] partial row maxima
-  static constexpr size_t kLOff = kMaxOff + size_t(kWarps) * kRows * 4;  // [kRows] final sums
-  static constexpr size_t kIdsOff = kLOff + size_t(kRows) * 4;
-  static constexpr size_t kListOff = kIdsOff + size_t(kList) * 4;
+  // The split layout keeps the final sums, and the setup's selected ids and first flags, inside
+  // the P region (P is written only in the unit loop; a barrier separates the uses).
+  static constexpr size_t kAfterMax = kMaxOff + size_t(kWarps) * kRows * 4;
+  static constexpr size_t kLOff = kSplitKV ? kPOff : kAfterMax;  // [kRows] final sums
+  static constexpr size_t kIdsOff = kSplitKV ? kPOff + size_t(kRows) * 4 : kLOff + size_t(kRows) * 4;
+  static constexpr size_t kListOff = kSplitKV ? kAfterMax : kIdsOff + size_t(kList) * 4;
   static constexpr size_t kPagesOff = kListOff + size_t(kList) * 4;
   static constexpr size_t kMasksOff = kPagesOff + size_t(kList) * 4;  // 8-byte aligned
   static constexpr size_t kPosOff = kMasksOff + size_t(kList) * 8;
-  static constexpr size_t kFirstOff = kPosOff + size_t(kMaxRows) * 4;
-  static constexpr size_t kBytes = kFirstOff + kList;
+  static constexpr size_t kFirstOff = kSplitKV ? kIdsOff + size_t(kList) * 4 : kPosOff + size_t(kRows) * 4;
+  static constexpr size_t kBytes = kSplitKV ? kPosOff + size_t(kRows) * 4 : kFirstOff + kList;
+  static_assert(!kSplitKV || kFirstOff + kList <= kMaxOff, "overlays inside the P region");
   static_assert(kMasksOff % 8 == 0, "masks alignment");
   static_assert(kBytes <= 227 * 1024, "shared memory");
+  static_assert(!kSplitKV || 2 * (kBytes + 1024 + 128) <= 233472, "two decode CTAs per SM (1 KB driver + static per CTA)");
 };
 
 struct AttnArgs {
@@ -125,7 +134,7 @@ struct Fold {
 };
 
 template <int MT>
-__global__ void __launch_bounds__(kThreads, 1) msa_attention_kernel(AttnArgs a) {
+__global__ void __launch_bounds__(kThreads, MT == 1 ? 2 : 1) msa_attention_kernel(AttnArgs a) {
   using L = Layout<MT>;
   constexpr int kRows = L::kRows;
   constexpr int kStages = L::kStages;
@@ -262,9 +271,9 @@ __global__ void __launch_bounds__(kThreads, 1) msa_attention_kernel(AttnArgs a) 
     }
     return x;
   };
-  auto load_unit = [&](int i) {
+  // Unit i's K and/or V tiles into k_buf / v_buf (null: skipped).
+  auto load_tiles = [&](int i, unsigned char* k_buf, unsigned char* v_buf) {
     const Unit x = unit_at(u_begin + i);
-    unsigned char* buf = stage_buf + (i % kStages) * kStageBytes;
     const int ch = tid & 15;
 #pragma unroll 2
     for (int r = tid >> 4; r < kUnitKeys; r += kThreads / 16) {
@@ -273,9 +282,15 @@ __global__ void __launch_bounds__(kThreads, 1) msa_attention_kernel(AttnArgs a) 
       int64_t slot = 0;
       if (ok) slot = dense ? int64_t(table[j / bs]) * bs + j % bs : int64_t(x.page) * bs + (j - x.block * bs);
       const int64_t elem = (slot * a.kv_heads + g) * kHeadDim + ch * 8;
-      cp_async16(smem_u32(buf + tile_off(r, ch)), a.k + elem, ok);
-      cp_async16(smem_u32(buf + kTileBytes + tile_off(r, ch)), a.v + elem, ok);
+      if (k_buf) cp_async16(smem_u32(k_buf + tile_off(r, ch)), a.k + elem, ok);
+      if (v_buf) cp_async16(smem_u32(v_buf + tile_off(r, ch)), a.v + elem, ok);
     }
+  };
+  // Split ring: tile t (K(u) = 2u, V(u) = 2u + 1) lives in slot t % kStages.
+  auto tile_slot = [&](int t) { return stage_buf + (t % kStages) * kTileBytes; };
+  auto load_unit = [&](int i) {
+    unsigned char* buf = stage_buf + (i % kStages) * kStageBytes;
+    load_tiles(i, buf, buf + kTileBytes);
   };
 
   Fold<MT> outer, inner;
@@ -307,21 +322,39 @@ __global__ void __launch_bounds__(kThreads, 1) msa_attention_kernel(AttnArgs a) 
     inner.reset();
   };
 
-#pragma unroll 1
-  for (int i = 0; i < kStages - 1; ++i) {
-    if (i < my_units) load_unit(i);
+  if constexpr (L::kSplitKV) {
+    // One commit group per tile: K(0), V(0).
+    if (my_units > 0) load_tiles(0, tile_slot(0), nullptr);
     cp_async_commit();
+    if (my_units > 0) load_tiles(0, nullptr, tile_slot(1));
+    cp_async_commit();
+  } else {
+#pragma unroll 1
+    for (int i = 0; i < kStages - 1; ++i) {
+      if (i < my_units) load_unit(i);
+      cp_async_commit();
+    }
   }
 #pragma unroll 1
   for (int i = 0; i < my_units; ++i) {
-    cp_async_wait<kStages - 2>();
-    __syncthreads();
-    if (i + kStages - 1 < my_units) load_unit(i + kStages - 1);
-    cp_async_commit();
+    uint32_t k_tile, v_tile;
+    if constexpr (L::kSplitKV) {
+      cp_async_wait<1>();  // K(i) landed (V(i) may still be in flight)
+      __syncthreads();     // ... for every thread; all are done with unit i - 1 (V(i-1)'s slot is reused)
+      if (i + 1 < my_units) load_tiles(i + 1, tile_slot(2 * i + 2), nullptr);
+      cp_async_commit();
+      k_tile = smem_u32(tile_slot(2 * i));
+      v_tile = smem_u32(tile_slot(2 * i + 1));
+    } else {
+      cp_async_wait<kStages - 2>();
+      __syncthreads();
+      if (i + kStages - 1 < my_units) load_unit(i + kStages - 1);
+      cp_async_commit();
+      k_tile = smem_u32(stage_buf + (i % kStages) * kStageBytes);
+      v_tile = k_tile + kTileBytes;
+    }
     const int u = u_begin + i;
     const Unit x = unit_at(u);
-    const uint32_t k_tile = smem_u32(stage_buf + (i % kStages) * kStageBytes);
-    const uint32_t v_tile = k_tile + kTileBytes;
     bool act[MT];
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt) act[mt] = (x.tokens & mt_tokens[mt]) != 0;
@@ -405,7 +438,12 @@ __global__ void __launch_bounds__(kThreads, 1) msa_attention_kernel(AttnArgs a) 
         *reinterpret_cast<uint32_t*>(p_lo_ptr + off1) = l1;
       }
     }
-    __syncthreads();
+    if constexpr (L::kSplitKV) cp_async_wait<1>();  // V(i) landed (K(i+1) may still be in flight)
+    __syncthreads();  // P (and the split ring's V(i)) visible; every warp is done reading K(i)
+    if constexpr (L::kSplitKV) {
+      if (i + 1 < my_units) load_tiles(i + 1, nullptr, tile_slot(2 * i + 3));  // into K(i)'s slot
+      cp_async_commit();
+    }
 
     // P.V for dims [16w, 16w + 16): per key step the hi then the lo half of P (one chain);
     // warp 0 also the row sums (P times ones).
@@ -443,6 +481,7 @@ __global__ void __launch_bounds__(kThreads, 1) msa_attention_kernel(AttnArgs a) 
   cp_async_wait<0>();
 
   if (C == 1) {
+    if constexpr (L::kSplitKV) __syncthreads();  // lsum overlays P: every warp is done with P.V
     if (warp == 0 && cq == 0) {
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt) {
@@ -586,9 +625,9 @@ void launch_msa_attention(const TensorView& q, const TensorView& k_cache, const 
   const int64_t su_cap = sparse ? std::min<int64_t>(int64_t(tr) * top_k, max_blocks) * units_per_block
                                 : ((max_blocks * bs + kUnitKeys - 1) / kUnitKeys + kDenseSuUnits - 1) / kDenseSuUnits;
   // Cluster split: grow (powers of two, <= 16) while the row groups times the split still fit
-  // about one CTA per SM.
+  // about the resident CTAs (two per SM for decode, one otherwise).
   const int64_t groups = (pure_decode ? tokens : (tokens + tr - 1) / tr + meta.num_seqs) * kv_heads;
-  const int64_t target = current_sm_count();
+  const int64_t target = int64_t(current_sm_count()) * (mt == 1 ? 2 : 1);  // decode: two CTAs per SM
   const size_t smem = mt == 1 ? Layout<1>::kBytes : Layout<4>::kBytes;
   const int cap = mt == 1 ? max_cluster<1>() : max_cluster<4>();
   int splits = 1;
