@@ -61,13 +61,16 @@ constexpr int kMaxCluster = 16;
 constexpr int kDenseSuUnits = 8;    // units per super-unit, dense (sparse: 1)
 constexpr size_t kMaxPartialBytes = size_t(256) << 20;
 
-// MT == 1 (decode): K and V tiles are separate pipeline steps through a ring of 3 tile slots
-// (K(u), V(u), K(u+1), ...: two tiles in flight while one is read), which leaves room for two
-// CTAs per SM (16 warps to hide the S / softmax / P.V latencies). MT == 4: 2 whole-unit stages.
-template <int MT>
+// kSplit (MT == 1, the decode layout when the grid exceeds one CTA per SM): K and V tiles are
+// separate pipeline steps through a ring of 3 tile slots (K(u), V(u), K(u+1), ...: two tiles in
+// flight while one is read), which leaves room for two CTAs per SM (16 warps to hide the S /
+// softmax / P.V latencies). Otherwise whole-unit stages: 3 for MT == 1 (two units in flight per
+// CTA: a few CTAs streaming a long dense context), 2 for MT == 4.
+template <int MT, bool kSplit>
 struct Layout {
+  static_assert(!kSplit || MT == 1, "the split ring is a one-m-tile layout");
   static constexpr int kRows = MT * 16;
-  static constexpr bool kSplitKV = MT == 1;
+  static constexpr bool kSplitKV = kSplit;
   static constexpr int kStages = MT == 1 ? 3 : 2;  // tile slots (split) or unit stages
   static constexpr int kList = MT == 1 ? kMaxListDecode : kMaxList;
   static constexpr size_t kQOff = size_t(kStages) * (kSplitKV ? kTileBytes : kStageBytes);  // Q hi, Q lo: [kRows][128] bf16
@@ -133,9 +136,9 @@ struct Fold {
   }
 };
 
-template <int MT>
-__global__ void __launch_bounds__(kThreads, MT == 1 ? 2 : 1) msa_attention_kernel(AttnArgs a) {
-  using L = Layout<MT>;
+template <int MT, bool kSplit>
+__global__ void __launch_bounds__(kThreads, kSplit ? 2 : 1) msa_attention_kernel(AttnArgs a) {
+  using L = Layout<MT, kSplit>;
   constexpr int kRows = L::kRows;
   constexpr int kStages = L::kStages;
   extern __shared__ __align__(128) unsigned char smem[];
@@ -545,7 +548,7 @@ __global__ void __launch_bounds__(kThreads, MT == 1 ? 2 : 1) msa_attention_kerne
 }
 
 // Largest cluster the kernel can be launched with on this device (16 where a GPC can hold it).
-template <int MT>
+template <int MT, bool kSplit>
 int max_cluster() {
   static int cached[64] = {};
   int dev = 0;
@@ -553,8 +556,8 @@ int max_cluster() {
   int& c = cached[dev & 63];
   if (c == 0) {
     c = 8;
-    const auto kernel = msa_attention_kernel<MT>;
-    const size_t smem = Layout<MT>::kBytes;
+    const auto kernel = msa_attention_kernel<MT, kSplit>;
+    const size_t smem = Layout<MT, kSplit>::kBytes;
     if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)) == cudaSuccess &&
         cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) == cudaSuccess) {
       cudaLaunchConfig_t cfg{};
@@ -625,13 +628,26 @@ void launch_msa_attention(const TensorView& q, const TensorView& k_cache, const 
   const int64_t su_cap = sparse ? std::min<int64_t>(int64_t(tr) * top_k, max_blocks) * units_per_block
                                 : ((max_blocks * bs + kUnitKeys - 1) / kUnitKeys + kDenseSuUnits - 1) / kDenseSuUnits;
   // Cluster split: grow (powers of two, <= 16) while the row groups times the split still fit
-  // about the resident CTAs (two per SM for decode, one otherwise).
+  // about the resident CTAs. One m-tile: a dense context over at most half the SMs keeps the
+  // deep whole-unit stages (each of a few CTAs streams many units); everything else takes the
+  // split ring and two CTAs per SM.
   const int64_t groups = (pure_decode ? tokens : (tokens + tr - 1) / tr + meta.num_seqs) * kv_heads;
-  const int64_t target = int64_t(current_sm_count()) * (mt == 1 ? 2 : 1);  // decode: two CTAs per SM
-  const size_t smem = mt == 1 ? Layout<1>::kBytes : Layout<4>::kBytes;
-  const int cap = mt == 1 ? max_cluster<1>() : max_cluster<4>();
+  const int64_t sms = current_sm_count();
+  auto grow = [&](int cap, int64_t target) {
+    int sp = 1;
+    while (sp < cap && groups * sp * 2 <= target + target / 4 && sp * 2 <= su_cap) sp *= 2;
+    return sp;
+  };
   int splits = 1;
-  while (splits < cap && groups * splits * 2 <= target + target / 4 && splits * 2 <= su_cap) splits *= 2;
+  bool split_ring = false;
+  if (mt == 1) {
+    splits = grow(max_cluster<1, false>(), sms);
+    split_ring = sparse || groups * splits > sms / 2;  // measured: 1 x 128K dense deep, 32 x 128K split
+    if (split_ring) splits = grow(max_cluster<1, true>(), 2 * sms);
+  } else {
+    splits = grow(max_cluster<4, false>(), sms);
+  }
+  const size_t smem = mt == 4 ? Layout<4, false>::kBytes : split_ring ? Layout<1, true>::kBytes : Layout<1, false>::kBytes;
   const size_t rows_pad = size_t(mt) * 16;
   const size_t part_bytes = size_t(tokens) * size_t(kv_heads) * size_t(su_cap) * rows_pad * (kHeadDim + 2) * 4;
   if (part_bytes > kMaxPartialBytes) splits = 1;
@@ -671,8 +687,9 @@ void launch_msa_attention(const TensorView& q, const TensorView& k_cache, const 
     cfg.numAttrs = n;
     M3_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, a));
   };
-  if (mt == 1) run(msa_attention_kernel<1>);
-  else run(msa_attention_kernel<4>);
+  if (mt == 4) run(msa_attention_kernel<4, false>);
+  else if (split_ring) run(msa_attention_kernel<1, true>);
+  else run(msa_attention_kernel<1, false>);
   M3_CUDA_CHECK_LAUNCH();
 }
 
