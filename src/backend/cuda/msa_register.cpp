@@ -7,9 +7,30 @@
 #include "backend/cuda/msa.h"
 
 namespace m3::cuda {
+namespace {
 
 // Query tokens from which a sparse attention call is a prefill for the KV-block-major entry.
 constexpr int64_t kBlockMajorMinTokens = 1024;
+
+// What every tuned attention entry needs: device BF16 K/V, head_dim 128, top_k <= 64.
+std::string need_bf16_head128(const ops::Problem& p) {
+  if (p.device != Device::kCuda) return "tensors are not in device memory";
+  if (p.dtype != DType::kBF16) return "KV cache is not BF16";
+  if (p.k != 128) return "head_dim is not 128";
+  if (p.extra > 64) return "top_k above 64";
+  return "";
+}
+
+// The block-major entries: a sparse prefill as well.
+std::string need_block_major(const ops::Problem& p) {
+  std::string why = need_bf16_head128(p);
+  if (!why.empty()) return why;
+  if (p.extra < 1) return "dense attention";
+  if (p.m < kBlockMajorMinTokens) return "fewer than 1024 query tokens (not a prefill)";
+  return "";
+}
+
+}  // namespace
 
 void register_msa(ops::KernelTable& table) {
   table.indexer_topk.add(
@@ -17,8 +38,8 @@ void register_msa(ops::KernelTable& table) {
        "device BF16 or F8E4M3 index-K cache, index dim 128, <= 16 index heads, 1 <= top_k <= 64 (page size a power "
        "of two in 8..128, else the generic kernel runs); decode tiles of 16 (token, head) rows with pages split over "
        "CTAs, prefill tiles of 128 rows; tensor-core approximate dots with a rigorous error bound, the reference's "
-       "exact dot for the keys that can be a block's maximum (block scores bit-identical to the CPU), warp radix "
-       "select (ties to the lower id)",
+       "exact dot for the keys that can be a block's maximum, listed and run in batches (block scores "
+       "bit-identical to the CPU), warp radix select (ties to the lower id)",
        [](const ops::Problem& p) -> std::string {
          if (p.device != Device::kCuda) return "tensors are not in device memory";
          if (p.dtype != DType::kBF16 && p.dtype != DType::kF8E4M3) return "index-K cache is not BF16 or F8E4M3";
@@ -34,13 +55,7 @@ void register_msa(ops::KernelTable& table) {
        "relative error): only when batch invariance is not requested",
        [](const ops::Problem& p) -> std::string {
          if (p.batch_invariant) return "batch invariance requested (the canonical entries are bit-identical)";
-         if (p.device != Device::kCuda) return "tensors are not in device memory";
-         if (p.dtype != DType::kBF16) return "KV cache is not BF16";
-         if (p.k != 128) return "head_dim is not 128";
-         if (p.extra < 1) return "dense attention";
-         if (p.extra > 64) return "top_k above 64";
-         if (p.m < kBlockMajorMinTokens) return "fewer than 1024 query tokens (not a prefill)";
-         return "";
+         return need_block_major(p);
        },
        launch_msa_attention_prefill_fast});
   table.attention.add(
@@ -49,31 +64,16 @@ void register_msa(ops::KernelTable& table) {
        "sequences averaging < 64 tokens, pages > 128 or > 128 query heads per KV head run the query-major entry); "
        "selections inverted to {block -> tokens}, each selected block loaded once for all the tokens that chose it, "
        "canonical unit partials merged in block order (bit-identical to the query-major entry: batch-invariant)",
-       [](const ops::Problem& p) -> std::string {
-         if (p.device != Device::kCuda) return "tensors are not in device memory";
-         if (p.dtype != DType::kBF16) return "KV cache is not BF16";
-         if (p.k != 128) return "head_dim is not 128";
-         if (p.extra < 1) return "dense attention";
-         if (p.extra > 64) return "top_k above 64";
-         if (p.m < kBlockMajorMinTokens) return "fewer than 1024 query tokens (not a prefill)";
-         return "";
-       },
-       launch_msa_attention_prefill});
+       need_block_major, launch_msa_attention_prefill});
   table.attention.add(
       {"attention.msa_query_major.sm90",
        "device BF16 KV cache, head_dim 128, dense or block-sparse with top_k <= 64 (query heads per KV head <= 64, "
        "else the generic kernel runs); the query heads of a KV group (and up to 64 rows of consecutive tokens) share "
        "each 128-key K/V tile, m-tiles of tokens that did not choose a block skip it, bf16 hi+lo tensor-core MMAs, "
        "canonical fp32 unit partials folded in a fixed order (batch-invariant), small batches split over a "
-       "thread-block cluster (<= 16 CTAs) and merged in parallel through it",
-       [](const ops::Problem& p) -> std::string {
-         if (p.device != Device::kCuda) return "tensors are not in device memory";
-         if (p.dtype != DType::kBF16) return "KV cache is not BF16";
-         if (p.k != 128) return "head_dim is not 128";
-         if (p.extra > 64) return "top_k above 64";
-         return "";
-       },
-       launch_msa_attention});
+       "thread-block cluster (<= 16 CTAs) and merged in parallel through it; one-m-tile decode streams K and V tiles "
+       "through a 3-slot ring (two CTAs per SM) unless a dense context runs on at most half the SMs",
+       need_bf16_head128, launch_msa_attention});
 }
 
 }  // namespace m3::cuda
