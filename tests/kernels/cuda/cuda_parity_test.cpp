@@ -26,6 +26,9 @@
 #include "backend/cuda/graph_capture.h"
 #include "backend/cuda/cuda_internal.h"
 #include "backend/cuda/device_pool.h"
+#include "device_test_util.h"
+#include "parity_table.h"
+#include "test_routing.h"
 
 namespace m3 {
 namespace {
@@ -46,115 +49,26 @@ const std::map<std::string, double> kTolerance = {
     {"cuda_graph", 0.0},
 };
 
-// Device buffer; poisoned with 0x7f bytes (float 3.4e38, int 0x7f7f7f7f) before each GPU run
-// so an unwritten element fails.
-class DevBuf {
+using cuda_test::Batch;
+using cuda_test::dev;
+using cuda_test::DevBuf;
+using cuda_test::host;
+using cuda_test::SeqSpec;
+
+using Row = cuda_test::ParityRow;
+
+class Harness : public cuda_test::ParityTable {
  public:
-  explicit DevBuf(size_t bytes) : bytes_(std::max<size_t>(bytes, 4)) { M3_CUDA_CHECK(cudaMalloc(&ptr_, bytes_)); }
-  template <class T>
-  explicit DevBuf(const std::vector<T>& v) : DevBuf(v.size() * sizeof(T)) {
-    if (!v.empty()) M3_CUDA_CHECK(cudaMemcpy(ptr_, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice));
-  }
-  ~DevBuf() { cudaFree(ptr_); }
-  DevBuf(const DevBuf&) = delete;
-  DevBuf& operator=(const DevBuf&) = delete;
-  template <class T> T* as() const { return static_cast<T*>(ptr_); }
-  void poison() { M3_CUDA_CHECK(cudaMemset(ptr_, 0x7f, bytes_)); }
-  template <class T> std::vector<T> get(size_t n) const {
-    std::vector<T> v(n);
-    M3_CUDA_CHECK(cudaMemcpy(v.data(), ptr_, n * sizeof(T), cudaMemcpyDeviceToHost));
-    return v;
-  }
-
- private:
-  void* ptr_ = nullptr;
-  size_t bytes_;
-};
-
-TensorView host(void* p, DType dt, Shape s) { return TensorView{p, dt, std::move(s), Device::kCpu}; }
-TensorView dev(const DevBuf& b, DType dt, Shape s) { return TensorView{b.as<void>(), dt, std::move(s), Device::kCuda}; }
-
-struct Row {
-  std::string op;
-  std::set<std::string> entries;
-  int cases = 0;
-  double max_abs = 0, max_rel = 0;
-  bool has_ints = false, ints_exact = true;
-  std::string error;
-  double tol() const { return kTolerance.at(op); }
-  bool pass() const { return error.empty() && cases > 0 && max_rel <= tol() && ints_exact; }
-};
-
-class Harness {
- public:
-  Harness() {
+  Harness() : ParityTable(kTolerance, &gpu_stats_) {
     cpu::register_cpu_kernels(cpu_table_);
     cuda::register_cuda_kernels(gpu_table_);
   }
   ops::OpContext cpu() { return ops::OpContext{&cpu_table_, &cpu_stats_, Device::kCpu, true}; }
   ops::OpContext gpu(bool invariant = true) { return ops::OpContext{&gpu_table_, &gpu_stats_, Device::kCuda, invariant}; }
-  Row& row(const std::string& op) {
-    for (auto& r : rows_) {
-      if (r.op == op) return r;
-    }
-    Row r;
-    r.op = op;
-    rows_.push_back(r);
-    return rows_.back();
-  }
-  // Entries the GPU ran since the last call, credited to `r`.
-  void note_entries(Row& r) {
-    for (const auto& p : gpu_stats_.take_step_paths()) r.entries.insert(p.substr(p.find('=') + 1));
-  }
-  void compare(const std::string& op, const std::vector<float>& gpu, const std::vector<float>& ref) {
-    Row& r = row(op);
-    note_entries(r);
-    double ref_max = 0, err = 0;
-    bool finite = gpu.size() == ref.size();
-    for (size_t i = 0; i < ref.size() && finite; ++i) {
-      if (!std::isfinite(gpu[i]) || std::fabs(gpu[i]) > 1e30) finite = false;
-      ref_max = std::max(ref_max, double(std::fabs(ref[i])));
-      err = std::max(err, double(std::fabs(gpu[i] - ref[i])));
-    }
-    const double rel = finite ? (ref_max > 0 ? err / ref_max : err) : INFINITY;
-    r.cases++;
-    r.max_abs = std::max(r.max_abs, finite ? err : INFINITY);
-    r.max_rel = std::max(r.max_rel, rel);
-  }
-  // new_case: false when the same case also has a float output compared (the router).
-  void compare_ints(const std::string& op, const std::vector<int32_t>& gpu, const std::vector<int32_t>& ref,
-                    bool new_case = true) {
-    Row& r = row(op);
-    note_entries(r);
-    r.has_ints = true;
-    if (new_case) r.cases++;
-    if (gpu != ref) {
-      r.ints_exact = false;
-      size_t bad = 0;
-      while (bad < ref.size() && gpu[bad] == ref[bad]) ++bad;
-      if (r.error.empty() && bad < ref.size()) {
-        r.error = "first integer mismatch at " + std::to_string(bad) + ": gpu " + std::to_string(gpu[bad]) + " cpu " +
-                  std::to_string(ref[bad]);
-      }
-    }
-  }
-  // Runs one op's checks; a thrown error (CUDA, cuBLAS, no kernel) fails that op's row.
-  template <class F>
-  void guarded(const std::string& op, F&& f) {
-    try {
-      f();
-    } catch (const std::exception& e) {
-      Row& r = row(op);
-      if (r.error.empty()) r.error = e.what();
-      cudaGetLastError();
-    }
-  }
-  std::deque<Row>& rows() { return rows_; }
 
  private:
   ops::KernelTable cpu_table_, gpu_table_;
   ops::DispatchStats cpu_stats_, gpu_stats_;
-  std::deque<Row> rows_;  // stable references while rows are added
 };
 
 std::vector<float> randn(size_t n, std::mt19937& rng, float scale = 1.0f) {
@@ -171,67 +85,6 @@ std::vector<float> rand_int(size_t n, std::mt19937& rng, int lo, int hi) {
   for (auto& x : v) x = float(ud(rng));
   return v;
 }
-
-// A ragged batch: each sequence has `cached` tokens already in the cache and `fresh` new ones
-// queried now; pages are shuffled across the pool so every read must go through the tables.
-struct SeqSpec {
-  int cached, fresh;
-};
-
-struct Batch {
-  int block_size = 0, max_blocks = 0, num_pages = 0, num_tokens = 0;
-  std::vector<int32_t> query_start, positions, seq_lens, block_tables;
-  std::vector<int64_t> slots;
-  ops::AttentionMetadata host_meta, dev_meta;
-  std::vector<std::unique_ptr<DevBuf>> dev_arrays;
-
-  Batch(const std::vector<SeqSpec>& seqs, int bs, std::mt19937& rng) : block_size(bs) {
-    query_start.push_back(0);
-    for (const auto& s : seqs) {
-      max_blocks = std::max(max_blocks, (s.cached + s.fresh + bs - 1) / bs);
-      num_pages += (s.cached + s.fresh + bs - 1) / bs;
-    }
-    num_pages += 3;  // spare pages nobody owns
-    std::vector<int32_t> pages(static_cast<size_t>(num_pages));
-    std::iota(pages.begin(), pages.end(), 0);
-    std::shuffle(pages.begin(), pages.end(), rng);
-    block_tables.assign(seqs.size() * size_t(max_blocks), -1);
-    size_t next = 0;
-    for (size_t s = 0; s < seqs.size(); ++s) {
-      const int len = seqs[s].cached + seqs[s].fresh;
-      for (int b = 0; b < (len + bs - 1) / bs; ++b) block_tables[s * size_t(max_blocks) + size_t(b)] = pages[next++];
-      for (int p = seqs[s].cached; p < len; ++p) positions.push_back(p);
-      query_start.push_back(int32_t(positions.size()));
-      seq_lens.push_back(len);
-    }
-    num_tokens = int(positions.size());
-    host_meta.num_seqs = int(seqs.size());
-    host_meta.num_tokens = num_tokens;
-    host_meta.query_start = query_start.data();
-    host_meta.positions = positions.data();
-    host_meta.seq_lens = seq_lens.data();
-    host_meta.block_tables = block_tables.data();
-    host_meta.max_blocks_per_seq = max_blocks;
-    host_meta.block_size = bs;
-    for (size_t s = 0; s < seqs.size(); ++s) {
-      for (int t = query_start[s]; t < query_start[s + 1]; ++t) slots.push_back(host_meta.slot_of(int(s), positions[size_t(t)]));
-    }
-    host_meta.slot_mapping = slots.data();
-    dev_meta = host_meta;
-    dev_meta.query_start = upload(query_start);
-    dev_meta.positions = upload(positions);
-    dev_meta.seq_lens = upload(seq_lens);
-    dev_meta.block_tables = upload(block_tables);
-    dev_meta.slot_mapping = upload(slots);
-  }
-  int64_t num_slots() const { return int64_t(num_pages) * block_size; }
-
- private:
-  template <class T> const T* upload(const std::vector<T>& v) {
-    dev_arrays.push_back(std::make_unique<DevBuf>(v));
-    return dev_arrays.back()->as<const T>();
-  }
-};
 
 // ---------------------------------------------------------------------------------------------
 void check_elementwise(Harness& h, std::mt19937& rng) {
@@ -436,7 +289,7 @@ void check_router(Harness& h, std::mt19937& rng) {
       ops::moe_router(h.gpu(), dev(dx, DType::kF32, {c.tokens, c.hidden}), dev(dw, DType::kF32, {c.experts, c.hidden}),
                       dev(db, DType::kF32, {c.experts}), rp, dev(dids, DType::kI32, {c.tokens, c.top_k}),
                       dev(dwts, DType::kF32, {c.tokens, c.top_k}));
-      h.compare_ints("moe_router", dids.get<int32_t>(ids.size()), ids, false);
+      h.compare_ints("moe_router", dids.get<int32_t>(ids.size()), ids, "", false);
       const auto batch_w = dwts.get<float>(wts.size());
       h.compare("moe_router", batch_w, wts);
       // Batch invariance: a token routed alone gets its batch row's ids and weights, bit for bit.
@@ -626,28 +479,7 @@ void check_dense_mlp(Harness& h, std::mt19937& rng) {
   }
 }
 
-// Routing for the expert tests: top_k distinct experts per token drawn with weight
-// 1 / (e + 1)^skew (skew 0 = uniform; 2 = expert 0 takes most tokens, high ids none), or with
-// `dup` some tokens naming one expert twice (the CPU adds such pairs in slot order).
-void make_routing(int tokens, int routed, int top_k, double skew, bool dup, std::mt19937& rng, std::vector<int32_t>& ids,
-                  std::vector<float>& wts) {
-  std::vector<double> p(static_cast<size_t>(routed));
-  for (int e = 0; e < routed; ++e) p[size_t(e)] = 1.0 / std::pow(double(e + 1), skew);
-  std::uniform_real_distribution<float> uw(0.05f, 1.0f);
-  ids.assign(size_t(tokens) * top_k, 0);
-  wts.assign(ids.size(), 0.0f);
-  for (int t = 0; t < tokens; ++t) {
-    std::vector<double> left = p;
-    for (int j = 0; j < top_k; ++j) {
-      std::discrete_distribution<int> dd(left.begin(), left.end());
-      const int e = dd(rng);
-      ids[size_t(t) * top_k + j] = e;
-      left[size_t(e)] = 0.0;
-      wts[size_t(t) * top_k + j] = uw(rng);
-    }
-    if (dup && top_k > 1 && t % 3 == 1) ids[size_t(t) * top_k + top_k - 1] = ids[size_t(t) * top_k];
-  }
-}
+using cuda_test::make_routing;
 
 void check_moe(Harness& h, std::mt19937& rng) {
   struct Case {
@@ -838,10 +670,10 @@ void report(Harness& h) {
     std::string entries;
     for (const auto& e : r.entries) entries += (entries.empty() ? "" : ",") + e;
     const char* ints = r.has_ints ? (r.ints_exact ? "yes" : "NO") : "n/a";
-    std::printf("%-20s %-5d %-10s %-10s %-8s %-11s %-6s %s\n", r.op.c_str(), r.cases, fmt(r.max_abs).c_str(),
+    std::printf("%-20s %-5d %-10s %-10s %-8s %-11s %-6s %s\n", r.name.c_str(), r.cases, fmt(r.max_abs).c_str(),
                 fmt(r.max_rel).c_str(), fmt(r.tol()).c_str(), ints, r.pass() ? "PASS" : "FAIL", entries.c_str());
     if (!r.error.empty()) std::printf("    error: %s\n", r.error.c_str());
-    out.push_back({{"op", r.op}, {"cases", r.cases}, {"max_abs_err", r.max_abs}, {"max_rel_err", r.max_rel},
+    out.push_back({{"op", r.name}, {"cases", r.cases}, {"max_abs_err", r.max_abs}, {"max_rel_err", r.max_rel},
                    {"tolerance", r.tol()}, {"integer_outputs_exact", r.has_ints ? nlohmann::json(r.ints_exact) : nullptr},
                    {"pass", r.pass()}, {"entries", r.entries}, {"error", r.error}});
   }
@@ -869,9 +701,9 @@ TEST(CudaParity, EveryOpMatchesTheCpuReference) {
   M3_CUDA_CHECK(cudaDeviceSynchronize());
   report(h);
   for (const Row& r : h.rows()) {
-    EXPECT_TRUE(r.pass()) << r.op << ": max_rel " << r.max_rel << " (tol " << r.tol() << ")" << (r.error.empty() ? "" : ", ")
+    EXPECT_TRUE(r.pass()) << r.name << ": max_rel " << r.max_rel << " (tol " << r.tol() << ")" << (r.error.empty() ? "" : ", ")
                           << r.error;
-    for (const auto& e : r.entries) EXPECT_NE(e.find(".sm90"), std::string::npos) << r.op << " ran " << e;
+    for (const auto& e : r.entries) EXPECT_NE(e.find(".sm90"), std::string::npos) << r.name << " ran " << e;
   }
   EXPECT_GE(h.rows().size(), 22u);
 }

@@ -31,6 +31,9 @@
 #include "backend/cuda/graph_capture.h"
 #include "backend/cuda/cuda_internal.h"
 #include "backend/cuda/moe_mxfp8.h"
+#include "device_test_util.h"
+#include "parity_table.h"
+#include "test_routing.h"
 #include "core/dtype.h"
 
 namespace m3 {
@@ -51,34 +54,9 @@ const std::map<std::string, double> kTolerance = {
 // Rows reported but not required (a property the design expects, not one the issue demands).
 const std::set<std::string> kInformational = {"w8a8_invariance"};
 
-class DevBuf {
- public:
-  explicit DevBuf(size_t bytes) : bytes_(std::max<size_t>(bytes, 16)) { M3_CUDA_CHECK(cudaMalloc(&ptr_, bytes_)); }
-  template <class T>
-  explicit DevBuf(const std::vector<T>& v) : DevBuf(v.size() * sizeof(T)) {
-    upload(v);
-  }
-  ~DevBuf() { cudaFree(ptr_); }
-  DevBuf(const DevBuf&) = delete;
-  DevBuf& operator=(const DevBuf&) = delete;
-  template <class T> T* as() const { return static_cast<T*>(ptr_); }
-  template <class T> void upload(const std::vector<T>& v) {
-    if (!v.empty()) M3_CUDA_CHECK(cudaMemcpy(ptr_, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice));
-  }
-  void fill(int byte) { M3_CUDA_CHECK(cudaMemset(ptr_, byte, bytes_)); }
-  template <class T> std::vector<T> get(size_t n) const {
-    std::vector<T> v(n);
-    M3_CUDA_CHECK(cudaMemcpy(v.data(), ptr_, n * sizeof(T), cudaMemcpyDeviceToHost));
-    return v;
-  }
-
- private:
-  void* ptr_ = nullptr;
-  size_t bytes_;
-};
-
-TensorView host(const void* p, DType dt, Shape s) { return TensorView{const_cast<void*>(p), dt, std::move(s), Device::kCpu}; }
-TensorView dev(const DevBuf& b, DType dt, Shape s) { return TensorView{b.as<void>(), dt, std::move(s), Device::kCuda}; }
+using cuda_test::dev;
+using cuda_test::DevBuf;
+using cuda_test::host;
 
 // Fast reproducible noise (the weights of the larger cases are ~10^8 values).
 struct Rng {
@@ -174,27 +152,7 @@ struct Layer {
   ops::ExpertWeights dev_experts() const { return {routed, shared, dg.data(), du.data(), dd.data()}; }
 };
 
-// top_k distinct experts per token with weight 1 / (e + 1)^skew (skew 0 = uniform; large skew
-// leaves high ids without tokens); `dup`: every third token names its first expert twice.
-void make_routing(int tokens, int routed, int top_k, double skew, bool dup, std::mt19937& rng,
-                  std::vector<int32_t>& ids, std::vector<float>& wts) {
-  std::vector<double> p(static_cast<size_t>(routed));
-  for (int e = 0; e < routed; ++e) p[size_t(e)] = 1.0 / std::pow(double(e + 1), skew);
-  std::uniform_real_distribution<float> uw(0.05f, 1.0f);
-  ids.assign(size_t(tokens) * top_k, 0);
-  wts.assign(ids.size(), 0.0f);
-  for (int t = 0; t < tokens; ++t) {
-    std::vector<double> left = p;
-    for (int j = 0; j < top_k; ++j) {
-      std::discrete_distribution<int> dd(left.begin(), left.end());
-      const int e = dd(rng);
-      ids[size_t(t) * top_k + j] = e;
-      left[size_t(e)] = 0.0;
-      wts[size_t(t) * top_k + j] = uw(rng);
-    }
-    if (dup && top_k > 1 && t % 3 == 1) ids[size_t(t) * top_k + top_k - 1] = ids[size_t(t) * top_k];
-  }
-}
+using cuda_test::make_routing;
 
 // The routing the device must produce, computed plainly.
 struct HostRoute {
@@ -297,19 +255,11 @@ std::vector<float> emulate_w8a8(const std::vector<float>& x, int tokens, const L
   return out;
 }
 
-struct Row {
-  std::string name;
-  int cases = 0;
-  double max_rel = 0;
-  bool has_ints = false, ints_exact = true;
-  std::string error, worst;
-  double tol() const { return kTolerance.at(name); }
-  bool pass() const { return error.empty() && cases > 0 && max_rel <= tol() && ints_exact; }
-};
+using Row = cuda_test::ParityRow;
 
-class Harness {
+class Harness : public cuda_test::ParityTable {
  public:
-  Harness() {
+  Harness() : ParityTable(kTolerance, nullptr) {
     cpu::register_cpu_kernels(cpu_table_);
     cuda::register_cuda_kernels(gpu_table_);
   }
@@ -317,64 +267,10 @@ class Harness {
   ops::OpContext cpu() { return {&cpu_table_, &cpu_stats_, Device::kCpu, false}; }
   ops::OpContext gpu(bool invariant) { return {&gpu_table_, &gpu_stats_, Device::kCuda, invariant}; }
   ops::DispatchStats& gpu_stats() { return gpu_stats_; }
-  Row& row(const std::string& name) {
-    for (auto& r : rows_) {
-      if (r.name == name) return r;
-    }
-    Row r;
-    r.name = name;
-    rows_.push_back(r);
-    return rows_.back();
-  }
-  void compare(const std::string& name, const std::vector<float>& got, const std::vector<float>& ref,
-               const std::string& what) {
-    Row& r = row(name);
-    double ref_max = 0, err = 0;
-    bool finite = got.size() == ref.size();
-    for (size_t i = 0; i < ref.size() && finite; ++i) {
-      if (!std::isfinite(got[i])) finite = false;
-      ref_max = std::max(ref_max, double(std::fabs(ref[i])));
-      err = std::max(err, double(std::fabs(got[i] - ref[i])));
-    }
-    const double rel = finite ? (ref_max > 0 ? err / ref_max : err) : INFINITY;
-    r.cases++;
-    if (rel >= r.max_rel) {
-      r.max_rel = rel;
-      r.worst = what;
-    }
-  }
-  void compare_ints(const std::string& name, const std::vector<int32_t>& got, const std::vector<int32_t>& ref,
-                    const std::string& what) {
-    Row& r = row(name);
-    r.has_ints = true;
-    r.cases++;
-    if (got != ref) {
-      r.ints_exact = false;
-      size_t bad = 0;
-      while (bad < ref.size() && bad < got.size() && got[bad] == ref[bad]) ++bad;
-      if (r.error.empty()) {
-        r.error = what + ": first mismatch at " + std::to_string(bad) + " (gpu " +
-                  (bad < got.size() ? std::to_string(got[bad]) : "-") + ", want " +
-                  (bad < ref.size() ? std::to_string(ref[bad]) : "-") + ")";
-      }
-    }
-  }
-  template <class F>
-  void guarded(const std::string& name, F&& f) {
-    try {
-      f();
-    } catch (const std::exception& e) {
-      Row& r = row(name);
-      if (r.error.empty()) r.error = e.what();
-      cudaGetLastError();
-    }
-  }
-  std::deque<Row>& rows() { return rows_; }
 
  private:
   ops::KernelTable cpu_table_, gpu_table_;
   ops::DispatchStats cpu_stats_, gpu_stats_;
-  std::deque<Row> rows_;
 };
 
 int32_t same_bits(const float* a, const float* b, size_t n) { return std::memcmp(a, b, n * sizeof(float)) == 0 ? 1 : 0; }

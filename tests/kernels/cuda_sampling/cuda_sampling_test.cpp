@@ -24,6 +24,7 @@
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/cuda_internal.h"
 #include "backend/cuda/device_pool.h"
+#include "device_test_util.h"
 #include "ops/sample_gumbel.h"
 
 namespace m3 {
@@ -34,28 +35,8 @@ constexpr float kInf = std::numeric_limits<float>::infinity();
 constexpr double kLogprobTol = 2e-5;
 constexpr double kNearTieRel = 1e-5;
 
-// Device buffer, poisoned with 0x7f bytes before each GPU run so an unwritten element fails.
-class DevBuf {
- public:
-  explicit DevBuf(size_t bytes) : bytes_(std::max<size_t>(bytes, 4)) { M3_CUDA_CHECK(cudaMalloc(&ptr_, bytes_)); }
-  ~DevBuf() { cudaFree(ptr_); }
-  DevBuf(const DevBuf&) = delete;
-  DevBuf& operator=(const DevBuf&) = delete;
-  void* get() const { return ptr_; }
-  void poison() { M3_CUDA_CHECK(cudaMemset(ptr_, 0x7f, bytes_)); }
-  template <class T> void put(const std::vector<T>& v) {
-    M3_CUDA_CHECK(cudaMemcpy(ptr_, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice));
-  }
-  template <class T> std::vector<T> read(size_t n) const {
-    std::vector<T> v(n);
-    M3_CUDA_CHECK(cudaMemcpy(v.data(), ptr_, n * sizeof(T), cudaMemcpyDeviceToHost));
-    return v;
-  }
-
- private:
-  void* ptr_ = nullptr;
-  size_t bytes_;
-};
+using cuda_test::dev;
+using cuda_test::DevBuf;
 
 struct Result {
   std::vector<int32_t> tokens, top_ids;
@@ -75,8 +56,8 @@ struct DevProblem {
   DevProblem(const std::vector<float>& x, const std::vector<ops::SampleRowParams>& p, int64_t r, int64_t v)
       : rows(r), vocab(v), logits(x.size() * 4), params(p.size() * sizeof(ops::SampleRowParams)), tokens(size_t(r) * 4),
         logprobs(size_t(r) * 4), top_ids(size_t(r) * kTop * 4), top_lp(size_t(r) * kTop * 4) {
-    logits.put(x);
-    params.put(p);
+    logits.upload(x);
+    params.upload(p);
   }
   void poison() {
     tokens.poison();
@@ -85,15 +66,14 @@ struct DevProblem {
     top_lp.poison();
   }
   void run(const ops::OpContext& ctx) {
-    auto dv = [](const DevBuf& b, DType t, Shape s) { return TensorView{b.get(), t, std::move(s), Device::kCuda}; };
-    ops::sample(ctx, dv(logits, DType::kF32, {rows, vocab}),
-                dv(params, DType::kU8, {rows * int64_t(sizeof(ops::SampleRowParams))}), dv(tokens, DType::kI32, {rows}),
-                dv(logprobs, DType::kF32, {rows}), dv(top_ids, DType::kI32, {rows, kTop}),
-                dv(top_lp, DType::kF32, {rows, kTop}));
+    ops::sample(ctx, dev(logits, DType::kF32, {rows, vocab}),
+                dev(params, DType::kU8, {rows * int64_t(sizeof(ops::SampleRowParams))}), dev(tokens, DType::kI32, {rows}),
+                dev(logprobs, DType::kF32, {rows}), dev(top_ids, DType::kI32, {rows, kTop}),
+                dev(top_lp, DType::kF32, {rows, kTop}));
   }
   Result read() const {
-    return {tokens.read<int32_t>(size_t(rows)), top_ids.read<int32_t>(size_t(rows * kTop)),
-            logprobs.read<float>(size_t(rows)), top_lp.read<float>(size_t(rows * kTop))};
+    return {tokens.get<int32_t>(size_t(rows)), top_ids.get<int32_t>(size_t(rows * kTop)),
+            logprobs.get<float>(size_t(rows)), top_lp.get<float>(size_t(rows * kTop))};
   }
 };
 
@@ -278,12 +258,12 @@ TEST(CudaSampling, MatchesTheCpuReferenceAndReplaysInAGraph) {
       d.run(h.gpu());
       M3_CUDA_CHECK(cudaDeviceSynchronize());
       const Result eager1 = d.read();
-      d.params.put(p2);
+      d.params.upload(p2);
       d.poison();
       d.run(h.gpu());
       M3_CUDA_CHECK(cudaDeviceSynchronize());
       const Result eager2 = d.read();
-      d.params.put(p1);
+      d.params.upload(p1);
 
       cudaStream_t stream;
       M3_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
@@ -305,7 +285,7 @@ TEST(CudaSampling, MatchesTheCpuReferenceAndReplaysInAGraph) {
       M3_CUDA_CHECK(cudaGraphLaunch(exec, stream));
       M3_CUDA_CHECK(cudaStreamSynchronize(stream));
       const Result replay1 = d.read();
-      d.params.put(p2);
+      d.params.upload(p2);
       d.poison();
       M3_CUDA_CHECK(cudaGraphLaunch(exec, stream));
       M3_CUDA_CHECK(cudaStreamSynchronize(stream));
