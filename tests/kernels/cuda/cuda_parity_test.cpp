@@ -600,18 +600,8 @@ void check_graph(Harness& h, std::mt19937& rng) {
       auto rw = randn(size_t(routed) * hidden, rng, 0.3f), rb = randn(size_t(routed), rng, 0.05f);
       DevBuf dx(x), drw(rw), drb(rb), dids(size_t(tokens) * top_k * 4), dwts(size_t(tokens) * top_k * 4),
           dmoe(x.size() * 4), dlin(size_t(tokens) * n_out * 4), dsg(size_t(tokens) * n_out * 4);
-      M3_CUDA_CHECK(cudaDeviceSynchronize());  // uploads above ran on the legacy stream
-      cudaStream_t stream = nullptr;
-      M3_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-      struct Restore {
-        cudaStream_t s;
-        ~Restore() {
-          cuda::set_current_stream(nullptr);
-          cudaStreamSynchronize(s);
-          cudaStreamDestroy(s);
-        }
-      } restore{stream};
-      cuda::set_current_stream(stream);
+      cuda_test::ScopedStream scoped;  // after the uploads above (legacy stream)
+      const cudaStream_t stream = scoped.get();
       auto step = [&] {
         ops::moe_router(h.gpu(), dev(dx, DType::kF32, {tokens, hidden}), dev(drw, DType::kF32, {routed, hidden}),
                         dev(drb, DType::kF32, {routed}), ops::RouterParams{top_k, 2.0f, true},

@@ -453,18 +453,8 @@ void check_graph(Harness& h, const Layer& L, Rng& noise) {
         for (auto& v : b) v = noise.normal() * 0.02f;
         DevBuf dx(x), dw(w), db(b), dids(size_t(tokens) * top_k * 4), dwts(size_t(tokens) * top_k * 4),
             dy(x.size() * 4);
-        M3_CUDA_CHECK(cudaDeviceSynchronize());
-        cudaStream_t stream = nullptr;
-        M3_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-        struct Restore {
-          cudaStream_t s;
-          ~Restore() {
-            cuda::set_current_stream(nullptr);
-            cudaStreamSynchronize(s);
-            cudaStreamDestroy(s);
-          }
-        } restore{stream};
-        cuda::set_current_stream(stream);
+        cuda_test::ScopedStream scoped;  // after the uploads above (legacy stream)
+        const cudaStream_t stream = scoped.get();
         auto step = [&] {
           ops::moe_router(h.gpu(invariant), dev(dx, DType::kF32, {tokens, hidden}), dev(dw, DType::kF32, {L.routed, hidden}),
                           dev(db, DType::kF32, {L.routed}), ops::RouterParams{top_k, 2.0f, true},

@@ -428,18 +428,8 @@ bool check_graph(Harness& h, std::mt19937& rng, std::string& why) {
   DevBuf dsel(sel_n * 4), dout(q.size() * 4);
   const Shape qs{T, sh.q_heads, D}, ks{slots, sh.kv_heads, D};
   const Shape sel_shape{sh.index_heads, T, sh.top_k};
-  M3_CUDA_CHECK(cudaDeviceSynchronize());
-  cudaStream_t stream = nullptr;
-  M3_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  struct Restore {
-    cudaStream_t s;
-    ~Restore() {
-      cuda::set_current_stream(nullptr);
-      cudaStreamSynchronize(s);
-      cudaStreamDestroy(s);
-    }
-  } restore{stream};
-  cuda::set_current_stream(stream);
+  cuda_test::ScopedStream scoped;  // after the uploads above (legacy stream)
+  const cudaStream_t stream = scoped.get();
   auto step = [&] {
     ops::indexer_topk(h.gpu(), dev(diq, DType::kF32, {T, sh.index_heads, D}), dev(dik, DType::kBF16, {slots, D}),
                       batch.dev_meta, ops::IndexerParams{sh.bs, sh.top_k}, dev(dsel, DType::kI32, sel_shape));

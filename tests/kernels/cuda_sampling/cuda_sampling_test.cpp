@@ -24,6 +24,7 @@
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/cuda_internal.h"
 #include "backend/cuda/device_pool.h"
+#include "backend/cuda/graph_capture.h"
 #include "device_test_util.h"
 #include "ops/sample_gumbel.h"
 
@@ -265,22 +266,9 @@ TEST(CudaSampling, MatchesTheCpuReferenceAndReplaysInAGraph) {
       const Result eager2 = d.read();
       d.params.upload(p1);
 
-      cudaStream_t stream;
-      M3_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-      cuda::set_current_stream(stream);
-      cudaGraph_t graph = nullptr;
-      cudaGraphExec_t exec = nullptr;
-      M3_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-      try {
-        d.run(h.gpu());
-      } catch (...) {
-        cudaStreamEndCapture(stream, &graph);
-        cuda::set_current_stream(nullptr);
-        throw;
-      }
-      M3_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
-      cuda::set_current_stream(nullptr);
-      M3_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+      cuda_test::ScopedStream scoped;
+      const cudaStream_t stream = scoped.get();
+      cudaGraphExec_t exec = cuda::capture_graph(stream, [&] { d.run(h.gpu()); });
       d.poison();
       M3_CUDA_CHECK(cudaGraphLaunch(exec, stream));
       M3_CUDA_CHECK(cudaStreamSynchronize(stream));
@@ -304,8 +292,6 @@ TEST(CudaSampling, MatchesTheCpuReferenceAndReplaysInAGraph) {
       cudaEventDestroy(e0);
       cudaEventDestroy(e1);
       cudaGraphExecDestroy(exec);
-      cudaGraphDestroy(graph);
-      cudaStreamDestroy(stream);
 
       int moved = 0;
       for (int64_t r = 0; r < rows; ++r) moved += eager1.tokens[size_t(r)] != eager2.tokens[size_t(r)];
@@ -318,7 +304,6 @@ TEST(CudaSampling, MatchesTheCpuReferenceAndReplaysInAGraph) {
                     same1 ? "yes" : "NO", same2 ? "yes" : "NO", moved, int(rows), 1000.0 * ms / 20);
       graph_result = buf;
     } catch (const std::exception& e) {
-      cuda::set_current_stream(nullptr);
       graph_result = std::string("error: ") + e.what();
     }
   }

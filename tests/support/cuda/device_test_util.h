@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "backend/cuda/cuda_check.h"
+#include "backend/cuda/cuda_internal.h"
 #include "core/tensor.h"
 #include "ops/ops.h"
 
@@ -51,6 +52,29 @@ inline TensorView host(const void* p, DType dt, Shape s) {
   return TensorView{const_cast<void*>(p), dt, std::move(s), Device::kCpu};
 }
 inline TensorView dev(const DevBuf& b, DType dt, Shape s) { return TensorView{b.as<void>(), dt, std::move(s), Device::kCuda}; }
+
+// A non-blocking stream, current for the scope (graph capture needs a non-default stream).
+// Construction waits for earlier work on the legacy stream (test uploads); destruction makes
+// the default stream current again, drains and destroys the stream.
+class ScopedStream {
+ public:
+  ScopedStream() {
+    M3_CUDA_CHECK(cudaDeviceSynchronize());
+    M3_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    cuda::set_current_stream(stream_);
+  }
+  ~ScopedStream() {
+    cuda::set_current_stream(nullptr);
+    cudaStreamSynchronize(stream_);
+    cudaStreamDestroy(stream_);
+  }
+  ScopedStream(const ScopedStream&) = delete;
+  ScopedStream& operator=(const ScopedStream&) = delete;
+  cudaStream_t get() const { return stream_; }
+
+ private:
+  cudaStream_t stream_ = nullptr;
+};
 
 // A sequence of the batch: `cached` tokens already in the KV cache, `fresh` query tokens.
 struct SeqSpec {
