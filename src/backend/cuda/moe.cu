@@ -122,36 +122,7 @@ __global__ void moe_combine_kernel(const float* y, const float* w, const int32_t
   __shared__ float s_w[kMaxTopK + 1];
   __shared__ int s_n;
   const int64_t t = blockIdx.x;
-  if (threadIdx.x == 0) {
-    // Assignments in ascending (expert, slot) order: the i-th is the least one after the (i-1)-th.
-    const int32_t* id = ids + t * top_k;
-    const int32_t* ps = pos + t * top_k;
-    int prev_e = -1, prev_j = -1, n = 0;
-    for (int i = 0; i < top_k; ++i) {
-      int best = -1, best_e = 0;
-      for (int j = 0; j < top_k; ++j) {
-        if (ps[j] < 0) continue;
-        const int e = id[j];
-        if (e < prev_e || (e == prev_e && j <= prev_j)) continue;
-        if (best < 0 || e < best_e) {
-          best = j;
-          best_e = e;
-        }
-      }
-      if (best < 0) break;
-      s_row[n] = ps[best];
-      s_w[n] = w[t * top_k + best];
-      ++n;
-      prev_e = best_e;
-      prev_j = best;
-    }
-    if (has_shared) {
-      s_row[n] = *shared_base + int(t);
-      s_w[n] = 1.0f;
-      ++n;
-    }
-    s_n = n;
-  }
+  if (threadIdx.x == 0) s_n = combine_rows(ids, pos, w, t, top_k, has_shared ? *shared_base + int(t) : -1, s_row, s_w);
   __syncthreads();
   const int n = s_n;
   for (int64_t d = threadIdx.x; d < hidden; d += blockDim.x) {

@@ -266,35 +266,7 @@ __global__ void __launch_bounds__(kCombineThreads) combine_kernel(const float* y
   __shared__ float s_w[kMaxTopK + 1];
   __shared__ int s_n;
   const int64_t t = blockIdx.x;
-  if (threadIdx.x == 0) {
-    const int32_t* id = ids + t * top_k;
-    const int32_t* ps = pos + t * top_k;
-    int prev_e = -1, prev_j = -1, n = 0;
-    for (int i = 0; i < top_k; ++i) {  // the i-th is the least (expert, slot) after the (i-1)-th
-      int best = -1, best_e = 0;
-      for (int j = 0; j < top_k; ++j) {
-        if (ps[j] < 0) continue;
-        const int e = id[j];
-        if (e < prev_e || (e == prev_e && j <= prev_j)) continue;
-        if (best < 0 || e < best_e) {
-          best = j;
-          best_e = e;
-        }
-      }
-      if (best < 0) break;
-      s_row[n] = ps[best];
-      s_w[n] = w[t * top_k + best];
-      ++n;
-      prev_e = best_e;
-      prev_j = best;
-    }
-    if (has_shared) {
-      s_row[n] = meta[1] + int(t);
-      s_w[n] = 1.0f;
-      ++n;
-    }
-    s_n = n;
-  }
+  if (threadIdx.x == 0) s_n = combine_rows(ids, pos, w, t, top_k, has_shared ? meta[1] + int(t) : -1, s_row, s_w);
   __syncthreads();
   const int n = s_n;
   // CTA (token, slice of hidden): small batches spread a token's rows over several SMs.
@@ -1016,6 +988,26 @@ Group make_group(const ops::ExpertWeights& ex, bool gate_up, int64_t hidden) {
   return g;
 }
 
+// The fields the W8A16 and W8A8 argument structs share (gate_up: x rows gathered through perm,
+// h out; down: h rows in, y out).
+template <class Args, class In>
+Args grouped_args(const In* x, const int32_t* gather, int64_t ldx, const float* row_scale, float out_mul, void* out,
+                  int64_t ldo, const int4* items, const int* num_items, Act act, const Group& g) {
+  Args r{};
+  r.x = x;
+  r.gather = gather;
+  r.ldx = ldx;
+  r.row_scale = row_scale;
+  r.out_mul = out_mul;
+  r.out = out;
+  r.ldo = ldo;
+  r.items = items;
+  r.num_items = num_items;
+  r.act = act;
+  r.g = g;
+  return r;
+}
+
 // Raises a kernel's dynamic shared-memory limit once per (kernel, device), so graph capture (the
 // engine's replays, the benchmark) never meets the call; returns the device's SM count.
 int allow_smem(const void* kernel, size_t bytes) {
@@ -1190,50 +1182,21 @@ void run(const TensorView& x, const TensorView& expert_ids, const TensorView& ex
     M3_CUDA_CHECK_LAUNCH();
   }
   if (stages & kGemms) {
+    const Group g_gu = make_group(experts, true, hidden), g_dn = make_group(experts, false, hidden);
     if (!w8) {
       const int tmt = l.bt == 16 ? 2 : 0;  // 64-row items: the tile follows each item's rows
-      W16Args gu{};
-      gu.x = reinterpret_cast<const __half*>(ws + l.xc);
-      gu.gather = perm;
-      gu.ldx = hidden;
-      gu.row_scale = xs;
-      gu.out_mul = hscale;
-      gu.out = h16;
-      gu.ldo = l.inter;
-      gu.items = items;
-      gu.num_items = meta;
-      gu.act = a;
-      gu.g = make_group(experts, true, hidden);
+      const W16Args gu = grouped_args<W16Args>(reinterpret_cast<const __half*>(ws + l.xc), perm, hidden, xs, hscale, h16,
+                                               l.inter, items, meta, a, g_gu);
       launch_w16<true>(tmt, dim3(unsigned(l.items), unsigned((l.inter + 8 * kW16Warps - 1) / (8 * kW16Warps))), gu);
-      W16Args dn{};
-      dn.x = h16;
-      dn.gather = nullptr;
-      dn.ldx = l.inter;
-      dn.row_scale = nullptr;
-      dn.out_mul = 1.0f / hscale;
-      dn.out = y;
-      dn.ldo = hidden;
-      dn.items = items;
-      dn.num_items = meta;
-      dn.act = a;
-      dn.g = make_group(experts, false, hidden);
+      const W16Args dn =
+          grouped_args<W16Args>(h16, nullptr, l.inter, nullptr, 1.0f / hscale, y, hidden, items, meta, a, g_dn);
       launch_w16<false>(tmt, dim3(unsigned(l.items), unsigned(hidden / (16 * kW16Warps))), dn);
     } else {
       uint8_t* hq = reinterpret_cast<uint8_t*>(ws + l.hq);
       float* hs = reinterpret_cast<float*>(ws + l.hs);
-      W8Args gu{};
-      gu.x = reinterpret_cast<const uint8_t*>(ws + l.xc);
-      gu.gather = perm;
-      gu.ldx = hidden;
-      gu.row_scale = xs;
-      gu.out_mul = hscale;
-      gu.out = h16;
-      gu.ldo = l.inter;
-      gu.items = items;
-      gu.num_items = meta;
+      W8Args gu = grouped_args<W8Args>(reinterpret_cast<const uint8_t*>(ws + l.xc), perm, hidden, xs, hscale, h16,
+                                       l.inter, items, meta, a, g_gu);
       gu.col_tiles = int(l.inter / (kW8ARows / 2));
-      gu.act = a;
-      gu.g = make_group(experts, true, hidden);
       // Row scales come from each row's amax over the widest intermediate: experts narrower than
       // that must leave zeros (not stale bytes) in the columns past their own width.
       bool uniform = true;
@@ -1247,19 +1210,8 @@ void run(const TensorView& x, const TensorView& expert_ids, const TensorView& ex
       quant_rows_kernel<__half, true><<<unsigned(l.rows), kQuantThreads, 0, stream>>>(h16, l.inter, int(l.inter), hq,
                                                                                       l.inter, hs);
       M3_CUDA_CHECK_LAUNCH();
-      W8Args dn{};
-      dn.x = hq;
-      dn.gather = nullptr;
-      dn.ldx = l.inter;
-      dn.row_scale = hs;
-      dn.out_mul = 1.0f / hscale;
-      dn.out = y;
-      dn.ldo = hidden;
-      dn.items = items;
-      dn.num_items = meta;
+      W8Args dn = grouped_args<W8Args>(hq, nullptr, l.inter, hs, 1.0f / hscale, y, hidden, items, meta, a, g_dn);
       dn.col_tiles = int(hidden / kW8ARows);
-      dn.act = a;
-      dn.g = make_group(experts, false, hidden);
       launch_w8<false>(dn);
     }
   }

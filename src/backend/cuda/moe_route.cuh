@@ -4,6 +4,8 @@
 // of one expert each). Kept C++17 (included by .cu files only).
 #include <cuda_runtime.h>
 
+#include <cstdint>
+
 namespace m3::cuda {
 
 // Called by every thread of one CTA after cnt[0, routed) holds the routed counts (the shared
@@ -51,6 +53,40 @@ __device__ __forceinline__ void scan_and_emit_items(int* cnt, int* start, int* i
       items[i0 + g] = make_int4(e, s + g * rows_per_item, s + min(c, (g + 1) * rows_per_item), 0);
     }
   }
+}
+
+// A token's rows for the combine, in the CPU reference's order: its assignments by ascending
+// (expert, slot) (those with pos < 0 skipped), then the shared expert's row (shared_row >= 0)
+// with weight 1. One thread; writes rows[0, n) and their weights, returns n (<= top_k + 1).
+__device__ __forceinline__ int combine_rows(const int32_t* ids, const int32_t* pos, const float* w, int64_t t,
+                                            int top_k, int shared_row, int* rows, float* weights) {
+  const int32_t* id = ids + t * top_k;
+  const int32_t* ps = pos + t * top_k;
+  int prev_e = -1, prev_j = -1, n = 0;
+  for (int i = 0; i < top_k; ++i) {  // the i-th is the least (expert, slot) after the (i-1)-th
+    int best = -1, best_e = 0;
+    for (int j = 0; j < top_k; ++j) {
+      if (ps[j] < 0) continue;
+      const int e = id[j];
+      if (e < prev_e || (e == prev_e && j <= prev_j)) continue;
+      if (best < 0 || e < best_e) {
+        best = j;
+        best_e = e;
+      }
+    }
+    if (best < 0) break;
+    rows[n] = ps[best];
+    weights[n] = w[t * top_k + best];
+    ++n;
+    prev_e = best_e;
+    prev_j = best;
+  }
+  if (shared_row >= 0) {
+    rows[n] = shared_row;
+    weights[n] = 1.0f;
+    ++n;
+  }
+  return n;
 }
 
 }  // namespace m3::cuda
