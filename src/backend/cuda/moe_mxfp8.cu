@@ -523,19 +523,20 @@ __device__ __forceinline__ void w8a16_body(const W16Args& a) {
       const uint32_t sc[2] = {sv.x, sv.y};
       compute(b, q, sc);
     }
-  }
-  for (int st0 = 0; kDeep == 0 && st0 < nst; st0 += kW16Ring) {
+  } else {
+    for (int st0 = 0; st0 < nst; st0 += kW16Ring) {
 #pragma unroll
-    for (int d = 0; d < kW16Ring; ++d) {
-      const int st = st0 + d;
-      if (st < nst) {
-        constexpr int kAhead = kW16Ring - 1;
-        if (st + kAhead < nst) load_w(st + kAhead, wq[(d + kAhead) % kW16Ring], ws[(d + kAhead) % kW16Ring]);
-        cp_async_wait<kW16Stages - 2>();
-        __syncthreads();  // stage st visible to all warps; all are done with stage st - 1
-        if (st + kW16Stages - 1 < nst) load_x(st + kW16Stages - 1, (st + kW16Stages - 1) % kW16Stages);
-        cp_async_commit();
-        compute(st % kW16Stages, wq[d], ws[d]);
+      for (int d = 0; d < kW16Ring; ++d) {
+        const int st = st0 + d;
+        if (st < nst) {
+          constexpr int kAhead = kW16Ring - 1;
+          if (st + kAhead < nst) load_w(st + kAhead, wq[(d + kAhead) % kW16Ring], ws[(d + kAhead) % kW16Ring]);
+          cp_async_wait<kW16Stages - 2>();
+          __syncthreads();  // stage st visible to all warps; all are done with stage st - 1
+          if (st + kW16Stages - 1 < nst) load_x(st + kW16Stages - 1, (st + kW16Stages - 1) % kW16Stages);
+          cp_async_commit();
+          compute(st % kW16Stages, wq[d], ws[d]);
+        }
       }
     }
   }

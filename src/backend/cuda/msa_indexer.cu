@@ -525,7 +525,6 @@ __global__ void __launch_bounds__(kThreads, kWM == 1 ? 2 : 1) msa_indexer_kernel
       // holds the list) and their chains run in batches of hundreds, one per thread, reading the
       // key again from the cache (mostly L2), with atomicMax into the global block scores. Only
       // overflow (ties) or keys >= 2^24 run in place.
-      uint32_t* const cand = cand_list;
       constexpr int kCandCap = kWarps * 256, kDrainAt = kCandCap - kCandCap / 4;
 #pragma unroll
       for (int mt = 0; mt < kMTiles; ++mt) {
@@ -542,7 +541,7 @@ __global__ void __launch_bounds__(kThreads, kWM == 1 ? 2 : 1) msa_indexer_kernel
             if (forced || order_key(__fadd_ru(av, ev)) >= lo_s[r * kBps + bi]) {
               const int slot = a.defer ? atomicAdd(&s_ncand, 1) : kCandCap;
               if (slot < kCandCap) {
-                cand[slot] = (uint32_t(r) << 24) | uint32_t(kb + k);
+                cand_list[slot] = (uint32_t(r) << 24) | uint32_t(kb + k);
               } else {
                 const float x = exact_dot<IK>(q_row(r), buf + k * kRowBytes, k);
                 if (x == x) atomicMax(&sc_s[r * kBps + bi], order_key(x));  // the reference skips NaN
