@@ -2,16 +2,21 @@
 // probability + correction bias (descending, ties to the lower id), the chosen experts'
 // unbiased probabilities renormalised and scaled (the CPU reference's order of operations).
 //
-// Two launches, no scratch beyond the partial logits:
-//   1. router_logits: hidden split into kSplits fixed segments (enough CTAs for the SMs at one
-//      token: M3 reads 3 MB of F32 router weight). One warp per expert (or four); a lane sums its
-//      float4 chunks of the segment in ascending order with FMA, the warp folds lanes with one
-//      xor tree, and the segment's partial goes to [split, token, expert]. The arithmetic of a
-//      (token, expert) never depends on the token count or on how CTAs group experts, so the
-//      choice is batch-invariant and the wide-tile variant (large batches) gives the same bits.
-//   2. router_select: one warp per token; lane l holds experts l, l + 32, ...: logit = the
-//      partials summed in split order, sigmoid computed once per expert, top_k rounds of a warp
-//      argmax; weights p / sum * scale with the sum in pick order.
+// The canonical logit of a (token, expert), the same bits for every token count and kernel:
+// hidden is cut into 192-wide segments; a segment's partial is one fp32 FMA chain over its
+// elements in ascending order, from +0; segments fold in order within groups of `spg`
+// consecutive segments (at most kGroups groups), and the groups fold in order.
+//   - decode (T <= kWideMin): router_seg_kernel, a CTA per (32 experts, segment, 8 tokens)
+//     stages its rows in shared memory and writes every segment's partial (M3: 128 CTAs at one
+//     token);
+//   - wide batches: router_tile_kernel, register-tiled SIMT (a thread holds 4 tokens x 4
+//     experts, operands staged k-major in shared memory), a CTA per (token tile, 128 experts,
+//     group) folds its group's segments itself and writes the group's partial. It replaced a
+//     warp-per-expert kernel that re-read the router weight per 8 tokens (1.2 ms at 4096 tokens).
+// router_select (launched as the logits kernel's programmatic dependent) folds the partials, then
+// a warp per token: lane l holds experts l, l + 32, ..., sigmoid once per expert, top_k rounds of
+// a warp argmax; weights p / sum * scale with the sum in pick order. (Selecting in the last logits
+// CTA instead, to save the launch, measured slower: one CTA folding 8 tokens' partials.)
 #include <cstdint>
 #include <stdexcept>
 #include <string>
@@ -23,129 +28,288 @@
 namespace m3::cuda {
 namespace {
 
-constexpr int kSplits = 8;        // fixed K segments (part of the reduction order)
-constexpr int kWarps = 8;         // warps per logits CTA
-constexpr int kTileTokens = 8;    // tokens per logits CTA
+constexpr int kSeg = 192;         // segment width (part of the reduction order; a multiple of 32)
+constexpr int kGroups = 8;        // at most this many groups of segments (part of the order)
 constexpr int kMaxExperts = 256;  // 8 per lane in the select kernel
+constexpr int kSegTokens = 8;     // tokens per CTA of the decode kernel
+constexpr int kWideMin = 256;     // above this many tokens, the tiled kernel
+constexpr int kTileK = 32;        // k per shared-memory stage of the tiled kernel
+constexpr int kTileE = 128;       // experts per tiled CTA (32 threads x 4)
 
-struct LogitsArgs {
-  const float* x;
-  const float* w;
-  float* partial;  // [kSplits, tokens, experts]
-  int64_t ldx;
-  int tokens, experts, k, seg;  // seg: elements per split, a multiple of 4
+// Programmatic dependent launch: the select kernel is launched while the logits kernel drains and
+// waits (griddepcontrol.wait) before reading its partials; the next kernel (the MoE routing) may
+// do the same with the ids.
+__device__ __forceinline__ void pdl_launch_dependents() { asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory"); }
+__device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
+
+struct Order {
+  int nseg, spg, ngroups;  // segments, segments per group, groups
 };
-
-// kEPW experts per warp (1 for decode: more CTAs; 4 for wide batches: x read 4x less).
-template <int kEPW>
-__global__ void __launch_bounds__(kWarps * 32) router_logits_kernel(LogitsArgs a) {
-  const int warp = int(threadIdx.x) >> 5, lane = int(threadIdx.x) & 31;
-  const int e0 = (int(blockIdx.x) * kWarps + warp) * kEPW;
-  const int t0 = int(blockIdx.y) * kTileTokens, s = int(blockIdx.z);
-  if (e0 >= a.experts) return;
-  const int nt = min(kTileTokens, a.tokens - t0);
-  const int k_begin = s * a.seg, k_end = min(a.k, k_begin + a.seg);
-  float acc[kTileTokens][kEPW];
-#pragma unroll
-  for (int t = 0; t < kTileTokens; ++t)
-#pragma unroll
-    for (int j = 0; j < kEPW; ++j) acc[t][j] = 0.0f;
-  for (int c = k_begin + 4 * lane; c < k_end; c += 128) {
-    float4 wv[kEPW];
-#pragma unroll
-    for (int j = 0; j < kEPW; ++j) {
-      const int e = min(e0 + j, a.experts - 1);
-      wv[j] = __ldg(reinterpret_cast<const float4*>(a.w + int64_t(e) * a.k + c));
-    }
-#pragma unroll
-    for (int t = 0; t < kTileTokens; ++t) {
-      if (t >= nt) break;
-      const float4 xv = __ldg(reinterpret_cast<const float4*>(a.x + int64_t(t0 + t) * a.ldx + c));
-#pragma unroll
-      for (int j = 0; j < kEPW; ++j) {
-        float v = acc[t][j];
-        v = fmaf(wv[j].x, xv.x, v);
-        v = fmaf(wv[j].y, xv.y, v);
-        v = fmaf(wv[j].z, xv.z, v);
-        v = fmaf(wv[j].w, xv.w, v);
-        acc[t][j] = v;
-      }
-    }
-  }
-#pragma unroll
-  for (int t = 0; t < kTileTokens; ++t) {
-    if (t >= nt) break;
-#pragma unroll
-    for (int j = 0; j < kEPW; ++j) {
-      float v = acc[t][j];
-#pragma unroll
-      for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
-      if (lane == 0 && e0 + j < a.experts) {
-        a.partial[(int64_t(s) * a.tokens + t0 + t) * a.experts + e0 + j] = v;
-      }
-    }
-  }
+Order order_of(int64_t hidden) {
+  Order o;
+  o.nseg = int((hidden + kSeg - 1) / kSeg);
+  o.spg = (o.nseg + kGroups - 1) / kGroups;
+  o.ngroups = (o.nseg + o.spg - 1) / o.spg;
+  return o;
 }
+
+// What the selection reads and writes. partial: [nstored, tokens, experts], folded in order
+// within groups of spg, then the groups.
+struct SelectArgs {
+  const float* partial;
+  int nstored, spg;
+  const float* bias;
+  int tokens, experts, top_k;
+  float scale;
+  int32_t* ids;
+  float* weights;
+};
 
 // (choice desc, id asc): is (c, i) before (bc, bi)? bi < 0 is "none yet".
 __device__ __forceinline__ bool before(float c, int i, float bc, int bi) {
   return bi < 0 || c > bc || (c == bc && i < bi);
 }
 
-__global__ void __launch_bounds__(256) router_select_kernel(const float* partial, const float* bias, int tokens,
-                                                            int experts, int top_k, float scale, int32_t* ids,
-                                                            float* weights) {
+struct LogitsArgs {
+  const float* x;
+  const float* w;
+  float* partial;  // seg: [nseg, tokens, experts]; tile: [ngroups, tokens, experts]
+  int64_t ldx;
+  int tokens, experts, k, nseg, spg;
+};
+
+// Tokens t0 .. t0 + nt - 1 (nt <= kSelTokens) by the whole CTA: first every thread folds (token,
+// expert) logits into shared memory, its partials loaded 16 at a time ahead of the adds (at one
+// token the fold is a few L2 round trips, not 32 dependent ones); then a warp per token selects.
+constexpr int kSelTokens = 8, kFoldBatch = 16;
+__device__ __forceinline__ void select_tokens(const SelectArgs& a, int t0, int nt, float (*logit_s)[kMaxExperts]) {
   constexpr int kPer = kMaxExperts / 32;
-  const int lane = int(threadIdx.x) & 31;
-  const int t = int(blockIdx.x) * (int(blockDim.x) >> 5) + (int(threadIdx.x) >> 5);
-  if (t >= tokens) return;
-  float prob[kPer], choice[kPer];
-  unsigned taken = 0;
+  const int experts = a.experts, top_k = a.top_k;
+  for (int i = int(threadIdx.x); i < nt * experts; i += int(blockDim.x)) {
+    const int tt = i / experts, e = i % experts;
+    const float* src = a.partial + int64_t(t0 + tt) * experts + e;
+    const int64_t stride = int64_t(a.tokens) * experts;
+    float lg = 0.0f, gs = 0.0f;
+    for (int c0 = 0; c0 < a.nstored; c0 += kFoldBatch) {
+      float v[kFoldBatch];
 #pragma unroll
-  for (int i = 0; i < kPer; ++i) {
-    const int e = lane + 32 * i;
-    prob[i] = choice[i] = 0.0f;
-    if (e >= experts) continue;
-    float lg = partial[int64_t(t) * experts + e];
-    for (int s = 1; s < kSplits; ++s) lg += partial[(int64_t(s) * tokens + t) * experts + e];
-    prob[i] = 1.0f / (1.0f + expf(-lg));
-    choice[i] = prob[i] + (bias ? bias[e] : 0.0f);
+      for (int j = 0; j < kFoldBatch; ++j) v[j] = c0 + j < a.nstored ? __ldcg(src + int64_t(c0 + j) * stride) : 0.0f;
+#pragma unroll
+      for (int j = 0; j < kFoldBatch; ++j) {
+        const int idx = c0 + j;
+        if (idx >= a.nstored) break;
+        gs = idx % a.spg == 0 ? v[j] : gs + v[j];
+        if (idx % a.spg == a.spg - 1 || idx == a.nstored - 1) lg = idx < a.spg ? gs : lg + gs;
+      }
+    }
+    logit_s[tt][e] = lg;
   }
-  float sum = 0.0f, picked_p = 0.0f;
-  int picked_id = -1;
-  for (int r = 0; r < top_k; ++r) {
-    float bc = 0.0f, bp = 0.0f;
-    int bi = -1;
+  __syncthreads();
+  const int lane = int(threadIdx.x) & 31, nwarps = int(blockDim.x) >> 5;
+  for (int tt = int(threadIdx.x) >> 5; tt < nt; tt += nwarps) {
+    const int t = t0 + tt;
+    float prob[kPer], choice[kPer];
+    unsigned taken = 0;
 #pragma unroll
     for (int i = 0; i < kPer; ++i) {
       const int e = lane + 32 * i;
-      if (e < experts && !((taken >> i) & 1u) && before(choice[i], e, bc, bi)) {
-        bc = choice[i];
-        bi = e;
-        bp = prob[i];
+      prob[i] = choice[i] = 0.0f;
+      if (e >= experts) continue;
+      prob[i] = 1.0f / (1.0f + expf(-logit_s[tt][e]));
+      choice[i] = prob[i] + (a.bias ? a.bias[e] : 0.0f);
+    }
+    float sum = 0.0f, picked_p = 0.0f;
+    int picked_id = -1;
+    for (int r = 0; r < top_k; ++r) {
+      float bc = 0.0f, bp = 0.0f;
+      int bi = -1;
+#pragma unroll
+      for (int i = 0; i < kPer; ++i) {
+        const int e = lane + 32 * i;
+        if (e < experts && !((taken >> i) & 1u) && before(choice[i], e, bc, bi)) {
+          bc = choice[i];
+          bi = e;
+          bp = prob[i];
+        }
       }
+#pragma unroll
+      for (int off = 16; off > 0; off >>= 1) {
+        const float oc = __shfl_xor_sync(0xffffffffu, bc, off), op = __shfl_xor_sync(0xffffffffu, bp, off);
+        const int oi = __shfl_xor_sync(0xffffffffu, bi, off);
+        if (oi >= 0 && before(oc, oi, bc, bi)) {
+          bc = oc;
+          bi = oi;
+          bp = op;
+        }
+      }
+      if (bi >= 0 && (bi & 31) == lane) taken |= 1u << (bi >> 5);
+      sum += bp;  // pick order, as the reference
+      if (lane == r) {
+        picked_id = bi;
+        picked_p = bp;
+      }
+    }
+    if (lane < top_k) {
+      a.ids[int64_t(t) * top_k + lane] = picked_id;
+      a.weights[int64_t(t) * top_k + lane] = picked_p / sum * a.scale;
+    }
+  }
+}
+
+// CTA (32 experts from 32 blockIdx.x, segment blockIdx.y, 8 tokens from 8 blockIdx.z): the
+// experts' segment rows and the tokens' segment of x are staged in shared memory with coalesced
+// loads (M3 at one token: 4 x 32 CTAs of 24 KB), then thread (token pair tid / 32, expert
+// tid % 32) runs its chains from there (rows padded to 196 floats: conflict-free float4 reads).
+constexpr int kSegExperts = 32, kSegThreads = 128, kSegRow = kSeg + 4;
+__global__ void __launch_bounds__(kSegThreads) router_seg_kernel(LogitsArgs a) {
+  __shared__ __align__(16) float ws[kSegExperts][kSegRow];
+  __shared__ __align__(16) float xs[kSegTokens][kSegRow];
+  pdl_launch_dependents();
+  const int tid = int(threadIdx.x);
+  const int e0 = int(blockIdx.x) * kSegExperts, s = int(blockIdx.y), t0 = int(blockIdx.z) * kSegTokens;
+  const int k_begin = s * kSeg, len = min(a.k - k_begin, kSeg);  // a multiple of 4
+  const int ne = min(kSegExperts, a.experts - e0), nt = min(kSegTokens, a.tokens - t0);
+  const int q4 = len / 4;
+  for (int f = tid; f < ne * q4; f += kSegThreads) {
+    const int r = f / q4, c = 4 * (f % q4);
+    *reinterpret_cast<float4*>(&ws[r][c]) = __ldg(reinterpret_cast<const float4*>(a.w + int64_t(e0 + r) * a.k + k_begin + c));
+  }
+  for (int f = tid; f < nt * q4; f += kSegThreads) {
+    const int r = f / q4, c = 4 * (f % q4);
+    *reinterpret_cast<float4*>(&xs[r][c]) = __ldg(reinterpret_cast<const float4*>(a.x + int64_t(t0 + r) * a.ldx + k_begin + c));
+  }
+  __syncthreads();
+  const int e = tid % kSegExperts, tp = 2 * (tid / kSegExperts);
+  if (e >= ne || tp >= nt) return;
+  const bool two = tp + 1 < nt;
+  float acc0 = 0.0f, acc1 = 0.0f;
+#pragma unroll 4
+  for (int c = 0; c < len; c += 4) {
+    const float4 wv = *reinterpret_cast<const float4*>(&ws[e][c]);
+    const float4 x0 = *reinterpret_cast<const float4*>(&xs[tp][c]);
+    acc0 = fmaf(wv.x, x0.x, acc0);
+    acc0 = fmaf(wv.y, x0.y, acc0);
+    acc0 = fmaf(wv.z, x0.z, acc0);
+    acc0 = fmaf(wv.w, x0.w, acc0);
+    if (two) {
+      const float4 x1 = *reinterpret_cast<const float4*>(&xs[tp + 1][c]);
+      acc1 = fmaf(wv.x, x1.x, acc1);
+      acc1 = fmaf(wv.y, x1.y, acc1);
+      acc1 = fmaf(wv.z, x1.z, acc1);
+      acc1 = fmaf(wv.w, x1.w, acc1);
+    }
+  }
+  a.partial[(int64_t(s) * a.tokens + t0 + tp) * a.experts + e0 + e] = acc0;
+  if (two) a.partial[(int64_t(s) * a.tokens + t0 + tp + 1) * a.experts + e0 + e] = acc1;
+}
+
+// CTA (token tile blockIdx.x of 8 TT tokens, experts 128 blockIdx.y .., group blockIdx.z); thread
+// (ty = warp, tx = lane) holds tokens ty TT .. + TT - 1 and experts 4 tx .. + 3. Elements past
+// hidden are zero-filled: fma(0, 0, acc) == acc, as a chain from +0 never holds -0.
+constexpr int TT = 4;  // 8 tokens per thread measured slower: 195 registers, one CTA per SM
+__global__ void __launch_bounds__(256, 2) router_tile_kernel(LogitsArgs a) {
+  constexpr int kBT = 8 * TT;
+  pdl_launch_dependents();
+  __shared__ __align__(16) float xs[kTileK][kBT];
+  __shared__ __align__(16) float ws[kTileK][kTileE];
+  const int tid = int(threadIdx.x), ty = tid >> 5, tx = tid & 31;
+  const int t0 = int(blockIdx.x) * kBT, e0 = int(blockIdx.y) * kTileE, grp = int(blockIdx.z);
+  const int k_begin = grp * a.spg * kSeg, k_end = min(a.k, k_begin + a.spg * kSeg);
+  constexpr int kXv = kBT * kTileK / 4 / 256;  // float4 of x per thread per stage (TT / 4)
+  constexpr int kWv = kTileE * kTileK / 4 / 256;
+  float4 xr[kXv], wr[kWv];
+  auto load = [&](int kt) {
+#pragma unroll
+    for (int r = 0; r < kXv; ++r) {
+      const int f = tid + 256 * r, tok = f % kBT, kq = f / kBT, k = kt + 4 * kq;
+      xr[r] = (t0 + tok < a.tokens && k < k_end)
+                  ? __ldg(reinterpret_cast<const float4*>(a.x + int64_t(t0 + tok) * a.ldx + k))
+                  : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     }
 #pragma unroll
-    for (int off = 16; off > 0; off >>= 1) {
-      const float oc = __shfl_xor_sync(0xffffffffu, bc, off), op = __shfl_xor_sync(0xffffffffu, bp, off);
-      const int oi = __shfl_xor_sync(0xffffffffu, bi, off);
-      if (oi >= 0 && before(oc, oi, bc, bi)) {
-        bc = oc;
-        bi = oi;
-        bp = op;
+    for (int r = 0; r < kWv; ++r) {
+      const int f = tid + 256 * r, e = f % kTileE, kq = f / kTileE, k = kt + 4 * kq;
+      wr[r] = (e0 + e < a.experts && k < k_end)
+                  ? __ldg(reinterpret_cast<const float4*>(a.w + int64_t(e0 + e) * a.k + k))
+                  : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
+  };
+  float acc[TT][4], total[TT][4];
+#pragma unroll
+  for (int i = 0; i < TT; ++i)
+#pragma unroll
+    for (int j = 0; j < 4; ++j) acc[i][j] = total[i][j] = 0.0f;
+  bool first = true;
+  load(k_begin);
+  for (int kt = k_begin; kt < k_end; kt += kTileK) {
+    __syncthreads();  // everyone is done reading the previous stage
+#pragma unroll
+    for (int r = 0; r < kXv; ++r) {
+      const int f = tid + 256 * r, tok = f % kBT, kq = f / kBT;
+      xs[4 * kq][tok] = xr[r].x;
+      xs[4 * kq + 1][tok] = xr[r].y;
+      xs[4 * kq + 2][tok] = xr[r].z;
+      xs[4 * kq + 3][tok] = xr[r].w;
+    }
+#pragma unroll
+    for (int r = 0; r < kWv; ++r) {
+      const int f = tid + 256 * r, e = f % kTileE, kq = f / kTileE;
+      ws[4 * kq][e] = wr[r].x;
+      ws[4 * kq + 1][e] = wr[r].y;
+      ws[4 * kq + 2][e] = wr[r].z;
+      ws[4 * kq + 3][e] = wr[r].w;
+    }
+    __syncthreads();
+    if (kt + kTileK < k_end) load(kt + kTileK);  // in flight during this stage's FMAs
+#pragma unroll 8
+    for (int kk = 0; kk < kTileK; ++kk) {
+      float xv[TT];
+#pragma unroll
+      for (int q = 0; q < TT / 4; ++q) {
+        const float4 v = *reinterpret_cast<const float4*>(&xs[kk][ty * TT + 4 * q]);
+        xv[4 * q] = v.x;
+        xv[4 * q + 1] = v.y;
+        xv[4 * q + 2] = v.z;
+        xv[4 * q + 3] = v.w;
       }
+      const float4 wv4 = *reinterpret_cast<const float4*>(&ws[kk][4 * tx]);
+      const float wv[4] = {wv4.x, wv4.y, wv4.z, wv4.w};
+#pragma unroll
+      for (int i = 0; i < TT; ++i)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) acc[i][j] = fmaf(wv[j], xv[i], acc[i][j]);
     }
-    if (bi >= 0 && (bi & 31) == lane) taken |= 1u << (bi >> 5);
-    sum += bp;  // pick order, as the reference
-    if (lane == r) {
-      picked_id = bi;
-      picked_p = bp;
+    // Segment boundary (or the group's end): fold the segment's chain into the group's sum.
+    if ((kt + kTileK - k_begin) % kSeg == 0 || kt + kTileK >= k_end) {
+#pragma unroll
+      for (int i = 0; i < TT; ++i)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          total[i][j] = first ? acc[i][j] : total[i][j] + acc[i][j];
+          acc[i][j] = 0.0f;
+        }
+      first = false;
     }
   }
-  if (lane < top_k) {
-    ids[int64_t(t) * top_k + lane] = picked_id;
-    weights[int64_t(t) * top_k + lane] = picked_p / sum * scale;
+#pragma unroll
+  for (int i = 0; i < TT; ++i) {
+    const int t = t0 + ty * TT + i;
+    if (t >= a.tokens) break;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int e = e0 + 4 * tx + j;
+      if (e < a.experts) a.partial[(int64_t(grp) * a.tokens + t) * a.experts + e] = total[i][j];
+    }
   }
+}
+
+
+__global__ void __launch_bounds__(32 * kSelTokens) router_select_kernel(SelectArgs a) {
+  __shared__ float logit_s[kSelTokens][kMaxExperts];
+  pdl_wait();  // the partials
+  pdl_launch_dependents();
+  const int t0 = int(blockIdx.x) * kSelTokens;
+  select_tokens(a, t0, min(kSelTokens, a.tokens - t0), logit_s);
 }
 
 }  // namespace
@@ -166,22 +330,34 @@ void launch_fused_router(const float* x, int64_t ldx, int64_t tokens, const floa
                          const float* bias, int top_k, float scale, int32_t* ids, float* weights) {
   if (tokens == 0) return;
   if (tokens > INT32_MAX / 2) throw std::runtime_error("moe_router: too many tokens");
-  Scratch partial(size_t(kSplits) * size_t(tokens) * size_t(experts) * 4);
-  LogitsArgs a{x, w, partial.as<float>(), ldx, int(tokens), int(experts), int(hidden), 0};
-  a.seg = int(((hidden + kSplits - 1) / kSplits + 3) / 4 * 4);
-  const unsigned ty = unsigned((tokens + kTileTokens - 1) / kTileTokens);
-  if (ty > 65535) throw std::runtime_error("moe_router: too many tokens for one launch");
-  // Decode: a warp per expert (M3: 16 x 8 = 128 CTAs at one token). Wide batches: 4 per warp.
-  if (tokens <= 4 * kTileTokens) {
-    const dim3 grid(unsigned((experts + kWarps - 1) / kWarps), ty, kSplits);
-    router_logits_kernel<1><<<grid, kWarps * 32, 0, current_stream()>>>(a);
+  const Order o = order_of(hidden);
+  const bool wide = tokens > kWideMin;
+  const int nstored = wide ? o.ngroups : o.nseg;
+  Scratch partial(size_t(nstored) * size_t(tokens) * size_t(experts) * 4);
+  const SelectArgs sel{partial.as<const float>(), nstored, wide ? 1 : o.spg, bias, int(tokens), int(experts), top_k,
+                       scale, ids, weights};
+  const LogitsArgs a{x, w, partial.as<float>(), ldx, int(tokens), int(experts), int(hidden), o.nseg, o.spg};
+  if (!wide) {
+    const dim3 grid(unsigned((experts + kSegExperts - 1) / kSegExperts), unsigned(o.nseg),
+                    unsigned((tokens + kSegTokens - 1) / kSegTokens));
+    router_seg_kernel<<<grid, kSegThreads, 0, current_stream()>>>(a);
   } else {
-    const dim3 grid(unsigned((experts + 4 * kWarps - 1) / (4 * kWarps)), ty, kSplits);
-    router_logits_kernel<4><<<grid, kWarps * 32, 0, current_stream()>>>(a);
+    const dim3 grid(unsigned((tokens + 8 * TT - 1) / (8 * TT)), unsigned((experts + kTileE - 1) / kTileE),
+                    unsigned(o.ngroups));
+    router_tile_kernel<<<grid, 256, 0, current_stream()>>>(a);
   }
   M3_CUDA_CHECK_LAUNCH();
-  router_select_kernel<<<unsigned((tokens + 7) / 8), 256, 0, current_stream()>>>(
-      partial.as<const float>(), bias, int(tokens), int(experts), top_k, scale, ids, weights);
+  // The selection is launched while the logits drain (it waits before reading them).
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(unsigned((tokens + kSelTokens - 1) / kSelTokens));
+  cfg.blockDim = dim3(32 * kSelTokens);
+  cfg.stream = current_stream();
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = cfg.stream ? 1 : 0;  // created streams; the legacy stream keeps plain ordering
+  M3_CUDA_CHECK(cudaLaunchKernelEx(&cfg, router_select_kernel, sel));
   M3_CUDA_CHECK_LAUNCH();
 }
 

@@ -258,9 +258,14 @@ void check_router(Harness& h, std::mt19937& rng) {
   };
   for (const Case& c : {Case{37, 16, 64, 4, true, false}, Case{37, 16, 64, 4, false, false}, Case{1, 16, 64, 4, true, false},
                         Case{29, 16, 32, 4, true, true}, Case{5, 64, 96, 8, true, false}, Case{23, 8, 16, 3, true, true},
-                        // M3-like widths (fused split-K path, wide-batch variant past 32 tokens), and
-                        // a width not divisible by 4 (row-dot fallback).
-                        Case{70, 128, 1536, 4, true, false}, Case{9, 16, 18, 4, true, false}}) {
+                        // An M3-like width (segment kernel, 8-token tiles), and a width not divisible
+                        // by 4 (row-dot fallback).
+                        Case{70, 128, 1536, 4, true, false}, Case{9, 16, 18, 4, true, false},
+                        // The tiled kernel past 256 tokens (the decode kernel for the lone tokens): groups of
+                        // several segments, a width not a multiple of 32, experts not a multiple of 4;
+                        // small integers (exact logits, ties) at the wide widths.
+                        Case{300, 128, 6144, 4, true, true}, Case{520, 30, 200, 3, true, false},
+                        Case{4100, 40, 2112, 4, true, true}, Case{260, 16, 64, 4, true, true}}) {
     h.guarded("moe_router", [&] {
       std::vector<float> x, w, bias;
       if (c.crafted) {

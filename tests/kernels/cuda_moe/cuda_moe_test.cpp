@@ -391,13 +391,13 @@ void check_case(Harness& h, const Layer& L, const Case& c, std::mt19937& rng, Rn
   });
 }
 
-// The table picks W8A8 only for >= 1024 tokens without batch invariance, W8A16 otherwise (for
+// The table picks W8A8 only from kW8A8MinTokens (256) without batch invariance, W8A16 otherwise (for
 // hidden >= 1024; smaller layers stay on the grouped row-dot); the router's ids equal the CPU's.
 void check_dispatch(Harness& h, const Layer& L, std::mt19937& rng, Rng& noise) {
   h.guarded("dispatch", [&] {
     std::vector<int32_t> got, want;
     const int hidden = L.hidden, top_k = 4;
-    for (int tokens : {33, 1024}) {
+    for (int tokens : {33, int(mx::kW8A8MinTokens) - 1, int(mx::kW8A8MinTokens), 1024}) {
       for (bool invariant : {true, false}) {
         std::vector<float> x(size_t(tokens) * hidden);
         for (auto& v : x) v = noise.normal();
