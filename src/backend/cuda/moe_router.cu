@@ -6,9 +6,9 @@
 // hidden is cut into 192-wide segments; a segment's partial is one fp32 FMA chain over its
 // elements in ascending order, from +0; segments fold in order within groups of `spg`
 // consecutive segments (at most kGroups groups), and the groups fold in order.
-//   - decode (T <= kWideMin): router_seg_kernel, a CTA per (32 experts, segment, 8 tokens)
-//     stages its rows in shared memory and writes every segment's partial (M3: 128 CTAs at one
-//     token);
+//   - decode (T <= kWideMin): router_seg_kernel, a CTA per (32 experts, segment, 8 or 32
+//     tokens) stages its rows in shared memory and writes every segment's partial (M3: 128 CTAs
+//     at one token);
 //   - wide batches: router_tile_kernel, register-tiled SIMT (a thread holds 4 tokens x 4
 //     experts, operands staged k-major in shared memory), a CTA per (token tile, 128 experts,
 //     group) folds its group's segments itself and writes the group's partial. It replaced a
@@ -31,7 +31,6 @@ namespace {
 constexpr int kSeg = 192;         // segment width (part of the reduction order; a multiple of 32)
 constexpr int kGroups = 8;        // at most this many groups of segments (part of the order)
 constexpr int kMaxExperts = 256;  // 8 per lane in the select kernel
-constexpr int kSegTokens = 8;     // tokens per CTA of the decode kernel
 constexpr int kWideMin = 256;     // above this many tokens, the tiled kernel
 constexpr int kTileK = 32;        // k per shared-memory stage of the tiled kernel
 constexpr int kTileE = 128;       // experts per tiled CTA (32 threads x 4)
@@ -156,19 +155,23 @@ __device__ __forceinline__ void select_tokens(const SelectArgs& a, int t0, int n
   }
 }
 
-// CTA (32 experts from 32 blockIdx.x, segment blockIdx.y, 8 tokens from 8 blockIdx.z): the
+// CTA (32 experts from 32 blockIdx.x, segment blockIdx.y, kTok tokens from kTok blockIdx.z): the
 // experts' segment rows and the tokens' segment of x are staged in shared memory with coalesced
-// loads (M3 at one token: 4 x 32 CTAs of 24 KB), then thread (token pair tid / 32, expert
-// tid % 32) runs its chains from there (rows padded to 196 floats: conflict-free float4 reads).
+// loads (M3 at one token: 4 x 32 CTAs of 24 KB), then thread (token group tid / 32, expert
+// tid % 32) runs the chains of its kTok / 4 tokens from there (rows padded to 196 floats:
+// conflict-free float4 reads). kTok 8 at decode, 32 past 32 tokens (a quarter of the weight
+// re-reads).
 constexpr int kSegExperts = 32, kSegThreads = 128, kSegRow = kSeg + 4;
+template <int kTok>
 __global__ void __launch_bounds__(kSegThreads) router_seg_kernel(LogitsArgs a) {
+  constexpr int kPer = kTok / (kSegThreads / kSegExperts);  // tokens per thread
   __shared__ __align__(16) float ws[kSegExperts][kSegRow];
-  __shared__ __align__(16) float xs[kSegTokens][kSegRow];
+  __shared__ __align__(16) float xs[kTok][kSegRow];
   pdl_launch_dependents();
   const int tid = int(threadIdx.x);
-  const int e0 = int(blockIdx.x) * kSegExperts, s = int(blockIdx.y), t0 = int(blockIdx.z) * kSegTokens;
+  const int e0 = int(blockIdx.x) * kSegExperts, s = int(blockIdx.y), t0 = int(blockIdx.z) * kTok;
   const int k_begin = s * kSeg, len = min(a.k - k_begin, kSeg);  // a multiple of 4
-  const int ne = min(kSegExperts, a.experts - e0), nt = min(kSegTokens, a.tokens - t0);
+  const int ne = min(kSegExperts, a.experts - e0), nt = min(kTok, a.tokens - t0);
   const int q4 = len / 4;
   for (int f = tid; f < ne * q4; f += kSegThreads) {
     const int r = f / q4, c = 4 * (f % q4);
@@ -179,28 +182,32 @@ __global__ void __launch_bounds__(kSegThreads) router_seg_kernel(LogitsArgs a) {
     *reinterpret_cast<float4*>(&xs[r][c]) = __ldg(reinterpret_cast<const float4*>(a.x + int64_t(t0 + r) * a.ldx + k_begin + c));
   }
   __syncthreads();
-  const int e = tid % kSegExperts, tp = 2 * (tid / kSegExperts);
-  if (e >= ne || tp >= nt) return;
-  const bool two = tp + 1 < nt;
-  float acc0 = 0.0f, acc1 = 0.0f;
-#pragma unroll 4
+  const int e = tid % kSegExperts, tb = kPer * (tid / kSegExperts);
+  if (e >= ne || tb >= nt) return;
+  const int mine = min(kPer, nt - tb);
+  float acc[kPer];
+#pragma unroll
+  for (int j = 0; j < kPer; ++j) acc[j] = 0.0f;
+#pragma unroll 2
   for (int c = 0; c < len; c += 4) {
     const float4 wv = *reinterpret_cast<const float4*>(&ws[e][c]);
-    const float4 x0 = *reinterpret_cast<const float4*>(&xs[tp][c]);
-    acc0 = fmaf(wv.x, x0.x, acc0);
-    acc0 = fmaf(wv.y, x0.y, acc0);
-    acc0 = fmaf(wv.z, x0.z, acc0);
-    acc0 = fmaf(wv.w, x0.w, acc0);
-    if (two) {
-      const float4 x1 = *reinterpret_cast<const float4*>(&xs[tp + 1][c]);
-      acc1 = fmaf(wv.x, x1.x, acc1);
-      acc1 = fmaf(wv.y, x1.y, acc1);
-      acc1 = fmaf(wv.z, x1.z, acc1);
-      acc1 = fmaf(wv.w, x1.w, acc1);
+#pragma unroll
+    for (int j = 0; j < kPer; ++j) {
+      if (j < mine) {
+        const float4 xv = *reinterpret_cast<const float4*>(&xs[tb + j][c]);
+        float v = acc[j];
+        v = fmaf(wv.x, xv.x, v);
+        v = fmaf(wv.y, xv.y, v);
+        v = fmaf(wv.z, xv.z, v);
+        v = fmaf(wv.w, xv.w, v);
+        acc[j] = v;
+      }
     }
   }
-  a.partial[(int64_t(s) * a.tokens + t0 + tp) * a.experts + e0 + e] = acc0;
-  if (two) a.partial[(int64_t(s) * a.tokens + t0 + tp + 1) * a.experts + e0 + e] = acc1;
+#pragma unroll
+  for (int j = 0; j < kPer; ++j) {
+    if (j < mine) a.partial[(int64_t(s) * a.tokens + t0 + tb + j) * a.experts + e0 + e] = acc[j];
+  }
 }
 
 // CTA (token tile blockIdx.x of 8 TT tokens, experts 128 blockIdx.y .., group blockIdx.z); thread
@@ -338,9 +345,13 @@ void launch_fused_router(const float* x, int64_t ldx, int64_t tokens, const floa
                        scale, ids, weights};
   const LogitsArgs a{x, w, partial.as<float>(), ldx, int(tokens), int(experts), int(hidden), o.nseg, o.spg};
   if (!wide) {
-    const dim3 grid(unsigned((experts + kSegExperts - 1) / kSegExperts), unsigned(o.nseg),
-                    unsigned((tokens + kSegTokens - 1) / kSegTokens));
-    router_seg_kernel<<<grid, kSegThreads, 0, current_stream()>>>(a);
+    const int tok = tokens <= 32 ? 8 : 32;
+    const dim3 grid(unsigned((experts + kSegExperts - 1) / kSegExperts), unsigned(o.nseg), unsigned((tokens + tok - 1) / tok));
+    if (tok == 8) {
+      router_seg_kernel<8><<<grid, kSegThreads, 0, current_stream()>>>(a);
+    } else {
+      router_seg_kernel<32><<<grid, kSegThreads, 0, current_stream()>>>(a);
+    }
   } else {
     const dim3 grid(unsigned((tokens + 8 * TT - 1) / (8 * TT)), unsigned((experts + kTileE - 1) / kTileE),
                     unsigned(o.ngroups));
