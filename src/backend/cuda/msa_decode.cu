@@ -643,12 +643,15 @@ void launch_msa_attention(const TensorView& q, const TensorView& k_cache, const 
   if (mt == 1) {
     splits = grow(max_cluster<1, false>(), sms);
     split_ring = sparse || groups * splits > sms / 2;  // measured: 1 x 128K dense deep, 32 x 128K split
-    // Split ring: about one CTA per SM in all (measured, H200, top-16 decode, attention alone:
-    // B = 4 8 splits 25.8 us vs 16 splits 33.6; B = 8 4 splits 40.4 vs 44.2; B = 16 2 splits 59.4
-    // vs 69.0), but two splits rather than one up to one row group per SM (B = 32: 73.6 vs 88.9).
+    // Split ring. Sparse (a few units per row group): about one CTA per SM in all (measured, H200,
+    // top-16 decode, attention alone: B = 4 8 splits 25.8 us vs 16 splits 33.6; B = 8 4 splits
+    // 40.4 vs 44.2; B = 16 2 splits 59.4 vs 69.0), but two splits rather than one up to one row
+    // group per SM (B = 32: 73.6 vs 88.9). Dense contexts keep the previous rule (grow against
+    // the resident CTAs, two per SM): end to end the halved split measured mixed there (dense
+    // layer at 8 x 128K 2.99 vs 2.67 ms, at 16 x 128K 4.71 vs 5.04 ms).
     if (split_ring) {
-      splits = grow(max_cluster<1, true>(), sms);
-      if (splits == 1 && groups <= sms && su_cap >= 2) splits = 2;
+      splits = grow(max_cluster<1, true>(), sparse ? sms : 2 * sms);
+      if (sparse && splits == 1 && groups <= sms && su_cap >= 2) splits = 2;
     }
   } else {
     splits = grow(max_cluster<4, false>(), sms);
