@@ -213,6 +213,18 @@ __global__ void __launch_bounds__(kSegThreads) router_seg_kernel(LogitsArgs a) {
 // CTA (token tile blockIdx.x of 8 TT tokens, experts 128 blockIdx.y .., group blockIdx.z); thread
 // (ty = warp, tx = lane) holds tokens ty TT .. + TT - 1 and experts 4 tx .. + 3. Elements past
 // hidden are zero-filled: fma(0, 0, acc) == acc, as a chain from +0 never holds -0.
+__device__ __forceinline__ float4 ld4_or_zero(bool ok, const float* p) {
+  return ok ? __ldg(reinterpret_cast<const float4*>(p)) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+}
+// Four consecutive k of column `col` into rows 4 kq .. 4 kq + 3 of a k-major tile.
+template <int kCols>
+__device__ __forceinline__ void put_kmajor(float (*tile)[kCols], int kq, int col, const float4& v) {
+  tile[4 * kq][col] = v.x;
+  tile[4 * kq + 1][col] = v.y;
+  tile[4 * kq + 2][col] = v.z;
+  tile[4 * kq + 3][col] = v.w;
+}
+
 constexpr int TT = 4;  // 8 tokens per thread measured slower: 195 registers, one CTA per SM
 __global__ void __launch_bounds__(256, 2) router_tile_kernel(LogitsArgs a) {
   constexpr int kBT = 8 * TT;
@@ -228,17 +240,13 @@ __global__ void __launch_bounds__(256, 2) router_tile_kernel(LogitsArgs a) {
   auto load = [&](int kt) {
 #pragma unroll
     for (int r = 0; r < kXv; ++r) {
-      const int f = tid + 256 * r, tok = f % kBT, kq = f / kBT, k = kt + 4 * kq;
-      xr[r] = (t0 + tok < a.tokens && k < k_end)
-                  ? __ldg(reinterpret_cast<const float4*>(a.x + int64_t(t0 + tok) * a.ldx + k))
-                  : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      const int f = tid + 256 * r, tok = f % kBT, k = kt + 4 * (f / kBT);
+      xr[r] = ld4_or_zero(t0 + tok < a.tokens && k < k_end, a.x + int64_t(t0 + tok) * a.ldx + k);
     }
 #pragma unroll
     for (int r = 0; r < kWv; ++r) {
-      const int f = tid + 256 * r, e = f % kTileE, kq = f / kTileE, k = kt + 4 * kq;
-      wr[r] = (e0 + e < a.experts && k < k_end)
-                  ? __ldg(reinterpret_cast<const float4*>(a.w + int64_t(e0 + e) * a.k + k))
-                  : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      const int f = tid + 256 * r, e = f % kTileE, k = kt + 4 * (f / kTileE);
+      wr[r] = ld4_or_zero(e0 + e < a.experts && k < k_end, a.w + int64_t(e0 + e) * a.k + k);
     }
   };
   float acc[TT][4], total[TT][4];
@@ -251,21 +259,9 @@ __global__ void __launch_bounds__(256, 2) router_tile_kernel(LogitsArgs a) {
   for (int kt = k_begin; kt < k_end; kt += kTileK) {
     __syncthreads();  // everyone is done reading the previous stage
 #pragma unroll
-    for (int r = 0; r < kXv; ++r) {
-      const int f = tid + 256 * r, tok = f % kBT, kq = f / kBT;
-      xs[4 * kq][tok] = xr[r].x;
-      xs[4 * kq + 1][tok] = xr[r].y;
-      xs[4 * kq + 2][tok] = xr[r].z;
-      xs[4 * kq + 3][tok] = xr[r].w;
-    }
+    for (int r = 0; r < kXv; ++r) put_kmajor(xs, (tid + 256 * r) / kBT, (tid + 256 * r) % kBT, xr[r]);
 #pragma unroll
-    for (int r = 0; r < kWv; ++r) {
-      const int f = tid + 256 * r, e = f % kTileE, kq = f / kTileE;
-      ws[4 * kq][e] = wr[r].x;
-      ws[4 * kq + 1][e] = wr[r].y;
-      ws[4 * kq + 2][e] = wr[r].z;
-      ws[4 * kq + 3][e] = wr[r].w;
-    }
+    for (int r = 0; r < kWv; ++r) put_kmajor(ws, (tid + 256 * r) / kTileE, (tid + 256 * r) % kTileE, wr[r]);
     __syncthreads();
     if (kt + kTileK < k_end) load(kt + kTileK);  // in flight during this stage's FMAs
 #pragma unroll 8
