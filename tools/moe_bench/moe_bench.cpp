@@ -4,6 +4,7 @@
 //   block_<path>    router -> output (router entry + the path's route/prep/GEMMs/combine);
 //   experts_<path>  the MoE experts alone (routing + conversion + GEMMs + combine);
 //   gemms_<path>    the grouped GEMMs alone (gate+up with SwiGLU, [W8A8: h quantisation], down);
+//   router          the router alone (logits + selection);
 //   dispatch        router + ops::moe_experts through the engine's table (batch invariance off);
 //   rowdot          the existing grouped row-dot entry (experts alone);
 //   shared_*        the fused shared expert against the routed experts plus the shared expert run
@@ -344,6 +345,13 @@ int run(int argc, char** argv) {
         target = (bytes / (tg.median_us * 1e-6) / copy_bw >= 0.88 ? "MET" : "MISSED") + std::string(" >=88%");
       }
       emit(t, "gemms_" + pn, tg, bytes, flops, target, "");
+    }
+    // The router alone (logits + selection): its share of the block, which block - experts only
+    // approximates (the block runs on the router's own, less uniform, routing).
+    {
+      const Timing tr = time_graph([&] { ops::moe_router(ctx, xv, rw, rb, rp, riv, rwv); }, stream, flush, it);
+      emit(t, "router", tr, router_bytes + double(t) * hidden * 4, 2.0 * double(t) * routed * hidden, "",
+           entries_of(stats));
     }
     // The engine's table with batch invariance off (router + experts).
     {
