@@ -294,7 +294,7 @@ std::string need_moe(const ops::Problem& p) {
 void register_moe(ops::KernelTable& table) {
   table.router.add({"moe_router.sigmoid_bias_topk.sm90",
                     "device F32 router weight and bias; logits as fixed-order FMA chains over 192-wide segments "
-                    "(batch-invariant; a thread per segment when decoding, register-tiled past 256 tokens) and a warp per token "
+                    "(batch-invariant; rows staged in shared memory when decoding, register-tiled past 256 tokens) and a warp per token "
                     "selecting (<= 256 experts, top_k <= 32, widths % 4 == 0); other shapes: row-dot logits, a thread "
                     "per token selects",
                     [](const ops::Problem& p) -> std::string {

@@ -30,6 +30,7 @@
 #include "backend/cuda/cuda_internal.h"
 #include "backend/cuda/moe_route.cuh"
 #include "backend/cuda/moe_mxfp8.h"
+#include "backend/cuda/pdl.cuh"
 
 namespace m3::cuda::moe_mxfp8 {
 namespace {
@@ -101,11 +102,6 @@ __device__ __forceinline__ uint4 ld_stream16(const void* p) {
 __device__ __forceinline__ uint32_t word_of(const uint4& q, int i) {
   return i == 0 ? q.x : i == 1 ? q.y : i == 2 ? q.z : q.w;
 }
-
-// Programmatic dependent launch: a kernel launched with programmatic stream serialisation may
-// start while the previous one drains; it must wait before reading what that one writes.
-__device__ __forceinline__ void pdl_launch_dependents() { asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory"); }
-__device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
 
 // Largest byte of a 32-bit word.
 __device__ __forceinline__ int max_byte(uint32_t v) {
@@ -1043,18 +1039,7 @@ void launch_w16(int tmt, dim3 grid, const W16Args& a) {
   const size_t smem = w16_smem_bytes(tmt);
   auto kernel = tmt == 2 ? w8a16_kernel<kFused, 2> : tmt == 0 ? w8a16_kernel<kFused, 0> : w8a16_kernel<kFused, 8>;
   allow_smem(reinterpret_cast<const void*>(kernel), smem);
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = grid;
-  cfg.blockDim = dim3(kW16Threads);
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = current_stream();
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = (!kFused && cfg.stream) ? 1 : 0;
-  M3_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, a));
-  M3_CUDA_CHECK_LAUNCH();
+  launch_kernel(kernel, grid, dim3(kW16Threads), smem, !kFused, a);
 }
 
 template <bool kFused>
@@ -1167,19 +1152,10 @@ void run(const TensorView& x, const TensorView& expert_ids, const TensorView& ex
   if ((stages & kRoute) && (stages & kPrep)) {
     const int32_t* ids = expert_ids.as<const int32_t>();
     // Launched while the router's select kernel drains (it waits before reading the ids).
-    cudaLaunchConfig_t cfg{};
-    cfg.gridDim = dim3(unsigned(tokens + 1));
-    cfg.blockDim = dim3(kRouteThreads);
-    cfg.stream = stream;
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = stream ? 1 : 0;
-    M3_CUDA_CHECK(cudaLaunchKernelEx(&cfg, w8 ? route_prep_kernel<true> : route_prep_kernel<false>, ids, int(tokens),
-                                     int(top_k), experts.num_routed, experts.has_shared ? 1 : 0, l.bt, perm, pos, items,
-                                     meta, x.as<const float>(), int(hidden), static_cast<void*>(ws + l.xc), xs));
-    M3_CUDA_CHECK_LAUNCH();
+    launch_kernel(w8 ? route_prep_kernel<true> : route_prep_kernel<false>, dim3(unsigned(tokens + 1)),
+                  dim3(kRouteThreads), 0, true, ids, int(tokens), int(top_k), experts.num_routed,
+                  experts.has_shared ? 1 : 0, l.bt, perm, pos, items, meta, x.as<const float>(), int(hidden),
+                  static_cast<void*>(ws + l.xc), xs);
   } else if (stages & kRoute) {
     route(expert_ids.as<const int32_t>(), int(tokens), int(top_k), experts.num_routed, experts.has_shared, l.bt, perm,
           pos, items, meta);

@@ -24,6 +24,7 @@
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/cuda_internal.h"
 #include "backend/cuda/moe_router.h"
+#include "backend/cuda/pdl.cuh"
 
 namespace m3::cuda {
 namespace {
@@ -34,12 +35,6 @@ constexpr int kMaxExperts = 256;  // 8 per lane in the select kernel
 constexpr int kWideMin = 256;     // above this many tokens, the tiled kernel
 constexpr int kTileK = 32;        // k per shared-memory stage of the tiled kernel
 constexpr int kTileE = 128;       // experts per tiled CTA (32 threads x 4)
-
-// Programmatic dependent launch: the select kernel is launched while the logits kernel drains and
-// waits (griddepcontrol.wait) before reading its partials; the next kernel (the MoE routing) may
-// do the same with the ids.
-__device__ __forceinline__ void pdl_launch_dependents() { asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory"); }
-__device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
 
 struct Order {
   int nseg, spg, ngroups;  // segments, segments per group, groups
@@ -74,15 +69,19 @@ struct LogitsArgs {
   const float* w;
   float* partial;  // seg: [nseg, tokens, experts]; tile: [ngroups, tokens, experts]
   int64_t ldx;
-  int tokens, experts, k, nseg, spg;
+  int tokens, experts, k, spg;
 };
 
-// Tokens t0 .. t0 + nt - 1 (nt <= kSelTokens) by the whole CTA: first every thread folds (token,
-// expert) logits into shared memory, its partials loaded 16 at a time ahead of the adds (at one
-// token the fold is a few L2 round trips, not 32 dependent ones); then a warp per token selects.
+// A CTA of kSelTokens warps takes kSelTokens tokens: first every thread folds (token, expert)
+// logits into shared memory, its partials loaded 16 at a time ahead of the adds (at one token
+// the fold is a few L2 round trips, not 32 dependent ones); then a warp per token selects.
 constexpr int kSelTokens = 8, kFoldBatch = 16;
-__device__ __forceinline__ void select_tokens(const SelectArgs& a, int t0, int nt, float (*logit_s)[kMaxExperts]) {
+__global__ void __launch_bounds__(32 * kSelTokens) router_select_kernel(SelectArgs a) {
   constexpr int kPer = kMaxExperts / 32;
+  __shared__ float logit_s[kSelTokens][kMaxExperts];
+  pdl_wait();  // the partials
+  pdl_launch_dependents();
+  const int t0 = int(blockIdx.x) * kSelTokens, nt = min(kSelTokens, a.tokens - t0);
   const int experts = a.experts, top_k = a.top_k;
   for (int i = int(threadIdx.x); i < nt * experts; i += int(blockDim.x)) {
     const int tt = i / experts, e = i % experts;
@@ -104,54 +103,52 @@ __device__ __forceinline__ void select_tokens(const SelectArgs& a, int t0, int n
     logit_s[tt][e] = lg;
   }
   __syncthreads();
-  const int lane = int(threadIdx.x) & 31, nwarps = int(blockDim.x) >> 5;
-  for (int tt = int(threadIdx.x) >> 5; tt < nt; tt += nwarps) {
-    const int t = t0 + tt;
-    float prob[kPer], choice[kPer];
-    unsigned taken = 0;
+  const int lane = int(threadIdx.x) & 31, tt = int(threadIdx.x) >> 5, t = t0 + tt;
+  if (tt >= nt) return;
+  float prob[kPer], choice[kPer];
+  unsigned taken = 0;
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) {
+    const int e = lane + 32 * i;
+    prob[i] = choice[i] = 0.0f;
+    if (e >= experts) continue;
+    prob[i] = 1.0f / (1.0f + expf(-logit_s[tt][e]));
+    choice[i] = prob[i] + (a.bias ? a.bias[e] : 0.0f);
+  }
+  float sum = 0.0f, picked_p = 0.0f;
+  int picked_id = -1;
+  for (int r = 0; r < top_k; ++r) {
+    float bc = 0.0f, bp = 0.0f;
+    int bi = -1;
 #pragma unroll
     for (int i = 0; i < kPer; ++i) {
       const int e = lane + 32 * i;
-      prob[i] = choice[i] = 0.0f;
-      if (e >= experts) continue;
-      prob[i] = 1.0f / (1.0f + expf(-logit_s[tt][e]));
-      choice[i] = prob[i] + (a.bias ? a.bias[e] : 0.0f);
+      if (e < experts && !((taken >> i) & 1u) && before(choice[i], e, bc, bi)) {
+        bc = choice[i];
+        bi = e;
+        bp = prob[i];
+      }
     }
-    float sum = 0.0f, picked_p = 0.0f;
-    int picked_id = -1;
-    for (int r = 0; r < top_k; ++r) {
-      float bc = 0.0f, bp = 0.0f;
-      int bi = -1;
 #pragma unroll
-      for (int i = 0; i < kPer; ++i) {
-        const int e = lane + 32 * i;
-        if (e < experts && !((taken >> i) & 1u) && before(choice[i], e, bc, bi)) {
-          bc = choice[i];
-          bi = e;
-          bp = prob[i];
-        }
-      }
-#pragma unroll
-      for (int off = 16; off > 0; off >>= 1) {
-        const float oc = __shfl_xor_sync(0xffffffffu, bc, off), op = __shfl_xor_sync(0xffffffffu, bp, off);
-        const int oi = __shfl_xor_sync(0xffffffffu, bi, off);
-        if (oi >= 0 && before(oc, oi, bc, bi)) {
-          bc = oc;
-          bi = oi;
-          bp = op;
-        }
-      }
-      if (bi >= 0 && (bi & 31) == lane) taken |= 1u << (bi >> 5);
-      sum += bp;  // pick order, as the reference
-      if (lane == r) {
-        picked_id = bi;
-        picked_p = bp;
+    for (int off = 16; off > 0; off >>= 1) {
+      const float oc = __shfl_xor_sync(0xffffffffu, bc, off), op = __shfl_xor_sync(0xffffffffu, bp, off);
+      const int oi = __shfl_xor_sync(0xffffffffu, bi, off);
+      if (oi >= 0 && before(oc, oi, bc, bi)) {
+        bc = oc;
+        bi = oi;
+        bp = op;
       }
     }
-    if (lane < top_k) {
-      a.ids[int64_t(t) * top_k + lane] = picked_id;
-      a.weights[int64_t(t) * top_k + lane] = picked_p / sum * a.scale;
+    if (bi >= 0 && (bi & 31) == lane) taken |= 1u << (bi >> 5);
+    sum += bp;  // pick order, as the reference
+    if (lane == r) {
+      picked_id = bi;
+      picked_p = bp;
     }
+  }
+  if (lane < top_k) {
+    a.ids[int64_t(t) * top_k + lane] = picked_id;
+    a.weights[int64_t(t) * top_k + lane] = picked_p / sum * a.scale;
   }
 }
 
@@ -307,14 +304,6 @@ __global__ void __launch_bounds__(256, 2) router_tile_kernel(LogitsArgs a) {
 }
 
 
-__global__ void __launch_bounds__(32 * kSelTokens) router_select_kernel(SelectArgs a) {
-  __shared__ float logit_s[kSelTokens][kMaxExperts];
-  pdl_wait();  // the partials
-  pdl_launch_dependents();
-  const int t0 = int(blockIdx.x) * kSelTokens;
-  select_tokens(a, t0, min(kSelTokens, a.tokens - t0), logit_s);
-}
-
 }  // namespace
 
 std::string fused_router_problem(int64_t experts, int64_t hidden, int top_k, const float* x, int64_t ldx,
@@ -339,7 +328,7 @@ void launch_fused_router(const float* x, int64_t ldx, int64_t tokens, const floa
   Scratch partial(size_t(nstored) * size_t(tokens) * size_t(experts) * 4);
   const SelectArgs sel{partial.as<const float>(), nstored, wide ? 1 : o.spg, bias, int(tokens), int(experts), top_k,
                        scale, ids, weights};
-  const LogitsArgs a{x, w, partial.as<float>(), ldx, int(tokens), int(experts), int(hidden), o.nseg, o.spg};
+  const LogitsArgs a{x, w, partial.as<float>(), ldx, int(tokens), int(experts), int(hidden), o.spg};
   if (!wide) {
     const int tok = tokens <= 32 ? 8 : 32;
     const dim3 grid(unsigned((experts + kSegExperts - 1) / kSegExperts), unsigned(o.nseg), unsigned((tokens + tok - 1) / tok));
@@ -355,17 +344,8 @@ void launch_fused_router(const float* x, int64_t ldx, int64_t tokens, const floa
   }
   M3_CUDA_CHECK_LAUNCH();
   // The selection is launched while the logits drain (it waits before reading them).
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(unsigned((tokens + kSelTokens - 1) / kSelTokens));
-  cfg.blockDim = dim3(32 * kSelTokens);
-  cfg.stream = current_stream();
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = cfg.stream ? 1 : 0;  // created streams; the legacy stream keeps plain ordering
-  M3_CUDA_CHECK(cudaLaunchKernelEx(&cfg, router_select_kernel, sel));
-  M3_CUDA_CHECK_LAUNCH();
+  launch_kernel(router_select_kernel, dim3(unsigned((tokens + kSelTokens - 1) / kSelTokens)), dim3(32 * kSelTokens), 0,
+                true, sel);
 }
 
 }  // namespace m3::cuda

@@ -9,6 +9,8 @@
 
 #include <cstdint>
 
+#include "backend/cuda/pdl.cuh"
+
 namespace m3::cuda::msa {
 
 // The sequence owning batch token t: the last s with query_start[s] <= t (empty sequences
@@ -43,13 +45,6 @@ template <int N>
 __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
 }
-
-// Programmatic dependent launch: a kernel launched with programmatic stream serialization
-// may start while the previous kernel in the stream finishes; it must wait here before
-// reading anything that kernel writes (kernels before it have completed). The previous
-// kernel may signal early that its dependents can be scheduled. Both are no-ops otherwise.
-__device__ __forceinline__ void wait_previous_kernel() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
-__device__ __forceinline__ void allow_next_kernel() { asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory"); }
 
 // Every thread of every CTA of the cluster; release/acquire at cluster scope (the global
 // writes before it, fenced, are visible to the cluster's CTAs after it).

@@ -189,7 +189,7 @@ __global__ void __launch_bounds__(kThreads, kSplit ? 2 : 1) msa_attention_kernel
     *reinterpret_cast<uint4*>(smem + L::kQOff + kRows * 256 + tile_off(row, ch)) = lo;
   }
   // The selection (indexer) or the new K/V (kv_write) come from the previous kernel.
-  msa::wait_previous_kernel();
+  pdl_wait();
   __syncthreads();
   int pos_max = 0;
   for (int tt = 0; tt < T; ++tt) pos_max = max(pos_max, s_pos[tt]);

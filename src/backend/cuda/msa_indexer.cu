@@ -571,7 +571,7 @@ __global__ void __launch_bounds__(kThreads, kWM == 1 ? 2 : 1) msa_indexer_kernel
     }
   }
 
-  msa::allow_next_kernel();  // the attention kernel may start its setup while the selection runs
+  pdl_launch_dependents();  // the attention kernel may start its setup while the selection runs
   if (a.chunks > 1) {
     if (!msa::arrive_last(&a.counters[t0], unsigned(a.chunks), &s_last)) return;
   } else {

@@ -1,0 +1,39 @@
+// Programmatic dependent launch (PDL), shared by the kernels that chain with it.
+//
+// A kernel launched as a programmatic dependent may start while the previous kernel in the
+// stream drains: it must pdl_wait() before reading anything that kernel writes (kernels before
+// that one have completed). A kernel may pdl_launch_dependents() to let its dependents be
+// scheduled early. Both are no-ops when the launch was plain.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <utility>
+
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/cuda_internal.h"
+
+namespace m3::cuda {
+
+__device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
+__device__ __forceinline__ void pdl_launch_dependents() { asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory"); }
+
+// Launches `kernel` on current_stream(), as a programmatic dependent of the previous kernel when
+// `dependent` (created streams only: the legacy stream keeps plain ordering).
+template <class... Params, class... Args>
+void launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, bool dependent, Args&&... args) {
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = current_stream();
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = (dependent && cfg.stream) ? 1 : 0;
+  M3_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...));
+  M3_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace m3::cuda
