@@ -72,18 +72,22 @@ struct LogitsArgs {
   int tokens, experts, k, spg;
 };
 
-// A CTA of kSelTokens warps takes kSelTokens tokens: first every thread folds (token, expert)
-// logits into shared memory, its partials loaded 16 at a time ahead of the adds (at one token
-// the fold is a few L2 round trips, not 32 dependent ones); then a warp per token selects.
-constexpr int kSelTokens = 8, kFoldBatch = 16;
-__global__ void __launch_bounds__(32 * kSelTokens) router_select_kernel(SelectArgs a) {
+// A CTA of 256 threads takes kTPC tokens: first every thread folds (token, expert) logits into
+// shared memory, a pair's partials loaded 32 at a time ahead of the adds (M3 decode: one L2 round
+// trip per pair, and at most one pair per thread with 2 tokens per CTA: 8 tokens in one CTA took
+// 8 dependent round trips); then warp tt < kTPC selects for token tt. Wide batches (<= 8 group
+// partials per pair) take 8 tokens per CTA.
+constexpr int kSelThreads = 256, kFoldBatch = 32;
+template <int kTPC>
+__global__ void __launch_bounds__(kSelThreads) router_select_kernel(SelectArgs a) {
   constexpr int kPer = kMaxExperts / 32;
-  __shared__ float logit_s[kSelTokens][kMaxExperts];
+  static_assert(kTPC <= kSelThreads / 32, "a warp per token");
+  __shared__ float logit_s[kTPC][kMaxExperts];
   pdl_wait();  // the partials
   pdl_launch_dependents();
-  const int t0 = int(blockIdx.x) * kSelTokens, nt = min(kSelTokens, a.tokens - t0);
+  const int t0 = int(blockIdx.x) * kTPC, nt = min(kTPC, a.tokens - t0);
   const int experts = a.experts, top_k = a.top_k;
-  for (int i = int(threadIdx.x); i < nt * experts; i += int(blockDim.x)) {
+  for (int i = int(threadIdx.x); i < nt * experts; i += kSelThreads) {
     const int tt = i / experts, e = i % experts;
     const float* src = a.partial + int64_t(t0 + tt) * experts + e;
     const int64_t stride = int64_t(a.tokens) * experts;
@@ -344,8 +348,11 @@ void launch_fused_router(const float* x, int64_t ldx, int64_t tokens, const floa
   }
   M3_CUDA_CHECK_LAUNCH();
   // The selection is launched while the logits drain (it waits before reading them).
-  launch_kernel(router_select_kernel, dim3(unsigned((tokens + kSelTokens - 1) / kSelTokens)), dim3(32 * kSelTokens), 0,
-                true, sel);
+  if (wide) {
+    launch_kernel(router_select_kernel<8>, dim3(unsigned((tokens + 7) / 8)), dim3(kSelThreads), 0, true, sel);
+  } else {
+    launch_kernel(router_select_kernel<2>, dim3(unsigned((tokens + 1) / 2)), dim3(kSelThreads), 0, true, sel);
+  }
 }
 
 }  // namespace m3::cuda
