@@ -252,6 +252,12 @@ __global__ void __launch_bounds__(kThreads, kSplit ? 2 : 1) msa_attention_kernel
     }
   }
 
+  // Token (within the row group) of each row, -1 past the rows: the unit loop reads it instead
+  // of dividing by the group size.
+  __shared__ int s_row_tok[kRows];
+  for (int r = tid; r < kRows; r += kThreads) s_row_tok[r] = r < rows ? r / G : -1;
+  __syncthreads();
+
   struct Unit {
     int kb, ke, block, page;  // keys [kb, ke) of `block` (sparse: its page)
     unsigned long long tokens;
@@ -274,19 +280,56 @@ __global__ void __launch_bounds__(kThreads, kSplit ? 2 : 1) msa_attention_kernel
     }
     return x;
   };
-  // Unit i's K and/or V tiles into k_buf / v_buf (null: skipped).
+  // Dense contexts whose pages hold whole units (bs a multiple of 128, as M3's): one page per
+  // unit, its id loaded a unit ahead. A lookup per row put dependent L2 round trips in front of
+  // every tile's copies (dense decode ran at 20-30 % of the copy bandwidth).
+  const bool unit_pages = dense && bs % kUnitKeys == 0;
+  int pg_idx = -1, pg_val = 0, pf_idx = -1, pf_val = 0;
+  auto unit_page = [&](int i) {  // page of this CTA's unit i; i never decreases between calls
+    if constexpr (MT > 1) return __ldg(table + (u_begin + i) * kUnitKeys / bs);  // registers are short there
+    if (i != pg_idx) {
+      pg_val = i == pf_idx ? pf_val : __ldg(table + (u_begin + i) * kUnitKeys / bs);
+      pg_idx = i;
+      if (i + 1 < my_units) {
+        pf_idx = i + 1;
+        pf_val = __ldg(table + (u_begin + i + 1) * kUnitKeys / bs);
+      }
+    }
+    return pg_val;
+  };
+  // Unit i's K and/or V tiles into k_buf / v_buf (null: skipped). Thread (row r0 = tid / 16,
+  // 16-byte column ch) copies rows r0 + 16 it: when the unit's keys share a page, their cache
+  // rows are a fixed stride apart and their tile offsets 4 KB apart (the swizzle depends on
+  // row & 7 only), so a copy is one add; otherwise each row looks its page up.
+  const int ld_ch = tid & 15, ld_r0 = tid >> 4;
+  const uint32_t ld_so = tile_off(ld_r0, ld_ch);
+  const int64_t ld_step = int64_t(kThreads / 16) * a.kv_heads * kHeadDim;
   auto load_tiles = [&](int i, unsigned char* k_buf, unsigned char* v_buf) {
     const Unit x = unit_at(u_begin + i);
-    const int ch = tid & 15;
+    const int nkeys = x.ke - x.kb;
+    if (MT == 1 && (unit_pages || !dense)) {  // (the 4-m-tile kernel has no registers to spare for it)
+      const int64_t slot0 = unit_pages ? int64_t(unit_page(i)) * bs + x.kb % bs : int64_t(x.page) * bs + (x.kb - x.block * bs);
+      const int64_t e0 = ((slot0 + ld_r0) * a.kv_heads + g) * kHeadDim + ld_ch * 8;
+      const uint32_t kd = k_buf ? smem_u32(k_buf) + ld_so : 0u, vd = v_buf ? smem_u32(v_buf) + ld_so : 0u;
+#pragma unroll
+      for (int it = 0; it < kUnitKeys / (kThreads / 16); ++it) {
+        const bool ok = ld_r0 + it * (kThreads / 16) < nkeys;
+        const int64_t e = ok ? e0 + it * ld_step : 0;
+        if (k_buf) cp_async16(kd + it * (kThreads / 16) * 256, a.k + e, ok);
+        if (v_buf) cp_async16(vd + it * (kThreads / 16) * 256, a.v + e, ok);
+      }
+      return;
+    }
 #pragma unroll 2
-    for (int r = tid >> 4; r < kUnitKeys; r += kThreads / 16) {
+    for (int r = ld_r0; r < kUnitKeys; r += kThreads / 16) {
       const int j = x.kb + r;
       const bool ok = j < x.ke;
       int64_t slot = 0;
-      if (ok) slot = dense ? int64_t(table[j / bs]) * bs + j % bs : int64_t(x.page) * bs + (j - x.block * bs);
-      const int64_t elem = (slot * a.kv_heads + g) * kHeadDim + ch * 8;
-      if (k_buf) cp_async16(smem_u32(k_buf + tile_off(r, ch)), a.k + elem, ok);
-      if (v_buf) cp_async16(smem_u32(v_buf + tile_off(r, ch)), a.v + elem, ok);
+      if (ok) slot = dense ? (unit_pages ? int64_t(unit_page(i)) * bs + j % bs : int64_t(table[j / bs]) * bs + j % bs)
+                           : int64_t(x.page) * bs + (j - x.block * bs);
+      const int64_t elem = (slot * a.kv_heads + g) * kHeadDim + ld_ch * 8;
+      if (k_buf) cp_async16(smem_u32(k_buf + tile_off(r, ld_ch)), a.k + elem, ok);
+      if (v_buf) cp_async16(smem_u32(v_buf + tile_off(r, ld_ch)), a.v + elem, ok);
     }
   };
   // Split ring: tile t (K(u) = 2u, V(u) = 2u + 1) lives in slot t % kStages.
@@ -388,8 +431,11 @@ __global__ void __launch_bounds__(kThreads, kSplit ? 2 : 1) msa_attention_kernel
         }
       }
       const int r0 = mt * 16 + gq, r1 = r0 + 8;
-      const int pos0 = r0 < rows ? s_pos[r0 / G] : -1, pos1 = r1 < rows ? s_pos[r1 / G] : -1;
-      const bool see0 = r0 < rows && ((x.tokens >> (r0 / G)) & 1ull), see1 = r1 < rows && ((x.tokens >> (r1 / G)) & 1ull);
+      // (the 4-m-tile kernel divides: holding 8 row tokens would spill its registers)
+      const int tk0 = MT == 1 ? s_row_tok[r0] : r0 < rows ? r0 / G : -1;
+      const int tk1 = MT == 1 ? s_row_tok[r1] : r1 < rows ? r1 / G : -1;
+      const int pos0 = tk0 >= 0 ? s_pos[tk0] : -1, pos1 = tk1 >= 0 ? s_pos[tk1] : -1;
+      const bool see0 = tk0 >= 0 && ((x.tokens >> tk0) & 1ull), see1 = tk1 >= 0 && ((x.tokens >> tk1) & 1ull);
       float mx0 = -INFINITY, mx1 = -INFINITY;
 #pragma unroll
       for (int nt = 0; nt < 2; ++nt) {
