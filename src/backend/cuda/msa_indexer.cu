@@ -319,6 +319,9 @@ __global__ void __launch_bounds__(kThreads, kWM == 1 ? 2 : 1) msa_indexer_kernel
   auto q_row = [&](int r) { return a.q + (int64_t(t0 + r / H) * H + r % H) * kDim; };
   auto local_of = [&](int r) { return s_pos[r / H] >> bs_shift; };
 
+  // Blocks per stage (a power of two: kSK and bs are), and row r's score row (r = token * H + head).
+  const int bps_shift = max(0, __ffs(kSK) - 1 - bs_shift), bps = 1 << bps_shift;
+  const int64_t score_row0 = int64_t(t0 - a.tok_begin) * H;
   const int chunk = blockIdx.y;
   const int b0 = int(int64_t(chunk) * nb / a.chunks), b1 = int(int64_t(chunk + 1) * nb / a.chunks);
   if (b0 < b1) {
@@ -405,7 +408,7 @@ __global__ void __launch_bounds__(kThreads, kWM == 1 ? 2 : 1) msa_indexer_kernel
         const uint32_t slot = uint32_t(__ldg(table + (j >> bs_shift))) * uint32_t(bs) + uint32_t(j & (bs - 1));
         const float x = exact_dot<IK, true>(q_row(r), keys + uint64_t(slot) * kRowBytes, 0);
         if (x == x) {  // the reference skips NaN
-          atomicMax(a.scores + (int64_t(t0 - a.tok_begin + r / H) * H + r % H) * a.max_blocks + (j >> bs_shift),
+          atomicMax(a.scores + (score_row0 + r) * a.max_blocks + (j >> bs_shift),
                     order_key(x));
         }
       }
@@ -430,9 +433,11 @@ __global__ void __launch_bounds__(kThreads, kWM == 1 ? 2 : 1) msa_indexer_kernel
       const unsigned char* buf = stage_buf + (i % kStages) * kStageBytes;
       const uint32_t buf_u32 = smem_u32(buf);
       const int kb = key_begin + i * kSK, nkeys = min(kSK, key_end - kb), first_blk = kb >> bs_shift;
-      for (int e = tid; e < kRows * kBps; e += kThreads) {
-        lo_s[e] = 0u;
-        sc_s[e] = msa::kKeyMinusInf;
+      // Only the P live rows' entries of this stage's blocks are ever raised or read.
+      for (int e = tid; e < P * bps; e += kThreads) {
+        const int at = (e >> bps_shift) * kBps + (e & (bps - 1));
+        lo_s[at] = 0u;
+        sc_s[at] = msa::kKeyMinusInf;
       }
       // Approximate dots (and the Gram diagonal of this warp's Gram tiles).
       float acc[kMTiles][kNT][4];
@@ -487,6 +492,7 @@ __global__ void __launch_bounds__(kThreads, kWM == 1 ? 2 : 1) msa_indexer_kernel
         const int ra = (wm * kMTiles + mt) * 16 + gq;
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
+          if ((wm * kMTiles + mt) * 16 + 8 * h >= P) continue;  // warp-uniform: no live row in this half
           const int r = ra + 8 * h;
           float run = -INFINITY;
           int cur = -1;
@@ -534,6 +540,7 @@ __global__ void __launch_bounds__(kThreads, kWM == 1 ? 2 : 1) msa_indexer_kernel
           const int bi = (wn * Cf::kKPW + nt * 8) >> bs_shift;
 #pragma unroll
           for (int v = 0; v < 4; ++v) {
+            if ((wm * kMTiles + mt) * 16 + 8 * (v >> 1) >= P) continue;  // warp-uniform
             const int h = v >> 1, r = ra + 8 * h, k = wn * Cf::kKPW + nt * 8 + 2 * cq + (v & 1);
             if (!(loc[mt][h] > first_blk + bi && k < nkeys)) continue;
             const float av = acc[mt][nt][v], ev = bound(r, k);
@@ -553,10 +560,10 @@ __global__ void __launch_bounds__(kThreads, kWM == 1 ? 2 : 1) msa_indexer_kernel
       __syncthreads();
       // Every scanned (row, block): the in-place maximum (-inf when none); listed candidates
       // raise it later with atomicMax.
-      for (int e = tid; e < kRows * kBps; e += kThreads) {
-        const int r = e / kBps, bi = e % kBps, blk = first_blk + bi;
-        if (r < P && (bi << bs_shift) < nkeys && blk < local_of(r)) {
-          a.scores[(int64_t(t0 - a.tok_begin + r / H) * H + r % H) * a.max_blocks + blk] = sc_s[e];
+      for (int e = tid; e < P * bps; e += kThreads) {
+        const int r = e >> bps_shift, bi = e & (bps - 1), blk = first_blk + bi;
+        if ((bi << bs_shift) < nkeys && blk < local_of(r)) {
+          a.scores[(score_row0 + r) * a.max_blocks + blk] = sc_s[r * kBps + bi];
         }
       }
       if (s_ncand >= kDrainAt) {  // uniform: s_ncand changes only after the next barriers
