@@ -6,7 +6,9 @@
 #   2. moe_bench: the MoE block, the experts and the GEMMs alone per path, the dispatch, fused vs
 #      separate shared expert, the old grouped row-dot entry, copy bandwidth and FP8 ceiling, M3
 #      TP1 shapes (MOE_BENCH_ARGS adds or overrides options) -> moe_bench.json;
-#   3. tools/moe_torch_baseline.py: torch._grouped_mm (BF16) and torch._scaled_grouped_mm (FP8
+#   3. mem_bench: read-bandwidth ceilings of one launch (ldg, cp.async and TMA patterns) against the
+#      copy bandwidth -> mem_bench.json;
+#   4. tools/moe_torch_baseline.py: torch._grouped_mm (BF16) and torch._scaled_grouped_mm (FP8
 #      rowwise) on the same shapes -> moe_torch_baseline.json (skipped if torch is missing).
 # Results go to $OUT (logs, JSON, summary.txt). Exit status: nonzero if any step failed.
 #   M3_SANITIZE=1  also run kernels_cuda_moe (M3_MOE_QUICK) under compute-sanitizer memcheck.
@@ -23,6 +25,8 @@ fi
 # shellcheck disable=SC2086
 step moe_bench "${MOE_BENCH_TIMEOUT:-240}" "$dir/moe_bench" --json "$out/moe_bench.json" ${MOE_BENCH_ARGS:-}
 tee -a "$out/summary.txt" < "$out/moe_bench.log"
+# What one launch can read (the ceiling the weight stream meets before the copy bandwidth).
+step mem_bench 120 "$dir/mem_bench" --json "$out/mem_bench.json" && tee -a "$out/summary.txt" < "$out/mem_bench.log"
 py=$(command -v python3 || command -v python)
 if [[ -n $py ]]; then
   # shellcheck disable=SC2086

@@ -1,0 +1,267 @@
+// Read-bandwidth ceilings on the GPU the benchmarks run on: how fast can one kernel launch read
+// N bytes, by load method and pattern, against the device-to-device copy bandwidth the MoE and
+// MSA benchmarks use as their yardstick? The weight stream of a decode MoE block (a few hundred
+// MB, one or two launches) ramps up and drains; a copy of gigabytes does not.
+//   ldg        plain 16-byte loads, grid-stride over contiguous memory, 8 in flight per thread
+//   cp.async   the W8A16 decode pattern: a CTA owns 128 rows of [rows, 6144] bytes and reads
+//              128 bytes of each row per stage through a 4-stage ring (2 CTAs per SM)
+//   tma        the same 128 x 128-byte tiles by cp.async.bulk.tensor (mbarrier ring, 1 CTA/SM)
+// Each: one launch timed by events with L2 flushed before it (as the benchmarks do), median of
+// 30; an empty kernel gives the launch floor. Prints a table, writes JSON.
+//   mem_bench [--mb 189,292,1752] [--json F]
+#include <cuda.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <string>
+#include <vector>
+
+namespace {
+
+constexpr int kK = 6144, kTileRows = 128, kTileK = 128, kTile = kTileRows * kTileK;
+
+#define CHECK(x)                                                                          \
+  do {                                                                                    \
+    const cudaError_t e_ = (x);                                                           \
+    if (e_ != cudaSuccess) {                                                              \
+      std::fprintf(stderr, "%s:%d: %s\n", __FILE__, __LINE__, cudaGetErrorString(e_));    \
+      std::exit(1);                                                                       \
+    }                                                                                     \
+  } while (0)
+
+__device__ __forceinline__ uint32_t smem_u32(const void* p) { return uint32_t(__cvta_generic_to_shared(p)); }
+
+__global__ void empty_kernel() {}
+
+__global__ void __launch_bounds__(256) ldg_kernel(const uint4* w, size_t n16, unsigned* sink) {
+  unsigned acc = 0;
+  const size_t stride = size_t(gridDim.x) * blockDim.x;
+  size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  for (; i + 7 * stride < n16; i += 8 * stride) {
+    uint4 v[8];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) v[j] = __ldg(w + i + j * stride);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) acc ^= v[j].x ^ v[j].y ^ v[j].z ^ v[j].w;
+  }
+  for (; i < n16; i += stride) {
+    const uint4 v = __ldg(w + i);
+    acc ^= v.x ^ v.y ^ v.z ^ v.w;
+  }
+  if (acc == 0x9e3779b9u) *sink = acc;  // keeps the loads
+}
+
+// Tiles (row block rb, k stage ks) of a [rows, kK] byte matrix, split evenly over the CTAs.
+__global__ void __launch_bounds__(256, 2) cpasync_kernel(const uint8_t* w, int tiles, unsigned* sink) {
+  constexpr int kStages = 4, kKs = kK / kTileK;
+  extern __shared__ __align__(128) uint8_t ring[];
+  const int tid = int(threadIdx.x);
+  const int t0 = int(int64_t(blockIdx.x) * tiles / gridDim.x), t1 = int(int64_t(blockIdx.x + 1) * tiles / gridDim.x);
+  const int n = t1 - t0;
+  auto load = [&](int i) {
+    const int t = t0 + i, rb = t / kKs, ks = t % kKs;
+    const uint32_t d = smem_u32(ring + (i % kStages) * kTile);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int c = tid * 4 + j, row = c / 8, col = c % 8;
+      const uint8_t* src = w + size_t(rb * kTileRows + row) * kK + ks * kTileK + col * 16;
+      asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16;\n" ::"r"(d + c * 16), "l"(src) : "memory");
+    }
+  };
+  unsigned acc = 0;
+  for (int s = 0; s < kStages - 1; ++s) {
+    if (s < n) load(s);
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+  }
+  for (int i = 0; i < n; ++i) {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(kStages - 2) : "memory");
+    __syncthreads();
+    if (i + kStages - 1 < n) load(i + kStages - 1);
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+    const uint4* p = reinterpret_cast<const uint4*>(ring + (i % kStages) * kTile);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const uint4 v = p[tid * 4 + j];
+      acc ^= v.x ^ v.y ^ v.z ^ v.w;
+    }
+  }
+  if (acc == 0x9e3779b9u) *sink = acc;
+}
+
+// The same tiles by TMA: thread 0 issues, everyone consumes, an mbarrier pair per stage.
+__global__ void __launch_bounds__(256, 1) tma_kernel(const __grid_constant__ CUtensorMap map, int tiles, unsigned* sink) {
+  constexpr int kStages = 8, kKs = kK / kTileK;
+  extern __shared__ __align__(128) uint8_t ring_t[];
+  __shared__ __align__(8) uint64_t full[kStages], empty[kStages];
+  const int tid = int(threadIdx.x);
+  const int t0 = int(int64_t(blockIdx.x) * tiles / gridDim.x), t1 = int(int64_t(blockIdx.x + 1) * tiles / gridDim.x);
+  const int n = t1 - t0;
+  if (tid == 0) {
+    for (int s = 0; s < kStages; ++s) {
+      asm volatile("mbarrier.init.shared.b64 [%0], 1;\n" ::"r"(smem_u32(&full[s])));
+      asm volatile("mbarrier.init.shared.b64 [%0], 256;\n" ::"r"(smem_u32(&empty[s])));
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncthreads();
+  auto issue = [&](int i) {
+    const int t = t0 + i, s = i % kStages;
+    const uint32_t bar = smem_u32(&full[s]);
+    asm volatile("mbarrier.arrive.expect_tx.shared.b64 _, [%0], %1;\n" ::"r"(bar), "r"(kTile) : "memory");
+    asm volatile(
+        "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::"r"(
+            smem_u32(ring_t + s * kTile)),
+        "l"(&map), "r"((t % kKs) * kTileK), "r"((t / kKs) * kTileRows), "r"(bar)
+        : "memory");
+  };
+  auto wait = [](uint64_t* b, uint32_t parity) {
+    asm volatile("{\n .reg .pred p;\n W: mbarrier.try_wait.parity.shared.b64 p, [%0], %1;\n @!p bra W;\n}\n" ::"r"(
+                     smem_u32(b)),
+                 "r"(parity)
+                 : "memory");
+  };
+  if (tid == 0) {
+    for (int i = 0; i < kStages && i < n; ++i) issue(i);
+  }
+  unsigned acc = 0;
+  for (int i = 0; i < n; ++i) {
+    const int s = i % kStages;
+    wait(&full[s], uint32_t((i / kStages) & 1));
+    const uint4* p = reinterpret_cast<const uint4*>(ring_t + s * kTile);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const uint4 v = p[tid * 4 + j];
+      acc ^= v.x ^ v.y ^ v.z ^ v.w;
+    }
+    asm volatile("mbarrier.arrive.shared.b64 _, [%0];\n" ::"r"(smem_u32(&empty[s])) : "memory");
+    if (tid == 0 && i + kStages < n) {
+      wait(&empty[s], uint32_t((i / kStages) & 1));
+      issue(i + kStages);
+    }
+  }
+  if (acc == 0x9e3779b9u) *sink = acc;
+}
+
+// cuTensorMapEncodeTiled through the runtime's driver entry point (no link against libcuda).
+using EncodeTiled = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
+                                 const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
+                                 CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+EncodeTiled encode_tiled() {
+  void* fn = nullptr;
+  cudaDriverEntryPointQueryResult q{};
+  if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q) != cudaSuccess ||
+      q != cudaDriverEntryPointSuccess) {
+    return nullptr;
+  }
+  return reinterpret_cast<EncodeTiled>(fn);
+}
+
+std::vector<int> parse_list(const std::string& s) {
+  std::vector<int> v;
+  size_t i = 0;
+  while (i < s.size()) {
+    const size_t j = s.find(',', i);
+    v.push_back(std::stoi(s.substr(i, j == std::string::npos ? std::string::npos : j - i)));
+    if (j == std::string::npos) break;
+    i = j + 1;
+  }
+  return v;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::vector<int> sizes_mb = {189, 292, 1752};  // gate+up of 5 experts; T = 1 and T = 8 MoE weight bytes
+  std::string json_path;
+  for (int i = 1; i < argc; ++i) {
+    const std::string k = argv[i];
+    if (k == "--mb" && i + 1 < argc) sizes_mb = parse_list(argv[++i]);
+    else if (k == "--json" && i + 1 < argc) json_path = argv[++i];
+    else {
+      std::fprintf(stderr, "usage: mem_bench [--mb 189,292,1752] [--json F]\n");
+      return 2;
+    }
+  }
+  cudaDeviceProp prop{};
+  CHECK(cudaGetDeviceProperties(&prop, 0));
+  const int sms = prop.multiProcessorCount;
+  const int max_mb = *std::max_element(sizes_mb.begin(), sizes_mb.end());
+  const size_t max_rows = (size_t(max_mb) * 1000000 / kK + kTileRows - 1) / kTileRows * kTileRows;
+  uint8_t *w = nullptr, *dst = nullptr;
+  CHECK(cudaMalloc(&w, max_rows * kK));
+  CHECK(cudaMalloc(&dst, max_rows * kK));
+  CHECK(cudaMemset(w, 1, max_rows * kK));
+  unsigned* sink = nullptr;
+  CHECK(cudaMalloc(&sink, 4));
+  void* flush = nullptr;
+  const size_t flush_bytes = size_t(256) << 20;
+  CHECK(cudaMalloc(&flush, flush_bytes));
+  cudaEvent_t e0, e1;
+  CHECK(cudaEventCreate(&e0));
+  CHECK(cudaEventCreate(&e1));
+  auto time_us = [&](auto&& launch) {
+    std::vector<float> ts;
+    for (int it = 0; it < 30; ++it) {
+      CHECK(cudaMemsetAsync(flush, it, flush_bytes));
+      CHECK(cudaEventRecord(e0));
+      launch();
+      CHECK(cudaEventRecord(e1));
+      CHECK(cudaEventSynchronize(e1));
+      float ms = 0;
+      CHECK(cudaEventElapsedTime(&ms, e0, e1));
+      ts.push_back(ms * 1000.0f);
+    }
+    CHECK(cudaGetLastError());
+    std::sort(ts.begin(), ts.end());
+    return double(ts[ts.size() / 2]);
+  };
+  const size_t copy_bytes = std::min<size_t>(max_rows * kK, size_t(1) << 30);
+  const double copy_us = time_us([&] { CHECK(cudaMemcpyAsync(dst, w, copy_bytes, cudaMemcpyDeviceToDevice)); });
+  const double copy_bw = 2.0 * copy_bytes / (copy_us * 1e-6);
+  const double floor_us = time_us([&] { empty_kernel<<<1, 32>>>(); });
+  std::printf("device %s, %d SMs; copy bandwidth %.0f GB/s (read + write, %.0f MB); empty kernel %.1f us\n\n", prop.name,
+              sms, copy_bw / 1e9, copy_bytes / 1e6, floor_us);
+  std::printf("%8s %-24s | %9s %8s %7s\n", "MB", "method", "us", "GB/s", "%copy");
+  const EncodeTiled encode = encode_tiled();
+  constexpr size_t kCpSmem = 4 * size_t(kTile), kTmaSmem = 8 * size_t(kTile);
+  CHECK(cudaFuncSetAttribute(cpasync_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kCpSmem)));
+  CHECK(cudaFuncSetAttribute(tma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kTmaSmem)));
+  std::string json = "{\"device\": \"" + std::string(prop.name) + "\", \"copy_gbps\": " + std::to_string(copy_bw / 1e9) +
+                     ", \"empty_kernel_us\": " + std::to_string(floor_us) + ", \"rows\": [";
+  bool first = true;
+  for (const int mb : sizes_mb) {
+    const size_t rows = (size_t(mb) * 1000000 / kK + kTileRows - 1) / kTileRows * kTileRows;
+    const size_t bytes = rows * kK;
+    const int tiles = int(rows / kTileRows) * (kK / kTileK);
+    auto emit = [&](const char* method, double us) {
+      const double gbps = bytes / (us * 1e-6) / 1e9;
+      std::printf("%8.0f %-24s | %9.1f %8.0f %6.1f%%\n", bytes / 1e6, method, us, gbps, 100.0 * gbps * 1e9 / copy_bw);
+      json += std::string(first ? "" : ", ") + "{\"mb\": " + std::to_string(bytes / 1e6) + ", \"method\": \"" + method +
+              "\", \"us\": " + std::to_string(us) + ", \"gbps\": " + std::to_string(gbps) +
+              ", \"copy_ratio\": " + std::to_string(gbps * 1e9 / copy_bw) + "}";
+      first = false;
+    };
+    emit("ldg grid-stride", time_us([&] { ldg_kernel<<<16 * sms, 256>>>(reinterpret_cast<const uint4*>(w), bytes / 16, sink); }));
+    emit("cp.async W8A16 tiles", time_us([&] { cpasync_kernel<<<2 * sms, 256, kCpSmem>>>(w, tiles, sink); }));
+    if (encode) {
+      CUtensorMap map;
+      const cuuint64_t dims[2] = {cuuint64_t(kK), cuuint64_t(rows)}, strides[1] = {cuuint64_t(kK)};
+      const cuuint32_t box[2] = {kTileK, kTileRows}, estr[2] = {1, 1};
+      if (encode(&map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, w, dims, strides, box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                 CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS) {
+        emit("tma W8A16 tiles", time_us([&] { tma_kernel<<<sms, 256, kTmaSmem>>>(map, tiles, sink); }));
+      }
+    }
+  }
+  json += "]}\n";
+  if (!json_path.empty()) {
+    std::ofstream(json_path) << json;
+    std::printf("wrote %s\n", json_path.c_str());
+  }
+  return 0;
+}
