@@ -252,11 +252,13 @@ __global__ void __launch_bounds__(kThreads, kSplit ? 2 : 1) msa_attention_kernel
     }
   }
 
-  // Token (within the row group) of each row, -1 past the rows: the unit loop reads it instead
-  // of dividing by the group size.
+  // Token (within the row group) of each row, -1 past the rows: the one-m-tile unit loop reads it
+  // instead of dividing by the group size.
   __shared__ int s_row_tok[kRows];
-  for (int r = tid; r < kRows; r += kThreads) s_row_tok[r] = r < rows ? r / G : -1;
-  __syncthreads();
+  if constexpr (MT == 1) {
+    for (int r = tid; r < kRows; r += kThreads) s_row_tok[r] = r < rows ? r / G : -1;
+    __syncthreads();
+  }
 
   struct Unit {
     int kb, ke, block, page;  // keys [kb, ke) of `block` (sparse: its page)
@@ -286,7 +288,6 @@ __global__ void __launch_bounds__(kThreads, kSplit ? 2 : 1) msa_attention_kernel
   const bool unit_pages = dense && bs % kUnitKeys == 0;
   int pg_idx = -1, pg_val = 0, pf_idx = -1, pf_val = 0;
   auto unit_page = [&](int i) {  // page of this CTA's unit i; i never decreases between calls
-    if constexpr (MT > 1) return __ldg(table + (u_begin + i) * kUnitKeys / bs);  // registers are short there
     if (i != pg_idx) {
       pg_val = i == pf_idx ? pf_val : __ldg(table + (u_begin + i) * kUnitKeys / bs);
       pg_idx = i;
@@ -325,8 +326,7 @@ __global__ void __launch_bounds__(kThreads, kSplit ? 2 : 1) msa_attention_kernel
       const int j = x.kb + r;
       const bool ok = j < x.ke;
       int64_t slot = 0;
-      if (ok) slot = dense ? (unit_pages ? int64_t(unit_page(i)) * bs + j % bs : int64_t(table[j / bs]) * bs + j % bs)
-                           : int64_t(x.page) * bs + (j - x.block * bs);
+      if (ok) slot = dense ? int64_t(table[j / bs]) * bs + j % bs : int64_t(x.page) * bs + (j - x.block * bs);
       const int64_t elem = (slot * a.kv_heads + g) * kHeadDim + ld_ch * 8;
       if (k_buf) cp_async16(smem_u32(k_buf + tile_off(r, ld_ch)), a.k + elem, ok);
       if (v_buf) cp_async16(smem_u32(v_buf + tile_off(r, ld_ch)), a.v + elem, ok);
