@@ -8,30 +8,24 @@
 //   tma        the same 128 x 128-byte tiles by cp.async.bulk.tensor (mbarrier ring, 1 CTA/SM)
 // Each: one launch timed by events with L2 flushed before it (as the benchmarks do), median of
 // 30; an empty kernel gives the launch floor. Prints a table, writes JSON.
-//   mem_bench [--mb 189,292,1752] [--json F]
+//   mem_bench [--mb 189,292,1752] [--json F]   (copy bandwidth: gpu_bench::copy_bandwidth, as the other benches)
 #include <cuda.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
-#include <cstdlib>
 #include <fstream>
 #include <string>
 #include <vector>
 
+#include "gpu_bench_common.h"
+
 namespace {
 
-constexpr int kK = 6144, kTileRows = 128, kTileK = 128, kTile = kTileRows * kTileK;
+using m3::gpu_bench::Dev;
 
-#define CHECK(x)                                                                          \
-  do {                                                                                    \
-    const cudaError_t e_ = (x);                                                           \
-    if (e_ != cudaSuccess) {                                                              \
-      std::fprintf(stderr, "%s:%d: %s\n", __FILE__, __LINE__, cudaGetErrorString(e_));    \
-      std::exit(1);                                                                       \
-    }                                                                                     \
-  } while (0)
+constexpr int kK = 6144, kTileRows = 128, kTileK = 128, kTile = kTileRows * kTileK;
 
 __device__ __forceinline__ uint32_t smem_u32(const void* p) { return uint32_t(__cvta_generic_to_shared(p)); }
 
@@ -160,18 +154,6 @@ EncodeTiled encode_tiled() {
   return reinterpret_cast<EncodeTiled>(fn);
 }
 
-std::vector<int> parse_list(const std::string& s) {
-  std::vector<int> v;
-  size_t i = 0;
-  while (i < s.size()) {
-    const size_t j = s.find(',', i);
-    v.push_back(std::stoi(s.substr(i, j == std::string::npos ? std::string::npos : j - i)));
-    if (j == std::string::npos) break;
-    i = j + 1;
-  }
-  return v;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -179,7 +161,7 @@ int main(int argc, char** argv) {
   std::string json_path;
   for (int i = 1; i < argc; ++i) {
     const std::string k = argv[i];
-    if (k == "--mb" && i + 1 < argc) sizes_mb = parse_list(argv[++i]);
+    if (k == "--mb" && i + 1 < argc) sizes_mb = m3::gpu_bench::parse_list(argv[++i]);
     else if (k == "--json" && i + 1 < argc) json_path = argv[++i];
     else {
       std::fprintf(stderr, "usage: mem_bench [--mb 189,292,1752] [--json F]\n");
@@ -187,49 +169,43 @@ int main(int argc, char** argv) {
     }
   }
   cudaDeviceProp prop{};
-  CHECK(cudaGetDeviceProperties(&prop, 0));
+  M3_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
   const int sms = prop.multiProcessorCount;
   const int max_mb = *std::max_element(sizes_mb.begin(), sizes_mb.end());
   const size_t max_rows = (size_t(max_mb) * 1000000 / kK + kTileRows - 1) / kTileRows * kTileRows;
-  uint8_t *w = nullptr, *dst = nullptr;
-  CHECK(cudaMalloc(&w, max_rows * kK));
-  CHECK(cudaMalloc(&dst, max_rows * kK));
-  CHECK(cudaMemset(w, 1, max_rows * kK));
-  unsigned* sink = nullptr;
-  CHECK(cudaMalloc(&sink, 4));
-  void* flush = nullptr;
-  const size_t flush_bytes = size_t(256) << 20;
-  CHECK(cudaMalloc(&flush, flush_bytes));
+  const Dev wbuf(max_rows * kK), sink_buf(4), flush(size_t(256) << 20);
+  uint8_t* const w = wbuf.as<uint8_t>();
+  unsigned* const sink = sink_buf.as<unsigned>();
+  M3_CUDA_CHECK(cudaMemset(w, 1, max_rows * kK));
   cudaEvent_t e0, e1;
-  CHECK(cudaEventCreate(&e0));
-  CHECK(cudaEventCreate(&e1));
+  M3_CUDA_CHECK(cudaEventCreate(&e0));
+  M3_CUDA_CHECK(cudaEventCreate(&e1));
+  // One launch (not a graph replay: the kernel alone), L2 flushed before it, median of 30.
   auto time_us = [&](auto&& launch) {
     std::vector<float> ts;
     for (int it = 0; it < 30; ++it) {
-      CHECK(cudaMemsetAsync(flush, it, flush_bytes));
-      CHECK(cudaEventRecord(e0));
+      M3_CUDA_CHECK(cudaMemsetAsync(flush.as<void>(), it, flush.bytes()));
+      M3_CUDA_CHECK(cudaEventRecord(e0));
       launch();
-      CHECK(cudaEventRecord(e1));
-      CHECK(cudaEventSynchronize(e1));
+      M3_CUDA_CHECK(cudaEventRecord(e1));
+      M3_CUDA_CHECK(cudaEventSynchronize(e1));
       float ms = 0;
-      CHECK(cudaEventElapsedTime(&ms, e0, e1));
+      M3_CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
       ts.push_back(ms * 1000.0f);
     }
-    CHECK(cudaGetLastError());
+    M3_CUDA_CHECK_LAUNCH();
     std::sort(ts.begin(), ts.end());
     return double(ts[ts.size() / 2]);
   };
-  const size_t copy_bytes = std::min<size_t>(max_rows * kK, size_t(1) << 30);
-  const double copy_us = time_us([&] { CHECK(cudaMemcpyAsync(dst, w, copy_bytes, cudaMemcpyDeviceToDevice)); });
-  const double copy_bw = 2.0 * copy_bytes / (copy_us * 1e-6);
+  const double copy_bw = m3::gpu_bench::copy_bandwidth(nullptr);  // the yardstick of moe_bench and msa_bench
   const double floor_us = time_us([&] { empty_kernel<<<1, 32>>>(); });
-  std::printf("device %s, %d SMs; copy bandwidth %.0f GB/s (read + write, %.0f MB); empty kernel %.1f us\n\n", prop.name,
-              sms, copy_bw / 1e9, copy_bytes / 1e6, floor_us);
+  std::printf("device %s, %d SMs; copy bandwidth %.0f GB/s (read + write); empty kernel %.1f us\n\n", prop.name, sms,
+              copy_bw / 1e9, floor_us);
   std::printf("%8s %-24s | %9s %8s %7s\n", "MB", "method", "us", "GB/s", "%copy");
   const EncodeTiled encode = encode_tiled();
   constexpr size_t kCpSmem = 4 * size_t(kTile), kTmaSmem = 8 * size_t(kTile);
-  CHECK(cudaFuncSetAttribute(cpasync_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kCpSmem)));
-  CHECK(cudaFuncSetAttribute(tma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kTmaSmem)));
+  M3_CUDA_CHECK(cudaFuncSetAttribute(cpasync_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kCpSmem)));
+  M3_CUDA_CHECK(cudaFuncSetAttribute(tma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kTmaSmem)));
   std::string json = "{\"device\": \"" + std::string(prop.name) + "\", \"copy_gbps\": " + std::to_string(copy_bw / 1e9) +
                      ", \"empty_kernel_us\": " + std::to_string(floor_us) + ", \"rows\": [";
   bool first = true;
