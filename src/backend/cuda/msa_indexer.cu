@@ -35,94 +35,31 @@
 #include "backend/cuda/cuda_internal.h"
 #include "backend/cuda/msa.h"
 #include "backend/cuda/msa_common.cuh"
+#include "backend/cuda/msa_indexer_common.cuh"
 
 namespace m3::cuda {
 namespace {
 
+using namespace msa_index;
 using msa::cp_async16;
 using msa::cp_async_commit;
 using msa::cp_async_wait;
 using msa::order_key;
 using msa::smem_u32;
 
-constexpr int kDim = 128;   // index head dim
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
-constexpr int kMaxTopK = 64;
-constexpr int kMinBs = 8;   // a block covers whole 8-key n-tiles
 constexpr int kStageBufBytes = 96 * 1024;
 constexpr size_t kMaxScoreBytes = size_t(512) << 20;
 
 __device__ unsigned g_indexer_counters[msa::kMaxCounters];
-
-template <class IK> struct IkTraits;
-template <> struct IkTraits<__nv_bfloat16> {
-  static constexpr int kRowBytes = 256;
-  static constexpr int kPerChunk = 8;  // elements per 16-byte chunk
-  static constexpr int kSigmaExp = 32;  // max |q sigma| in [2^32, 2^33)
-  static constexpr float kErr = 0.0078125f;  // 2^-7
-  static constexpr float kZeroTerm = 7.52316385e-37f;  // 2^-120: elements below 2^-126 zeroed
-  // Elements of one chunk in order (exact conversion).
-  static __device__ __forceinline__ void unpack(const uint4& r, float (&f)[8]) {
-    const uint32_t w[4] = {r.x, r.y, r.z, r.w};
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      f[2 * i] = __uint_as_float(w[i] << 16);
-      f[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
-    }
-  }
-  // A operand pair (element 0 low); magnitudes below bf16's normal range are zeroed.
-  static __device__ __forceinline__ uint32_t pack(float x, float y) {
-    if (!(fabsf(x) >= 1.17549435e-38f)) x = fabsf(x) >= 0.0f ? 0.0f : x;  // keeps NaN
-    if (!(fabsf(y) >= 1.17549435e-38f)) y = fabsf(y) >= 0.0f ? 0.0f : y;
-    return msa::bf16x2_bits(__floats2bfloat162_rn(x, y));
-  }
-  static __device__ __forceinline__ void mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-    msa::mma_bf16(c, a, b0, b1);
-  }
-};
-template <> struct IkTraits<__nv_fp8_e4m3> {
-  static constexpr int kRowBytes = 128;
-  static constexpr int kPerChunk = 16;
-  static constexpr int kSigmaExp = 14;  // max |q sigma| in [2^14, 2^15): f16 range
-  static constexpr float kErr = 0.0009765625f;  // 2^-10
-  static constexpr float kZeroTerm = 0.0009765625f;  // elements below 2^-14 zeroed: 2^-14 sqrt(128) < 2^-10
-  static __device__ __forceinline__ void unpack(const uint4& r, float (&f)[16]) {
-    const uint32_t w[4] = {r.x, r.y, r.z, r.w};
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const __half2 lo(__nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(w[i] & 0xffffu), __NV_E4M3));
-      const __half2 hi(__nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(w[i] >> 16), __NV_E4M3));
-      const float2 a = __half22float2(lo), b = __half22float2(hi);
-      f[4 * i] = a.x;
-      f[4 * i + 1] = a.y;
-      f[4 * i + 2] = b.x;
-      f[4 * i + 3] = b.y;
-    }
-  }
-  static __device__ __forceinline__ uint32_t pack(float x, float y) {
-    if (!(fabsf(x) >= 6.10351562e-05f)) x = fabsf(x) >= 0.0f ? 0.0f : x;
-    if (!(fabsf(y) >= 6.10351562e-05f)) y = fabsf(y) >= 0.0f ? 0.0f : y;
-    const __half2 h = __floats2half2_rn(x, y);
-    return *reinterpret_cast<const uint32_t*>(&h);
-  }
-  static __device__ __forceinline__ void mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-    msa::mma_f16(c, a, b0, b1);
-  }
-};
-
-// Two e4m3 (low byte first) -> f16x2, exact (every e4m3 value is an f16 normal).
-__device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t v) {
-  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(v & 0xffffu), __NV_E4M3);
-  return uint32_t(h.x) | (uint32_t(h.y) << 16);
-}
 
 // Tiles: kWM warps along the rows (kMTiles m-tiles each), 8 / kWM along the keys.
 template <class IK, int kWM, int kMTiles>
 struct Cfg {
   static constexpr int kWN = kWarps / kWM;
   static constexpr int kRows = 16 * kMTiles * kWM;
-  static constexpr int kSK = (kWM == 1 && sizeof(IK) == 1) ? 256 : 128;  // keys per stage
+  static constexpr int kSK = 128;  // keys per stage
   static constexpr int kKPW = kSK / kWN;  // keys per warp per stage
   static constexpr int kNT = kKPW / 8;    // n-tiles per warp
   static constexpr int kGT = kSK / 64;    // Gram n-tiles per warp
@@ -142,135 +79,9 @@ struct Cfg {
   static constexpr int kSelectCap = kStageBufBytes / 4 / kWarps;  // block scores per warp cached for selection
 };
 
-struct IndexerArgs {
-  const float* q;       // [tokens, heads, 128]
-  const void* keys;     // [slots, 128] BF16 or FP8
-  int32_t* selected;    // [heads, tokens, top_k]
-  uint32_t* scores;     // scratch [tokens of the slice (+ a group), heads, max_blocks]: order keys
-  const int32_t* query_start;
-  const int32_t* positions;
-  const int32_t* block_tables;
-  unsigned* counters;
-  int num_seqs, num_tokens, max_blocks, bs, bs_shift, heads, top_k, group_tokens, chunks, tok_begin, tok_end;
-  int defer;  // exact dots listed and run in batches (key ids < 2^24, rows < 256)
-};
-
-// The reference's dot of one query row (fp32, global) with one key row: a sequential fp32 sum
-// over d of separately rounded products (no FMA contraction, no reassociation). The row is a
-// swizzled shared-memory stage row (kGlobal false) or the cache's row in global memory.
-template <class IK, bool kGlobal = false>
-__device__ float exact_dot(const float* q, const unsigned char* row, int key) {
-  using Tr = IkTraits<IK>;
-  constexpr int kE = Tr::kPerChunk, kChunks = kDim / kE;
-  float s = 0.0f;
-#pragma unroll 4
-  for (int ch = 0; ch < kChunks; ++ch) {
-    const uint4 raw = kGlobal ? __ldg(reinterpret_cast<const uint4*>(row) + ch)
-                              : *reinterpret_cast<const uint4*>(row + ((ch ^ (key & 7)) << 4));
-    float kf[kE];
-    Tr::unpack(raw, kf);
-#pragma unroll
-    for (int e = 0; e < kE; e += 4) {
-      const float4 x = __ldg(reinterpret_cast<const float4*>(q + ch * kE + e));
-      s = __fadd_rn(s, __fmul_rn(x.x, kf[e]));
-      s = __fadd_rn(s, __fmul_rn(x.y, kf[e + 1]));
-      s = __fadd_rn(s, __fmul_rn(x.z, kf[e + 2]));
-      s = __fadd_rn(s, __fmul_rn(x.w, kf[e + 3]));
-    }
-  }
-  return s;
-}
-
-// Power of two sigma putting max |q| in [2^e, 2^(e+1)) (clamped to the normal range).
-__device__ __forceinline__ float sigma_for(float mx, int e) {
-  if (!(mx > 0.0f) || !(mx <= 3.402823466e38f)) return 1.0f;
-  const int ex = int((__float_as_uint(mx) >> 23) & 0xffu) - 127;  // subnormal: -127
-  const int k = min(127, max(-126, e - ex));
-  return __uint_as_float(uint32_t(k + 127) << 23);
-}
-
-// Exact top-k of one warp: the k best of keys[0, n) by (score desc, id asc), as ascending ids
-// into dst[0, k). Radix select on the 32-bit keys (four 8-bit digit passes) finds the k-th
-// key T; all keys above T are taken, and the lowest ids among those equal to T.
-__device__ void warp_select(const uint32_t* keys, int n, int k, uint32_t* cache, int cap, unsigned* hist,
-                            int32_t* dst) {
-  const int lane = threadIdx.x & 31;
-  const bool cached = n <= cap;
-  if (cached) {
-    for (int b = lane; b < n; b += 32) cache[b] = __ldcg(keys + b);
-    __syncwarp();
-  }
-  auto key_at = [&](int i) { return cached ? cache[i] : __ldcg(keys + i); };
-  uint32_t prefix = 0, mask = 0;
-  int need = k;
-#pragma unroll 1
-  for (int shift = 24; shift >= 0; shift -= 8) {
-    for (int b = lane; b < 256; b += 32) hist[b] = 0;
-    __syncwarp();
-    for (int i = lane; i < n; i += 32) {
-      const uint32_t x = key_at(i);
-      if ((x & mask) == prefix) atomicAdd(&hist[(x >> shift) & 255u], 1u);
-    }
-    __syncwarp();
-    // Lane l owns bins 255 - 8l - j (j = 0..7): descending digits across lanes.
-    int cnt[8], sum = 0;
-#pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      cnt[j] = int(hist[255 - 8 * lane - j]);
-      sum += cnt[j];
-    }
-    const int incl = msa::warp_inclusive_scan(sum), excl = incl - sum;
-    const bool mine = excl < need && need <= incl;
-    const unsigned who = __ballot_sync(0xffffffffu, mine);
-    int digit = 0, above = 0;
-    if (mine) {
-      int acc = excl;
-#pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        if (acc + cnt[j] >= need) {
-          digit = 255 - 8 * lane - j;
-          above = acc;
-          break;
-        }
-        acc += cnt[j];
-      }
-    }
-    const int src = __ffs(who) - 1;
-    digit = __shfl_sync(0xffffffffu, digit, src);
-    above = __shfl_sync(0xffffffffu, above, src);
-    need -= above;
-    prefix |= uint32_t(digit) << shift;
-    mask |= 255u << shift;
-    __syncwarp();
-  }
-  // Gather in id order: lane l scans ids [l * per, (l + 1) * per).
-  const uint32_t thr = prefix;
-  const int per = (n + 31) / 32, lo = min(n, lane * per), hi = min(n, lo + per);
-  int gt = 0, eq = 0;
-  for (int i = lo; i < hi; ++i) {
-    const uint32_t x = key_at(i);
-    gt += x > thr ? 1 : 0;
-    eq += x == thr ? 1 : 0;
-  }
-  const int eq_excl = msa::warp_inclusive_scan(eq) - eq;
-  const int take_eq = max(0, min(eq, need - eq_excl));
-  const int cnt = gt + take_eq;
-  int pos = msa::warp_inclusive_scan(cnt) - cnt;
-  int taken_eq = 0;
-  for (int i = lo; i < hi; ++i) {
-    const uint32_t x = key_at(i);
-    bool take = x > thr;
-    if (x == thr && taken_eq < take_eq) {
-      take = true;
-      ++taken_eq;
-    }
-    if (take) dst[pos++] = i;
-  }
-  __syncwarp();
-}
 
 template <class IK, int kWM, int kMTiles>
-__global__ void __launch_bounds__(kThreads, kWM == 1 ? 2 : 1) msa_indexer_kernel(IndexerArgs a) {
+__global__ void __launch_bounds__(kThreads, 1) msa_indexer_kernel(IndexerArgs a) {
   using Cf = Cfg<IK, kWM, kMTiles>;
   using Tr = IkTraits<IK>;
   constexpr int kRows = Cf::kRows, kSK = Cf::kSK, kNT = Cf::kNT, kGT = Cf::kGT, kBps = Cf::kBps;
@@ -585,22 +396,8 @@ __global__ void __launch_bounds__(kThreads, kWM == 1 ? 2 : 1) msa_indexer_kernel
     __syncthreads();  // this CTA's score writes (and the stage buffers' last reads) are done
   }
   // Last CTA of the group: one warp per row selects its blocks.
-  const int k = top_k - 1;
-  uint32_t* const cache = reinterpret_cast<uint32_t*>(stage_buf) + warp * Cf::kSelectCap;
-  for (int p = warp; p < P; p += kWarps) {
-    const int local = local_of(p);
-    if (local + 1 <= top_k) {
-      write_dense(p);
-      continue;
-    }
-    const int t = t0 + p / H, h = p % H;
-    int32_t* dst = a.selected + (int64_t(h) * a.num_tokens + t) * top_k;
-    if (k > 0) {
-      warp_select(a.scores + (int64_t(t - a.tok_begin) * H + h) * a.max_blocks, local, k, cache, Cf::kSelectCap,
-                  hist + warp * 256, dst);
-    }
-    if (lane == 0) dst[k] = local;  // the local block has the highest id
-  }
+  select_group(a, t0, P, s_pos, reinterpret_cast<uint32_t*>(stage_buf) + warp * Cf::kSelectCap, Cf::kSelectCap,
+               hist + warp * 256);
 }
 
 int ilog2(int v) {
@@ -638,8 +435,12 @@ void launch_msa_indexer_layout(const TensorView& index_q, const TensorView& inde
                      (index_k_cache.dtype == DType::kBF16 || index_k_cache.dtype == DType::kF8E4M3);
   if (!tuned) return launch_generic_indexer_topk(index_q, index_k_cache, meta, params, selected);
 
-  const bool prefill = layout == MsaIndexerLayout::kPrefill ||
+  // Decode shapes with blocks of 8 keys run the prefill tiles (the decode kernel's 16-key
+  // tiles lie in one block).
+  const bool prefill = layout == MsaIndexerLayout::kPrefill || !decode_kernel_takes(bs, meta.max_blocks_per_seq) ||
                        (layout == MsaIndexerLayout::kAuto && tokens >= 64 && tokens >= 8 * int64_t(meta.num_seqs));
+  // Decode groups: 8 rows (one MMA n-tile) when every sequence may have one token, else 16.
+  const bool narrow = tokens == meta.num_seqs && heads <= 8;
   IndexerArgs a{};
   a.q = index_q.as<const float>();
   a.keys = index_k_cache.data;
@@ -654,13 +455,13 @@ void launch_msa_indexer_layout(const TensorView& index_q, const TensorView& inde
   a.bs_shift = ilog2(bs);
   a.heads = int(heads);
   a.top_k = params.top_k;
-  a.group_tokens = std::max(1, (prefill ? 128 : 16) / int(heads));
+  a.group_tokens = std::max(1, (prefill ? 128 : narrow ? 8 : 16) / int(heads));
   a.defer = int64_t(a.max_blocks) * bs <= (int64_t(1) << 24) ? 1 : 0;
-  // Chunks per query group: enough CTAs for the SMs (two per SM for decode) over the groups
-  // there are (the host does not know the contexts: chunks past a sequence's blocks exit).
+  // Chunks per query group: enough CTAs for the SMs (both kernels run one CTA per SM) over the
+  // groups there are (the host does not know the contexts: chunks past a sequence's blocks exit).
   const int64_t groups = tokens == meta.num_seqs ? tokens : (tokens + a.group_tokens - 1) / a.group_tokens + meta.num_seqs;
   const int64_t max_scored = std::max(1, a.max_blocks - 1);
-  const int64_t target = (prefill ? 1 : 2) * int64_t(current_sm_count());
+  const int64_t target = current_sm_count();
   a.chunks = int(std::clamp<int64_t>(target / std::max<int64_t>(1, groups), 1, std::min<int64_t>(max_scored, 1024)));
   if (tokens > msa::kMaxCounters) a.chunks = 1;
   if (a.chunks > 1) {
@@ -677,22 +478,17 @@ void launch_msa_indexer_layout(const TensorView& index_q, const TensorView& inde
   const int64_t slice = std::max<int64_t>(a.group_tokens, std::min<int64_t>(tokens, fit));
   Scratch scores(size_t(std::min<int64_t>(tokens, slice) + a.group_tokens) * row_bytes);
   a.scores = scores.as<uint32_t>();
-  auto run = [&](auto kernel, size_t smem) {
-    M3_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-    for (int64_t tb = 0; tb < tokens; tb += slice) {
-      a.tok_begin = int(tb);
-      a.tok_end = int(std::min<int64_t>(tokens, tb + slice));
-      const dim3 grid{unsigned(a.tok_end - a.tok_begin), unsigned(a.chunks)};
-      kernel<<<grid, kThreads, smem, current_stream()>>>(a);
-    }
-  };
   const bool fp8 = index_k_cache.dtype == DType::kF8E4M3;
-  if (prefill) {
-    if (fp8) run(msa_indexer_kernel<__nv_fp8_e4m3, 4, 2>, Cfg<__nv_fp8_e4m3, 4, 2>::kBytes);
-    else run(msa_indexer_kernel<__nv_bfloat16, 4, 2>, Cfg<__nv_bfloat16, 4, 2>::kBytes);
-  } else {
-    if (fp8) run(msa_indexer_kernel<__nv_fp8_e4m3, 1, 1>, Cfg<__nv_fp8_e4m3, 1, 1>::kBytes);
-    else run(msa_indexer_kernel<__nv_bfloat16, 1, 1>, Cfg<__nv_bfloat16, 1, 1>::kBytes);
+  auto tiles = [&](auto kernel, size_t smem) {
+    M3_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+    kernel<<<dim3{unsigned(a.tok_end - a.tok_begin), unsigned(a.chunks)}, kThreads, smem, current_stream()>>>(a);
+  };
+  for (int64_t tb = 0; tb < tokens; tb += slice) {
+    a.tok_begin = int(tb);
+    a.tok_end = int(std::min<int64_t>(tokens, tb + slice));
+    if (!prefill) launch_indexer_decode(a, fp8, a.group_tokens * a.heads);
+    else if (fp8) tiles(msa_indexer_kernel<__nv_fp8_e4m3, 4, 2>, Cfg<__nv_fp8_e4m3, 4, 2>::kBytes);
+    else tiles(msa_indexer_kernel<__nv_bfloat16, 4, 2>, Cfg<__nv_bfloat16, 4, 2>::kBytes);
   }
   M3_CUDA_CHECK_LAUNCH();
 }

@@ -1,0 +1,248 @@
+#pragma once
+// Pieces shared by the two MSA indexer kernels (msa_indexer.cu: prefill tiles;
+// msa_indexer_decode.cu: decode and speculative verification): the index-key traits, the
+// reference's exact dot, sigma, the warp radix select, the launch arguments, and the
+// selection that the last CTA of a query group runs.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+
+#include <climits>
+#include <cstdint>
+
+#include "backend/cuda/msa_common.cuh"
+
+namespace m3::cuda::msa_index {
+
+using msa::order_key;
+
+constexpr int kDim = 128;    // index head dim
+constexpr int kMaxTopK = 64;
+constexpr int kMinBs = 8;    // a block covers whole 8-key n-tiles
+
+template <class IK> struct IkTraits;
+template <> struct IkTraits<__nv_bfloat16> {
+  static constexpr int kRowBytes = 256;
+  static constexpr int kPerChunk = 8;  // elements per 16-byte chunk
+  static constexpr int kSigmaExp = 32;  // max |q sigma| in [2^32, 2^33)
+  static constexpr float kErr = 0.0078125f;  // 2^-7
+  static constexpr float kZeroTerm = 7.52316385e-37f;  // 2^-120: elements below 2^-126 zeroed
+  // Elements of one chunk in order (exact conversion).
+  static __device__ __forceinline__ void unpack(const uint4& r, float (&f)[8]) {
+    const uint32_t w[4] = {r.x, r.y, r.z, r.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      f[2 * i] = __uint_as_float(w[i] << 16);
+      f[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
+    }
+  }
+  // A operand pair (element 0 low); magnitudes below bf16's normal range are zeroed.
+  static __device__ __forceinline__ uint32_t pack(float x, float y) {
+    if (!(fabsf(x) >= 1.17549435e-38f)) x = fabsf(x) >= 0.0f ? 0.0f : x;  // keeps NaN
+    if (!(fabsf(y) >= 1.17549435e-38f)) y = fabsf(y) >= 0.0f ? 0.0f : y;
+    return msa::bf16x2_bits(__floats2bfloat162_rn(x, y));
+  }
+  static __device__ __forceinline__ void mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    msa::mma_bf16(c, a, b0, b1);
+  }
+};
+template <> struct IkTraits<__nv_fp8_e4m3> {
+  static constexpr int kRowBytes = 128;
+  static constexpr int kPerChunk = 16;
+  static constexpr int kSigmaExp = 14;  // max |q sigma| in [2^14, 2^15): f16 range
+  static constexpr float kErr = 0.0009765625f;  // 2^-10
+  static constexpr float kZeroTerm = 0.0009765625f;  // elements below 2^-14 zeroed: 2^-14 sqrt(128) < 2^-10
+  static __device__ __forceinline__ void unpack(const uint4& r, float (&f)[16]) {
+    const uint32_t w[4] = {r.x, r.y, r.z, r.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const __half2 lo(__nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(w[i] & 0xffffu), __NV_E4M3));
+      const __half2 hi(__nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(w[i] >> 16), __NV_E4M3));
+      const float2 a = __half22float2(lo), b = __half22float2(hi);
+      f[4 * i] = a.x;
+      f[4 * i + 1] = a.y;
+      f[4 * i + 2] = b.x;
+      f[4 * i + 3] = b.y;
+    }
+  }
+  static __device__ __forceinline__ uint32_t pack(float x, float y) {
+    if (!(fabsf(x) >= 6.10351562e-05f)) x = fabsf(x) >= 0.0f ? 0.0f : x;
+    if (!(fabsf(y) >= 6.10351562e-05f)) y = fabsf(y) >= 0.0f ? 0.0f : y;
+    const __half2 h = __floats2half2_rn(x, y);
+    return *reinterpret_cast<const uint32_t*>(&h);
+  }
+  static __device__ __forceinline__ void mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    msa::mma_f16(c, a, b0, b1);
+  }
+};
+
+// Two e4m3 (low byte first) -> f16x2, exact (every e4m3 value is an f16 normal).
+__device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t v) {
+  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(v & 0xffffu), __NV_E4M3);
+  return uint32_t(h.x) | (uint32_t(h.y) << 16);
+}
+
+struct IndexerArgs {
+  const float* q;       // [tokens, heads, 128]
+  const void* keys;     // [slots, 128] BF16 or FP8
+  int32_t* selected;    // [heads, tokens, top_k]
+  uint32_t* scores;     // scratch [tokens of the slice (+ a group), heads, max_blocks]: order keys
+  const int32_t* query_start;
+  const int32_t* positions;
+  const int32_t* block_tables;
+  unsigned* counters;
+  int num_seqs, num_tokens, max_blocks, bs, bs_shift, heads, top_k, group_tokens, chunks, tok_begin, tok_end;
+  int defer;  // exact dots listed and run in batches (key ids < 2^24, rows < 256)
+};
+
+// The reference's dot of one query row (fp32, global) with one key row: a sequential fp32 sum
+// over d of separately rounded products (no FMA contraction, no reassociation). The row is a
+// swizzled shared-memory stage row (kGlobal false) or the cache's row in global memory.
+template <class IK, bool kGlobal = false>
+__device__ __forceinline__ float exact_dot(const float* q, const unsigned char* row, int key) {
+  using Tr = IkTraits<IK>;
+  constexpr int kE = Tr::kPerChunk, kChunks = kDim / kE;
+  auto step = [&](float s, const uint4& raw, int ch) {
+    float kf[kE];
+    Tr::unpack(raw, kf);
+#pragma unroll
+    for (int e = 0; e < kE; e += 4) {
+      const float4 x = __ldg(reinterpret_cast<const float4*>(q + ch * kE + e));
+      s = __fadd_rn(s, __fmul_rn(x.x, kf[e]));
+      s = __fadd_rn(s, __fmul_rn(x.y, kf[e + 1]));
+      s = __fadd_rn(s, __fmul_rn(x.z, kf[e + 2]));
+      s = __fadd_rn(s, __fmul_rn(x.w, kf[e + 3]));
+    }
+    return s;
+  };
+  float s = 0.0f;
+  if constexpr (kGlobal) {  // every chunk requested before the chain starts: one L2 round trip
+    uint4 raw[kChunks];
+#pragma unroll
+    for (int ch = 0; ch < kChunks; ++ch) raw[ch] = __ldg(reinterpret_cast<const uint4*>(row) + ch);
+#pragma unroll
+    for (int ch = 0; ch < kChunks; ++ch) s = step(s, raw[ch], ch);
+  } else {
+#pragma unroll 4
+    for (int ch = 0; ch < kChunks; ++ch) s = step(s, *reinterpret_cast<const uint4*>(row + ((ch ^ (key & 7)) << 4)), ch);
+  }
+  return s;
+}
+
+// Power of two sigma putting max |q| in [2^e, 2^(e+1)) (clamped to the normal range).
+__device__ __forceinline__ float sigma_for(float mx, int e) {
+  if (!(mx > 0.0f) || !(mx <= 3.402823466e38f)) return 1.0f;
+  const int ex = int((__float_as_uint(mx) >> 23) & 0xffu) - 127;  // subnormal: -127
+  const int k = min(127, max(-126, e - ex));
+  return __uint_as_float(uint32_t(k + 127) << 23);
+}
+
+// Exact top-k of one warp: the k best of keys[0, n) by (score desc, id asc), as ascending ids
+// into dst[0, k). Radix select on the 32-bit keys (four 8-bit digit passes) finds the k-th
+// key T; all keys above T are taken, and the lowest ids among those equal to T.
+inline __device__ void warp_select(const uint32_t* keys, int n, int k, uint32_t* cache, int cap, unsigned* hist,
+                            int32_t* dst) {
+  const int lane = threadIdx.x & 31;
+  const bool cached = n <= cap;
+  if (cached) {
+    for (int b = lane; b < n; b += 32) cache[b] = __ldcg(keys + b);
+    __syncwarp();
+  }
+  auto key_at = [&](int i) { return cached ? cache[i] : __ldcg(keys + i); };
+  uint32_t prefix = 0, mask = 0;
+  int need = k;
+#pragma unroll 1
+  for (int shift = 24; shift >= 0; shift -= 8) {
+    for (int b = lane; b < 256; b += 32) hist[b] = 0;
+    __syncwarp();
+    for (int i = lane; i < n; i += 32) {
+      const uint32_t x = key_at(i);
+      if ((x & mask) == prefix) atomicAdd(&hist[(x >> shift) & 255u], 1u);
+    }
+    __syncwarp();
+    // Lane l owns bins 255 - 8l - j (j = 0..7): descending digits across lanes.
+    int cnt[8], sum = 0;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      cnt[j] = int(hist[255 - 8 * lane - j]);
+      sum += cnt[j];
+    }
+    const int incl = msa::warp_inclusive_scan(sum), excl = incl - sum;
+    const bool mine = excl < need && need <= incl;
+    const unsigned who = __ballot_sync(0xffffffffu, mine);
+    int digit = 0, above = 0;
+    if (mine) {
+      int acc = excl;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        if (acc + cnt[j] >= need) {
+          digit = 255 - 8 * lane - j;
+          above = acc;
+          break;
+        }
+        acc += cnt[j];
+      }
+    }
+    const int src = __ffs(who) - 1;
+    digit = __shfl_sync(0xffffffffu, digit, src);
+    above = __shfl_sync(0xffffffffu, above, src);
+    need -= above;
+    prefix |= uint32_t(digit) << shift;
+    mask |= 255u << shift;
+    __syncwarp();
+  }
+  // Gather in id order: lane l scans ids [l * per, (l + 1) * per).
+  const uint32_t thr = prefix;
+  const int per = (n + 31) / 32, lo = min(n, lane * per), hi = min(n, lo + per);
+  int gt = 0, eq = 0;
+  for (int i = lo; i < hi; ++i) {
+    const uint32_t x = key_at(i);
+    gt += x > thr ? 1 : 0;
+    eq += x == thr ? 1 : 0;
+  }
+  const int eq_excl = msa::warp_inclusive_scan(eq) - eq;
+  const int take_eq = max(0, min(eq, need - eq_excl));
+  const int cnt = gt + take_eq;
+  int pos = msa::warp_inclusive_scan(cnt) - cnt;
+  int taken_eq = 0;
+  for (int i = lo; i < hi; ++i) {
+    const uint32_t x = key_at(i);
+    bool take = x > thr;
+    if (x == thr && taken_eq < take_eq) {
+      take = true;
+      ++taken_eq;
+    }
+    if (take) dst[pos++] = i;
+  }
+  __syncwarp();
+}
+
+// The last CTA of a query group: one warp per (token, head) row selects the top_k - 1 best
+// earlier blocks from the group's block scores (rows whose context has at most top_k blocks
+// take them all) and writes ascending ids, then the local block. `cache` is the warp's
+// `cap` words of scratch, `hist` its 256.
+inline __device__ void select_group(const IndexerArgs& a, int t0, int P, const int* s_pos, uint32_t* cache, int cap,
+                                    unsigned* hist) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, warps = blockDim.x >> 5;
+  const int H = a.heads, top_k = a.top_k, k = top_k - 1;
+  for (int p = warp; p < P; p += warps) {
+    const int local = s_pos[p / H] >> a.bs_shift;
+    const int t = t0 + p / H, h = p % H;
+    int32_t* dst = a.selected + (int64_t(h) * a.num_tokens + t) * top_k;
+    if (local + 1 <= top_k) {  // every valid block fits: ids 0..local, then -1
+      for (int i = lane; i < top_k; i += 32) dst[i] = i <= local ? i : -1;
+      continue;
+    }
+    if (k > 0) warp_select(a.scores + (int64_t(t - a.tok_begin) * H + h) * a.max_blocks, local, k, cache, cap, hist, dst);
+    if (lane == 0) dst[k] = local;  // the local block has the highest id
+  }
+}
+
+// The decode layout's kernel (msa_indexer_decode.cu), for a slice [a.tok_begin, a.tok_end):
+// at most rows_max (token, head) rows per query group (<= 16), one CTA per SM.
+void launch_indexer_decode(const IndexerArgs& a, bool fp8, int rows_max);
+// Whether it takes the shape: block size 16..128 (a 16-key tile lies in one block), contexts
+// below 2^24 keys (candidate key ids are 24 bits).
+bool decode_kernel_takes(int bs, int max_blocks);
+
+}  // namespace m3::cuda::msa_index

@@ -1,0 +1,426 @@
+// MSA lightning indexer, decode layout (one token per sequence, or a few for speculative
+// verification): BF16 or FP8 (e4m3) index-K, dim 128, the same exact selections as the
+// prefill tiles of msa_indexer.cu (shared pieces in msa_indexer_common.cuh).
+//
+// The decode scan is a stream: every cached index key is read once and dotted with the 4-16
+// (token, head) rows of its query group. The tile kernel, with four CTA barriers per 128-key
+// stage, stayed latency bound at ~55 % of the copy bandwidth however its stage was trimmed.
+// Here a warp owns whole 128-key units of its CTA's chunk and streams them through its own
+// cp.async ring (16-key tiles), so nothing in the scan waits for another warp:
+//   - the keys are the MMA's A operand (16 keys x 16 dims per m16n8k16) and the group's rows
+//     its N (8 or 16), so one MMA serves 16 keys instead of 8;
+//   - the error bound of the approximate dot a is e = c * U with U >= sum_i |q_i sigma| |k_i|,
+//     from a second MMA of |K| (sign bits cleared) with u_i >= |q_i sigma| (rounded up, and
+//     floored so that the elements zeroed below the operand's normal range stay covered):
+//     tighter than c |q sigma| |k| (Cauchy-Schwarz), and no key norms are needed;
+//   - lo = max(a - e) per (row, block) is reduced in registers and shuffles; the keys with
+//     a + e >= lo (typically one or two per block) are listed and their exact dots (the
+//     reference's sequential chain) run one per lane, the block score is their maximum.
+// The last CTA of a query group selects, as in the tile kernel.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+
+#include <climits>
+#include <type_traits>
+
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/cuda_internal.h"
+#include "backend/cuda/msa_indexer_common.cuh"
+
+namespace m3::cuda::msa_index {
+namespace {
+
+using msa::cp_async16;
+using msa::cp_async_commit;
+using msa::cp_async_wait;
+using msa::kKeyMinusInf;
+using msa::smem_u32;
+
+constexpr int kWarpsD = 8, kThreadsD = kWarpsD * 32;
+constexpr int kTileKeys = 16, kUnitTiles = 8, kUnitKeys = kTileKeys * kUnitTiles;
+constexpr int kMaxRows = 16;     // (token, head) rows of a decode query group
+constexpr int kUnitBlocks = 8;   // blocks of a unit at most (block size >= 16)
+
+// The upper operand u (|q sigma| rounded up, floored) and the bound's factor for U.
+template <class IK> struct UpperTraits;
+template <> struct UpperTraits<__nv_bfloat16> {
+  // Zeroed elements (|q sigma| < 2^-126) err by < 2^-126 |k_i| <= 2^-8 * 2^-118 |k_i|.
+  static constexpr float kFloor = 3.00926553e-36f;  // 2^-118
+  static constexpr float kErrU = 0.0078201294f;      // 2^-7 + 2^-17 (U's own accumulation error)
+  static __device__ __forceinline__ uint32_t pack(float x, float y) {
+    const __nv_bfloat16 a = __float2bfloat16_ru(fmaxf(fabsf(x), kFloor));
+    const __nv_bfloat16 b = __float2bfloat16_ru(fmaxf(fabsf(y), kFloor));
+    return uint32_t(__bfloat16_as_ushort(a)) | (uint32_t(__bfloat16_as_ushort(b)) << 16);
+  }
+};
+template <> struct UpperTraits<__nv_fp8_e4m3> {
+  // Zeroed elements (|q sigma| < 2^-14) err by < 2^-14 |k_i| <= 2^-11 * 2^-3 |k_i|.
+  static constexpr float kFloor = 0.125f;
+  static constexpr float kErrU = 0.00097751617f;  // 2^-10 + 2^-20
+  static __device__ __forceinline__ uint32_t pack(float x, float y) {
+    const __half a = __float2half_ru(fmaxf(fabsf(x), kFloor));
+    const __half b = __float2half_ru(fmaxf(fabsf(y), kFloor));
+    return uint32_t(__half_as_ushort(a)) | (uint32_t(__half_as_ushort(b)) << 16);
+  }
+};
+
+template <class IK, int kNN>
+struct DecCfg {
+  static constexpr int kRowBytes = IkTraits<IK>::kRowBytes;
+  static constexpr int kTileBytes = kTileKeys * kRowBytes;
+  static constexpr int kSlots = sizeof(IK) == 2 ? (kNN == 1 ? 6 : 5) : 10;  // ring tiles per warp
+  static constexpr int kRingBytes = kSlots * kTileBytes;
+  static constexpr int kCandCap = kUnitKeys * 8 * kNN + 32;  // every (key, row) of a unit + a partial round
+  static constexpr size_t kCandOff = size_t(kWarpsD) * kRingBytes;
+  static constexpr size_t kSigOff = kCandOff + size_t(kWarpsD) * kCandCap * 4;
+  static constexpr size_t kPosOff = kSigOff + kMaxRows * 4;
+  static constexpr size_t kBytes = kPosOff + kMaxRows * 4;
+  static_assert(kCandCap >= 256, "a warp's candidate list doubles as its selection histogram");
+};
+
+template <class IK, int kNN>
+__global__ void __launch_bounds__(kThreadsD, 1) msa_indexer_decode_kernel(IndexerArgs a) {
+  using Cf = DecCfg<IK, kNN>;
+  using Tr = IkTraits<IK>;
+  using Up = UpperTraits<IK>;
+  constexpr int kRowBytes = Cf::kRowBytes, kTileBytes = Cf::kTileBytes, kSlots = Cf::kSlots;
+  constexpr bool kBf16 = sizeof(IK) == 2;
+  extern __shared__ __align__(128) unsigned char smem[];
+  __shared__ int s_last;
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, gq = lane >> 2, cq = lane & 3;
+  unsigned char* const ring = smem + warp * Cf::kRingBytes;
+  uint32_t* const cand = reinterpret_cast<uint32_t*>(smem + Cf::kCandOff) + warp * Cf::kCandCap;
+  float* const sig_s = reinterpret_cast<float*>(smem + Cf::kSigOff);
+  int* const s_pos = reinterpret_cast<int*>(smem + Cf::kPosOff);
+
+  const int t0 = a.tok_end - 1 - int(blockIdx.x);  // longest causal prefixes first
+  const int s = msa::seq_of_token(a.query_start, a.num_seqs, t0);
+  const int q_begin = a.query_start[s], q_end = a.query_start[s + 1];
+  if ((t0 - q_begin) % a.group_tokens != 0) return;  // not the first token of a query group
+  const int T = min(a.group_tokens, q_end - t0), H = a.heads, P = T * H;  // P <= 8 kNN (host)
+  const int bs = a.bs, bs_shift = a.bs_shift;
+  for (int i = tid; i < T; i += kThreadsD) s_pos[i] = a.positions[t0 + i];
+  __syncthreads();
+  int nb = 0;  // blocks to score: those before the local block of any token with more than top_k
+  for (int tt = 0; tt < T; ++tt) {
+    const int local = s_pos[tt] >> bs_shift;
+    if (local + 1 > a.top_k) nb = max(nb, local);
+  }
+  if (nb == 0) {  // every row takes all its blocks
+    if (blockIdx.y == 0) select_group(a, t0, P, s_pos, nullptr, 0, nullptr);
+    return;
+  }
+  auto q_row = [&](int r) { return a.q + (int64_t(t0 + r / H) * H + r % H) * kDim; };
+  const int64_t score_row0 = int64_t(t0 - a.tok_begin) * H;
+  const int chunk = blockIdx.y;
+  const int b0 = int(int64_t(chunk) * nb / a.chunks), b1 = int(int64_t(chunk + 1) * nb / a.chunks);
+  if (b0 < b1) {
+    const int key_begin = b0 << bs_shift, key_end = b1 << bs_shift;
+    const int units = (key_end - key_begin + kUnitKeys - 1) / kUnitKeys;
+    const int my_units = units > warp ? (units - warp + kWarpsD - 1) / kWarpsD : 0;
+    const int ntiles = my_units * kUnitTiles;
+    const int32_t* table = a.block_tables + int64_t(s) * a.max_blocks;
+    const unsigned char* keys = static_cast<const unsigned char*>(a.keys);
+    auto unit_key = [&](int ui) { return key_begin + (warp + ui * kWarpsD) * kUnitKeys; };
+    // Page ids of a unit's blocks: lane i < 128 / bs holds block i's (0 past the chunk). The
+    // tile loads take theirs by shuffle; the next unit's are requested a unit ahead, so no
+    // load waits on a page-table read.
+    auto unit_pages = [&](int ui) {
+      const int blk = (unit_key(ui) >> bs_shift) + lane;
+      return lane < (kUnitKeys >> bs_shift) && blk < b1 ? __ldg(table + blk) : 0;
+    };
+    int pg_cur = unit_pages(0), pg_next = unit_pages(1);  // the units of the tiles being loaded
+    // Tile loads: lane = (16-byte column, key); pass i copies keys i * kPerPass + lane / kChunks.
+    // The swizzled destinations repeat every 8 keys, so a lane's offsets are a few registers
+    // plus immediates, and the source is one 64-bit base plus immediates.
+    constexpr int kChunks = kRowBytes / 16, kPerPass = 32 / kChunks, kPasses = kTileKeys / kPerPass;
+    constexpr int kSwz = 8 / kPerPass;  // distinct swizzles over a lane's passes
+    const int lcol = lane % kChunks, lkey = lane / kChunks;
+    uint32_t swz[kSwz];
+#pragma unroll
+    for (int i = 0; i < kSwz; ++i) {
+      const int key = i * kPerPass + lkey;
+      swz[i] = uint32_t(key * kRowBytes + ((lcol ^ (key & 7)) << 4));
+    }
+    const uint32_t ring_u32 = smem_u32(ring);
+    uint32_t wr_off = 0;  // ring offset of the next tile to load
+    // Tile g of this warp (16 keys of one page, unit g / 8 = pg_cur's) into the slot at wr_off.
+    auto load_tile = [&](int g) {
+      const int kt = unit_key(g / kUnitTiles) + (g % kUnitTiles) * kTileKeys;
+      if (kt < key_end) {  // warp-uniform
+        const int page = __shfl_sync(0xffffffffu, pg_cur, ((g % kUnitTiles) * kTileKeys) >> bs_shift);
+        const unsigned char* src = keys + (uint64_t(uint32_t(page) * uint32_t(bs) + uint32_t(kt & (bs - 1))) * kRowBytes +
+                                          uint32_t(lkey * kRowBytes + lcol * 16));
+        const uint32_t dst = ring_u32 + wr_off;
+        const int rem = key_end - kt - lkey;  // keys of this lane's column left in the chunk
+#pragma unroll
+        for (int i = 0; i < kPasses; ++i) {
+          cp_async16(dst + swz[i % kSwz] + (i / kSwz) * 8 * kRowBytes, src + i * kPerPass * kRowBytes,
+                     i * kPerPass < rem);
+        }
+      }
+      wr_off = wr_off + kTileBytes == uint32_t(Cf::kRingBytes) ? 0u : wr_off + kTileBytes;
+    };
+#pragma unroll 1
+    for (int g = 0; g < kSlots - 1; ++g) {  // the first tiles' loads overlap the setup
+      if (g > 0 && g % kUnitTiles == 0) {
+        pg_cur = pg_next;
+        pg_next = unit_pages(g / kUnitTiles + 1);
+      }
+      if (g < ntiles) load_tile(g);
+      cp_async_commit();
+    }
+    // sigma per row (a power of two putting max |q| in the operand's range).
+    for (int r = warp; r < kMaxRows; r += kWarpsD) {
+      float sg = 0.0f;
+      if (r < P) {
+        const float4 v = *reinterpret_cast<const float4*>(q_row(r) + lane * 4);
+        float mx = fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
+#pragma unroll
+        for (int off = 16; off > 0; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
+        sg = sigma_for(mx, Tr::kSigmaExp);
+      }
+      if (lane == 0) sig_s[r] = sg;
+    }
+    __syncthreads();
+    // B fragments of the rows (column gq of n-tile nt): Q sigma and its upper operand u, in
+    // the key layout's k order (bf16: dims 16ks + 2c, +1 and +8, +9; f16 from FP8 keys:
+    // dims 16ks + 4c + 0..3). Keys valid for lane's rows (8nt + 2cq + j): < lim.
+    uint32_t bq[kNN][8][2], bu[kNN][8][2];
+    int lim[kNN][2];
+#pragma unroll
+    for (int nt = 0; nt < kNN; ++nt) {
+      const int n = 8 * nt + gq;
+      const bool live = n < P;
+      const float sg = sig_s[n];
+      const float* qp = q_row(live ? n : 0);
+#pragma unroll
+      for (int ks = 0; ks < 8; ++ks) {
+        const int d0 = kBf16 ? 16 * ks + 2 * cq : 16 * ks + 4 * cq;
+        const int d1 = kBf16 ? d0 + 8 : d0 + 2;
+        const float2 x0 = *reinterpret_cast<const float2*>(qp + d0), x1 = *reinterpret_cast<const float2*>(qp + d1);
+        bq[nt][ks][0] = live ? Tr::pack(x0.x * sg, x0.y * sg) : 0u;
+        bq[nt][ks][1] = live ? Tr::pack(x1.x * sg, x1.y * sg) : 0u;
+        bu[nt][ks][0] = live ? Up::pack(x0.x * sg, x0.y * sg) : 0u;
+        bu[nt][ks][1] = live ? Up::pack(x1.x * sg, x1.y * sg) : 0u;
+      }
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        const int r = 8 * nt + 2 * cq + j;
+        lim[nt][j] = r < P ? min(key_end, (s_pos[r / H] >> bs_shift) << bs_shift) : INT_MIN;
+      }
+    }
+    const int mt_per_blk = bs >> 4;  // m-tiles per block: 1..8
+    // One listed candidate per lane: the reference's exact dot (the key again from the cache,
+    // mostly L2) raises its block score. Candidates wait in the list until 32 are there, so a
+    // round's chain latency is paid for a full warp.
+    auto exact_round = [&](uint32_t e) {
+      const int r = int(e >> 24), key = key_begin + int(e & 0xffffffu);
+      const uint32_t slot = uint32_t(__ldg(table + (key >> bs_shift))) * uint32_t(bs) + uint32_t(key & (bs - 1));
+      const float x = exact_dot<IK, true>(q_row(r), keys + uint64_t(slot) * kRowBytes, 0);
+      if (x == x) {  // the reference skips NaN
+        atomicMax(a.scores + (score_row0 + r) * a.max_blocks + (key >> bs_shift), order_key(x));
+      }
+    };
+    int cnt = 0;  // listed candidates (warp-uniform)
+    // ldmatrix sources: lane gives row arow, 16-byte chunk 2x + ahalf of a tile (x = ks for
+    // bf16, the 32-dim step j for FP8); bf16 chunks 2ks + 8 lie 128 bytes after 2ks's.
+    const int arow = (lane & 7) + ((lane >> 3) & 1) * 8, ahalf = lane >> 4;
+    uint32_t aoff[4];
+#pragma unroll
+    for (int x = 0; x < 4; ++x) aoff[x] = uint32_t(arow * kRowBytes + (((2 * x + ahalf) ^ (arow & 7)) << 4));
+    uint32_t rd_off = 0;  // ring offset of the next tile to compute
+
+#pragma unroll 1
+    for (int ui = 0; ui < my_units; ++ui) {
+      const int unit_key0 = unit_key(ui);
+      float hi[kUnitTiles][kNN][4], lo[kUnitTiles][kNN][2];
+#pragma unroll
+      for (int mt = 0; mt < kUnitTiles; ++mt) {
+        const int g = ui * kUnitTiles + mt;
+        cp_async_wait<kSlots - 2>();
+        __syncwarp();  // tile g visible to the warp; tile g - 1's slot free
+        if ((mt + kSlots - 1) % kUnitTiles == 0) {  // the load below starts a unit (mt is unrolled)
+          pg_cur = pg_next;
+          pg_next = unit_pages(ui + (mt + kSlots - 1) / kUnitTiles + 1);
+        }
+        if (g + kSlots - 1 < ntiles) load_tile(g + kSlots - 1);
+        cp_async_commit();
+        const int kt = unit_key0 + mt * kTileKeys;
+        float c[kNN][4], u[kNN][4];
+#pragma unroll
+        for (int nt = 0; nt < kNN; ++nt) {
+#pragma unroll
+          for (int v = 0; v < 4; ++v) c[nt][v] = u[nt][v] = 0.0f;
+        }
+        if (kt < key_end) {  // warp-uniform
+          const uint32_t base = ring_u32 + rd_off;
+          if constexpr (kBf16) {
+#pragma unroll
+            for (int ks = 0; ks < 8; ++ks) {
+              uint32_t af[4];
+              msa::ldmatrix_x4(af, base + aoff[ks & 3] + (ks >> 2) * 128);
+              const uint32_t aa[4] = {af[0] & 0x7fff7fffu, af[1] & 0x7fff7fffu, af[2] & 0x7fff7fffu,
+                                      af[3] & 0x7fff7fffu};
+#pragma unroll
+              for (int nt = 0; nt < kNN; ++nt) {
+                Tr::mma(c[nt], af, bq[nt][ks][0], bq[nt][ks][1]);
+                Tr::mma(u[nt], aa, bu[nt][ks][0], bu[nt][ks][1]);
+              }
+            }
+          } else {
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+              uint32_t r4[4];  // rows gq / gq + 8, dims 32j + 4cq + 0..3 (r4[0], r4[1]) and + 16 (r4[2], r4[3])
+              msa::ldmatrix_x4(r4, base + aoff[j]);
+#pragma unroll
+              for (int h = 0; h < 2; ++h) {
+                const int ks = 2 * j + h;
+                const uint32_t af[4] = {e4m3x2_to_f16x2(r4[2 * h] & 0xffffu), e4m3x2_to_f16x2(r4[2 * h + 1] & 0xffffu),
+                                        e4m3x2_to_f16x2(r4[2 * h] >> 16), e4m3x2_to_f16x2(r4[2 * h + 1] >> 16)};
+                const uint32_t aa[4] = {af[0] & 0x7fff7fffu, af[1] & 0x7fff7fffu, af[2] & 0x7fff7fffu,
+                                        af[3] & 0x7fff7fffu};
+#pragma unroll
+                for (int nt = 0; nt < kNN; ++nt) {
+                  Tr::mma(c[nt], af, bq[nt][ks][0], bq[nt][ks][1]);
+                  Tr::mma(u[nt], aa, bu[nt][ks][0], bu[nt][ks][1]);
+                }
+              }
+            }
+          }
+        }
+        // (key gq + 8 (v >> 1), row 8nt + 2cq + (v & 1)): upper bound (NaN: not scored; +inf:
+        // always recomputed), and the lane's lower bounds per row.
+#pragma unroll
+        for (int nt = 0; nt < kNN; ++nt) {
+          lo[mt][nt][0] = lo[mt][nt][1] = -INFINITY;
+#pragma unroll
+          for (int v = 0; v < 4; ++v) {
+            const int key = kt + gq + 8 * (v >> 1), j = v & 1;
+            const float av = c[nt][v], ev = __fmaf_ru(Up::kErrU, u[nt][v], 5.96046448e-08f);
+            const bool valid = key < lim[nt][j], fin = isfinite(av) && isfinite(ev);
+            hi[mt][nt][v] = !valid ? __int_as_float(0x7fffffff) : fin ? __fadd_ru(av, ev) : INFINITY;
+            if (valid && fin) lo[mt][nt][j] = fmaxf(lo[mt][nt][j], __fsub_rd(av, ev));
+          }
+        }
+        rd_off = rd_off + kTileBytes == uint32_t(Cf::kRingBytes) ? 0u : rd_off + kTileBytes;
+      }
+      // Block lower bounds: the lane's maximum over the m-tiles of a block (aligned groups of
+      // mt_per_blk: a butterfly leaves it in each), then over the 8 key rows of a tile (lanes'
+      // gq bits) for the block's first m-tile only, and the butterfly again spreads it.
+      auto blocks_max = [&] {
+#pragma unroll
+        for (int step = 1; step < kUnitTiles; step <<= 1) {
+          if (step < mt_per_blk) {
+#pragma unroll
+            for (int mt = 0; mt < kUnitTiles; ++mt) {
+#pragma unroll
+              for (int nt = 0; nt < kNN; ++nt) {
+                lo[mt][nt][0] = fmaxf(lo[mt][nt][0], lo[mt ^ step][nt][0]);
+                lo[mt][nt][1] = fmaxf(lo[mt][nt][1], lo[mt ^ step][nt][1]);
+              }
+            }
+          }
+        }
+      };
+      blocks_max();
+#pragma unroll
+      for (int mt = 0; mt < kUnitTiles; ++mt) {
+        if ((mt & (mt_per_blk - 1)) != 0) continue;  // warp-uniform
+#pragma unroll
+        for (int nt = 0; nt < kNN; ++nt) {
+#pragma unroll
+          for (int j = 0; j < 2; ++j) {
+#pragma unroll
+            for (int off = 4; off < 32; off <<= 1) {
+              lo[mt][nt][j] = fmaxf(lo[mt][nt][j], __shfl_xor_sync(0xffffffffu, lo[mt][nt][j], off));
+            }
+          }
+        }
+      }
+      blocks_max();
+      // The unit's block scores start at -inf (what they stay when no candidate has a number).
+      const int ublk0 = unit_key0 >> bs_shift, nbu = kUnitKeys >> bs_shift;
+      for (int e = lane; e < kMaxRows * kUnitBlocks; e += 32) {
+        const int r = e / kUnitBlocks, bi = e % kUnitBlocks, blk = ublk0 + bi;
+        if (r < P && bi < nbu && (blk << bs_shift) < key_end && blk < (s_pos[r / H] >> bs_shift)) {
+          a.scores[(score_row0 + r) * a.max_blocks + blk] = kKeyMinusInf;
+        }
+      }
+      // Keys that can be their block's maximum (bit (mt kNN + nt) 4 + v of the lane's mask),
+      // listed as (row << 24 | key - key_begin) at the lane's offset in the warp's list.
+      using Mask = std::conditional_t<kNN == 1, uint32_t, unsigned long long>;
+      Mask m = 0;
+#pragma unroll
+      for (int mt = 0; mt < kUnitTiles; ++mt) {
+#pragma unroll
+        for (int nt = 0; nt < kNN; ++nt) {
+#pragma unroll
+          for (int v = 0; v < 4; ++v) {
+            if (hi[mt][nt][v] >= lo[mt][nt][v & 1]) m |= Mask(1) << ((mt * kNN + nt) * 4 + v);
+          }
+        }
+      }
+      const int mine = kNN == 1 ? __popc(uint32_t(m)) : __popcll(m);
+      const int incl = msa::warp_inclusive_scan(mine);
+      for (int pos = cnt + incl - mine; m != 0; m &= m - 1) {
+        const int i = kNN == 1 ? __ffs(uint32_t(m)) - 1 : __ffsll(m) - 1;
+        const int mt = i / (4 * kNN), nt = (i / 4) % kNN, v = i & 3;
+        cand[pos++] = (uint32_t(8 * nt + 2 * cq + (v & 1)) << 24) |
+                      uint32_t(unit_key0 - key_begin + mt * kTileKeys + gq + 8 * (v >> 1));
+      }
+      cnt += __shfl_sync(0xffffffffu, incl, 31);
+      __syncwarp();  // the list and the -inf scores are visible to the warp
+      // Whole rounds of 32 now; the rest waits for later units' candidates.
+      const int full = cnt & ~31;
+      for (int b = 0; b < full; b += 32) exact_round(cand[b + lane]);
+      if (full > 0) {
+        const uint32_t rest = lane < cnt - full ? cand[full + lane] : 0u;
+        __syncwarp();
+        if (lane < cnt - full) cand[lane] = rest;
+        cnt -= full;
+        __syncwarp();
+      }
+    }
+    if (lane < cnt) exact_round(cand[lane]);
+    cp_async_wait<0>();
+  }
+
+  pdl_launch_dependents();  // the attention kernel may start its setup while the selection runs
+  if (a.chunks > 1) {
+    if (!msa::arrive_last(&a.counters[t0], unsigned(a.chunks), &s_last)) return;
+  } else {
+    __syncthreads();  // every warp's score writes and ring reads are done
+  }
+  select_group(a, t0, P, s_pos, reinterpret_cast<uint32_t*>(ring), Cf::kRingBytes / 4,
+               reinterpret_cast<unsigned*>(cand));
+}
+
+template <class IK, int kNN>
+void launch_one(const IndexerArgs& a) {
+  auto kernel = msa_indexer_decode_kernel<IK, kNN>;
+  constexpr size_t smem = DecCfg<IK, kNN>::kBytes;
+  M3_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+  const dim3 grid{unsigned(a.tok_end - a.tok_begin), unsigned(a.chunks)};
+  kernel<<<grid, kThreadsD, smem, current_stream()>>>(a);
+}
+
+}  // namespace
+
+bool decode_kernel_takes(int bs, int max_blocks) {
+  return bs >= kTileKeys && bs <= kUnitKeys && int64_t(max_blocks) * bs <= (int64_t(1) << 24);
+}
+
+void launch_indexer_decode(const IndexerArgs& a, bool fp8, int rows_max) {
+  const bool wide = rows_max > 8;
+  if (fp8) {
+    if (wide) launch_one<__nv_fp8_e4m3, 2>(a);
+    else launch_one<__nv_fp8_e4m3, 1>(a);
+  } else {
+    if (wide) launch_one<__nv_bfloat16, 2>(a);
+    else launch_one<__nv_bfloat16, 1>(a);
+  }
+}
+
+}  // namespace m3::cuda::msa_index
