@@ -36,10 +36,11 @@ void register_msa(ops::KernelTable& table) {
   table.indexer_topk.add(
       {"indexer_topk.msa_tc_exact.sm90",
        "device BF16 or F8E4M3 index-K cache, index dim 128, <= 16 index heads, 1 <= top_k <= 64 (page size a power "
-       "of two in 8..128, else the generic kernel runs); decode tiles of 16 (token, head) rows with pages split over "
-       "CTAs, prefill tiles of 128 rows; tensor-core approximate dots with a rigorous error bound, the reference's "
-       "exact dot for the keys that can be a block's maximum, listed and run in batches (block scores "
-       "bit-identical to the CPU), warp radix select (ties to the lower id)",
+       "of two in 8..128, else the generic kernel runs); decode: query groups of 8 or 16 (token, head) rows, pages "
+       "split over CTAs, each warp streaming whole 128-key units through its own cp.async ring (blocks of 16..128 "
+       "keys; 8-key blocks take the prefill tiles); prefill tiles of 128 rows; tensor-core approximate dots with a "
+       "rigorous error bound, the reference's exact dot for the keys that can be a block's maximum, listed and run "
+       "in batches (block scores bit-identical to the CPU), warp radix select (ties to the lower id)",
        [](const ops::Problem& p) -> std::string {
          if (p.device != Device::kCuda) return "tensors are not in device memory";
          if (p.dtype != DType::kBF16 && p.dtype != DType::kF8E4M3) return "index-K cache is not BF16 or F8E4M3";
