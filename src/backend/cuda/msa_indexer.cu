@@ -1,11 +1,12 @@
-// MSA lightning indexer for decode, multi-token queries and prefill, tuned for Hopper: BF16
-// or FP8 (e4m3) index-K, dim 128, exact selections.
+// MSA lightning indexer, tuned for Hopper: BF16 or FP8 (e4m3) index-K, dim 128, exact
+// selections. This file holds the prefill tiles and the launcher, which sends decode and
+// speculative verification to the warp-streamed kernel of msa_indexer_decode.cu (blocks of
+// 16..128 keys; 8-key blocks run the tiles here too).
 //
 // One launch. A CTA owns a query group of one sequence (rows = (token, index head) pairs:
-// 16 for decode and speculative verification, 128 for prefill) and one chunk of that
-// sequence's earlier blocks (chunks spread a long context over all SMs when the batch is
-// small; prefill has enough groups for one chunk). Keys stream through a cp.async pipeline
-// into XOR-swizzled shared memory and every key read is shared by all the group's rows.
+// 128) and one chunk of that sequence's earlier blocks (chunks spread a long context over all
+// SMs when there are few groups). Keys stream through a cp.async pipeline into XOR-swizzled
+// shared memory and every key read is shared by all the group's rows.
 //
 // Scores are exact without an exact dot per (row, key). The tensor cores compute an
 // approximate dot a for every (row, key): Q scaled by a power of two sigma (exact) and rounded
