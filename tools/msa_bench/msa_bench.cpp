@@ -238,6 +238,13 @@ nlohmann::json bench_prefill(int ctx, const std::string& idt, Tables& tables, cu
   const double flops = sparse_flops(host_sel, pos, ctx, kQHeads / kKvHeads);
   row["step_us"] = step.median_us;
   row["indexer_us"] = ti.median_us;
+  // The indexer's two layouts on the same prefill (the dispatch takes the warp-streamed one).
+  const Timing t_warp = time_graph([&] { cuda::launch_msa_indexer_layout(iqv, ikv, meta, ip, sv, cuda::MsaIndexerLayout::kDecode); },
+                                   stream, flush, it);
+  const Timing t_tiles = time_graph([&] { cuda::launch_msa_indexer_layout(iqv, ikv, meta, ip, sv, cuda::MsaIndexerLayout::kPrefill); },
+                                    stream, flush, it);
+  row["indexer_warp_us"] = t_warp.median_us;
+  row["indexer_tiles_us"] = t_tiles.median_us;
   row["attention_flops"] = flops;
   row["gemm_tflops"] = gemm_tflops;
   struct Variant {
@@ -264,6 +271,7 @@ nlohmann::json bench_prefill(int ctx, const std::string& idt, Tables& tables, cu
   row["target"] = target;
   std::printf("%-5s %7d | %9.1f %8.1f |%s | %6.0f %s\n", idt.c_str(), ctx, step.median_us, ti.median_us, line.c_str(),
               gemm_tflops, target.c_str());
+  std::printf("      indexer layouts: warp-streamed %.1f us, 128-row tiles %.1f us\n", t_warp.median_us, t_tiles.median_us);
   std::fflush(stdout);
   return row;
 }

@@ -436,11 +436,11 @@ void launch_msa_indexer_layout(const TensorView& index_q, const TensorView& inde
                      (index_k_cache.dtype == DType::kBF16 || index_k_cache.dtype == DType::kF8E4M3);
   if (!tuned) return launch_generic_indexer_topk(index_q, index_k_cache, meta, params, selected);
 
-  // Decode shapes with blocks of 8 keys run the prefill tiles (the decode kernel's 16-key
-  // tiles lie in one block).
-  const bool prefill = layout == MsaIndexerLayout::kPrefill || !decode_kernel_takes(bs, meta.max_blocks_per_seq) ||
-                       (layout == MsaIndexerLayout::kAuto && tokens >= 64 && tokens >= 8 * int64_t(meta.num_seqs));
-  // Decode groups: 8 rows (one MMA n-tile) when every sequence may have one token, else 16.
+  // The warp-streamed kernel wherever it takes the shape, prefills included (groups of 16 rows
+  // re-read a sequence's keys per 4 tokens, from L2 mostly, and still beat the 128-row tiles:
+  // docs/msa_kernels.md); blocks of 8 keys (a 16-key tile would span two) run the tiles.
+  const bool prefill = layout == MsaIndexerLayout::kPrefill || !decode_kernel_takes(bs, meta.max_blocks_per_seq);
+  // Warp-kernel groups: 8 rows (one MMA n-tile) when every sequence may have one token, else 16.
   const bool narrow = tokens == meta.num_seqs && heads <= 8;
   IndexerArgs a{};
   a.q = index_q.as<const float>();
