@@ -104,27 +104,20 @@ __global__ void __launch_bounds__(kThreads, 1) msa_indexer_kernel(IndexerArgs a)
   const int q_begin = a.query_start[s], q_end = a.query_start[s + 1];
   if ((t0 - q_begin) % a.group_tokens != 0) return;  // not the first token of a query group
   const int T = min(a.group_tokens, q_end - t0), H = a.heads, P = T * H;
-  const int bs = a.bs, bs_shift = a.bs_shift, top_k = a.top_k;
+  const int bs = a.bs, bs_shift = a.bs_shift;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, gq = lane >> 2, cq = lane & 3;
   const int wm = warp / Cf::kWN, wn = warp % Cf::kWN;
   for (int i = tid; i < T; i += kThreads) s_pos[i] = a.positions[t0 + i];
   if (tid == 0) s_ncand = 0;
   __syncthreads();
-  // Blocks to score: those before the local block of any token that has more than top_k.
-  int nb = 0;
-  for (int tt = 0; tt < T; ++tt) {
-    const int local = s_pos[tt] >> bs_shift;
-    if (local + 1 > top_k) nb = max(nb, local);
-  }
-  auto write_dense = [&](int p) {  // every valid block fits: ids 0..n-1, then -1
-    const int t = t0 + p / H, h = p % H;
-    const int n = (s_pos[p / H] >> bs_shift) + 1;
-    int32_t* dst = a.selected + (int64_t(h) * a.num_tokens + t) * top_k;
-    for (int i = lane; i < top_k; i += 32) dst[i] = i < n ? i : -1;
-  };
-  if (nb == 0) {
+  const GroupScan gs = group_scan(a, T, s_pos);
+  if (gs.nb == 0) {  // every row takes all its blocks: ids 0..local, then -1
     if (blockIdx.y == 0) {
-      for (int p = warp; p < P; p += kWarps) write_dense(p);
+      for (int p = warp; p < P; p += kWarps) {
+        const int local = s_pos[p / H] >> bs_shift;
+        int32_t* dst = a.selected + (int64_t(p % H) * a.num_tokens + t0 + p / H) * a.top_k;
+        for (int i = lane; i < a.top_k; i += 32) dst[i] = i <= local ? i : -1;
+      }
     }
     return;
   }
@@ -134,8 +127,7 @@ __global__ void __launch_bounds__(kThreads, 1) msa_indexer_kernel(IndexerArgs a)
   // Blocks per stage (a power of two: kSK and bs are), and row r's score row (r = token * H + head).
   const int bps_shift = max(0, __ffs(kSK) - 1 - bs_shift), bps = 1 << bps_shift;
   const int64_t score_row0 = int64_t(t0 - a.tok_begin) * H;
-  const int chunk = blockIdx.y;
-  const int b0 = int(int64_t(chunk) * nb / a.chunks), b1 = int(int64_t(chunk + 1) * nb / a.chunks);
+  const int b0 = gs.b0, b1 = gs.b1;
   if (b0 < b1) {
     const int key_begin = b0 << bs_shift, key_end = b1 << bs_shift;
     const int nstage = (key_end - key_begin + kSK - 1) / kSK;
@@ -169,10 +161,7 @@ __global__ void __launch_bounds__(kThreads, 1) msa_indexer_kernel(IndexerArgs a)
       float sig = 0.0f, nq = 0.0f;
       if (r < P) {
         const float4 v = *reinterpret_cast<const float4*>(q_row(r) + lane * 4);
-        float mx = fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
-#pragma unroll
-        for (int off = 16; off > 0; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
-        sig = sigma_for(mx, Tr::kSigmaExp);
+        sig = warp_row_sigma(v, Tr::kSigmaExp);
         const float x0 = v.x * sig, x1 = v.y * sig, x2 = v.z * sig, x3 = v.w * sig;
         float ss = x0 * x0 + x1 * x1 + x2 * x2 + x3 * x3;
 #pragma unroll

@@ -137,6 +137,14 @@ __device__ __forceinline__ float sigma_for(float mx, int e) {
   return __uint_as_float(uint32_t(k + 127) << 23);
 }
 
+// sigma of a query row held by a warp (lane l: elements 4l..4l+3), for exponent e.
+__device__ __forceinline__ float warp_row_sigma(const float4& v, int e) {
+  float mx = fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
+  return sigma_for(mx, e);
+}
+
 // Exact top-k of one warp: the k best of keys[0, n) by (score desc, id asc), as ascending ids
 // into dst[0, k). Radix select on the 32-bit keys (four 8-bit digit passes) finds the k-th
 // key T; all keys above T are taken, and the lowest ids among those equal to T.
@@ -215,6 +223,25 @@ inline __device__ void warp_select(const uint32_t* keys, int n, int k, uint32_t*
     if (take) dst[pos++] = i;
   }
   __syncwarp();
+}
+
+// What a CTA of query group (t0, T tokens at positions s_pos) scans: nb = the blocks to score
+// (those before the local block of any token with more than top_k), this chunk's [b0, b1).
+struct GroupScan {
+  int nb, b0, b1;
+};
+__device__ __forceinline__ GroupScan group_scan(const IndexerArgs& a, int T, const int* s_pos) {
+  int nb = 0;
+  for (int tt = 0; tt < T; ++tt) {
+    const int local = s_pos[tt] >> a.bs_shift;
+    if (local + 1 > a.top_k) nb = max(nb, local);
+  }
+  const int c = int(blockIdx.y);
+  return {nb, int(int64_t(c) * nb / a.chunks), int(int64_t(c + 1) * nb / a.chunks)};
+}
+// Index-q row r (= token * heads + head) of the group starting at token t0.
+__device__ __forceinline__ const float* group_q_row(const IndexerArgs& a, int t0, int r) {
+  return a.q + (int64_t(t0 + r / a.heads) * a.heads + r % a.heads) * kDim;
 }
 
 // The last CTA of a query group: one warp per (token, head) row selects the top_k - 1 best

@@ -102,19 +102,14 @@ __global__ void __launch_bounds__(kThreadsD, 1) msa_indexer_decode_kernel(Indexe
   const int bs = a.bs, bs_shift = a.bs_shift;
   for (int i = tid; i < T; i += kThreadsD) s_pos[i] = a.positions[t0 + i];
   __syncthreads();
-  int nb = 0;  // blocks to score: those before the local block of any token with more than top_k
-  for (int tt = 0; tt < T; ++tt) {
-    const int local = s_pos[tt] >> bs_shift;
-    if (local + 1 > a.top_k) nb = max(nb, local);
-  }
-  if (nb == 0) {  // every row takes all its blocks
+  const GroupScan gs = group_scan(a, T, s_pos);
+  if (gs.nb == 0) {  // every row takes all its blocks
     if (blockIdx.y == 0) select_group(a, t0, P, s_pos, nullptr, 0, nullptr);
     return;
   }
-  auto q_row = [&](int r) { return a.q + (int64_t(t0 + r / H) * H + r % H) * kDim; };
+  auto q_row = [&](int r) { return group_q_row(a, t0, r); };
   const int64_t score_row0 = int64_t(t0 - a.tok_begin) * H;
-  const int chunk = blockIdx.y;
-  const int b0 = int(int64_t(chunk) * nb / a.chunks), b1 = int(int64_t(chunk + 1) * nb / a.chunks);
+  const int b0 = gs.b0, b1 = gs.b1;
   if (b0 < b1) {
     const int key_begin = b0 << bs_shift, key_end = b1 << bs_shift;
     const int units = (key_end - key_begin + kUnitKeys - 1) / kUnitKeys;
@@ -176,10 +171,7 @@ __global__ void __launch_bounds__(kThreadsD, 1) msa_indexer_decode_kernel(Indexe
       float sg = 0.0f;
       if (r < P) {
         const float4 v = *reinterpret_cast<const float4*>(q_row(r) + lane * 4);
-        float mx = fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
-#pragma unroll
-        for (int off = 16; off > 0; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
-        sg = sigma_for(mx, Tr::kSigmaExp);
+        sg = warp_row_sigma(v, Tr::kSigmaExp);
       }
       if (lane == 0) sig_s[r] = sg;
     }
@@ -254,6 +246,16 @@ __global__ void __launch_bounds__(kThreadsD, 1) msa_indexer_decode_kernel(Indexe
 #pragma unroll
           for (int v = 0; v < 4; ++v) c[nt][v] = u[nt][v] = 0.0f;
         }
+        // Step ks of the 16 keys: the approximate dots (A = the keys) and their bound's U (A = the
+        // keys' magnitudes, sign bits cleared) for every n-tile of rows.
+        auto mma_pair = [&](const uint32_t (&af)[4], int ks) {
+          const uint32_t aa[4] = {af[0] & 0x7fff7fffu, af[1] & 0x7fff7fffu, af[2] & 0x7fff7fffu, af[3] & 0x7fff7fffu};
+#pragma unroll
+          for (int nt = 0; nt < kNN; ++nt) {
+            Tr::mma(c[nt], af, bq[nt][ks][0], bq[nt][ks][1]);
+            Tr::mma(u[nt], aa, bu[nt][ks][0], bu[nt][ks][1]);
+          }
+        };
         if (kt < key_end) {  // warp-uniform
           const uint32_t base = ring_u32 + rd_off;
           if constexpr (kBf16) {
@@ -261,13 +263,7 @@ __global__ void __launch_bounds__(kThreadsD, 1) msa_indexer_decode_kernel(Indexe
             for (int ks = 0; ks < 8; ++ks) {
               uint32_t af[4];
               msa::ldmatrix_x4(af, base + aoff[ks & 3] + (ks >> 2) * 128);
-              const uint32_t aa[4] = {af[0] & 0x7fff7fffu, af[1] & 0x7fff7fffu, af[2] & 0x7fff7fffu,
-                                      af[3] & 0x7fff7fffu};
-#pragma unroll
-              for (int nt = 0; nt < kNN; ++nt) {
-                Tr::mma(c[nt], af, bq[nt][ks][0], bq[nt][ks][1]);
-                Tr::mma(u[nt], aa, bu[nt][ks][0], bu[nt][ks][1]);
-              }
+              mma_pair(af, ks);
             }
           } else {
 #pragma unroll
@@ -279,13 +275,7 @@ __global__ void __launch_bounds__(kThreadsD, 1) msa_indexer_decode_kernel(Indexe
                 const int ks = 2 * j + h;
                 const uint32_t af[4] = {e4m3x2_to_f16x2(r4[2 * h] & 0xffffu), e4m3x2_to_f16x2(r4[2 * h + 1] & 0xffffu),
                                         e4m3x2_to_f16x2(r4[2 * h] >> 16), e4m3x2_to_f16x2(r4[2 * h + 1] >> 16)};
-                const uint32_t aa[4] = {af[0] & 0x7fff7fffu, af[1] & 0x7fff7fffu, af[2] & 0x7fff7fffu,
-                                        af[3] & 0x7fff7fffu};
-#pragma unroll
-                for (int nt = 0; nt < kNN; ++nt) {
-                  Tr::mma(c[nt], af, bq[nt][ks][0], bq[nt][ks][1]);
-                  Tr::mma(u[nt], aa, bu[nt][ks][0], bu[nt][ks][1]);
-                }
+                mma_pair(af, ks);
               }
             }
           }
