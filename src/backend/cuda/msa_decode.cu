@@ -273,7 +273,7 @@ __global__ void __launch_bounds__(kThreads, kSplit ? 2 : 1) msa_attention_kernel
       x.ke = min(x.kb + kUnitKeys, pos_max + 1);
       x.tokens = ~0ull;
     } else {
-      const int li = u / units_per_block, sub = u % units_per_block;
+      const int li = units_per_block == 1 ? u : u / units_per_block, sub = units_per_block == 1 ? 0 : u % units_per_block;
       x.block = list[li];
       x.page = pages[li];
       x.kb = x.block * bs + sub * kUnitKeys;
@@ -337,6 +337,41 @@ __global__ void __launch_bounds__(kThreads, kSplit ? 2 : 1) msa_attention_kernel
   auto load_unit = [&](int i) {
     unsigned char* buf = stage_buf + (i % kStages) * kStageBytes;
     load_tiles(i, buf, buf + kTileBytes);
+  };
+
+  // Fragment addresses in the swizzled tiles: the swizzle depends on row & 7 only, so a lane's
+  // offsets are a few constants plus immediates (the one-m-tile kernel keeps them in registers;
+  // the 4-m-tile kernel, with none to spare, computes them in place).
+  //   K (B operand of S): rows 16w + 8nt + (lane & 7), chunk 4q4 + (lane >> 3);
+  //   Q and P (A operands): rows 16mt + (lane & 15), chunk 2ks + (lane >> 4) (ks + 4: 128 B on);
+  //   V (B of P.V, transposed): rows 16kk + 8((lane >> 3) & 1) + (lane & 7), chunk 2w + (lane >> 4);
+  //   P stores: row 16mt + gq, chunk 2w + nt, element 2cq (row + 8: 2 KB on).
+  uint32_t kof[4] = {}, aof[4] = {}, pof[2] = {}, vof = 0;
+  if constexpr (MT == 1) {
+#pragma unroll
+    for (int x = 0; x < 4; ++x) {
+      kof[x] = tile_off(warp * 16 + (lane & 7), x * 4 + (lane >> 3));
+      aof[x] = tile_off(lane & 15, x * 2 + (lane >> 4));
+    }
+    vof = tile_off(((lane >> 3) & 1) * 8 + (lane & 7), warp * 2 + (lane >> 4));
+    pof[0] = tile_off(gq, warp * 2) + 4 * cq;
+    pof[1] = tile_off(gq, warp * 2 + 1) + 4 * cq;
+  }
+  auto k_off = [&](int nt, int q4) -> uint32_t {
+    if constexpr (MT == 1) return kof[q4] + nt * 8 * 256;
+    else return tile_off(warp * 16 + nt * 8 + (lane & 7), q4 * 4 + (lane >> 3));
+  };
+  auto a_off = [&](int mt, int ks) -> uint32_t {
+    if constexpr (MT == 1) return aof[ks & 3] + (ks >> 2) * 128;
+    else return tile_off(mt * 16 + (lane & 15), ks * 2 + (lane >> 4));
+  };
+  auto v_off = [&](int kk) -> uint32_t {
+    if constexpr (MT == 1) return vof + kk * 16 * 256;
+    else return tile_off(kk * 16 + ((lane >> 3) & 1) * 8 + (lane & 7), warp * 2 + (lane >> 4));
+  };
+  auto p_off = [&](int mt, int nt) -> uint32_t {
+    if constexpr (MT == 1) return pof[nt];
+    else return tile_off(mt * 16 + gq, warp * 2 + nt) + 4 * cq;
   };
 
   Fold<MT> outer, inner;
@@ -411,7 +446,7 @@ __global__ void __launch_bounds__(kThreads, kSplit ? 2 : 1) msa_attention_kernel
     for (int nt = 0; nt < 2; ++nt) {
 #pragma unroll
       for (int q4 = 0; q4 < 4; ++q4)
-        msa::ldmatrix_x4(kf[nt][q4], k_tile + tile_off(warp * 16 + nt * 8 + (lane & 7), q4 * 4 + (lane >> 3)));
+        msa::ldmatrix_x4(kf[nt][q4], k_tile + k_off(nt, q4));
     }
     float sv[MT][2][4];
 #pragma unroll
@@ -421,8 +456,8 @@ __global__ void __launch_bounds__(kThreads, kSplit ? 2 : 1) msa_attention_kernel
 #pragma unroll
       for (int ks = 0; ks < 8; ++ks) {
         uint32_t qh[4], ql[4];
-        msa::ldmatrix_x4(qh, q_hi + tile_off(mt * 16 + (lane & 15), ks * 2 + (lane >> 4)));
-        msa::ldmatrix_x4(ql, q_lo + tile_off(mt * 16 + (lane & 15), ks * 2 + (lane >> 4)));
+        msa::ldmatrix_x4(qh, q_hi + a_off(mt, ks));
+        msa::ldmatrix_x4(ql, q_lo + a_off(mt, ks));
 #pragma unroll
         for (int nt = 0; nt < 2; ++nt) {
           const uint32_t b0 = kf[nt][ks / 2][(ks & 1) * 2], b1 = kf[nt][ks / 2][(ks & 1) * 2 + 1];
@@ -476,11 +511,10 @@ __global__ void __launch_bounds__(kThreads, kSplit ? 2 : 1) msa_attention_kernel
       const float mb0 = msa::unit_mb(m0, sl2), mb1 = msa::unit_mb(m1, sl2);
 #pragma unroll
       for (int nt = 0; nt < 2; ++nt) {
-        const int key = warp * 16 + nt * 8 + 2 * cq;
         uint32_t h0, l0, h1, l1;
         msa::split_bf16(msa::unit_prob(sv[mt][nt][0], mb0, sl2), msa::unit_prob(sv[mt][nt][1], mb0, sl2), h0, l0);
         msa::split_bf16(msa::unit_prob(sv[mt][nt][2], mb1, sl2), msa::unit_prob(sv[mt][nt][3], mb1, sl2), h1, l1);
-        const uint32_t off0 = tile_off(r0, key >> 3) + (key & 7) * 2, off1 = tile_off(r1, key >> 3) + (key & 7) * 2;
+        const uint32_t off0 = p_off(mt, nt), off1 = off0 + 8 * 256;  // rows r0 and r0 + 8
         *reinterpret_cast<uint32_t*>(p_hi_ptr + off0) = h0;
         *reinterpret_cast<uint32_t*>(p_lo_ptr + off0) = l0;
         *reinterpret_cast<uint32_t*>(p_hi_ptr + off1) = h1;
@@ -499,7 +533,7 @@ __global__ void __launch_bounds__(kThreads, kSplit ? 2 : 1) msa_attention_kernel
     uint32_t vf[8][4];
 #pragma unroll
     for (int kk = 0; kk < 8; ++kk)
-      msa::ldmatrix_x4_trans(vf[kk], v_tile + tile_off(kk * 16 + ((lane >> 3) & 1) * 8 + (lane & 7), warp * 2 + (lane >> 4)));
+      msa::ldmatrix_x4_trans(vf[kk], v_tile + v_off(kk));
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt) {
       if (!act[mt]) continue;
@@ -507,8 +541,8 @@ __global__ void __launch_bounds__(kThreads, kSplit ? 2 : 1) msa_attention_kernel
 #pragma unroll
       for (int kk = 0; kk < 8; ++kk) {
         uint32_t ph[4], plo[4];
-        msa::ldmatrix_x4(ph, p_hi + tile_off(mt * 16 + (lane & 15), kk * 2 + (lane >> 4)));
-        msa::ldmatrix_x4(plo, p_lo + tile_off(mt * 16 + (lane & 15), kk * 2 + (lane >> 4)));
+        msa::ldmatrix_x4(ph, p_hi + a_off(mt, kk));
+        msa::ldmatrix_x4(plo, p_lo + a_off(mt, kk));
 #pragma unroll
         for (int dt = 0; dt < 2; ++dt) {
           msa::mma_bf16(po[dt], ph, vf[kk][2 * dt], vf[kk][2 * dt + 1]);
