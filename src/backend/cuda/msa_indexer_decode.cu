@@ -1,9 +1,10 @@
-// MSA lightning indexer, decode layout (one token per sequence, or a few for speculative
-// verification): BF16 or FP8 (e4m3) index-K, dim 128, the same exact selections as the
-// prefill tiles of msa_indexer.cu (shared pieces in msa_indexer_common.cuh).
+// MSA lightning indexer, warp-streamed: decode (one token per sequence), speculative
+// verification and prefill (query groups of up to 16 (token, head) rows), BF16 or FP8 (e4m3)
+// index-K, dim 128, the same exact selections as the 128-row tiles of msa_indexer.cu (shared
+// pieces in msa_indexer_common.cuh).
 //
-// The decode scan is a stream: every cached index key is read once and dotted with the 4-16
-// (token, head) rows of its query group. The tile kernel, with four CTA barriers per 128-key
+// The scan is a stream: every cached index key of a group's range is read once and dotted with
+// the group's rows (a prefill's groups re-read their sequence's keys, mostly from L2). The tile kernel, with four CTA barriers per 128-key
 // stage, stayed latency bound at ~55 % of the copy bandwidth however its stage was trimmed.
 // Here a warp owns whole 128-key units of its CTA's chunk and streams them through its own
 // cp.async ring (16-key tiles), so nothing in the scan waits for another warp:
@@ -14,8 +15,9 @@
 //     floored so that the elements zeroed below the operand's normal range stay covered):
 //     tighter than c |q sigma| |k| (Cauchy-Schwarz), and no key norms are needed;
 //   - lo = max(a - e) per (row, block) is reduced in registers and shuffles; the keys with
-//     a + e >= lo (typically one or two per block) are listed and their exact dots (the
-//     reference's sequential chain) run one per lane, the block score is their maximum.
+//     a + e >= lo (typically one or two per block) are listed, and once 32 are listed (across
+//     units) their exact dots (the reference's sequential chain) run one per lane and raise the
+//     block scores with atomicMax: the block score is their maximum.
 // The last CTA of a query group selects, as in the tile kernel.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
