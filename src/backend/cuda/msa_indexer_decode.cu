@@ -128,6 +128,13 @@ __global__ void __launch_bounds__(kThreadsD, 1) msa_indexer_decode_kernel(Indexe
       return lane < (kUnitKeys >> bs_shift) && blk < b1 ? __ldg(table + blk) : 0;
     };
     int pg_cur = unit_pages(0), pg_next = unit_pages(1);  // the units of the tiles being loaded
+    // The rows' q for sigma (rows warp, warp + 8), requested before the tile loads queue up.
+    float4 qv[kMaxRows / kWarpsD];
+#pragma unroll
+    for (int i = 0; i < kMaxRows / kWarpsD; ++i) {
+      const int r = warp + i * kWarpsD;
+      qv[i] = r < P ? *reinterpret_cast<const float4*>(q_row(r) + lane * 4) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
     // Tile loads: lane = (16-byte column, key); pass i copies keys i * kPerPass + lane / kChunks.
     // The swizzled destinations repeat every 8 keys, so a lane's offsets are a few registers
     // plus immediates, and the source is one 64-bit base plus immediates.
@@ -169,12 +176,10 @@ __global__ void __launch_bounds__(kThreadsD, 1) msa_indexer_decode_kernel(Indexe
       cp_async_commit();
     }
     // sigma per row (a power of two putting max |q| in the operand's range).
-    for (int r = warp; r < kMaxRows; r += kWarpsD) {
-      float sg = 0.0f;
-      if (r < P) {
-        const float4 v = *reinterpret_cast<const float4*>(q_row(r) + lane * 4);
-        sg = warp_row_sigma(v, Tr::kSigmaExp);
-      }
+#pragma unroll
+    for (int i = 0; i < kMaxRows / kWarpsD; ++i) {
+      const int r = warp + i * kWarpsD;
+      const float sg = r < P ? warp_row_sigma(qv[i], Tr::kSigmaExp) : 0.0f;  // warp-uniform
       if (lane == 0) sig_s[r] = sg;
     }
     __syncthreads();
