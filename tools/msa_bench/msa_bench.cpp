@@ -239,10 +239,10 @@ nlohmann::json bench_prefill(int ctx, const std::string& idt, Tables& tables, cu
   row["step_us"] = step.median_us;
   row["indexer_us"] = ti.median_us;
   // The indexer's two layouts on the same prefill (the dispatch takes the warp-streamed one).
-  const Timing t_warp = time_graph([&] { cuda::launch_msa_indexer_layout(iqv, ikv, meta, ip, sv, cuda::MsaIndexerLayout::kDecode); },
-                                   stream, flush, it);
-  const Timing t_tiles = time_graph([&] { cuda::launch_msa_indexer_layout(iqv, ikv, meta, ip, sv, cuda::MsaIndexerLayout::kPrefill); },
-                                    stream, flush, it);
+  auto time_layout = [&](cuda::MsaIndexerLayout layout) {
+    return time_graph([&] { cuda::launch_msa_indexer_layout(iqv, ikv, meta, ip, sv, layout); }, stream, flush, it);
+  };
+  const Timing t_warp = time_layout(cuda::MsaIndexerLayout::kDecode), t_tiles = time_layout(cuda::MsaIndexerLayout::kPrefill);
   row["indexer_warp_us"] = t_warp.median_us;
   row["indexer_tiles_us"] = t_tiles.median_us;
   row["attention_flops"] = flops;

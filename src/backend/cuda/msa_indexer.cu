@@ -111,13 +111,9 @@ __global__ void __launch_bounds__(kThreads, 1) msa_indexer_kernel(IndexerArgs a)
   if (tid == 0) s_ncand = 0;
   __syncthreads();
   const GroupScan gs = group_scan(a, T, s_pos);
-  if (gs.nb == 0) {  // every row takes all its blocks: ids 0..local, then -1
+  if (gs.nb == 0) {  // every row takes all its blocks
     if (blockIdx.y == 0) {
-      for (int p = warp; p < P; p += kWarps) {
-        const int local = s_pos[p / H] >> bs_shift;
-        int32_t* dst = a.selected + (int64_t(p % H) * a.num_tokens + t0 + p / H) * a.top_k;
-        for (int i = lane; i < a.top_k; i += 32) dst[i] = i <= local ? i : -1;
-      }
+      for (int p = warp; p < P; p += kWarps) write_all_blocks(a, t0, p, s_pos[p / H] >> bs_shift);
     }
     return;
   }
@@ -428,7 +424,7 @@ void launch_msa_indexer_layout(const TensorView& index_q, const TensorView& inde
   // The warp-streamed kernel wherever it takes the shape, prefills included (groups of 16 rows
   // re-read a sequence's keys per 4 tokens, from L2 mostly, and still beat the 128-row tiles:
   // docs/msa_kernels.md); blocks of 8 keys (a 16-key tile would span two) run the tiles.
-  const bool prefill = layout == MsaIndexerLayout::kPrefill || !decode_kernel_takes(bs, meta.max_blocks_per_seq);
+  const bool tiles = layout == MsaIndexerLayout::kPrefill || !decode_kernel_takes(bs, meta.max_blocks_per_seq);
   // Warp-kernel groups: 8 rows (one MMA n-tile) when every sequence may have one token, else 16.
   const bool narrow = tokens == meta.num_seqs && heads <= 8;
   IndexerArgs a{};
@@ -445,7 +441,7 @@ void launch_msa_indexer_layout(const TensorView& index_q, const TensorView& inde
   a.bs_shift = ilog2(bs);
   a.heads = int(heads);
   a.top_k = params.top_k;
-  a.group_tokens = std::max(1, (prefill ? 128 : narrow ? 8 : 16) / int(heads));
+  a.group_tokens = std::max(1, (tiles ? 128 : narrow ? 8 : 16) / int(heads));
   a.defer = int64_t(a.max_blocks) * bs <= (int64_t(1) << 24) ? 1 : 0;
   // Chunks per query group: enough CTAs for the SMs (both kernels run one CTA per SM) over the
   // groups there are (the host does not know the contexts: chunks past a sequence's blocks exit).
@@ -469,16 +465,16 @@ void launch_msa_indexer_layout(const TensorView& index_q, const TensorView& inde
   Scratch scores(size_t(std::min<int64_t>(tokens, slice) + a.group_tokens) * row_bytes);
   a.scores = scores.as<uint32_t>();
   const bool fp8 = index_k_cache.dtype == DType::kF8E4M3;
-  auto tiles = [&](auto kernel, size_t smem) {
+  auto launch_tiles = [&](auto kernel, size_t smem) {
     M3_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
     kernel<<<dim3{unsigned(a.tok_end - a.tok_begin), unsigned(a.chunks)}, kThreads, smem, current_stream()>>>(a);
   };
   for (int64_t tb = 0; tb < tokens; tb += slice) {
     a.tok_begin = int(tb);
     a.tok_end = int(std::min<int64_t>(tokens, tb + slice));
-    if (!prefill) launch_indexer_decode(a, fp8, a.group_tokens * a.heads);
-    else if (fp8) tiles(msa_indexer_kernel<__nv_fp8_e4m3, 4, 2>, Cfg<__nv_fp8_e4m3, 4, 2>::kBytes);
-    else tiles(msa_indexer_kernel<__nv_bfloat16, 4, 2>, Cfg<__nv_bfloat16, 4, 2>::kBytes);
+    if (!tiles) launch_indexer_decode(a, fp8, a.group_tokens * a.heads);
+    else if (fp8) launch_tiles(msa_indexer_kernel<__nv_fp8_e4m3, 4, 2>, Cfg<__nv_fp8_e4m3, 4, 2>::kBytes);
+    else launch_tiles(msa_indexer_kernel<__nv_bfloat16, 4, 2>, Cfg<__nv_bfloat16, 4, 2>::kBytes);
   }
   M3_CUDA_CHECK_LAUNCH();
 }

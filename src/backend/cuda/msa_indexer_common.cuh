@@ -244,6 +244,13 @@ __device__ __forceinline__ const float* group_q_row(const IndexerArgs& a, int t0
   return a.q + (int64_t(t0 + r / a.heads) * a.heads + r % a.heads) * kDim;
 }
 
+// Row p of a group whose context has at most top_k blocks takes them all: ids 0..local, then -1
+// (one warp).
+__device__ __forceinline__ void write_all_blocks(const IndexerArgs& a, int t0, int p, int local) {
+  int32_t* dst = a.selected + (int64_t(p % a.heads) * a.num_tokens + t0 + p / a.heads) * a.top_k;
+  for (int i = threadIdx.x & 31; i < a.top_k; i += 32) dst[i] = i <= local ? i : -1;
+}
+
 // The last CTA of a query group: one warp per (token, head) row selects the top_k - 1 best
 // earlier blocks from the group's block scores (rows whose context has at most top_k blocks
 // take them all) and writes ascending ids, then the local block. `cache` is the warp's
@@ -256,8 +263,8 @@ inline __device__ void select_group(const IndexerArgs& a, int t0, int P, const i
     const int local = s_pos[p / H] >> a.bs_shift;
     const int t = t0 + p / H, h = p % H;
     int32_t* dst = a.selected + (int64_t(h) * a.num_tokens + t) * top_k;
-    if (local + 1 <= top_k) {  // every valid block fits: ids 0..local, then -1
-      for (int i = lane; i < top_k; i += 32) dst[i] = i <= local ? i : -1;
+    if (local + 1 <= top_k) {
+      write_all_blocks(a, t0, p, local);
       continue;
     }
     if (k > 0) warp_select(a.scores + (int64_t(t - a.tok_begin) * H + h) * a.max_blocks, local, k, cache, cap, hist, dst);
