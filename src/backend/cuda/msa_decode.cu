@@ -199,6 +199,36 @@ __global__ void __launch_bounds__(kThreads, kSplit ? 2 : 1) msa_attention_kernel
   const int units_per_block = (bs + kUnitKeys - 1) / kUnitKeys;
   if (dense) {
     n_units = pos_max / kUnitKeys + 1;
+  } else if (MT == 1) {
+    // The same union for one m-tile (T * top_k <= 16 ids): warp 0 alone, one id per lane, one
+    // barrier (the CTA-wide version put three barriers and a serial scan per id on the setup path).
+    const int n_ids = T * top_k;
+    if (warp == 0) {
+      int b = -1;
+      if (lane < n_ids) {
+        const int tt = lane / top_k;
+        b = a.sel[(int64_t(g) * a.num_tokens + t0 + tt) * top_k + lane % top_k];
+        if (b < 0 || b > s_pos[tt] / bs) b = -1;
+      }
+      const unsigned peers = __match_any_sync(0xffffffffu, b);
+      const bool first = b >= 0 && (peers & ((1u << lane) - 1u)) == 0;
+      const unsigned firsts_mask = __ballot_sync(0xffffffffu, first);
+      int rank = 0;
+      unsigned long long tokens = 0;
+      for (int j = 0; j < n_ids; ++j) {
+        const int c = __shfl_sync(0xffffffffu, b, j);
+        if (c == b) tokens |= 1ull << (j / top_k);
+        rank += (((firsts_mask >> j) & 1u) && c < b) ? 1 : 0;
+      }
+      if (first) {
+        list[rank] = b;
+        masks[rank] = tokens;
+        pages[rank] = table[b];
+      }
+      if (lane == 0) s_count = __popc(firsts_mask);
+    }
+    __syncthreads();
+    n_units = s_count * units_per_block;
   } else {
     // The union of the row group's valid selections: deduplicated, ascending, with the tokens
     // that chose each block and its page.
@@ -600,6 +630,68 @@ __global__ void __launch_bounds__(kThreads, kSplit ? 2 : 1) msa_attention_kernel
   const int E = rows * kHeadDim, per = (E + C - 1) / C;
   const int e0 = split * per, e1 = min(E, e0 + per);
   const int64_t base = int64_t(rg) * a.su_cap * kRows;
+  // A row's fold factors depend on its (max, sum) sequence only: one thread per row runs that
+  // chain (the exponentials) into shared memory, the slice's elements are then FMA chains over
+  // their partials, loaded all at once. The same operations as the per-element fold below.
+  // (With at most one element per thread the per-element fold is as short and skips a barrier.)
+  constexpr int kFoldBatch = 16;
+  if (e1 - e0 > kThreads && size_t(n_su) * kRows * sizeof(float2) + kRows * sizeof(float) <= size_t(kStages) * (L::kSplitKV ? kTileBytes : kStageBytes)) {
+    float2* const fab = reinterpret_cast<float2*>(stage_buf);  // [n_su][kRows] (the tiles are drained)
+    float* const lrow = reinterpret_cast<float*>(stage_buf + size_t(n_su) * kRows * sizeof(float2));
+    const int r_lo = e0 / kHeadDim, r_hi = (e1 - 1) / kHeadDim;  // rows of this slice
+    // The first element's first partials are requested before the row chains run.
+    const int e_first = e0 + tid;
+    float ov0[kFoldBatch];
+#pragma unroll
+    for (int j = 0; j < kFoldBatch; ++j) {
+      ov0[j] = 0.0f;
+      if (e_first < e1 && j < n_su) {
+        ov0[j] = __ldcg(&a.part_o[(base + int64_t(j) * kRows + e_first / kHeadDim) * kHeadDim + e_first % kHeadDim]);
+      }
+    }
+    const int row = r_lo + tid;
+    if (e1 > e0 && row <= r_hi) {
+      float M = -INFINITY, Ls = 0.0f;
+      for (int k0 = 0; k0 < n_su; k0 += kFoldBatch) {
+        float2 ml[kFoldBatch];
+#pragma unroll
+        for (int j = 0; j < kFoldBatch; ++j) {
+          if (k0 + j < n_su) ml[j] = __ldcg(&a.part_ml[base + int64_t(k0 + j) * kRows + row]);
+        }
+#pragma unroll
+        for (int j = 0; j < kFoldBatch; ++j) {
+          if (k0 + j < n_su) {
+            const FoldScale f = msa::fold_scale(M, ml[j].x, sl2);
+            Ls = msa::fold_val(Ls, f, ml[j].y);
+            fab[(k0 + j) * kRows + row] = make_float2(f.a, f.b);
+          }
+        }
+      }
+      lrow[row] = Ls;
+    }
+    __syncthreads();
+    for (int e = e_first; e < e1; e += kThreads) {
+      const int r = e / kHeadDim, d = e % kHeadDim;
+      float O = 0.0f;
+      for (int k0 = 0; k0 < n_su; k0 += kFoldBatch) {
+        float ov[kFoldBatch];
+#pragma unroll
+        for (int j = 0; j < kFoldBatch; ++j) {
+          if (e == e_first && k0 == 0) ov[j] = ov0[j];
+          else ov[j] = k0 + j < n_su ? __ldcg(&a.part_o[(base + int64_t(k0 + j) * kRows + r) * kHeadDim + d]) : 0.0f;
+        }
+#pragma unroll
+        for (int j = 0; j < kFoldBatch; ++j) {
+          if (k0 + j < n_su) {
+            const float2 f = fab[(k0 + j) * kRows + r];
+            O = msa::fold_val(O, FoldScale{f.x, f.y}, ov[j]);
+          }
+        }
+      }
+      a.out[(int64_t(t0 + r / G) * a.q_heads + g * G + r % G) * kHeadDim + d] = msa::finish(O, lrow[r]);
+    }
+    return;
+  }
   for (int e = e0 + tid; e < e1; e += kThreads) {
     const int row = e / kHeadDim, d = e % kHeadDim;
     float M = -INFINITY, Ls = 0.0f, O = 0.0f;
