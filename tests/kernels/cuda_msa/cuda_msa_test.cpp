@@ -373,6 +373,11 @@ std::vector<Case> cases() {
     std::vector<SeqSpec> mid;
     for (int i = 0; i < 12; ++i) mid.push_back({ud(r) * 3, 1});
     out.push_back({"tp4_batch12", kTp4, mid, Keys::kRandom, DType::kBF16, false});
+    // 64 row groups: the decode ring split over 2-CTA clusters, folded with per-row factors
+    // (alone: 16-CTA clusters, the per-element fold).
+    std::vector<SeqSpec> b16;
+    for (int i = 0; i < 16; ++i) b16.push_back({2000 + ud(r), 1});
+    out.push_back({"tp1_batch16_split2", kTp1, b16, Keys::kRandom, DType::kBF16, false});
   }
   out.push_back({"tp1_long_131k", kTp1, {{131000, 1}}, Keys::kRandom, DType::kBF16, false});
   // Prefills (prefill indexer tiles; >= 1024 tokens: the dispatch picks the block-major entry).
