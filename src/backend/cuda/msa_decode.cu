@@ -635,7 +635,9 @@ __global__ void __launch_bounds__(kThreads, kSplit ? 2 : 1) msa_attention_kernel
   // their partials, loaded all at once. The same operations as the per-element fold below.
   // (With at most one element per thread the per-element fold is as short and skips a barrier.)
   constexpr int kFoldBatch = 16;
-  if (e1 - e0 > kThreads && size_t(n_su) * kRows * sizeof(float2) + kRows * sizeof(float) <= size_t(kStages) * (L::kSplitKV ? kTileBytes : kStageBytes)) {
+  const size_t fold_bytes = size_t(n_su) * kRows * sizeof(float2) + kRows * sizeof(float);
+  const size_t tile_bytes = size_t(kStages) * (L::kSplitKV ? kTileBytes : kStageBytes);
+  if (e1 - e0 > kThreads && fold_bytes <= tile_bytes) {
     float2* const fab = reinterpret_cast<float2*>(stage_buf);  // [n_su][kRows] (the tiles are drained)
     float* const lrow = reinterpret_cast<float*>(stage_buf + size_t(n_su) * kRows * sizeof(float2));
     const int r_lo = e0 / kHeadDim, r_hi = (e1 - 1) / kHeadDim;  // rows of this slice
