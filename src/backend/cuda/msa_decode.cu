@@ -636,23 +636,20 @@ __global__ void __launch_bounds__(kThreads, kSplit ? 2 : 1) msa_attention_kernel
   // (With at most one element per thread the per-element fold is as short and skips a barrier.)
   constexpr int kFoldBatch = 16;
   const size_t fold_bytes = size_t(n_su) * kRows * sizeof(float2) + kRows * sizeof(float);
-  const size_t tile_bytes = size_t(kStages) * (L::kSplitKV ? kTileBytes : kStageBytes);
-  if (e1 - e0 > kThreads && fold_bytes <= tile_bytes) {
+  const size_t ring_bytes = size_t(kStages) * (L::kSplitKV ? kTileBytes : kStageBytes);
+  if (e1 - e0 > kThreads && fold_bytes <= ring_bytes) {  // (so every thread has an element)
     float2* const fab = reinterpret_cast<float2*>(stage_buf);  // [n_su][kRows] (the tiles are drained)
     float* const lrow = reinterpret_cast<float*>(stage_buf + size_t(n_su) * kRows * sizeof(float2));
     const int r_lo = e0 / kHeadDim, r_hi = (e1 - 1) / kHeadDim;  // rows of this slice
     // The first element's first partials are requested before the row chains run.
-    const int e_first = e0 + tid;
+    const int e_first = e0 + tid, r_first = e_first / kHeadDim, d_first = e_first % kHeadDim;
     float ov0[kFoldBatch];
 #pragma unroll
     for (int j = 0; j < kFoldBatch; ++j) {
-      ov0[j] = 0.0f;
-      if (e_first < e1 && j < n_su) {
-        ov0[j] = __ldcg(&a.part_o[(base + int64_t(j) * kRows + e_first / kHeadDim) * kHeadDim + e_first % kHeadDim]);
-      }
+      ov0[j] = j < n_su ? __ldcg(&a.part_o[(base + int64_t(j) * kRows + r_first) * kHeadDim + d_first]) : 0.0f;
     }
     const int row = r_lo + tid;
-    if (e1 > e0 && row <= r_hi) {
+    if (row <= r_hi) {
       float M = -INFINITY, Ls = 0.0f;
       for (int k0 = 0; k0 < n_su; k0 += kFoldBatch) {
         float2 ml[kFoldBatch];
