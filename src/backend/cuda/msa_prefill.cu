@@ -1,9 +1,10 @@
 // KV-block-major MSA sparse attention for prefill (BF16 KV cache, head_dim 128, block size
 // <= 128). The selections {token -> blocks} of a chunk of tokens are inverted into
 // {(KV group, sequence, block) -> tokens} by a counting sort; each CTA loads one selected
-// block's K and V into shared memory once and attends up to 4 tiles of 8 tokens x 16 heads
-// (128 rows, one m-tile per warp) that chose it, writing per (token, head, selected block) a
-// partial (max, sum, P.V); a merge kernel folds each row's partials in ascending block order.
+// block's K and V into shared memory once and attends up to 8 tiles of 8 tokens x 16 heads
+// that chose it (each warp runs its own 16-row m-tiles, their Q double-buffered per warp),
+// writing per (token, head, selected block) a partial (max, sum, P.V); a merge kernel folds
+// each row's partials in ascending block order.
 //
 // The unit partial is the canonical one of msa_decode.cu instruction for instruction (S by
 // one MMA chain over the k-steps with Q's bf16 hi then lo half, masked, the unit's row max,
@@ -40,7 +41,7 @@ constexpr int kUnitKeys = 128;
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
 constexpr int kTileRows = kWarps * 16;  // one m-tile per warp
-constexpr int kTilesPerCta = 4;         // tiles of one block per CTA (its K/V loaded once)
+constexpr int kTilesPerCta = 8;         // tiles of one block per CTA (its K/V loaded once)
 constexpr int kMaxTopK = 64;
 constexpr int kMaxGroup = 128;
 constexpr size_t kScratchBytes = size_t(2) << 30;  // partials of one chunk of tokens
@@ -169,21 +170,30 @@ __global__ void bm_scatter(BmArgs a) {
   }
 }
 
+// Shared memory: the block's K and V (swizzled bf16 tiles), the item's token list, and per warp
+// two fp32 Q stages of 16 rows (rows padded to 136 floats: a warp's 8-byte fragment reads hit
+// distinct banks per half-warp).
+constexpr int kItemRows = kTilesPerCta * kTileRows;  // rows (token x head) of one work item
+constexpr int kQStride = kHeadDim + 8;              // floats per staged Q row
+constexpr size_t kQStage = size_t(16) * kQStride * 4;
 constexpr size_t kKOff = 0, kVOff = kKOff + size_t(kUnitKeys) * 256, kQOff = kVOff + size_t(kUnitKeys) * 256;
-constexpr size_t kTokOff = kQOff + size_t(2) * kTileRows * 256;
-constexpr size_t kBlockSmem = kTokOff + size_t(3) * kTileRows * 4;
+constexpr size_t kTokOff = kQOff + size_t(kWarps) * 2 * kQStage;
+constexpr size_t kBlockSmem = kTokOff + size_t(3) * kItemRows * 4;
 
-// One work item: up to kTilesPerCta tiles of tokens that chose one (group, seq, block).
-// kHiLo: the canonical numerics (Q and P as bf16 hi + lo halves); false: the fast variant
-// (Q and P rounded to bf16, half the MMAs; not batch-invariant with the other entries).
+// One work item: the tokens of up to kTilesPerCta tiles that chose one (group, seq, block). The
+// CTA loads the block's K and V once; then each warp owns m-tiles of 16 item rows (row =
+// token-in-item x G + head) and runs them on its own: the next m-tile's Q rows (fp32, gathered
+// by cp.async) land in the warp's other stage while this one computes, with no CTA barrier.
+// kHiLo: the canonical numerics (Q and P as bf16 hi + lo halves, split from the same fp32 values
+// in registers); false: the fast variant (Q and P rounded to bf16, half the MMAs; not
+// batch-invariant with the other entries).
 template <bool kHiLo>
 __global__ void __launch_bounds__(kThreads, 1) bm_block_kernel(BmArgs a) {
   extern __shared__ __align__(128) unsigned char smem[];
   int* const tok_s = reinterpret_cast<int*>(smem + kTokOff);
-  int* const slot_s = tok_s + kTileRows;
-  int* const pos_s = slot_s + kTileRows;
+  int* const slot_s = tok_s + kItemRows;
+  int* const pos_s = slot_s + kItemRows;
   const uint32_t k_tile = smem_u32(smem + kKOff), v_tile = smem_u32(smem + kVOff);
-  const uint32_t q_hi = smem_u32(smem + kQOff), q_lo = q_hi + kTileRows * 256;
 
   const int item = blockIdx.x;
   if (item >= a.item_total[0]) return;
@@ -192,7 +202,7 @@ __global__ void __launch_bounds__(kThreads, 1) bm_block_kernel(BmArgs a) {
   const int g = key / (a.num_seqs * a.max_blocks), s = (key / a.max_blocks) % a.num_seqs, b = key % a.max_blocks;
   const int begin = a.entry_off[key], cnt = a.entry_off[key + 1] - begin;
   const int TQ = a.tile_tokens, G = a.group, bs = a.bs;
-  const int n_tiles = min((cnt + TQ - 1) / TQ, tile0 + kTilesPerCta);
+  const int t_lo = tile0 * TQ, n_tok = min(cnt - t_lo, kTilesPerCta * TQ), rows = n_tok * G;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, gq = lane >> 2, cq = lane & 3;
   const float sl2 = a.scale_log2;
   // K and V of the block (keys past the sequence's cache are zero-filled and masked).
@@ -206,64 +216,75 @@ __global__ void __launch_bounds__(kThreads, 1) bm_block_kernel(BmArgs a) {
     cp_async16(smem_u32(smem + kVOff + tile_off(r, ch)), a.v + elem, ok);
   }
   cp_async_commit();
+  for (int i = tid; i < n_tok; i += kThreads) {
+    const int e = a.entries[begin + t_lo + i];
+    tok_s[i] = e >> 6;
+    slot_s[i] = e & 63;
+    pos_s[i] = a.positions[a.c0 + (e >> 6)];
+  }
+  __syncthreads();  // the token list is visible (K and V are waited for below)
+
+  const int n_mt = (rows + 15) >> 4;
+  const uint32_t q_stage0 = smem_u32(smem + kQOff + size_t(warp) * 2 * kQStage);
+  // The 16 rows of m-tile mt into stage st: lane copies 16-byte chunk `lane` of every row.
+  auto fetch_q = [&](int mt, int st) {
+    const uint32_t dst = q_stage0 + uint32_t(st) * uint32_t(kQStage) + uint32_t(lane) * 16u;
+#pragma unroll 4
+    for (int r = 0; r < 16; ++r) {
+      const int row = mt * 16 + r;
+      const bool ok = row < rows;
+      const float* src = a.q;
+      if (ok) src += (int64_t(a.c0 + tok_s[row / G]) * a.q_heads + g * G + row % G) * kHeadDim + lane * 4;
+      cp_async16(dst + uint32_t(r * kQStride * 4), src, ok);
+    }
+    cp_async_commit();
+  };
+  if (warp < n_mt) fetch_q(warp, 0);
+  cp_async_wait<0>();
+  __syncthreads();  // every thread's K and V copies have landed
+  const int kb = b * bs;
 
 #pragma unroll 1
-  for (int tile = tile0; tile < n_tiles; ++tile) {
-    const int e0 = begin + tile * TQ, nt_tok = min(TQ, cnt - tile * TQ), rows = nt_tok * G;
-    __syncthreads();  // the previous tile's Q and token info are no longer read
-    if (tid < nt_tok) {
-      const int e = a.entries[e0 + tid];
-      tok_s[tid] = e >> 6;
-      slot_s[tid] = e & 63;
-      pos_s[tid] = a.positions[a.c0 + (e >> 6)];
+  for (int mt = warp, j = 0; mt < n_mt; mt += kWarps, ++j) {
+    const int st = j & 1;
+    if (mt + kWarps < n_mt) {
+      fetch_q(mt + kWarps, st ^ 1);  // the other stage's rows were read an m-tile ago
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
     }
-    __syncthreads();
-    for (int i = tid; i < kTileRows * 16; i += kThreads) {
-      const int row = i >> 4, ch = i & 15;
-      float x[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-      if (row < rows) {
-        const float* src = a.q + (int64_t(a.c0 + tok_s[row / G]) * a.q_heads + g * G + row % G) * kHeadDim + ch * 8;
-        const float4 u = *reinterpret_cast<const float4*>(src), w = *reinterpret_cast<const float4*>(src + 4);
-        x[0] = u.x, x[1] = u.y, x[2] = u.z, x[3] = u.w, x[4] = w.x, x[5] = w.y, x[6] = w.z, x[7] = w.w;
-      }
-      uint4 hi, lo;
-      msa::split_bf16(x[0], x[1], hi.x, lo.x);
-      msa::split_bf16(x[2], x[3], hi.y, lo.y);
-      msa::split_bf16(x[4], x[5], hi.z, lo.z);
-      msa::split_bf16(x[6], x[7], hi.w, lo.w);
-      *reinterpret_cast<uint4*>(smem + kQOff + tile_off(row, ch)) = hi;
-      if (kHiLo) *reinterpret_cast<uint4*>(smem + kQOff + kTileRows * 256 + tile_off(row, ch)) = lo;
-    }
-    cp_async_wait<0>();
-    __syncthreads();
-    if (warp * 16 >= rows) continue;
+    __syncwarp();  // every lane's Q copies for this m-tile are visible to the warp
+    const float* qs = reinterpret_cast<const float*>(smem + kQOff + (size_t(warp) * 2 + st) * kQStage);
 
-    // S for this warp's 16 rows over the 128 keys (canonical chain: k-steps ascending, hi then lo).
+    // S for the 16 rows over the 128 keys (canonical chain: k-steps ascending, hi then lo).
     float sv[16][4];
 #pragma unroll
     for (int nt = 0; nt < 16; ++nt) sv[nt][0] = sv[nt][1] = sv[nt][2] = sv[nt][3] = 0.0f;
 #pragma unroll
     for (int ks2 = 0; ks2 < 4; ++ks2) {
-      uint32_t qh0[4], ql0[4], qh1[4], ql1[4];
-      msa::ldmatrix_x4(qh0, q_hi + tile_off(warp * 16 + (lane & 15), ks2 * 4 + (lane >> 4)));
-      msa::ldmatrix_x4(qh1, q_hi + tile_off(warp * 16 + (lane & 15), ks2 * 4 + 2 + (lane >> 4)));
-      if (kHiLo) {
-        msa::ldmatrix_x4(ql0, q_lo + tile_off(warp * 16 + (lane & 15), ks2 * 4 + (lane >> 4)));
-        msa::ldmatrix_x4(ql1, q_lo + tile_off(warp * 16 + (lane & 15), ks2 * 4 + 2 + (lane >> 4)));
+      // A fragments of k-steps 2 ks2 and 2 ks2 + 1: rows gq / gq + 8, dims 16 k + 2 cq (+ 8).
+      uint32_t qh[2][4], ql[2][4];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+#pragma unroll
+        for (int f = 0; f < 4; ++f) {
+          const int row = gq + 8 * (f & 1), col = (2 * ks2 + h) * 16 + 8 * (f >> 1) + 2 * cq;
+          const float2 x = *reinterpret_cast<const float2*>(qs + row * kQStride + col);
+          msa::split_bf16(x.x, x.y, qh[h][f], ql[h][f]);
+        }
       }
 #pragma unroll
       for (int nt = 0; nt < 16; ++nt) {
         uint32_t kf[4];
         msa::ldmatrix_x4(kf, k_tile + tile_off(nt * 8 + (lane & 7), ks2 * 4 + (lane >> 3)));
-        msa::mma_bf16(sv[nt], qh0, kf[0], kf[1]);
-        if (kHiLo) msa::mma_bf16(sv[nt], ql0, kf[0], kf[1]);
-        msa::mma_bf16(sv[nt], qh1, kf[2], kf[3]);
-        if (kHiLo) msa::mma_bf16(sv[nt], ql1, kf[2], kf[3]);
+        msa::mma_bf16(sv[nt], qh[0], kf[0], kf[1]);
+        if (kHiLo) msa::mma_bf16(sv[nt], ql[0], kf[0], kf[1]);
+        msa::mma_bf16(sv[nt], qh[1], kf[2], kf[3]);
+        if (kHiLo) msa::mma_bf16(sv[nt], ql[1], kf[2], kf[3]);
       }
     }
-    const int r0 = warp * 16 + gq, r1 = r0 + 8;
+    const int r0 = mt * 16 + gq, r1 = r0 + 8;
     const int pos0 = r0 < rows ? pos_s[r0 / G] : -1, pos1 = r1 < rows ? pos_s[r1 / G] : -1;
-    const int kb = b * bs;
     float m0 = -INFINITY, m1 = -INFINITY;
 #pragma unroll
     for (int nt = 0; nt < 16; ++nt) {
