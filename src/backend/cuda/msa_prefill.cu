@@ -1,8 +1,8 @@
 // KV-block-major MSA sparse attention for prefill (BF16 KV cache, head_dim 128, block size
 // <= 128). The selections {token -> blocks} of a chunk of tokens are inverted into
 // {(KV group, sequence, block) -> tokens} by a counting sort; each CTA loads one selected
-// block's K and V into shared memory once and attends up to 8 tiles of 8 tokens x 16 heads
-// that chose it (each warp runs its own 16-row m-tiles, their Q double-buffered per warp),
+// block's K and V into shared memory once and attends up to 64 tokens x 16 heads that chose
+// it (16 warps, each running its own 16-row m-tiles with the next one's Q prefetched per warp),
 // writing per (token, head, selected block) a partial (max, sum, P.V); a merge kernel folds
 // each row's partials in ascending block order.
 //
@@ -38,10 +38,10 @@ using msa::tile_off;
 
 constexpr int kHeadDim = 128;
 constexpr int kUnitKeys = 128;
-constexpr int kThreads = 256;
-constexpr int kWarps = kThreads / 32;
-constexpr int kTileRows = kWarps * 16;  // one m-tile per warp
-constexpr int kTilesPerCta = 8;         // tiles of one block per CTA (its K/V loaded once)
+constexpr int kWarps = 16;  // of the block kernel: 128 registers per thread
+constexpr int kThreads = kWarps * 32;
+constexpr int kTileRows = 128;  // rows (token x head) of a tile: the unit of the work list
+constexpr int kTilesPerCta = 8;  // tiles of one block per CTA (its K/V loaded once)
 constexpr int kMaxTopK = 64;
 constexpr int kMaxGroup = 128;
 constexpr size_t kScratchBytes = size_t(2) << 30;  // partials of one chunk of tokens
@@ -171,19 +171,21 @@ __global__ void bm_scatter(BmArgs a) {
 }
 
 // Shared memory: the block's K and V (swizzled bf16 tiles), the item's token list, and per warp
-// two fp32 Q stages of 16 rows (rows padded to 136 floats: a warp's 8-byte fragment reads hit
+// one fp32 Q stage of 16 rows (rows padded to 136 floats: a warp's 8-byte fragment reads hit
 // distinct banks per half-warp).
 constexpr int kItemRows = kTilesPerCta * kTileRows;  // rows (token x head) of one work item
 constexpr int kQStride = kHeadDim + 8;              // floats per staged Q row
 constexpr size_t kQStage = size_t(16) * kQStride * 4;
 constexpr size_t kKOff = 0, kVOff = kKOff + size_t(kUnitKeys) * 256, kQOff = kVOff + size_t(kUnitKeys) * 256;
-constexpr size_t kTokOff = kQOff + size_t(kWarps) * 2 * kQStage;
+constexpr size_t kTokOff = kQOff + size_t(kWarps) * kQStage;
 constexpr size_t kBlockSmem = kTokOff + size_t(3) * kItemRows * 4;
 
 // One work item: the tokens of up to kTilesPerCta tiles that chose one (group, seq, block). The
-// CTA loads the block's K and V once; then each warp owns m-tiles of 16 item rows (row =
-// token-in-item x G + head) and runs them on its own: the next m-tile's Q rows (fp32, gathered
-// by cp.async) land in the warp's other stage while this one computes, with no CTA barrier.
+// CTA loads the block's K and V once; then each of its 16 warps owns m-tiles of 16 item rows
+// (row = token-in-item x G + head) and runs them on its own: the next m-tile's Q rows (fp32,
+// gathered by cp.async) land in the warp's stage as soon as S is done with it, while P.V runs.
+// 128 registers per thread: P is kept as packed bf16 (hi, lo) pairs and P.V runs over the
+// dims in two halves of 64.
 // kHiLo: the canonical numerics (Q and P as bf16 hi + lo halves, split from the same fp32 values
 // in registers); false: the fast variant (Q and P rounded to bf16, half the MMAs; not
 // batch-invariant with the other entries).
@@ -225,10 +227,11 @@ __global__ void __launch_bounds__(kThreads, 1) bm_block_kernel(BmArgs a) {
   __syncthreads();  // the token list is visible (K and V are waited for below)
 
   const int n_mt = (rows + 15) >> 4;
-  const uint32_t q_stage0 = smem_u32(smem + kQOff + size_t(warp) * 2 * kQStage);
-  // The 16 rows of m-tile mt into stage st: lane copies 16-byte chunk `lane` of every row.
-  auto fetch_q = [&](int mt, int st) {
-    const uint32_t dst = q_stage0 + uint32_t(st) * uint32_t(kQStage) + uint32_t(lane) * 16u;
+  const uint32_t q_stage = smem_u32(smem + kQOff + size_t(warp) * kQStage);
+  const float* const qs = reinterpret_cast<const float*>(smem + kQOff + size_t(warp) * kQStage);
+  // The 16 rows of m-tile mt into the warp's stage: lane copies 16-byte chunk `lane` of every row.
+  auto fetch_q = [&](int mt) {
+    const uint32_t dst = q_stage + uint32_t(lane) * 16u;
 #pragma unroll 4
     for (int r = 0; r < 16; ++r) {
       const int row = mt * 16 + r;
@@ -239,22 +242,15 @@ __global__ void __launch_bounds__(kThreads, 1) bm_block_kernel(BmArgs a) {
     }
     cp_async_commit();
   };
-  if (warp < n_mt) fetch_q(warp, 0);
+  if (warp < n_mt) fetch_q(warp);
   cp_async_wait<0>();
   __syncthreads();  // every thread's K and V copies have landed
   const int kb = b * bs;
 
 #pragma unroll 1
-  for (int mt = warp, j = 0; mt < n_mt; mt += kWarps, ++j) {
-    const int st = j & 1;
-    if (mt + kWarps < n_mt) {
-      fetch_q(mt + kWarps, st ^ 1);  // the other stage's rows were read an m-tile ago
-      cp_async_wait<1>();
-    } else {
-      cp_async_wait<0>();
-    }
+  for (int mt = warp; mt < n_mt; mt += kWarps) {
+    cp_async_wait<0>();
     __syncwarp();  // every lane's Q copies for this m-tile are visible to the warp
-    const float* qs = reinterpret_cast<const float*>(smem + kQOff + (size_t(warp) * 2 + st) * kQStage);
 
     // S for the 16 rows over the 128 keys (canonical chain: k-steps ascending, hi then lo).
     float sv[16][4];
@@ -283,6 +279,8 @@ __global__ void __launch_bounds__(kThreads, 1) bm_block_kernel(BmArgs a) {
         if (kHiLo) msa::mma_bf16(sv[nt], ql[1], kf[2], kf[3]);
       }
     }
+    __syncwarp();  // every lane is done reading the stage
+    if (mt + kWarps < n_mt) fetch_q(mt + kWarps);
     const int r0 = mt * 16 + gq, r1 = r0 + 8;
     const int pos0 = r0 < rows ? pos_s[r0 / G] : -1, pos1 = r1 < rows ? pos_s[r1 / G] : -1;
     float m0 = -INFINITY, m1 = -INFINITY;
@@ -303,48 +301,62 @@ __global__ void __launch_bounds__(kThreads, 1) bm_block_kernel(BmArgs a) {
     m1 = fmaxf(m1, __shfl_xor_sync(0xffffffffu, m1, 1));
     m1 = fmaxf(m1, __shfl_xor_sync(0xffffffffu, m1, 2));
     const float mb0 = msa::unit_mb(m0, sl2), mb1 = msa::unit_mb(m1, sl2);
-#pragma unroll
-    for (int nt = 0; nt < 16; ++nt) {
-      sv[nt][0] = msa::unit_prob(sv[nt][0], mb0, sl2);
-      sv[nt][1] = msa::unit_prob(sv[nt][1], mb0, sl2);
-      sv[nt][2] = msa::unit_prob(sv[nt][2], mb1, sl2);
-      sv[nt][3] = msa::unit_prob(sv[nt][3], mb1, sl2);
-    }
-    // P.V over all 128 dims and the row sums (canonical chain: key steps ascending, hi then lo).
-    float ov[16][4], lv[4] = {0, 0, 0, 0};
-#pragma unroll
-    for (int dt = 0; dt < 16; ++dt) ov[dt][0] = ov[dt][1] = ov[dt][2] = ov[dt][3] = 0.0f;
+    // P as the A fragments of the 8 key steps, bf16 hi and lo halves.
+    uint32_t ph[8][4], pl[8][4];
 #pragma unroll
     for (int kk = 0; kk < 8; ++kk) {
-      uint32_t ph[4], pl[4];
-      msa::split_bf16(sv[2 * kk][0], sv[2 * kk][1], ph[0], pl[0]);
-      msa::split_bf16(sv[2 * kk][2], sv[2 * kk][3], ph[1], pl[1]);
-      msa::split_bf16(sv[2 * kk + 1][0], sv[2 * kk + 1][1], ph[2], pl[2]);
-      msa::split_bf16(sv[2 * kk + 1][2], sv[2 * kk + 1][3], ph[3], pl[3]);
 #pragma unroll
-      for (int dp = 0; dp < 8; ++dp) {
-        uint32_t vf[4];
-        msa::ldmatrix_x4_trans(vf, v_tile + tile_off(kk * 16 + ((lane >> 3) & 1) * 8 + (lane & 7), dp * 2 + (lane >> 4)));
-        msa::mma_bf16(ov[2 * dp], ph, vf[0], vf[1]);
-        if (kHiLo) msa::mma_bf16(ov[2 * dp], pl, vf[0], vf[1]);
-        msa::mma_bf16(ov[2 * dp + 1], ph, vf[2], vf[3]);
-        if (kHiLo) msa::mma_bf16(ov[2 * dp + 1], pl, vf[2], vf[3]);
+      for (int f = 0; f < 4; ++f) {
+        const float (&src)[4] = sv[2 * kk + (f >> 1)];
+        const int o = 2 * (f & 1);
+        msa::split_bf16(msa::unit_prob(src[o], f & 1 ? mb1 : mb0, sl2), msa::unit_prob(src[o + 1], f & 1 ? mb1 : mb0, sl2),
+                        ph[kk][f], pl[kk][f]);
       }
-      msa::mma_bf16(lv, ph, msa::kBf16OnePair, msa::kBf16OnePair);
-      if (kHiLo) msa::mma_bf16(lv, pl, msa::kBf16OnePair, msa::kBf16OnePair);
     }
-    // Partials of the rows: [group, token in chunk, slot, head].
+    // P.V over the dims in two halves and the row sums (canonical chain: key steps ascending,
+    // hi then lo); partials of the rows: [group, token in chunk, slot, head].
+    int64_t pidx[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int r = h ? r1 : r0;
-      if (r >= rows) continue;
-      const int ti = r / G;
-      const int64_t pidx = ((int64_t(g) * a.n_tok + tok_s[ti]) * a.top_k + slot_s[ti]) * G + r % G;
-      float* dst = a.part_o + pidx * kHeadDim;
+      const int ti = r < rows ? r / G : 0;
+      pidx[h] = ((int64_t(g) * a.n_tok + tok_s[ti]) * a.top_k + slot_s[ti]) * G + r % G;
+    }
+    float lv[4] = {0, 0, 0, 0};
 #pragma unroll
-      for (int dt = 0; dt < 16; ++dt)
-        *reinterpret_cast<float2*>(dst + dt * 8 + 2 * cq) = make_float2(ov[dt][2 * h], ov[dt][2 * h + 1]);
-      if (cq == 0) a.part_ml[pidx] = make_float2(h ? m1 : m0, lv[2 * h]);
+    for (int dh = 0; dh < 2; ++dh) {
+      float ov[8][4];
+#pragma unroll
+      for (int dt = 0; dt < 8; ++dt) ov[dt][0] = ov[dt][1] = ov[dt][2] = ov[dt][3] = 0.0f;
+#pragma unroll
+      for (int kk = 0; kk < 8; ++kk) {
+#pragma unroll
+        for (int dp = 0; dp < 4; ++dp) {
+          uint32_t vf[4];
+          msa::ldmatrix_x4_trans(
+              vf, v_tile + tile_off(kk * 16 + ((lane >> 3) & 1) * 8 + (lane & 7), (4 * dh + dp) * 2 + (lane >> 4)));
+          msa::mma_bf16(ov[2 * dp], ph[kk], vf[0], vf[1]);
+          if (kHiLo) msa::mma_bf16(ov[2 * dp], pl[kk], vf[0], vf[1]);
+          msa::mma_bf16(ov[2 * dp + 1], ph[kk], vf[2], vf[3]);
+          if (kHiLo) msa::mma_bf16(ov[2 * dp + 1], pl[kk], vf[2], vf[3]);
+        }
+        if (dh == 0) {
+          msa::mma_bf16(lv, ph[kk], msa::kBf16OnePair, msa::kBf16OnePair);
+          if (kHiLo) msa::mma_bf16(lv, pl[kk], msa::kBf16OnePair, msa::kBf16OnePair);
+        }
+      }
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        if ((h ? r1 : r0) >= rows) continue;
+        float* dst = a.part_o + pidx[h] * kHeadDim + 64 * dh;
+#pragma unroll
+        for (int dt = 0; dt < 8; ++dt)
+          *reinterpret_cast<float2*>(dst + dt * 8 + 2 * cq) = make_float2(ov[dt][2 * h], ov[dt][2 * h + 1]);
+      }
+    }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      if ((h ? r1 : r0) < rows && cq == 0) a.part_ml[pidx[h]] = make_float2(h ? m1 : m0, lv[2 * h]);
     }
   }
 }
