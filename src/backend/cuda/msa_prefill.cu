@@ -42,6 +42,7 @@ constexpr int kWarps = 16;  // of the block kernel: 128 registers per thread
 constexpr int kThreads = kWarps * 32;
 constexpr int kTileRows = 128;  // rows (token x head) of a tile: the unit of the work list
 constexpr int kTilesPerCta = 8;  // tiles of one block per CTA (its K/V loaded once)
+constexpr int kDimParts = 2;     // P.V runs over the 128 dims in this many parts (registers)
 constexpr int kMaxTopK = 64;
 constexpr int kMaxGroup = 128;
 constexpr size_t kScratchBytes = size_t(2) << 30;  // partials of one chunk of tokens
@@ -185,7 +186,7 @@ constexpr size_t kBlockSmem = kTokOff + size_t(3) * kItemRows * 4;
 // (row = token-in-item x G + head) and runs them on its own: the next m-tile's Q rows (fp32,
 // gathered by cp.async) land in the warp's stage as soon as S is done with it, while P.V runs.
 // 128 registers per thread: P is kept as packed bf16 (hi, lo) pairs and P.V runs over the
-// dims in two halves of 64.
+// dims in two halves (four quarters measured slower on the fast variant).
 // kHiLo: the canonical numerics (Q and P as bf16 hi + lo halves, split from the same fp32 values
 // in registers); false: the fast variant (Q and P rounded to bf16, half the MMAs; not
 // batch-invariant with the other entries).
@@ -229,16 +230,16 @@ __global__ void __launch_bounds__(kThreads, 1) bm_block_kernel(BmArgs a) {
   const int n_mt = (rows + 15) >> 4;
   const uint32_t q_stage = smem_u32(smem + kQOff + size_t(warp) * kQStage);
   const float* const qs = reinterpret_cast<const float*>(smem + kQOff + size_t(warp) * kQStage);
-  // The 16 rows of m-tile mt into the warp's stage: lane copies 16-byte chunk `lane` of every row.
+  // The 16 rows of m-tile mt into the warp's stage: lane r < 16 finds row r's Q (element
+  // offset, -1 past the item), and every lane copies its 16-byte chunk of each row.
   auto fetch_q = [&](int mt) {
+    const int row = mt * 16 + (lane & 15);
+    const int64_t mine = row < rows ? (int64_t(a.c0 + tok_s[row / G]) * a.q_heads + g * G + row % G) * kHeadDim : -1;
     const uint32_t dst = q_stage + uint32_t(lane) * 16u;
-#pragma unroll 4
+#pragma unroll
     for (int r = 0; r < 16; ++r) {
-      const int row = mt * 16 + r;
-      const bool ok = row < rows;
-      const float* src = a.q;
-      if (ok) src += (int64_t(a.c0 + tok_s[row / G]) * a.q_heads + g * G + row % G) * kHeadDim + lane * 4;
-      cp_async16(dst + uint32_t(r * kQStride * 4), src, ok);
+      const int64_t off = __shfl_sync(0xffffffffu, mine, r);
+      cp_async16(dst + uint32_t(r * kQStride * 4), a.q + (off >= 0 ? off + lane * 4 : 0), off >= 0);
     }
     cp_async_commit();
   };
@@ -313,50 +314,51 @@ __global__ void __launch_bounds__(kThreads, 1) bm_block_kernel(BmArgs a) {
                         ph[kk][f], pl[kk][f]);
       }
     }
-    // P.V over the dims in two halves and the row sums (canonical chain: key steps ascending,
+    // P.V over the dims in kDimParts parts and the row sums (canonical chain: key steps ascending,
     // hi then lo); partials of the rows: [group, token in chunk, slot, head].
-    int64_t pidx[2];
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int r = h ? r1 : r0;
-      const int ti = r < rows ? r / G : 0;
-      pidx[h] = ((int64_t(g) * a.n_tok + tok_s[ti]) * a.top_k + slot_s[ti]) * G + r % G;
-    }
+    // Row r's partial index: [group, token in chunk, slot, head].
+    auto pidx = [&](int r) {
+      const int ti = r / G;
+      return ((int64_t(g) * a.n_tok + tok_s[ti]) * a.top_k + slot_s[ti]) * G + r % G;
+    };
     float lv[4] = {0, 0, 0, 0};
 #pragma unroll
-    for (int dh = 0; dh < 2; ++dh) {
-      float ov[8][4];
+    for (int dq = 0; dq < kDimParts; ++dq) {
+      constexpr int kDT = 16 / kDimParts;  // 8-dim n-tiles per part
+      float ov[kDT][4];
 #pragma unroll
-      for (int dt = 0; dt < 8; ++dt) ov[dt][0] = ov[dt][1] = ov[dt][2] = ov[dt][3] = 0.0f;
+      for (int dt = 0; dt < kDT; ++dt) ov[dt][0] = ov[dt][1] = ov[dt][2] = ov[dt][3] = 0.0f;
 #pragma unroll
       for (int kk = 0; kk < 8; ++kk) {
 #pragma unroll
-        for (int dp = 0; dp < 4; ++dp) {
+        for (int dp = 0; dp < kDT / 2; ++dp) {
           uint32_t vf[4];
           msa::ldmatrix_x4_trans(
-              vf, v_tile + tile_off(kk * 16 + ((lane >> 3) & 1) * 8 + (lane & 7), (4 * dh + dp) * 2 + (lane >> 4)));
+              vf, v_tile + tile_off(kk * 16 + ((lane >> 3) & 1) * 8 + (lane & 7), (kDT / 2 * dq + dp) * 2 + (lane >> 4)));
           msa::mma_bf16(ov[2 * dp], ph[kk], vf[0], vf[1]);
           if (kHiLo) msa::mma_bf16(ov[2 * dp], pl[kk], vf[0], vf[1]);
           msa::mma_bf16(ov[2 * dp + 1], ph[kk], vf[2], vf[3]);
           if (kHiLo) msa::mma_bf16(ov[2 * dp + 1], pl[kk], vf[2], vf[3]);
         }
-        if (dh == 0) {
+        if (dq == 0) {
           msa::mma_bf16(lv, ph[kk], msa::kBf16OnePair, msa::kBf16OnePair);
           if (kHiLo) msa::mma_bf16(lv, pl[kk], msa::kBf16OnePair, msa::kBf16OnePair);
         }
       }
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        if ((h ? r1 : r0) >= rows) continue;
-        float* dst = a.part_o + pidx[h] * kHeadDim + 64 * dh;
+        const int r = h ? r1 : r0;
+        if (r >= rows) continue;
+        float* dst = a.part_o + pidx(r) * kHeadDim + kDT * 8 * dq;
 #pragma unroll
-        for (int dt = 0; dt < 8; ++dt)
+        for (int dt = 0; dt < kDT; ++dt)
           *reinterpret_cast<float2*>(dst + dt * 8 + 2 * cq) = make_float2(ov[dt][2 * h], ov[dt][2 * h + 1]);
       }
     }
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      if ((h ? r1 : r0) < rows && cq == 0) a.part_ml[pidx[h]] = make_float2(h ? m1 : m0, lv[2 * h]);
+      const int r = h ? r1 : r0;
+      if (r < rows && cq == 0) a.part_ml[pidx(r)] = make_float2(h ? m1 : m0, lv[2 * h]);
     }
   }
 }
