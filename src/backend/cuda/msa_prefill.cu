@@ -315,8 +315,7 @@ __global__ void __launch_bounds__(kThreads, 1) bm_block_kernel(BmArgs a) {
       }
     }
     // P.V over the dims in kDimParts parts and the row sums (canonical chain: key steps ascending,
-    // hi then lo); partials of the rows: [group, token in chunk, slot, head].
-    // Row r's partial index: [group, token in chunk, slot, head].
+    // hi then lo). Row r's partial index: [group, token in chunk, slot, head].
     auto pidx = [&](int r) {
       const int ti = r / G;
       return ((int64_t(g) * a.n_tok + tok_s[ti]) * a.top_k + slot_s[ti]) * G + r % G;
