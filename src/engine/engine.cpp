@@ -338,11 +338,8 @@ Result<std::unique_ptr<Engine>> Engine::create(const EngineConfig& config) {
   progress.on_progress = config.on_load_progress;
   auto dir = ModelDir::open(config.model_dir);
   if (!dir) return dir.status();
-  LoadOptions load;
-  load.runtime = rt;
-  load.linear_format = rt->device() == Device::kCpu ? LinearFormat::kF32
-                       : (config.dequantize_mxfp8 || !config.batch_invariant) ? LinearFormat::kBF16
-                                                                               : LinearFormat::kNative;
+  const LoadOptions load =
+      engine_load_options(rt, rt->device() == Device::kCpu, config.dequantize_mxfp8, config.batch_invariant);
   Result<std::unique_ptr<MiniMaxM3Model>> model = Status::error("not loaded");
   try {
     model = MiniMaxM3Model::load(**dir, progress, load);

@@ -10,6 +10,18 @@
 
 namespace m3 {
 
+LoadOptions engine_load_options(ops::BackendRuntime* runtime, bool cpu, bool dequantize_mxfp8, bool batch_invariant) {
+  LoadOptions o;
+  o.runtime = runtime;
+  if (cpu) {
+    o.linear_format = LinearFormat::kF32;
+  } else {
+    o.linear_format = (dequantize_mxfp8 || !batch_invariant) ? LinearFormat::kBF16 : LinearFormat::kNative;
+    o.expert_format = dequantize_mxfp8 ? LinearFormat::kBF16 : LinearFormat::kNative;
+  }
+  return o;
+}
+
 Result<std::unique_ptr<MiniMaxM3Model>> MiniMaxM3Model::load(const std::string& model_dir, const LoadProgress& progress) {
   auto dir = ModelDir::open(model_dir);
   if (!dir) return dir.status();
@@ -60,8 +72,9 @@ Result<std::unique_ptr<MiniMaxM3Model>> MiniMaxM3Model::load(const ModelDir& dir
     ops::LinearWeight linear_w;
     TensorView t;
     const bool is_linear = spec.role == WeightRole::kLinear || spec.role == WeightRole::kLmHead;
+    const LinearFormat format = spec.expert ? options.expert_format.value_or(options.linear_format) : options.linear_format;
     bool done = false;
-    if (is_linear && options.linear_format == LinearFormat::kNative && mxfp8) {
+    if (is_linear && format == LinearFormat::kNative && mxfp8) {
       auto stored = locate_weight(dir, spec, mxfp8);
       if (!stored) return stored.status();
       if (stored->is_mxfp8()) {
@@ -81,7 +94,7 @@ Result<std::unique_ptr<MiniMaxM3Model>> MiniMaxM3Model::load(const ModelDir& dir
     if (!done) {
       auto values = read_f32(dir, spec, mxfp8);
       if (!values) return values.status();
-      if (is_linear && options.linear_format != LinearFormat::kF32) {
+      if (is_linear && format != LinearFormat::kF32) {
         std::vector<uint16_t> bf(values->size());
         for (size_t i = 0; i < bf.size(); ++i) bf[i] = f32_to_bf16((*values)[i]);
         linear_w.data = to_backend(bf.data(), bf.size() * 2, DType::kBF16, spec.shape, spec.layer);

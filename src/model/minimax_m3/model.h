@@ -3,6 +3,7 @@
 // only (never a backend), reads and writes KV through page tables in AttentionMetadata.
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -63,7 +64,16 @@ enum class LinearFormat { kF32, kBF16, kNative };
 struct LoadOptions {
   ops::BackendRuntime* runtime = nullptr;  // null: host memory
   LinearFormat linear_format = LinearFormat::kF32;
+  // The MoE experts' projections; unset: as linear_format. The MXFP8 MoE kernels read native
+  // experts in both of their paths, so the engine keeps them native where dense linears go BF16.
+  std::optional<LinearFormat> expert_format;
 };
+
+// What the engine loads: F32 on the CPU. On a GPU, MXFP8 stays native under batch invariance
+// (the row-dot linears read it); without invariance dense linears go BF16 (cuBLAS), while the
+// MoE experts stay native for the MXFP8 MoE kernels (W8A16, and W8A8 from 256 tokens), unless
+// `dequantize_mxfp8` asks for BF16 everywhere.
+LoadOptions engine_load_options(ops::BackendRuntime* runtime, bool cpu, bool dequantize_mxfp8, bool batch_invariant);
 
 // Optional capture of the model's discrete decisions, for parity with the HF oracle.
 struct ForwardTrace {

@@ -12,8 +12,8 @@ std::vector<WeightSpec> weight_specs(const MiniMaxM3Config& c) {
   const std::string root = std::string(kTextPrefix) + "model.";
   const int64_t hidden = c.hidden_size, hd = c.head_dim;
   const int64_t q_out = int64_t(c.num_attention_heads) * hd, kv_out = int64_t(c.num_key_value_heads) * hd;
-  auto add = [&](std::string name, Shape shape, WeightRole role, int layer) {
-    specs.push_back(WeightSpec{std::move(name), std::move(shape), role, layer});
+  auto add = [&](std::string name, Shape shape, WeightRole role, int layer, bool expert = false) {
+    specs.push_back(WeightSpec{std::move(name), std::move(shape), role, layer, expert});
   };
   add(root + "embed_tokens.weight", {c.vocab_size, hidden}, WeightRole::kEmbedding, -1);
   for (int l = 0; l < c.num_hidden_layers; ++l) {
@@ -39,15 +39,15 @@ std::vector<WeightSpec> weight_specs(const MiniMaxM3Config& c) {
       add(m + "e_score_correction_bias", {c.num_local_experts}, WeightRole::kRouterBias, l);
       for (int e = 0; e < c.num_local_experts; ++e) {
         const std::string x = m + "experts." + std::to_string(e) + ".";
-        add(x + "w1.weight", {c.intermediate_size, hidden}, WeightRole::kLinear, l);
-        add(x + "w3.weight", {c.intermediate_size, hidden}, WeightRole::kLinear, l);
-        add(x + "w2.weight", {hidden, c.intermediate_size}, WeightRole::kLinear, l);
+        add(x + "w1.weight", {c.intermediate_size, hidden}, WeightRole::kLinear, l, true);
+        add(x + "w3.weight", {c.intermediate_size, hidden}, WeightRole::kLinear, l, true);
+        add(x + "w2.weight", {hidden, c.intermediate_size}, WeightRole::kLinear, l, true);
       }
       if (c.n_shared_experts > 0) {
         const int64_t si = c.shared_intermediate_size * c.n_shared_experts;
-        add(m + "shared_experts.gate_proj.weight", {si, hidden}, WeightRole::kLinear, l);
-        add(m + "shared_experts.up_proj.weight", {si, hidden}, WeightRole::kLinear, l);
-        add(m + "shared_experts.down_proj.weight", {hidden, si}, WeightRole::kLinear, l);
+        add(m + "shared_experts.gate_proj.weight", {si, hidden}, WeightRole::kLinear, l, true);
+        add(m + "shared_experts.up_proj.weight", {si, hidden}, WeightRole::kLinear, l, true);
+        add(m + "shared_experts.down_proj.weight", {hidden, si}, WeightRole::kLinear, l, true);
       }
     } else {
       add(p + "mlp.gate_proj.weight", {c.dense_intermediate_size, hidden}, WeightRole::kLinear, l);

@@ -22,7 +22,8 @@ struct WeightSpec {
   std::string name;  // full checkpoint key, e.g. "language_model.model.layers.0.self_attn.q_proj.weight"
   Shape shape;
   WeightRole role;
-  int layer = -1;  // -1 for embed / final norm / lm_head
+  int layer = -1;       // -1 for embed / final norm / lm_head
+  bool expert = false;  // a MoE expert's projection (routed or shared): loaded by LoadOptions::expert_format
 };
 
 inline constexpr const char* kTextPrefix = "language_model.";

@@ -13,6 +13,7 @@
 #include "core/dtype.h"
 #include "loader/model_dir.h"
 #include "model/minimax_m3/make_model.h"
+#include "model/minimax_m3/model.h"
 #include "model/minimax_m3/weight_reader.h"
 
 namespace m3 {
@@ -324,6 +325,49 @@ std::unique_ptr<ModelDir> write_custom(const std::string& dir, const std::vector
   EXPECT_TRUE(w.finish().is_ok());
   std::ofstream(fs::path(dir) / "config.json") << "{}";
   return open_dir(dir);
+}
+
+// The engine's load formats: MoE experts stay native MXFP8 wherever the MXFP8 MoE kernels can
+// read them (with or without batch invariance), dense linears go BF16 without invariance.
+TEST(LoadFormats, EngineKeepsMxfp8ExpertsNative) {
+  const LoadOptions cpu = engine_load_options(nullptr, true, false, false);
+  EXPECT_EQ(cpu.linear_format, LinearFormat::kF32);
+  EXPECT_FALSE(cpu.expert_format.has_value());
+  const LoadOptions inv = engine_load_options(nullptr, false, false, true);
+  EXPECT_EQ(inv.linear_format, LinearFormat::kNative);
+  EXPECT_EQ(inv.expert_format, LinearFormat::kNative);
+  const LoadOptions fast = engine_load_options(nullptr, false, false, false);
+  EXPECT_EQ(fast.linear_format, LinearFormat::kBF16);
+  EXPECT_EQ(fast.expert_format, LinearFormat::kNative);
+  const LoadOptions deq = engine_load_options(nullptr, false, true, false);
+  EXPECT_EQ(deq.linear_format, LinearFormat::kBF16);
+  EXPECT_EQ(deq.expert_format, LinearFormat::kBF16);
+}
+
+// The loader honours the experts' format separately: an MXFP8 checkpoint with BF16 dense
+// linears keeps its experts as e4m3 + e8m0 (1 + 1/32 bytes per weight), BF16 takes 2.
+TEST(LoadFormats, ExpertsLoadInTheirOwnFormat) {
+  TempDir t;
+  const std::string dir = t.sub("mx");
+  make(dir, true, 7);
+  const MiniMaxM3Config c = tiny();
+  int moe = -1;
+  for (int l = 0; l < c.num_hidden_layers && moe < 0; ++l) moe = c.is_moe_layer(l) ? l : -1;
+  ASSERT_GE(moe, 0) << "the tiny preset has no MoE layer";
+  const size_t weights = size_t(3) * size_t(c.intermediate_size) * size_t(c.hidden_size);
+  auto expert_bytes = [&](std::optional<LinearFormat> experts) -> size_t {
+    auto d = open_dir(dir);
+    if (!d) return 0;
+    LoadOptions o;
+    o.linear_format = LinearFormat::kBF16;
+    o.expert_format = experts;
+    auto m = MiniMaxM3Model::load(*d, {}, o);
+    EXPECT_TRUE(m.is_ok()) << m.error();
+    return m.is_ok() ? (*m)->routed_expert_bytes()[size_t(moe)] : 0;
+  };
+  EXPECT_EQ(expert_bytes(LinearFormat::kNative), weights + weights / 32);
+  EXPECT_EQ(expert_bytes(LinearFormat::kBF16), 2 * weights);
+  EXPECT_EQ(expert_bytes(std::nullopt), 2 * weights);  // unset: as the dense linears
 }
 
 TEST(WeightReader, ErrorsNameFileTensorAndExpectation) {
