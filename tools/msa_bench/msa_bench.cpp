@@ -242,7 +242,7 @@ nlohmann::json bench_prefill(int ctx, const std::string& idt, Tables& tables, cu
   auto time_layout = [&](cuda::MsaIndexerLayout layout) {
     return time_graph([&] { cuda::launch_msa_indexer_layout(iqv, ikv, meta, ip, sv, layout); }, stream, flush, it);
   };
-  const Timing t_warp = time_layout(cuda::MsaIndexerLayout::kDecode), t_tiles = time_layout(cuda::MsaIndexerLayout::kPrefill);
+  const Timing t_warp = time_layout(cuda::MsaIndexerLayout::kAuto), t_tiles = time_layout(cuda::MsaIndexerLayout::kTiles);
   row["indexer_warp_us"] = t_warp.median_us;
   row["indexer_tiles_us"] = t_tiles.median_us;
   row["attention_flops"] = flops;

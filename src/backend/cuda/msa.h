@@ -17,9 +17,8 @@ void launch_generic_indexer_topk(const TensorView& index_q, const TensorView& in
 // Tuned entries, callable directly (the benchmark and the parity test time and check them
 // without the dispatch table).
 enum class MsaIndexerLayout {
-  kAuto,     // the warp-streamed kernel where it takes the shape (blocks of 16..128 keys), else the tiles
-  kDecode,   // the same: query groups of 8 or 16 (token, head) rows, pages split over CTAs
-  kPrefill,  // the 128-row tiles (also what blocks of 8 keys always run)
+  kAuto,   // the warp-streamed kernel where it takes the shape (blocks of 16..128 keys), else the tiles
+  kTiles,  // the 128-row tiles (also what blocks of 8 keys always run)
 };
 void launch_msa_indexer(const TensorView& index_q, const TensorView& index_k_cache, const ops::AttentionMetadata& meta,
                         const ops::IndexerParams& params, const TensorView& selected);

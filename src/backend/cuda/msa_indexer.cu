@@ -424,7 +424,7 @@ void launch_msa_indexer_layout(const TensorView& index_q, const TensorView& inde
   // The warp-streamed kernel wherever it takes the shape, prefills included (groups of 16 rows
   // re-read a sequence's keys per 4 tokens, from L2 mostly, and still beat the 128-row tiles:
   // docs/msa_kernels.md); blocks of 8 keys (a 16-key tile would span two) run the tiles.
-  const bool tiles = layout == MsaIndexerLayout::kPrefill || !decode_kernel_takes(bs, meta.max_blocks_per_seq);
+  const bool tiles = layout == MsaIndexerLayout::kTiles || !decode_kernel_takes(bs, meta.max_blocks_per_seq);
   // Warp-kernel groups: 8 rows (one MMA n-tile) when every sequence may have one token, else 16.
   const bool narrow = tokens == meta.num_seqs && heads <= 8;
   IndexerArgs a{};

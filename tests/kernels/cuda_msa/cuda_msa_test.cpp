@@ -230,16 +230,15 @@ Result run_case(Harness& h, const Case& c, std::mt19937& rng) {
       r.sel_exact = false;
       r.sel_error = sel_mismatch(gsel, sel, batch, T, sh.top_k, "dispatch");
     }
-    for (auto layout : {cuda::MsaIndexerLayout::kDecode, cuda::MsaIndexerLayout::kPrefill}) {
-      dsel.poison();
-      cuda::launch_msa_indexer_layout(dev(diq, DType::kF32, iqs), dev(*dik, c.index_dtype, iks), batch.dev_meta, ip,
-                                      dev(dsel, DType::kI32, sel_shape), layout);
-      gsel = dsel.get<int32_t>(sel_n);
-      if (gsel != sel && r.sel_exact) {
-        r.sel_exact = false;
-        r.sel_error = sel_mismatch(gsel, sel, batch, T, sh.top_k,
-                                   layout == cuda::MsaIndexerLayout::kDecode ? "decode tiles" : "prefill tiles");
-      }
+    // The dispatch above ran the warp-streamed kernel wherever it takes the shape; the 128-row
+    // tiles must select the same blocks.
+    dsel.poison();
+    cuda::launch_msa_indexer_layout(dev(diq, DType::kF32, iqs), dev(*dik, c.index_dtype, iks), batch.dev_meta, ip,
+                                    dev(dsel, DType::kI32, sel_shape), cuda::MsaIndexerLayout::kTiles);
+    gsel = dsel.get<int32_t>(sel_n);
+    if (gsel != sel && r.sel_exact) {
+      r.sel_exact = false;
+      r.sel_error = sel_mismatch(gsel, sel, batch, T, sh.top_k, "128-row tiles");
     }
     auto check_paths = [&](const char* want) {
       for (const auto& p : h.gpu_paths()) {
