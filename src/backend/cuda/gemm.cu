@@ -15,6 +15,7 @@
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/cuda_internal.h"
+#include "backend/cuda/linear_mma.h"
 #include "backend/cuda/rowdot.cuh"
 
 namespace m3::cuda {
@@ -231,6 +232,20 @@ std::string need_rowdot(const ops::Problem& p) {
   return "";
 }
 
+// The tensor-core invariant entries: where the row-dot would run, for BF16 / MXFP8 weights of
+// layer-sized K (linear: N x K; dense MLP: gate/up inter x hidden and down hidden x inter).
+std::string need_mma(const ops::Problem& p) {
+  std::string why = need_rowdot(p);
+  if (!why.empty()) return why;
+  return mma_linear_eligible(p.dtype, p.n, p.k);
+}
+std::string need_mma_mlp(const ops::Problem& p) {
+  std::string why = need_mma(p);
+  if (!why.empty()) return why;
+  why = mma_linear_eligible(p.dtype, p.k, p.n);
+  return why.empty() ? "" : "down projection: " + why;
+}
+
 std::string need_cublas_weight(const ops::Problem& p) {
   std::string why = need_device(p);
   if (!why.empty()) return why;
@@ -264,6 +279,11 @@ void linear_rowdot(const TensorView& x, const ops::LinearWeight& w, const Tensor
   rowdot_linear(x.as<const float>(), x.shape[1], x.shape[0], w, y.as<float>(), w.out_features());
 }
 
+void linear_mma(const TensorView& x, const ops::LinearWeight& w, const TensorView& y) {
+  check_rows(x, w.in_features(), "linear.mma_hilo_invariant.sm90");
+  mma_linear(x.as<const float>(), x.shape[1], x.shape[0], w, y.as<float>(), w.out_features());
+}
+
 void linear_cublas(const TensorView& x, const ops::LinearWeight& w, const TensorView& y) {
   check_rows(x, w.in_features(), "linear.cublas.sm90");
   gemm_xwt(x.as<const float>(), x.shape[0], w, y.as<float>(), false);
@@ -279,6 +299,20 @@ void dense_mlp_rowdot(const TensorView& x, const ops::LinearWeight& gate, const 
   Scratch h(size_t(m * ldh) * 4);
   rowdot_swiglu(x.as<const float>(), x.shape[1], m, gate, up, act, h.as<float>(), ldh);
   rowdot_linear(h.as<const float>(), ldh, m, down, out.as<float>(), down.out_features());
+}
+
+void dense_mlp_mma(const TensorView& x, const ops::LinearWeight& gate, const ops::LinearWeight& up,
+                   const ops::LinearWeight& down, const ops::SwigluParams& act, const TensorView& out) {
+  const int64_t m = x.shape[0], inter = gate.out_features();
+  check_rows(x, gate.in_features(), "dense_mlp.mma_hilo_invariant_swiglu_oai.sm90");
+  if (down.in_features() != inter) throw std::runtime_error("dense_mlp.mma_hilo_invariant_swiglu_oai.sm90: down in_features != intermediate");
+  if (m == 0) return;
+  Scratch g(size_t(m * inter) * 4), u(size_t(m * inter) * 4);
+  mma_linear_pair(x.as<const float>(), x.shape[1], m, gate, g.as<float>(), up, u.as<float>(), inter);
+  swiglu_oai_kernel<<<blocks_for(m * inter, 256), 256, 0, current_stream()>>>(g.as<float>(), u.as<const float>(),
+                                                                               m * inter, rowdot_act(act));
+  M3_CUDA_CHECK_LAUNCH();
+  mma_linear(g.as<const float>(), inter, m, down, out.as<float>(), down.out_features());
 }
 
 void dense_mlp_cublas(const TensorView& x, const ops::LinearWeight& gate, const ops::LinearWeight& up,
@@ -339,6 +373,13 @@ void gemm_xwt(const float* x, int64_t m, const ops::LinearWeight& w, float* y, b
 }
 
 void register_gemm(ops::KernelTable& table) {
+  table.linear.add({"linear.mma_hilo_invariant.sm90",
+                    "device BF16 or MXFP8 weight, in_features >= 1024 (MXFP8: % 128, BF16: % 64); taken where the "
+                    "row-dot would be (batch invariance requested, or MXFP8): x split into hi + lo pieces (bf16, or f16 "
+                    "with a power of two per row), mma.sync m16n8k16 with fp32 accumulation, weights as A (e4m3 -> f16 "
+                    "exact, block scale folded in), fixed K segments (a function of N and K) added in order; no host "
+                    "sync",
+                    need_mma, linear_mma});
   table.linear.add({"linear.rowdot_invariant.sm90",
                     "device F32/BF16/MXFP8 weight (MXFP8: in % 32 == 0, U8 e8m0 scale [out, in/32]); taken when batch "
                     "invariance is requested, and always for MXFP8: tiled warp row-dot (2 weight rows per warp, 16-byte "
@@ -350,6 +391,10 @@ void register_gemm(ops::KernelTable& table) {
   table.linear.add({"linear.cublas_bf16_hilo.sm90",
                     "device BF16 weight: F32 activations split into bf16 hi+lo, two cuBLAS BF16 GEMMs, fp32 accumulate",
                     need_cublas_bf16, linear_cublas});
+  table.mlp.add({"dense_mlp.mma_hilo_invariant_swiglu_oai.sm90",
+                 "as linear.mma_hilo_invariant.sm90 for gate, up (x split once) and down, swiglu_oai between them "
+                 "in fp32",
+                 need_mma_mlp, dense_mlp_mma});
   table.mlp.add({"dense_mlp.rowdot_invariant_swiglu_oai.sm90",
                  "device F32/BF16/MXFP8 weights (gate and up one dtype); taken when batch invariance is requested, and "
                  "always for MXFP8: fused gate+up row-dot writing swiglu_oai, then the down row-dot; no host sync",

@@ -391,7 +391,12 @@ void check_linear(Harness& h, std::mt19937& rng) {
   // Ragged K (77: scalar-load path, K % 8 != 0), narrow outputs with deep K (fixed K split:
   // 48 x 4096 -> 8 splits, 33 x 4096, 20 x 6144 router-like), token counts 1, 2, 7, 33, 130.
   const std::vector<Case> cases = {{1, 64, 128},  {37, 200, 96},  {130, 256, 520}, {3, 33, 77},   {2, 48, 4096},
-                                   {7, 33, 4096}, {33, 20, 6144}, {130, 256, 512}, {1, 1000, 96}, {2, 130, 100}};
+                                   {7, 33, 4096}, {33, 20, 6144}, {130, 256, 512}, {1, 1000, 96}, {2, 130, 100},
+                                   // Tensor-core entry (BF16/MXFP8, K >= 1024): 16- and 128-token tiles, K
+                                   // segments in separate CTAs (m <= 256, few tiles) or in one (300 rows),
+                                   // ragged N; the rows alone take the split narrow tile.
+                                   {130, 300, 1024}, {1, 520, 2048}, {200, 1000, 3072}, {300, 256, 1024},
+                                   {37, 2000, 1024}, {16, 129, 1152}};
   for (DType dt : kWeightTypes) {
     for (bool invariant : {true, false}) {
       const std::string lin = gemm_row("linear", dt);
@@ -443,9 +448,9 @@ void check_dense_mlp(Harness& h, std::mt19937& rng) {
   };
   for (DType dt : kWeightTypes) {
     // F32/BF16: a K % 8 != 0 hidden (77) and a TP-local 48; MXFP8 needs multiples of 32. The
-    // 2048 x 32 case splits K in the fused gate+up kernel.
-    const std::vector<Case> shapes = dt == DType::kF8E4M3 ? std::vector<Case>{{96, 160}, {128, 96}, {2048, 32}}
-                                                          : std::vector<Case>{{96, 160}, {77, 48}, {2048, 32}};
+    // 2048 x 32 case splits K in the fused gate+up kernel; 1024 x 1152 takes the tensor-core entry.
+    const std::vector<Case> shapes = dt == DType::kF8E4M3 ? std::vector<Case>{{96, 160}, {128, 96}, {2048, 32}, {1024, 1152}}
+                                                          : std::vector<Case>{{96, 160}, {77, 48}, {2048, 32}, {1024, 1152}};
     for (bool invariant : {true, false}) {
       const std::string mlp = gemm_row("dense_mlp", dt);
       h.guarded(mlp, [&] {

@@ -1,0 +1,645 @@
+// Batch-invariant tensor-core linear for BF16 and MXFP8 weights (contract: linear_mma.h).
+//
+// Data flow of one call (current_stream(), no host synchronisation):
+//   split   one CTA per x row: hi and lo pieces (bf16, or f16 of x * 2^k with the row's 2^-k);
+//   gemm    CTAs of 128 weight rows x 16 tokens (4 warps; small M) or x 128 tokens (8 warps), a
+//           cp.async ring of 64-wide K stages (weights, e8m0 scales, both x pieces) in shared
+//           memory; each warp owns 32 weight rows x 16 or 64 tokens; weights are the MMA's A
+//           operand (so one token costs one n8 tile, not an m16 one);
+//   reduce  when the output tiles alone cannot fill the GPU (decode), the K segments run in
+//           separate CTAs that write fp32 partials, and the last CTA of a tile (ticket) adds
+//           them in segment order: the same additions a single CTA makes in registers.
+//
+// K order inside a 64-wide stage (as the MoE W8A16 kernel): lane (g, t) reads elements
+// [16t, 16t + 16) of its weight rows and token rows; MMA step s (0..3) takes elements
+// 16t + 4s .. 16t + 4s + 3 as the fragment's k = 2t, 2t + 1, 2t + 8, 2t + 9. A fixed
+// permutation of k inside a stage, identical for every tile, so no shuffles are needed.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/cuda_internal.h"
+#include "backend/cuda/linear_mma.h"
+#include "backend/cuda/pdl.cuh"
+
+namespace m3::cuda {
+namespace {
+
+constexpr int kKc = 64;            // K per pipeline stage
+constexpr int kRowsCta = 128;      // weight rows per CTA: 4 row-warps x 32
+constexpr int kCtaTarget = 264;    // CTAs the fixed K split aims for (a constant: the bits never depend on the GPU)
+constexpr int kMinK = 1024;        // smaller K (tiny test models) keeps the exact fp32 row-dot
+constexpr int kPieceRow = 144;     // shared-memory bytes of a 64-wide f16/bf16 row: 128 + 16, conflict-free 16-byte reads
+constexpr int kSplitMaxRows = 256; // K segments in separate CTAs only up to this many rows (bounded partials)
+
+enum class WKind { kBF16, kFP8 };
+
+template <WKind W>
+constexpr int w_row_bytes() {  // shared-memory bytes of one weight row per stage (FP8: 64, conflict-free unpadded)
+  return W == WKind::kBF16 ? kPieceRow : kKc;
+}
+template <WKind W, int kCT, int kStages>
+constexpr size_t smem_bytes() {
+  return size_t(kStages) * (size_t(kRowsCta) * w_row_bytes<W>() + (W == WKind::kFP8 ? kRowsCta * 4 : 0) +
+                            size_t(2) * kCT * kPieceRow);
+}
+
+struct Args {
+  const uint16_t* xhi;    // [m][k] pieces (bf16 or f16 bits)
+  const uint16_t* xlo;
+  const float* xscale;    // [m] powers of two (f16 pieces) or null
+  const uint8_t* w;       // [n][k] bf16 or e4m3
+  const uint8_t* ws;      // [n][k / 32] e8m0 (MXFP8) or null
+  float* y;
+  int64_t ldy;
+  float* partial;         // [nseg][m][n] when split
+  int* tickets;           // [tiles] when split (zeroed)
+  int m, n, k;
+  int seg_stages, nseg, split;
+};
+
+__device__ __forceinline__ uint32_t smem_u32(const void* p) { return uint32_t(__cvta_generic_to_shared(p)); }
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, uint32_t src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
+}
+__device__ __forceinline__ void cp_async16_w(uint32_t dst, const void* src) {  // weights: L2 fetches 256 B per row
+  asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16;\n" ::"r"(dst), "l"(src) : "memory");
+}
+__device__ __forceinline__ void cp_async4(uint32_t dst, const void* src) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(dst), "l"(src) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+__device__ __forceinline__ uint32_t word_of(const uint4& q, int i) {
+  return i == 0 ? q.x : i == 1 ? q.y : i == 2 ? q.z : q.w;
+}
+__device__ __forceinline__ int max_byte(uint32_t v) {
+  v = __vmaxu4(v, v >> 16);
+  v = __vmaxu4(v, v >> 8);
+  return int(v & 0xffu);
+}
+// Two e4m3 (low 16 bits, low byte first) -> f16x2 (exact), times m (a power of two <= 1).
+__device__ __forceinline__ uint32_t e4m3x2_scaled(uint32_t two, __half2 m) {
+  uint32_t h;
+  asm("cvt.rn.f16x2.e4m3x2 %0, %1;\n" : "=r"(h) : "h"(static_cast<unsigned short>(two & 0xffffu)));
+  __half2 v = __hmul2(*reinterpret_cast<const __half2*>(&h), m);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+// 2^d (d <= 0) as f16x2; 0 below 2^-24.
+__device__ __forceinline__ __half2 pow2_h2(int d) {
+  d = max(d, -25);
+  return __float2half2_rn(__uint_as_float(uint32_t(d + 127) << 23));
+}
+
+template <WKind W>
+__device__ __forceinline__ void mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  if constexpr (W == WKind::kBF16) {
+    asm(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  } else {
+    asm(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+}
+
+// One x row per CTA: the hi and lo pieces (and, for f16, the row's power of two). kVec: x rows
+// 16-byte aligned, four elements per access (k is a multiple of 64).
+template <bool kF16>
+__device__ __forceinline__ void split4(const float4 v, float mul, uint16_t* hr, uint16_t* lr) {
+  const float e[4] = {v.x * mul, v.y * mul, v.z * mul, v.w * mul};
+  uint32_t h[4], l[4];
+#pragma unroll
+  for (int q = 0; q < 4; ++q) {
+    if constexpr (kF16) {
+      const __half hh = __float2half_rn(e[q]);
+      h[q] = __half_as_ushort(hh);
+      l[q] = __half_as_ushort(__float2half_rn(e[q] - __half2float(hh)));
+    } else {
+      const __nv_bfloat16 hh = __float2bfloat16_rn(e[q]);
+      h[q] = __bfloat16_as_ushort(hh);
+      l[q] = __bfloat16_as_ushort(__float2bfloat16_rn(e[q] - __bfloat162float(hh)));
+    }
+  }
+  *reinterpret_cast<uint2*>(hr) = make_uint2(h[0] | (h[1] << 16), h[2] | (h[3] << 16));
+  *reinterpret_cast<uint2*>(lr) = make_uint2(l[0] | (l[1] << 16), l[2] | (l[3] << 16));
+}
+
+template <bool kF16, bool kVec>
+__global__ void __launch_bounds__(256) split_rows_kernel(const float* x, int64_t ldx, int k, uint16_t* hi,
+                                                         uint16_t* lo, float* xscale) {
+  pdl_launch_dependents();  // the GEMM's CTAs may start streaming weights
+  const float* xr = x + int64_t(blockIdx.x) * ldx;
+  uint16_t* hr = hi + int64_t(blockIdx.x) * k;
+  uint16_t* lr = lo + int64_t(blockIdx.x) * k;
+  auto load4 = [&](int c) {
+    if constexpr (kVec) return *reinterpret_cast<const float4*>(xr + c);
+    else return make_float4(xr[c], xr[c + 1], xr[c + 2], xr[c + 3]);
+  };
+  float mul = 1.0f;
+  if constexpr (kF16) {
+    __shared__ float red[8];
+    float amax = 0.0f;
+    for (int c = 4 * int(threadIdx.x); c < k; c += 4 * 256) {
+      const float4 v = load4(c);
+      amax = fmaxf(amax, fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w))));
+    }
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
+    if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = amax;
+    __syncthreads();
+    amax = red[0];
+    for (int w = 1; w < 8; ++w) amax = fmaxf(amax, red[w]);
+    int e = 0;
+    if (amax > 0.0f && amax <= 3.0e38f) {  // zero, inf or NaN rows keep scale 1 (and propagate)
+      int ex = 0;
+      frexpf(amax, &ex);  // amax in [2^(ex-1), 2^ex): |x * 2^(15-ex)| < 2^15
+      e = max(-126, min(126, 15 - ex));
+    }
+    mul = ldexpf(1.0f, e);
+    if (threadIdx.x == 0) xscale[blockIdx.x] = ldexpf(1.0f, -e);
+  }
+  for (int c = 4 * int(threadIdx.x); c < k; c += 4 * 256) split4<kF16>(load4(c), mul, hr + c, lr + c);
+}
+
+// A CTA: 128 weight rows x kCT tokens; warps kWR (along rows) x kTW (along tokens); a warp owns
+// 16 kMI weight rows x 8 kNT tokens. Narrow tile (small M): 4 x 1 warps of 32 x 16; wide tile:
+// 2 x 4 warps of 64 x 32 (fewer shared-memory bytes per MMA).
+template <WKind W, int kMI, int kNT, int kTW, int kStages>
+__global__ void __launch_bounds__(32 * (128 / (16 * kMI)) * kTW) mma_linear_kernel(const __grid_constant__ Args a) {
+  constexpr int kWR = kRowsCta / (16 * kMI);
+  constexpr int kThreads = 32 * kWR * kTW;
+  constexpr int kCT = 8 * kNT * kTW;  // tokens per CTA
+  constexpr int kWRow = w_row_bytes<W>();
+  constexpr int kWBytes = kRowsCta * kWRow;
+  constexpr int kSBytes = W == WKind::kFP8 ? kRowsCta * 4 : 0;
+  constexpr int kXBytes = 2 * kCT * kPieceRow;
+  constexpr int kStageBytes = kWBytes + kSBytes + kXBytes;
+  constexpr int kEb = W == WKind::kBF16 ? 2 : 1;  // weight bytes per element
+  constexpr int kWChunks = kKc * kEb / 16;        // 16-byte chunks per weight row per stage
+  extern __shared__ __align__(16) unsigned char smem[];
+
+  const int tid = int(threadIdx.x), warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+  const int rb = (warp % kWR) * 16 * kMI;  // this warp's first weight row in the CTA
+  const int tok0 = (warp / kWR) * 8 * kNT; // and first token row
+  const int n0 = int(blockIdx.x) * kRowsCta, m0 = int(blockIdx.y) * kCT;
+  const int kst = a.k / kKc;
+  const int seg0 = a.split ? int(blockIdx.z) : 0;
+  const int st_begin = seg0 * a.seg_stages;
+  const int st_end = a.split ? min(kst, st_begin + a.seg_stages) : kst;
+  const int live_rows = min(kCT, a.m - m0);          // token rows of this CTA
+  const int load_rows = (live_rows + 7) & ~7;         // whole n8 tiles (zero-filled past m)
+  const int64_t wrow_bytes = int64_t(a.k) * kEb;
+
+  // Copies per thread and stage: the chunk -> (row, 16-byte column) map is fixed at compile time
+  // and each copy's source and destination are computed once; a stage only adds its K offset.
+  constexpr int kWPer = kRowsCta * kWChunks / kThreads;  // weight chunks
+  constexpr int kXPer = 2 * kCT * 8 / kThreads;           // x chunks (both pieces)
+  static_assert(kWPer * kThreads == kRowsCta * kWChunks && kXPer * kThreads == 2 * kCT * 8, "copy map");
+  // The narrow tile (latency-bound: few copies per thread) keeps each copy's source and
+  // destination; the wide tile recomputes them per stage (holding them measured 15 % slower).
+  constexpr bool kHoist = kTW == 1;
+  const uint8_t* wsrc[kHoist ? kWPer : 1];
+  uint32_t wdst[kHoist ? kWPer : 1];
+  if constexpr (kHoist) {
+#pragma unroll
+    for (int q = 0; q < kWPer; ++q) {
+      const int c = tid + q * kThreads, r = c / kWChunks, ch = c % kWChunks;
+      const int n = min(n0 + r, a.n - 1);  // rows past n load row n - 1: their outputs are never stored
+      wsrc[q] = a.w + int64_t(n) * wrow_bytes + ch * 16;
+      wdst[q] = uint32_t(r * kWRow + ch * 16);
+    }
+  }
+  const uint8_t* ssrc = nullptr;  // FP8: this thread's scale row (threads < 128)
+  if constexpr (W == WKind::kFP8) {
+    if (tid < kRowsCta) ssrc = a.ws + int64_t(min(n0 + tid, a.n - 1)) * (a.k / 32);
+  }
+  const uint16_t* xsrc[kHoist ? kXPer : 1];
+  uint32_t xdst[kHoist ? kXPer : 1], xbytes[kHoist ? kXPer : 1];
+  uint32_t xmask = 0;  // bit q: chunk q is in a loaded n8 tile
+  if constexpr (kHoist) {
+#pragma unroll
+    for (int q = 0; q < kXPer; ++q) {
+      const int c = tid + q * kThreads, part = c / (kCT * 8), r = (c / 8) % kCT, ch = c % 8;
+      const bool live = r < live_rows;
+      xsrc[q] = (part ? a.xlo : a.xhi) + int64_t(live ? m0 + r : 0) * a.k + ch * 8;
+      xdst[q] = uint32_t(kWBytes + kSBytes + (part * kCT + r) * kPieceRow + ch * 16);
+      xbytes[q] = live ? 16u : 0u;  // zero-filled past m
+      if (r < load_rows) xmask |= 1u << q;
+    }
+  }
+  const uint32_t smem0 = smem_u32(smem);
+  auto load_w = [&](int st, int buf) {
+    const uint32_t base = smem0 + uint32_t(buf * kStageBytes);
+    const int64_t kb = int64_t(st) * kKc * kEb;
+#pragma unroll
+    for (int q = 0; q < kWPer; ++q) {
+      if constexpr (kHoist) {
+        cp_async16_w(base + wdst[q], wsrc[q] + kb);
+      } else {
+        const int c = tid + q * kThreads, r = c / kWChunks, ch = c % kWChunks;
+        const int n = min(n0 + r, a.n - 1);
+        cp_async16_w(base + uint32_t(r * kWRow + ch * 16), a.w + int64_t(n) * wrow_bytes + ch * 16 + kb);
+      }
+    }
+    if constexpr (W == WKind::kFP8) {
+      // The 4 scale bytes of the 128-wide K window holding this stage (two stages share them).
+      if (tid < kRowsCta) cp_async4(base + kWBytes + tid * 4, ssrc + (st / 2) * 4);
+    }
+  };
+  auto load_x = [&](int st, int buf) {
+    const uint32_t base = smem0 + uint32_t(buf * kStageBytes);
+    const int k0 = st * kKc;
+#pragma unroll
+    for (int q = 0; q < kXPer; ++q) {
+      if constexpr (kHoist) {
+        if (xmask >> q & 1u) cp_async16(base + xdst[q], xsrc[q] + k0, xbytes[q]);
+      } else {
+        const int c = tid + q * kThreads, part = c / (kCT * 8), r = (c / 8) % kCT, ch = c % 8;
+        if (r < load_rows) {  // whole n8 tiles; zero-filled past m
+          const bool live = r < live_rows;
+          const uint16_t* src = (part ? a.xlo : a.xhi) + int64_t(live ? m0 + r : 0) * a.k + k0 + ch * 8;
+          cp_async16(base + uint32_t(kWBytes + kSBytes + (part * kCT + r) * kPieceRow + ch * 16), src, live ? 16u : 0u);
+        }
+      }
+    }
+  };
+
+  // Weights do not depend on the previous kernel (the x split): their first stages stream while it
+  // finishes (programmatic dependent launch), then x follows.
+  for (int d = 0; d < kStages - 1; ++d)
+    if (st_begin + d < st_end) load_w(st_begin + d, d);
+
+  // Each FP8 row's largest scale byte: the block scales enter the f16 weights relative to it.
+  uint32_t ref[2] = {0, 0};  // byte i: m16 tile i's row g (ref[0]) or g + 8 (ref[1])
+  if constexpr (W == WKind::kFP8) {
+    const uint32_t* s32 = reinterpret_cast<const uint32_t*>(a.ws);
+    const int words = a.k / 128;
+    uint32_t v[kMI][2];
+    const uint32_t* rows[kMI][2];
+#pragma unroll
+    for (int i = 0; i < kMI; ++i)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        v[i][h] = 0;
+        rows[i][h] = s32 + int64_t(min(n0 + rb + 16 * i + 8 * h + g, a.n - 1)) * words;
+      }
+#pragma unroll 2
+    for (int j = t; j < words; j += 4)
+#pragma unroll
+      for (int i = 0; i < kMI; ++i)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) v[i][h] = __vmaxu4(v[i][h], __ldg(rows[i][h] + j));
+#pragma unroll
+    for (int i = 0; i < kMI; ++i)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        int r = max_byte(v[i][h]);
+        r = max(r, __shfl_xor_sync(0xffffffffu, r, 1));
+        r = max(r, __shfl_xor_sync(0xffffffffu, r, 2));
+        ref[h] |= uint32_t(r) << (8 * i);
+      }
+  }
+
+  pdl_wait();
+  for (int d = 0; d < kStages - 1; ++d) {
+    if (st_begin + d < st_end) load_x(st_begin + d, d);
+    cp_async_commit();  // group d: stage d's x (group 0 also holds every prologue weight stage)
+  }
+
+  // acc: the current K segment; tot: the segments so far, added in order.
+  float acc[kMI][kNT][4], tot[kMI][kNT][4];
+#pragma unroll
+  for (int i = 0; i < kMI; ++i)
+#pragma unroll
+    for (int j = 0; j < kNT; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[i][j][e] = tot[i][j][e] = 0.0f;
+  bool first = true;
+  // The final value of an output: the weight row's and the x row's powers of two.
+  auto scaled = [&](float v, int i, int h, int tok) {
+    if constexpr (W == WKind::kFP8) v = v * ldexpf(1.0f, int((ref[h] >> (8 * i)) & 0xffu) - 127);
+    if (a.xscale) v = v * __ldg(a.xscale + tok);
+    return v;
+  };
+
+  int buf = 0, nbuf = kStages - 1;  // the buffer of stage st and of stage st + kStages - 1
+  for (int st = st_begin; st < st_end; ++st) {
+    cp_async_wait<kStages - 2>();
+    __syncthreads();  // stage st visible to all; all warps are done with the buffer refilled below
+    const int nx = st + kStages - 1;
+    if (nx < st_end) {
+      load_w(nx, nbuf);
+      load_x(nx, nbuf);
+    }
+    cp_async_commit();
+    const unsigned char* base = smem + size_t(buf) * kStageBytes;
+    buf = buf + 1 == kStages ? 0 : buf + 1;
+    nbuf = nbuf + 1 == kStages ? 0 : nbuf + 1;
+    const unsigned char* xs = base + kWBytes + kSBytes;
+
+    __half2 ml[kMI], mh[kMI];
+    if constexpr (W == WKind::kFP8) {
+      const int sh = 8 * (2 * (st & 1) + (t >> 1));  // this lane's 32-wide block in the 128-wide window
+      const uint32_t* sc = reinterpret_cast<const uint32_t*>(base + kWBytes);
+#pragma unroll
+      for (int i = 0; i < kMI; ++i) {
+        const int rlo = rb + 16 * i + g;
+        ml[i] = pow2_h2(int((sc[rlo] >> sh) & 0xffu) - int((ref[0] >> (8 * i)) & 0xffu));
+        mh[i] = pow2_h2(int((sc[rlo + 8] >> sh) & 0xffu) - int((ref[1] >> (8 * i)) & 0xffu));
+      }
+    }
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {  // MMA steps 2 half, 2 half + 1
+      uint32_t af[kMI][2][4];
+#pragma unroll
+      for (int i = 0; i < kMI; ++i) {
+        const int rlo = rb + 16 * i + g;
+        if constexpr (W == WKind::kBF16) {
+          const uint4 l = *reinterpret_cast<const uint4*>(base + rlo * kWRow + 32 * t + 16 * half);
+          const uint4 h = *reinterpret_cast<const uint4*>(base + (rlo + 8) * kWRow + 32 * t + 16 * half);
+#pragma unroll
+          for (int s2 = 0; s2 < 2; ++s2) {
+            af[i][s2][0] = word_of(l, 2 * s2);
+            af[i][s2][1] = word_of(h, 2 * s2);
+            af[i][s2][2] = word_of(l, 2 * s2 + 1);
+            af[i][s2][3] = word_of(h, 2 * s2 + 1);
+          }
+        } else {
+          const uint2 l = *reinterpret_cast<const uint2*>(base + rlo * kWRow + 16 * t + 8 * half);
+          const uint2 h = *reinterpret_cast<const uint2*>(base + (rlo + 8) * kWRow + 16 * t + 8 * half);
+#pragma unroll
+          for (int s2 = 0; s2 < 2; ++s2) {
+            const uint32_t wl = s2 ? l.y : l.x, wh = s2 ? h.y : h.x;
+            af[i][s2][0] = e4m3x2_scaled(wl, ml[i]);
+            af[i][s2][1] = e4m3x2_scaled(wh, mh[i]);
+            af[i][s2][2] = e4m3x2_scaled(wl >> 16, ml[i]);
+            af[i][s2][3] = e4m3x2_scaled(wh >> 16, mh[i]);
+          }
+        }
+      }
+      // Per live n8 tile: both pieces, then the MMAs; for one accumulator the hi MMA precedes the lo
+      // MMA of the same step, with the other m16 tiles' MMAs between them.
+#pragma unroll
+      for (int j = 0; j < kNT; ++j) {
+        if (tok0 + 8 * j < live_rows) {  // warp-uniform: n8 tiles without tokens are skipped
+          const unsigned char* xh = xs + (tok0 + 8 * j + g) * kPieceRow + 32 * t + 16 * half;
+          const uint4 bh = *reinterpret_cast<const uint4*>(xh);
+          const uint4 bl = *reinterpret_cast<const uint4*>(xh + kCT * kPieceRow);
+#pragma unroll
+          for (int s2 = 0; s2 < 2; ++s2) {
+#pragma unroll
+            for (int i = 0; i < kMI; ++i) mma<W>(acc[i][j], af[i][s2], word_of(bh, 2 * s2), word_of(bh, 2 * s2 + 1));
+#pragma unroll
+            for (int i = 0; i < kMI; ++i) mma<W>(acc[i][j], af[i][s2], word_of(bl, 2 * s2), word_of(bl, 2 * s2 + 1));
+          }
+        }
+      }
+    }
+    if ((st + 1) % a.seg_stages == 0 || st + 1 == st_end) {  // end of a K segment: fold in order
+#pragma unroll
+      for (int i = 0; i < kMI; ++i)
+#pragma unroll
+        for (int j = 0; j < kNT; ++j)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            tot[i][j][e] = first ? acc[i][j][e] : tot[i][j][e] + acc[i][j][e];
+            acc[i][j][e] = 0.0f;
+          }
+      first = false;
+    }
+  }
+  cp_async_wait<0>();
+
+  // Epilogue. Fragment (i, j): e = 0, 1: weight row rlo, tokens 2t, 2t + 1; e = 2, 3: row rlo + 8.
+  auto finish = [&](float v, int i, int h, int tok) {
+    a.y[int64_t(tok) * a.ldy + n0 + rb + 16 * i + 8 * h + g] = scaled(v, i, h, tok);
+  };
+  if (!a.split) {
+#pragma unroll
+    for (int i = 0; i < kMI; ++i)
+#pragma unroll
+      for (int j = 0; j < kNT; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int tok = m0 + tok0 + 8 * j + 2 * t + (e & 1);
+          const int n = n0 + rb + 16 * i + 8 * (e >> 1) + g;
+          if (tok < a.m && n < a.n) finish(tot[i][j][e], i, e >> 1, tok);
+        }
+    return;
+  }
+  // Split: this segment's partial, then the tile's last CTA adds all of them in segment order.
+#pragma unroll
+  for (int i = 0; i < kMI; ++i)
+#pragma unroll
+    for (int j = 0; j < kNT; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int tok = m0 + tok0 + 8 * j + 2 * t + (e & 1);
+        const int n = n0 + rb + 16 * i + 8 * (e >> 1) + g;
+        if (tok < a.m && n < a.n) a.partial[(int64_t(seg0) * a.m + tok) * a.n + n] = tot[i][j][e];
+      }
+  __threadfence();
+  __syncthreads();
+  __shared__ int last;
+  int* ticket = a.tickets + blockIdx.x + int64_t(gridDim.x) * blockIdx.y;
+  if (tid == 0) last = atomicAdd(ticket, 1) == a.nseg - 1;
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+#pragma unroll
+  for (int i = 0; i < kMI; ++i)
+#pragma unroll
+    for (int j = 0; j < kNT; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int tok = m0 + tok0 + 8 * j + 2 * t + (e & 1);
+        const int n = n0 + rb + 16 * i + 8 * (e >> 1) + g;
+        if (tok < a.m && n < a.n) {
+          const float* p = a.partial + int64_t(tok) * a.n + n;
+          float v = __ldcg(p);
+          for (int s = 1; s < a.nseg; ++s) v = v + __ldcg(p + int64_t(s) * a.m * a.n);
+          finish(v, i, e >> 1, tok);
+        }
+      }
+  if (tid == 0) *ticket = 0;  // ready for the next launch (graph replays)
+}
+
+// Raises a kernel's dynamic shared-memory limit once per (kernel, device), outside any capture
+// that follows the first call.
+void allow_smem(const void* kernel, size_t bytes) {
+  static std::mutex mu;
+  static std::map<std::pair<const void*, int>, bool> done;
+  int device = 0;
+  M3_CUDA_CHECK(cudaGetDevice(&device));
+  std::lock_guard<std::mutex> lock(mu);
+  if (done.count({kernel, device})) return;
+  if (bytes > 48 * 1024) M3_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
+  done[{kernel, device}] = true;
+}
+
+// The fixed K split: a function of N and K only.
+struct Plan {
+  int seg_stages, nseg;
+};
+Plan k_plan(int64_t n, int64_t k) {
+  const int64_t kst = k / kKc, nt = (n + kRowsCta - 1) / kRowsCta;
+  int64_t s = std::min<int64_t>((kCtaTarget + nt - 1) / nt, std::max<int64_t>(1, kst / 4));
+  s = std::max<int64_t>(1, s);
+  const int64_t ss = (kst + s - 1) / s;
+  return Plan{int(ss), int((kst + ss - 1) / ss)};
+}
+
+// The pieces of x [m, k] and their per-row scales.
+struct SplitX {
+  uint16_t* hi;
+  uint16_t* lo;
+  float* scale;
+};
+void split_x(const float* x, int64_t ldx, int64_t m, int64_t k, bool f16, const SplitX& s) {
+  const bool vec = ldx % 4 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0;  // k % 64 == 0 always
+  auto kernel = f16 ? (vec ? split_rows_kernel<true, true> : split_rows_kernel<true, false>)
+                    : (vec ? split_rows_kernel<false, true> : split_rows_kernel<false, false>);
+  kernel<<<unsigned(m), 256, 0, current_stream()>>>(x, ldx, int(k), s.hi, s.lo, f16 ? s.scale : nullptr);
+  M3_CUDA_CHECK_LAUNCH();
+}
+
+template <WKind W, int kMI, int kNT, int kTW, int kStages>
+void launch(dim3 grid, const Args& a) {
+  auto kernel = mma_linear_kernel<W, kMI, kNT, kTW, kStages>;
+  constexpr size_t bytes = smem_bytes<W, 8 * kNT * kTW, kStages>();
+  allow_smem(reinterpret_cast<const void*>(kernel), bytes);
+  // A programmatic dependent of the x split (or of the GEMM before it over the same split).
+  launch_kernel(kernel, grid, dim3(32 * (kRowsCta / (16 * kMI)) * kTW), bytes, true, a);
+}
+
+// One GEMM launch, its scratch allocated (and tickets zeroed) before the x split is launched, so
+// that the split and the GEMM stay adjacent kernels in the stream.
+struct Gemm {
+  Args a{};
+  dim3 grid;
+  bool fp8 = false, wide = false;
+  Gemm(int64_t m, const ops::LinearWeight& w, float* y, int64_t ldy) {
+    const int64_t n = w.out_features(), k = w.in_features();
+    fp8 = w.data.dtype == DType::kF8E4M3;
+    wide = m > 32;
+    const int64_t ct = wide ? 128 : 16;
+    const int64_t nt = (n + kRowsCta - 1) / kRowsCta, mt = (m + ct - 1) / ct;
+    if (mt > 65535) throw std::runtime_error("linear.mma_hilo_invariant.sm90: too many rows (" + std::to_string(m) + ")");
+    const Plan plan = k_plan(n, k);
+    a.w = static_cast<const uint8_t*>(w.data.data);
+    a.ws = fp8 ? static_cast<const uint8_t*>(w.scale.data) : nullptr;
+    a.y = y;
+    a.ldy = ldy;
+    a.m = int(m);
+    a.n = int(n);
+    a.k = int(k);
+    a.seg_stages = plan.seg_stages;
+    a.nseg = plan.nseg;
+    a.split = plan.nseg > 1 && nt * mt < 132 && m <= kSplitMaxRows;
+    grid = dim3(unsigned(nt), unsigned(mt), a.split ? unsigned(plan.nseg) : 1u);
+    if (a.split) {
+      partial_bytes = size_t(plan.nseg) * size_t(m) * size_t(n) * 4;
+      ticket_count = size_t(nt * mt);
+    }
+  }
+  size_t partial_bytes = 0, ticket_count = 0;
+
+  void fire(const SplitX& xs) {
+    a.xhi = xs.hi;
+    a.xlo = xs.lo;
+    a.xscale = fp8 ? xs.scale : nullptr;
+    if (fp8) wide ? launch<WKind::kFP8, 4, 4, 4, 4>(grid, a) : launch<WKind::kFP8, 1, 2, 1, 4>(grid, a);
+    else wide ? launch<WKind::kBF16, 4, 4, 4, 3>(grid, a) : launch<WKind::kBF16, 1, 2, 1, 4>(grid, a);
+  }
+};
+
+void check_weight(const ops::LinearWeight& w) {
+  const std::string why = mma_linear_eligible(w.data.dtype, w.out_features(), w.in_features());
+  if (!why.empty()) throw std::runtime_error("linear.mma_hilo_invariant.sm90: " + why);
+}
+
+}  // namespace
+
+std::string mma_linear_eligible(DType dtype, int64_t n, int64_t k) {
+  if (dtype != DType::kBF16 && dtype != DType::kF8E4M3) return "BF16 or MXFP8 weights only";
+  if (k < kMinK) return "in_features < 1024 (small layers keep the exact fp32 row-dot)";
+  if (k % (dtype == DType::kF8E4M3 ? 128 : kKc) != 0) {
+    return dtype == DType::kF8E4M3 ? "MXFP8 in_features must be a multiple of 128" : "BF16 in_features must be a multiple of 64";
+  }
+  if (n < 1 || n > (int64_t(1) << 30) || k > (int64_t(1) << 30)) return "out/in features out of range";
+  return "";
+}
+
+namespace {
+
+// One stream-ordered allocation per call (x pieces, scales, the GEMMs' partials and tickets), the
+// tickets zeroed, then the split and the GEMMs back to back (each GEMM a programmatic dependent).
+void run(const float* x, int64_t ldx, int64_t m, int64_t k, bool f16, Gemm* const* gemms, int count) {
+  auto up = [](size_t b) { return (b + 255) / 256 * 256; };
+  const size_t piece = up(size_t(m * k) * 2), scale = up(size_t(m) * 4);
+  size_t bytes = 2 * piece + scale, tickets = 0;
+  for (int i = 0; i < count; ++i) {
+    bytes += up(gemms[i]->partial_bytes);
+    tickets += gemms[i]->ticket_count;
+  }
+  Scratch buf(bytes + tickets * 4);
+  unsigned char* p = buf.as<unsigned char>();
+  const SplitX xs{reinterpret_cast<uint16_t*>(p), reinterpret_cast<uint16_t*>(p + piece),
+                  reinterpret_cast<float*>(p + 2 * piece)};
+  size_t off = 2 * piece + scale;
+  int* tk = reinterpret_cast<int*>(p + bytes);
+  for (int i = 0; i < count; ++i) {
+    if (gemms[i]->a.split) {
+      gemms[i]->a.partial = reinterpret_cast<float*>(p + off);
+      gemms[i]->a.tickets = tk;
+      tk += gemms[i]->ticket_count;
+    }
+    off += up(gemms[i]->partial_bytes);
+  }
+  if (tickets) M3_CUDA_CHECK(cudaMemsetAsync(p + bytes, 0, tickets * 4, current_stream()));
+  split_x(x, ldx, m, k, f16, xs);
+  for (int i = 0; i < count; ++i) gemms[i]->fire(xs);
+}
+
+}  // namespace
+
+void mma_linear(const float* x, int64_t ldx, int64_t m, const ops::LinearWeight& w, float* y, int64_t ldy) {
+  check_weight(w);
+  if (m == 0 || w.out_features() == 0) return;
+  Gemm g(m, w, y, ldy);
+  Gemm* gs[1] = {&g};
+  run(x, ldx, m, w.in_features(), w.data.dtype == DType::kF8E4M3, gs, 1);
+}
+
+void mma_linear_pair(const float* x, int64_t ldx, int64_t m, const ops::LinearWeight& w0, float* y0,
+                     const ops::LinearWeight& w1, float* y1, int64_t ldy) {
+  check_weight(w0);
+  check_weight(w1);
+  if (w0.data.dtype != w1.data.dtype || w0.in_features() != w1.in_features()) {
+    throw std::runtime_error("linear.mma_hilo_invariant.sm90: paired weights differ in type or in_features");
+  }
+  if (m == 0 || w0.out_features() == 0 || w1.out_features() == 0) return;
+  Gemm g0(m, w0, y0, ldy), g1(m, w1, y1, ldy);
+  Gemm* gs[2] = {&g0, &g1};
+  run(x, ldx, m, w0.in_features(), w0.data.dtype == DType::kF8E4M3, gs, 2);
+}
+
+}  // namespace m3::cuda

@@ -1,0 +1,241 @@
+// Batch-invariant linear benchmark. M3's dense linear shapes at TP1 (MXFP8 projections and dense
+// MLP, the BF16 LM head), for each row count M:
+//   mma      the engine's table with batch invariance (linear.mma_hilo_invariant.sm90 /
+//            dense_mlp.mma_hilo_invariant_swiglu_oai.sm90);
+//   rowdot   the same table without the tensor-core entries (the fp32 row-dot it replaces);
+//   cublas   BF16 weights only: the non-invariant cuBLAS hi+lo entry (two BF16 GEMMs).
+// GPU time of one CUDA-graph replay with L2 flushed (median of --iters). Bytes that must move:
+// weights (+ e8m0 scales) + x + y (F32); the ratio to the copy bandwidth of the same run. TFLOP/s
+// on 2 M N K (the hi + lo pieces make our MMA work twice that); the BF16 ceiling is cuBLAS's BF16
+// GEMM on 8192^3 in the same run. max_rel: max |mma - rowdot| / max |rowdot| on the same inputs.
+//   linear_bench [--rows 1,8,32,128,512,4096,8192] [--iters 10] [--rowdot-max 4096]
+//                [--shapes q_proj,o_proj,dense_mlp,kv_proj,lm_head] [--json linear_bench.json]
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <functional>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/cuda_internal.h"
+#include "gpu_bench_common.h"
+#include "moe_bench_fill.h"
+#include "ops/ops.h"
+
+namespace {
+
+using namespace m3;
+using namespace m3::gpu_bench;
+constexpr size_t kFlushBytes = size_t(256) << 20;
+
+// cuBLAS BF16 x BF16 -> F32 GEMM, 8192^3: TFLOP/s, best of 10.
+double cublas_bf16_tflops(cudaStream_t stream) {
+  const int n = 8192;
+  Dev a(size_t(n) * n * 2), b(size_t(n) * n * 2), c(size_t(n) * n * 4);
+  M3_CUDA_CHECK(cudaMemsetAsync(a.as<void>(), 0, a.bytes(), stream));
+  M3_CUDA_CHECK(cudaMemsetAsync(b.as<void>(), 0, b.bytes(), stream));
+  cublasHandle_t h = nullptr;
+  if (cublasCreate(&h) != CUBLAS_STATUS_SUCCESS) throw std::runtime_error("cublasCreate failed");
+  cublasSetStream(h, stream);
+  const float one = 1.0f, zero = 0.0f;
+  cudaEvent_t e0, e1;
+  M3_CUDA_CHECK(cudaEventCreate(&e0));
+  M3_CUDA_CHECK(cudaEventCreate(&e1));
+  double best = 0;
+  for (int i = 0; i < 10; ++i) {
+    M3_CUDA_CHECK(cudaEventRecord(e0, stream));
+    cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, n, n, n, &one, a.as<void>(), CUDA_R_16BF, n, b.as<void>(), CUDA_R_16BF, n,
+                 &zero, c.as<void>(), CUDA_R_32F, n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+    M3_CUDA_CHECK(cudaEventRecord(e1, stream));
+    M3_CUDA_CHECK(cudaEventSynchronize(e1));
+    float ms = 0;
+    M3_CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+    best = std::max(best, 2.0 * double(n) * n * n / (double(ms) * 1e-3) / 1e12);
+  }
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  cublasDestroy(h);
+  return best;
+}
+
+struct Mat {
+  Dev data, scale;
+  ops::LinearWeight w;
+  double bytes = 0;
+  Mat(int64_t n, int64_t k, bool mxfp8, uint32_t seed, cudaStream_t stream) {
+    if (mxfp8) {
+      data = Dev(size_t(n * k));
+      scale = Dev(size_t(n * k / 32));
+      moe_bench::fill_e4m3(data.as<uint8_t>(), size_t(n * k), seed, stream);
+      moe_bench::fill_bytes(scale.as<uint8_t>(), size_t(n * k / 32), 118, 121, seed + 1, stream);
+      w.data = TensorView{data.as<void>(), DType::kF8E4M3, {n, k}, Device::kCuda};
+      w.scale = TensorView{scale.as<void>(), DType::kU8, {n, k / 32}, Device::kCuda};
+      bytes = double(n) * k * (1.0 + 1.0 / 32);
+    } else {
+      // BF16 weights: small floats written as bf16 bit patterns by a float fill + truncation.
+      data = Dev(size_t(n * k) * 2);
+      Dev tmp(size_t(n * k) * 4);
+      moe_bench::fill_f32(tmp.as<float>(), size_t(n * k), 0.02f, seed, stream);
+      std::vector<float> host(size_t(n * k));
+      M3_CUDA_CHECK(cudaMemcpyAsync(host.data(), tmp.as<void>(), host.size() * 4, cudaMemcpyDeviceToHost, stream));
+      M3_CUDA_CHECK(cudaStreamSynchronize(stream));
+      std::vector<__nv_bfloat16> hb(host.size());
+      for (size_t i = 0; i < host.size(); ++i) hb[i] = __float2bfloat16_rn(host[i]);
+      M3_CUDA_CHECK(cudaMemcpy(data.as<void>(), hb.data(), hb.size() * 2, cudaMemcpyHostToDevice));
+      w.data = TensorView{data.as<void>(), DType::kBF16, {n, k}, Device::kCuda};
+      bytes = double(n) * k * 2;
+    }
+  }
+};
+
+int run(int argc, char** argv) {
+  std::vector<int> rows_list = {1, 8, 32, 128, 512, 4096, 8192};
+  int iters = 10, rowdot_max = 4096;
+  std::string json_path = "linear_bench.json", only;
+  for (int i = 1; i < argc; ++i) {
+    const std::string k = argv[i];
+    auto next = [&]() -> std::string {
+      if (i + 1 >= argc) throw std::runtime_error("missing value for " + k);
+      return argv[++i];
+    };
+    if (k == "--rows") rows_list = parse_list(next());
+    else if (k == "--iters") iters = std::stoi(next());
+    else if (k == "--rowdot-max") rowdot_max = std::stoi(next());
+    else if (k == "--json") json_path = next();
+    else if (k == "--shapes") only = "," + next() + ",";
+    else throw std::runtime_error("unknown option " + k);
+  }
+  if (cuda::device_count() == 0) throw std::runtime_error("no CUDA device");
+  M3_CUDA_CHECK(cudaSetDevice(0));
+  cudaDeviceProp prop{};
+  M3_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+  cudaStream_t stream = nullptr;
+  M3_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  cuda::set_current_stream(stream);
+  Dev flush(kFlushBytes);
+  const double copy_bw = copy_bandwidth(stream);
+  const double bf16_tf = cublas_bf16_tflops(stream);
+  std::printf("device %s, %d SMs; copy bandwidth %.0f GB/s (read + write); cuBLAS BF16 8192^3 %.0f TFLOP/s\n", prop.name,
+              prop.multiProcessorCount, copy_bw / 1e9, bf16_tf);
+
+  ops::KernelTable full, old;
+  cuda::register_cuda_kernels(full);
+  for (const auto& e : full.linear.entries())
+    if (e.name.find("mma_hilo") == std::string::npos) old.linear.add(e);
+  for (const auto& e : full.mlp.entries())
+    if (e.name.find("mma_hilo") == std::string::npos) old.mlp.add(e);
+  ops::DispatchStats stats, old_stats;
+  auto ctx = [&](bool mine, bool invariant) {
+    return ops::OpContext{mine ? &full : &old, mine ? &stats : &old_stats, Device::kCuda, invariant};
+  };
+
+  struct Shape {
+    const char* name;
+    int64_t n, k;
+    bool mxfp8, mlp;
+    int max_rows;
+  };
+  const std::vector<Shape> shapes = {
+      {"q_proj", 8192, 6144, true, false, 1 << 30},    {"o_proj", 6144, 8192, true, false, 1 << 30},
+      {"dense_mlp", 12288, 6144, true, true, 1 << 30}, {"kv_proj", 512, 6144, true, false, 1 << 30},
+      {"lm_head", 200064, 6144, false, false, 512},
+  };
+  const int max_m = *std::max_element(rows_list.begin(), rows_list.end());
+  Dev xbuf(size_t(max_m) * 12288 * 4);
+  moe_bench::fill_f32(xbuf.as<float>(), size_t(max_m) * 12288, 1.0f, 7, stream);
+
+  nlohmann::json rows = nlohmann::json::array();
+  std::printf("\n%-10s %6s %-7s | %10s %9s %8s %6s %8s %7s | %9s | %s\n", "shape", "M", "what", "us", "MB", "GB/s", "%copy",
+              "TFLOP/s", "%bf16", "max_rel", "entry");
+  for (const Shape& s : shapes) {
+    if (!only.empty() && only.find("," + std::string(s.name) + ",") == std::string::npos) continue;
+    Mat a(s.n, s.k, s.mxfp8, 11, stream);
+    Mat up(s.mlp ? s.n : 1, s.mlp ? s.k : 32, s.mxfp8, 12, stream);
+    Mat down(s.mlp ? s.k : 1, s.mlp ? s.n : 32, s.mxfp8, 13, stream);
+    const int64_t out_n = s.mlp ? s.k : s.n;
+    const double wbytes = a.bytes + (s.mlp ? up.bytes + down.bytes : 0.0);
+    for (const int m : rows_list) {
+      if (m > s.max_rows) continue;
+      Dev y(size_t(m) * out_n * 4), y_old(size_t(m) * out_n * 4);
+      const TensorView xv{xbuf.as<void>(), DType::kF32, {m, s.k}, Device::kCuda};
+      const ops::SwigluParams act;
+      auto call = [&](const ops::OpContext& c, Dev& out) {
+        const TensorView yv{out.as<void>(), DType::kF32, {m, out_n}, Device::kCuda};
+        if (s.mlp) ops::dense_mlp(c, xv, a.w, up.w, down.w, act, yv);
+        else ops::linear(c, xv, a.w, yv);
+      };
+      const double flops = 2.0 * m * double(s.n) * s.k * (s.mlp ? 3.0 : 1.0);
+      const double bytes = wbytes + double(m) * s.k * 4 + double(m) * out_n * 4;
+      auto emit = [&](const char* what, const Timing& tm, double max_rel, const std::string& entry) {
+        const double sec = tm.median_us * 1e-6;
+        nlohmann::json r = {{"shape", s.name}, {"m", m},           {"n", s.n},
+                            {"k", s.k},       {"mlp", s.mlp},      {"weights", s.mxfp8 ? "mxfp8" : "bf16"},
+                            {"what", what},   {"us", tm.median_us}, {"min_us", tm.min_us},
+                            {"bytes", bytes}, {"gbps", bytes / sec / 1e9}, {"copy_ratio", bytes / sec / copy_bw},
+                            {"tflops", flops / sec / 1e12}, {"bf16_ceiling_ratio", flops / sec / 1e12 / bf16_tf},
+                            {"max_rel", max_rel}, {"entry", entry}};
+        std::printf("%-10s %6d %-7s | %10.1f %9.1f %8.0f %5.1f%% %8.1f %6.1f%% | %9.2e | %s\n", s.name, m, what,
+                    tm.median_us, bytes / 1e6, bytes / sec / 1e9, 100 * bytes / sec / copy_bw, flops / sec / 1e12,
+                    100 * flops / sec / 1e12 / bf16_tf, max_rel, entry.c_str());
+        std::fflush(stdout);
+        rows.push_back(r);
+      };
+      auto entry_of = [&](ops::DispatchStats& st) {
+        std::string e;
+        for (const auto& p : st.take_step_paths()) e += (e.empty() ? "" : " ") + p;
+        return e;
+      };
+      stats.take_step_paths();
+      const Timing t_new = time_graph([&] { call(ctx(true, true), y); }, stream, flush, iters);
+      const std::string e_new = entry_of(stats);
+      double max_rel = -1;
+      if (m <= rowdot_max) {
+        old_stats.take_step_paths();
+        const Timing t_old = time_graph([&] { call(ctx(false, true), y_old); }, stream, flush, std::max(3, iters / 3));
+        const std::string e_old = entry_of(old_stats);
+        std::vector<float> hy(size_t(m) * out_n), ho(hy.size());
+        M3_CUDA_CHECK(cudaMemcpy(hy.data(), y.as<void>(), hy.size() * 4, cudaMemcpyDeviceToHost));
+        M3_CUDA_CHECK(cudaMemcpy(ho.data(), y_old.as<void>(), ho.size() * 4, cudaMemcpyDeviceToHost));
+        double num = 0, den = 0;
+        for (size_t i = 0; i < hy.size(); ++i) {
+          num = std::max(num, double(std::fabs(hy[i] - ho[i])));
+          den = std::max(den, double(std::fabs(ho[i])));
+        }
+        max_rel = den > 0 ? num / den : num;
+        emit("mma", t_new, max_rel, e_new);
+        emit("rowdot", t_old, 0.0, e_old);
+      } else {
+        emit("mma", t_new, max_rel, e_new);
+      }
+      if (!s.mxfp8) {
+        const Timing t_cb = time_graph([&] { call(ctx(true, false), y_old); }, stream, flush, iters);
+        emit("cublas", t_cb, 0.0, entry_of(stats));
+      }
+    }
+  }
+  nlohmann::json doc = {{"device", prop.name},          {"sms", prop.multiProcessorCount}, {"copy_gbps", copy_bw / 1e9},
+                        {"bf16_gemm_tflops", bf16_tf}, {"rows", rows}};
+  std::ofstream(json_path) << doc.dump(2) << "\n";
+  std::printf("wrote %s\n", json_path.c_str());
+  M3_CUDA_CHECK(cudaStreamDestroy(stream));
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "linear_bench: %s\n", e.what());
+    return 1;
+  }
+}
