@@ -2,10 +2,11 @@
 //
 // Data flow of one call (current_stream(), no host synchronisation):
 //   split   one CTA per x row: hi and lo pieces (bf16, or f16 of x * 2^k with the row's 2^-k);
-//   gemm    CTAs of 128 weight rows x 16 tokens (4 warps; small M) or x 128 tokens (8 warps), a
-//           cp.async ring of 64-wide K stages (weights, e8m0 scales, both x pieces) in shared
-//           memory; each warp owns 32 weight rows x 16 or 64 tokens; weights are the MMA's A
-//           operand (so one token costs one n8 tile, not an m16 one);
+//   gemm    CTAs of 128 weight rows x 8 or 32 tokens (narrow: 8 warps of 16 rows; M <= 32) or
+//           x 128 tokens (wide: 2 x 4 warps of 64 rows x 32 tokens), a cp.async ring of 64-wide K
+//           stages (weights, e8m0 scales, both x pieces) in shared memory; weights are the MMA's
+//           A operand (so one token costs one n8 tile, not an m16 one); the weights' first stages
+//           stream while the split finishes (programmatic dependent launch);
 //   reduce  when the output tiles alone cannot fill the GPU (decode), the K segments run in
 //           separate CTAs that write fp32 partials, and the last CTA of a tile (ticket) adds
 //           them in segment order: the same additions a single CTA makes in registers.
@@ -180,7 +181,7 @@ __global__ void __launch_bounds__(256) split_rows_kernel(const float* x, int64_t
 }
 
 // A CTA: 128 weight rows x kCT tokens; warps kWR (along rows) x kTW (along tokens); a warp owns
-// 16 kMI weight rows x 8 kNT tokens. Narrow tile (small M): 4 x 1 warps of 32 x 16; wide tile:
+// 16 kMI weight rows x 8 kNT tokens. Narrow tiles (small M): 8 x 1 warps of 16 x 8, 16 or 32; wide tile:
 // 2 x 4 warps of 64 x 32 (fewer shared-memory bytes per MMA).
 template <WKind W, int kMI, int kNT, int kTW, int kStages>
 __global__ void __launch_bounds__(32 * (128 / (16 * kMI)) * kTW) mma_linear_kernel(const __grid_constant__ Args a) {
@@ -211,8 +212,10 @@ __global__ void __launch_bounds__(32 * (128 / (16 * kMI)) * kTW) mma_linear_kern
   // Copies per thread and stage: the chunk -> (row, 16-byte column) map is fixed at compile time
   // and each copy's source and destination are computed once; a stage only adds its K offset.
   constexpr int kWPer = kRowsCta * kWChunks / kThreads;  // weight chunks
-  constexpr int kXPer = 2 * kCT * 8 / kThreads;           // x chunks (both pieces)
-  static_assert(kWPer * kThreads == kRowsCta * kWChunks && kXPer * kThreads == 2 * kCT * 8, "copy map");
+  constexpr int kXChunks = 2 * kCT * 8;                   // x chunks (both pieces)
+  constexpr int kXPer = kXChunks >= kThreads ? kXChunks / kThreads : 1;
+  static_assert(kWPer * kThreads == kRowsCta * kWChunks && (kXPer * kThreads == kXChunks || kXChunks < kThreads),
+                "copy map");
   // The narrow tile (latency-bound: few copies per thread) keeps each copy's source and
   // destination; the wide tile recomputes them per stage (holding them measured 15 % slower).
   constexpr bool kHoist = kTW == 1;
@@ -242,7 +245,7 @@ __global__ void __launch_bounds__(32 * (128 / (16 * kMI)) * kTW) mma_linear_kern
       xsrc[q] = (part ? a.xlo : a.xhi) + int64_t(live ? m0 + r : 0) * a.k + ch * 8;
       xdst[q] = uint32_t(kWBytes + kSBytes + (part * kCT + r) * kPieceRow + ch * 16);
       xbytes[q] = live ? 16u : 0u;  // zero-filled past m
-      if (r < load_rows) xmask |= 1u << q;
+      if (c < kXChunks && r < load_rows) xmask |= 1u << q;
     }
   }
   const uint32_t smem0 = smem_u32(smem);
@@ -341,6 +344,7 @@ __global__ void __launch_bounds__(32 * (128 / (16 * kMI)) * kTW) mma_linear_kern
   };
 
   int buf = 0, nbuf = kStages - 1;  // the buffer of stage st and of stage st + kStages - 1
+  int seg_left = a.seg_stages;      // stages left in the current K segment (st_begin starts one)
   for (int st = st_begin; st < st_end; ++st) {
     cp_async_wait<kStages - 2>();
     __syncthreads();  // stage st visible to all; all warps are done with the buffer refilled below
@@ -413,7 +417,8 @@ __global__ void __launch_bounds__(32 * (128 / (16 * kMI)) * kTW) mma_linear_kern
         }
       }
     }
-    if ((st + 1) % a.seg_stages == 0 || st + 1 == st_end) {  // end of a K segment: fold in order
+    if (--seg_left == 0 || st + 1 == st_end) {  // end of a K segment: fold in order
+      seg_left = a.seg_stages;
 #pragma unroll
       for (int i = 0; i < kMI; ++i)
 #pragma unroll
@@ -530,17 +535,30 @@ void launch(dim3 grid, const Args& a) {
   launch_kernel(kernel, grid, dim3(32 * (kRowsCta / (16 * kMI)) * kTW), bytes, true, a);
 }
 
+// Tokens per CTA. Narrow tiles (8 warps of 16 weight rows) for decode batches: 8 tokens up to 8
+// rows, 16 up to 16; from 17 to 32 rows one 32-token tile when the weights are far larger than L2
+// (an LM head: one weight read instead of two, 1400 -> 834 us at 32 rows), else two 16-token
+// tiles (L2-resident second read, twice the CTAs: faster for the layer's own linears). The
+// wide tile (2 x 4 warps of 64 rows x 32 tokens) beyond 32 rows.
+int tokens_per_cta(int64_t m, int64_t wbytes) {
+  if (m > 32) return 128;
+  if (m <= 8) return 8;
+  if (m <= 16 || wbytes <= (int64_t(128) << 20)) return 16;
+  return 32;
+}
+
 // One GEMM launch, its scratch allocated (and tickets zeroed) before the x split is launched, so
 // that the split and the GEMM stay adjacent kernels in the stream.
 struct Gemm {
   Args a{};
   dim3 grid;
-  bool fp8 = false, wide = false;
+  bool fp8 = false;
+  int64_t wbytes = 0;
   Gemm(int64_t m, const ops::LinearWeight& w, float* y, int64_t ldy) {
     const int64_t n = w.out_features(), k = w.in_features();
     fp8 = w.data.dtype == DType::kF8E4M3;
-    wide = m > 32;
-    const int64_t ct = wide ? 128 : 16;
+    wbytes = n * k * (fp8 ? 1 : 2);
+    const int64_t ct = tokens_per_cta(m, wbytes);
     const int64_t nt = (n + kRowsCta - 1) / kRowsCta, mt = (m + ct - 1) / ct;
     if (mt > 65535) throw std::runtime_error("linear.mma_hilo_invariant.sm90: too many rows (" + std::to_string(m) + ")");
     const Plan plan = k_plan(n, k);
@@ -566,8 +584,19 @@ struct Gemm {
     a.xhi = xs.hi;
     a.xlo = xs.lo;
     a.xscale = fp8 ? xs.scale : nullptr;
-    if (fp8) wide ? launch<WKind::kFP8, 4, 4, 4, 4>(grid, a) : launch<WKind::kFP8, 1, 2, 1, 4>(grid, a);
-    else wide ? launch<WKind::kBF16, 4, 4, 4, 3>(grid, a) : launch<WKind::kBF16, 1, 2, 1, 4>(grid, a);
+    // Token tile (the bits do not depend on it): see tokens_per_cta().
+    const int ct = tokens_per_cta(a.m, wbytes);
+    if (fp8) {
+      if (ct == 128) launch<WKind::kFP8, 4, 4, 4, 4>(grid, a);
+      else if (ct == 8) launch<WKind::kFP8, 1, 1, 1, 4>(grid, a);
+      else if (ct == 16) launch<WKind::kFP8, 1, 2, 1, 4>(grid, a);
+      else launch<WKind::kFP8, 1, 4, 1, 4>(grid, a);
+    } else {
+      if (ct == 128) launch<WKind::kBF16, 4, 4, 4, 3>(grid, a);
+      else if (ct == 8) launch<WKind::kBF16, 1, 1, 1, 4>(grid, a);
+      else if (ct == 16) launch<WKind::kBF16, 1, 2, 1, 4>(grid, a);
+      else launch<WKind::kBF16, 1, 4, 1, 4>(grid, a);
+    }
   }
 };
 
