@@ -1,6 +1,7 @@
 // GEMM-based entries: linear and the dense SwiGLU-OAI MLP (the MoE router and experts are in
-// moe.cu). Batch-invariant entries use the tiled row-dot kernels of rowdot.cuh (F32, BF16 or
-// MXFP8 weights, fixed per-output reduction order); the others use cuBLAS (F32: SGEMM with
+// moe.cu). Batch-invariant entries use the tensor-core GEMM of linear_mma.cu for BF16 / MXFP8
+// weights of layer size, else the tiled row-dot kernels of rowdot.cuh (F32, BF16 or MXFP8
+// weights); both fix each output's reduction order. The others use cuBLAS (F32: SGEMM with
 // pedantic math, no TF32; BF16 weights: activations split into bf16 hi + lo, two tensor-core
 // GEMMs accumulating in fp32). Everything runs on current_stream() with no host
 // synchronisation, so a decode step can be captured into a CUDA graph.
