@@ -30,10 +30,13 @@
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/cuda_internal.h"
 #include "backend/cuda/linear_mma.h"
+#include "backend/cuda/mma_operands.cuh"
 #include "backend/cuda/pdl.cuh"
 
 namespace m3::cuda {
 namespace {
+
+using namespace mma_ops;
 
 constexpr int kKc = 64;            // K per pipeline stage
 constexpr int kRowsCta = 128;      // weight rows per CTA: 4 row-warps x 32
@@ -68,41 +71,6 @@ struct Args {
   int seg_stages, nseg, split;
 };
 
-__device__ __forceinline__ uint32_t smem_u32(const void* p) { return uint32_t(__cvta_generic_to_shared(p)); }
-__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, uint32_t src_bytes) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
-}
-__device__ __forceinline__ void cp_async16_w(uint32_t dst, const void* src) {  // weights: L2 fetches 256 B per row
-  asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16;\n" ::"r"(dst), "l"(src) : "memory");
-}
-__device__ __forceinline__ void cp_async4(uint32_t dst, const void* src) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(dst), "l"(src) : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
-__device__ __forceinline__ uint32_t word_of(const uint4& q, int i) {
-  return i == 0 ? q.x : i == 1 ? q.y : i == 2 ? q.z : q.w;
-}
-__device__ __forceinline__ int max_byte(uint32_t v) {
-  v = __vmaxu4(v, v >> 16);
-  v = __vmaxu4(v, v >> 8);
-  return int(v & 0xffu);
-}
-// Two e4m3 (low 16 bits, low byte first) -> f16x2 (exact), times m (a power of two <= 1).
-__device__ __forceinline__ uint32_t e4m3x2_scaled(uint32_t two, __half2 m) {
-  uint32_t h;
-  asm("cvt.rn.f16x2.e4m3x2 %0, %1;\n" : "=r"(h) : "h"(static_cast<unsigned short>(two & 0xffffu)));
-  __half2 v = __hmul2(*reinterpret_cast<const __half2*>(&h), m);
-  return *reinterpret_cast<const uint32_t*>(&v);
-}
-// 2^d (d <= 0) as f16x2; 0 below 2^-24.
-__device__ __forceinline__ __half2 pow2_h2(int d) {
-  d = max(d, -25);
-  return __float2half2_rn(__uint_as_float(uint32_t(d + 127) << 23));
-}
 
 template <WKind W>
 __device__ __forceinline__ void mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
@@ -434,10 +402,8 @@ __global__ void __launch_bounds__(32 * (128 / (16 * kMI)) * kTW) mma_linear_kern
   cp_async_wait<0>();
 
   // Epilogue. Fragment (i, j): e = 0, 1: weight row rlo, tokens 2t, 2t + 1; e = 2, 3: row rlo + 8.
-  auto finish = [&](float v, int i, int h, int tok) {
-    a.y[int64_t(tok) * a.ldy + n0 + rb + 16 * i + 8 * h + g] = scaled(v, i, h, tok);
-  };
-  if (!a.split) {
+  // each_out calls f(i, j, e, tok, n) for this thread's outputs that exist.
+  auto each_out = [&](auto&& f) {
 #pragma unroll
     for (int i = 0; i < kMI; ++i)
 #pragma unroll
@@ -446,21 +412,18 @@ __global__ void __launch_bounds__(32 * (128 / (16 * kMI)) * kTW) mma_linear_kern
         for (int e = 0; e < 4; ++e) {
           const int tok = m0 + tok0 + 8 * j + 2 * t + (e & 1);
           const int n = n0 + rb + 16 * i + 8 * (e >> 1) + g;
-          if (tok < a.m && n < a.n) finish(tot[i][j][e], i, e >> 1, tok);
+          if (tok < a.m && n < a.n) f(i, j, e, tok, n);
         }
+  };
+  auto finish = [&](float v, int i, int h, int tok, int n) { a.y[int64_t(tok) * a.ldy + n] = scaled(v, i, h, tok); };
+  if (!a.split) {
+    each_out([&](int i, int j, int e, int tok, int n) { finish(tot[i][j][e], i, e >> 1, tok, n); });
     return;
   }
   // Split: this segment's partial, then the tile's last CTA adds all of them in segment order.
-#pragma unroll
-  for (int i = 0; i < kMI; ++i)
-#pragma unroll
-    for (int j = 0; j < kNT; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int tok = m0 + tok0 + 8 * j + 2 * t + (e & 1);
-        const int n = n0 + rb + 16 * i + 8 * (e >> 1) + g;
-        if (tok < a.m && n < a.n) a.partial[(int64_t(seg0) * a.m + tok) * a.n + n] = tot[i][j][e];
-      }
+  each_out([&](int i, int j, int e, int tok, int n) {
+    a.partial[(int64_t(seg0) * a.m + tok) * a.n + n] = tot[i][j][e];
+  });
   __threadfence();
   __syncthreads();
   __shared__ int last;
@@ -469,21 +432,12 @@ __global__ void __launch_bounds__(32 * (128 / (16 * kMI)) * kTW) mma_linear_kern
   __syncthreads();
   if (!last) return;
   __threadfence();
-#pragma unroll
-  for (int i = 0; i < kMI; ++i)
-#pragma unroll
-    for (int j = 0; j < kNT; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int tok = m0 + tok0 + 8 * j + 2 * t + (e & 1);
-        const int n = n0 + rb + 16 * i + 8 * (e >> 1) + g;
-        if (tok < a.m && n < a.n) {
-          const float* p = a.partial + int64_t(tok) * a.n + n;
-          float v = __ldcg(p);
-          for (int s = 1; s < a.nseg; ++s) v = v + __ldcg(p + int64_t(s) * a.m * a.n);
-          finish(v, i, e >> 1, tok);
-        }
-      }
+  each_out([&](int i, int, int e, int tok, int n) {
+    const float* p = a.partial + int64_t(tok) * a.n + n;
+    float v = __ldcg(p);
+    for (int s = 1; s < a.nseg; ++s) v = v + __ldcg(p + int64_t(s) * a.m * a.n);
+    finish(v, i, e >> 1, tok, n);
+  });
   if (tid == 0) *ticket = 0;  // ready for the next launch (graph replays)
 }
 

@@ -29,11 +29,14 @@
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/cuda_internal.h"
 #include "backend/cuda/moe_route.cuh"
+#include "backend/cuda/mma_operands.cuh"
 #include "backend/cuda/moe_mxfp8.h"
 #include "backend/cuda/pdl.cuh"
 
 namespace m3::cuda::moe_mxfp8 {
 namespace {
+
+using namespace mma_ops;
 
 constexpr int kMaxExperts = 256;  // routed + shared in one launch (kernel-parameter table)
 constexpr int kMaxTopK = 64;
@@ -67,29 +70,6 @@ __device__ __forceinline__ float swiglu(float g, float u, const Act& p) {  // op
   return (uc + p.beta) * gc * (1.0f / (1.0f + expf(-p.alpha * gc)));
 }
 
-__device__ __forceinline__ uint32_t smem_u32(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-// 16-byte copy global -> shared; src_bytes 0 writes zeros (rows past an item's end).
-__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, uint32_t src_bytes) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
-}
-// Weight bytes: each row is read 128 bytes per stage, in order; the L2::256B hint has L2 fetch the
-// next stage's bytes of the row with them (fewer, longer DRAM bursts: 2-8 % faster W8A16 GEMMs
-// at T = 1..128 on the H200).
-__device__ __forceinline__ void cp_async16_w(uint32_t dst, const void* src) {
-  asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16;\n" ::"r"(dst), "l"(src) : "memory");
-}
-__device__ __forceinline__ void cp_async4(uint32_t dst, const void* src) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(dst), "l"(src) : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
-
 // Streaming 16-byte weight load: read once, not kept in L1 (L2::256B as cp_async16_w).
 __device__ __forceinline__ uint4 ld_stream16(const void* p) {
   uint4 r;
@@ -99,16 +79,6 @@ __device__ __forceinline__ uint4 ld_stream16(const void* p) {
   return r;
 }
 
-__device__ __forceinline__ uint32_t word_of(const uint4& q, int i) {
-  return i == 0 ? q.x : i == 1 ? q.y : i == 2 ? q.z : q.w;
-}
-
-// Largest byte of a 32-bit word.
-__device__ __forceinline__ int max_byte(uint32_t v) {
-  v = __vmaxu4(v, v >> 16);
-  v = __vmaxu4(v, v >> 8);
-  return int(v & 0xffu);
-}
 
 // ---------------------------------------------------------------------------------------------
 // Routing: one CTA of 1024 threads for any token count (a few microseconds per 1024
@@ -347,19 +317,6 @@ struct W16Args {
   Group g;
 };
 
-// Two e4m3 (low 16 bits, low byte first) -> f16x2, times m (a power of two).
-__device__ __forceinline__ uint32_t e4m3x2_scaled(uint32_t two, __half2 m) {
-  uint32_t h;
-  asm("cvt.rn.f16x2.e4m3x2 %0, %1;\n" : "=r"(h) : "h"(static_cast<unsigned short>(two & 0xffffu)));
-  __half2 v = __hmul2(*reinterpret_cast<const __half2*>(&h), m);
-  return *reinterpret_cast<const uint32_t*>(&v);
-}
-
-// 2^d (d <= 0) as f16x2; 0 below 2^-24 (round to nearest even of 2^-25 is 0).
-__device__ __forceinline__ __half2 pow2_h2(int d) {
-  d = max(d, -25);
-  return __float2half2_rn(__uint_as_float(uint32_t(d + 127) << 23));
-}
 
 __device__ __forceinline__ void mma_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
   asm volatile(

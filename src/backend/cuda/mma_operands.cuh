@@ -1,0 +1,60 @@
+#pragma once
+// Operand staging for the mma.sync kernels (the MoE W8A16/W8A8 kernels in moe_mxfp8.cu, the
+// invariant linear in linear_mma.cu): cp.async copies into shared memory, fragment words, and
+// the exact MXFP8 -> f16 conversion with the block scale folded in. Kept C++17 (.cu files only).
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace m3::cuda::mma_ops {
+
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// 16-byte copy global -> shared; src_bytes 0 writes zeros (rows past the end).
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, uint32_t src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
+}
+// Weight bytes: a row is read 64-128 bytes per stage, in order; the L2::256B hint has L2 fetch the
+// next stage's bytes of the row with them (fewer, longer DRAM bursts: 2-8 % faster W8A16 GEMMs
+// at T = 1..128 on the H200).
+__device__ __forceinline__ void cp_async16_w(uint32_t dst, const void* src) {
+  asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16;\n" ::"r"(dst), "l"(src) : "memory");
+}
+__device__ __forceinline__ void cp_async4(uint32_t dst, const void* src) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(dst), "l"(src) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+__device__ __forceinline__ uint32_t word_of(const uint4& q, int i) {
+  return i == 0 ? q.x : i == 1 ? q.y : i == 2 ? q.z : q.w;
+}
+
+// Largest byte of a 32-bit word.
+__device__ __forceinline__ int max_byte(uint32_t v) {
+  v = __vmaxu4(v, v >> 16);
+  v = __vmaxu4(v, v >> 8);
+  return int(v & 0xffu);
+}
+
+// Two e4m3 (low 16 bits, low byte first) -> f16x2 (exact), times m (a power of two <= 1).
+__device__ __forceinline__ uint32_t e4m3x2_scaled(uint32_t two, __half2 m) {
+  uint32_t h;
+  asm("cvt.rn.f16x2.e4m3x2 %0, %1;\n" : "=r"(h) : "h"(static_cast<unsigned short>(two & 0xffffu)));
+  __half2 v = __hmul2(*reinterpret_cast<const __half2*>(&h), m);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+
+// 2^d (d <= 0) as f16x2; 0 below 2^-24 (round to nearest even of 2^-25 is 0).
+__device__ __forceinline__ __half2 pow2_h2(int d) {
+  d = max(d, -25);
+  return __float2half2_rn(__uint_as_float(uint32_t(d + 127) << 23));
+}
+
+}  // namespace m3::cuda::mma_ops
