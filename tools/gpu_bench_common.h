@@ -7,10 +7,12 @@
 #include <algorithm>
 #include <functional>
 #include <sstream>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "backend/cuda/cuda_check.h"
+#include "backend/cuda/cuda_internal.h"
 #include "backend/cuda/graph_capture.h"
 
 namespace m3::gpu_bench {
@@ -20,6 +22,22 @@ inline std::vector<int> parse_list(const std::string& s) {
   std::stringstream ss(s);
   for (std::string x; std::getline(ss, x, ',');) v.push_back(std::stoi(x));
   return v;
+}
+
+// Device 0 and a non-blocking stream, made the stream every entry launches on (current_stream()).
+struct BenchDevice {
+  cudaDeviceProp prop{};
+  cudaStream_t stream = nullptr;
+};
+inline BenchDevice open_bench_device() {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) throw std::runtime_error("no CUDA device");
+  BenchDevice d;
+  M3_CUDA_CHECK(cudaSetDevice(0));
+  M3_CUDA_CHECK(cudaGetDeviceProperties(&d.prop, 0));
+  M3_CUDA_CHECK(cudaStreamCreateWithFlags(&d.stream, cudaStreamNonBlocking));
+  m3::cuda::set_current_stream(d.stream);
+  return d;
 }
 
 class Dev {

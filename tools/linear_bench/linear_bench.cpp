@@ -110,16 +110,12 @@ int run(int argc, char** argv) {
     else if (k == "--iters") iters = std::stoi(next());
     else if (k == "--rowdot-max") rowdot_max = std::stoi(next());
     else if (k == "--json") json_path = next();
-    else if (k == "--shapes") only = "," + next() + ",";
+    else if (k == "--shapes") (only = ",").append(next()).append(",");
     else throw std::runtime_error("unknown option " + k);
   }
-  if (cuda::device_count() == 0) throw std::runtime_error("no CUDA device");
-  M3_CUDA_CHECK(cudaSetDevice(0));
-  cudaDeviceProp prop{};
-  M3_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
-  cudaStream_t stream = nullptr;
-  M3_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  cuda::set_current_stream(stream);
+  const BenchDevice bench_device = open_bench_device();
+  const cudaDeviceProp& prop = bench_device.prop;
+  cudaStream_t stream = bench_device.stream;
   Dev flush(kFlushBytes);
   const double copy_bw = copy_bandwidth(stream);
   const double bf16_tf = cublas_bf16_tflops(stream);
@@ -156,7 +152,9 @@ int run(int argc, char** argv) {
   std::printf("\n%-10s %6s %-7s | %10s %9s %8s %6s %8s %7s | %9s | %s\n", "shape", "M", "what", "us", "MB", "GB/s", "%copy",
               "TFLOP/s", "%bf16", "max_rel", "entry");
   for (const Shape& s : shapes) {
-    if (!only.empty() && only.find("," + std::string(s.name) + ",") == std::string::npos) continue;
+    std::string key = ",";
+    key.append(s.name).append(",");
+    if (!only.empty() && only.find(key) == std::string::npos) continue;
     Mat a(s.n, s.k, s.mxfp8, 11, stream);
     Mat up(s.mlp ? s.n : 1, s.mlp ? s.k : 32, s.mxfp8, 12, stream);
     Mat down(s.mlp ? s.k : 1, s.mlp ? s.n : 32, s.mxfp8, 13, stream);

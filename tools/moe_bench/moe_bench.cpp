@@ -198,13 +198,9 @@ int run(int argc, char** argv) {
     else if (k == "--json") json_path = next();
     else throw std::runtime_error("unknown option " + k);
   }
-  if (cuda::device_count() == 0) throw std::runtime_error("no CUDA device");
-  M3_CUDA_CHECK(cudaSetDevice(0));
-  cudaDeviceProp prop{};
-  M3_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
-  cudaStream_t stream = nullptr;
-  M3_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  cuda::set_current_stream(stream);
+  const BenchDevice bench_device = open_bench_device();
+  const cudaDeviceProp& prop = bench_device.prop;
+  cudaStream_t stream = bench_device.stream;
   Dev flush(kFlushBytes);
   const double copy_bw = copy_bandwidth(stream);
   double lt_tflops = 0;
