@@ -177,15 +177,15 @@ __global__ void __launch_bounds__(32 * (128 / (16 * kMI)) * kTW) mma_linear_kern
   const int load_rows = (live_rows + 7) & ~7;         // whole n8 tiles (zero-filled past m)
   const int64_t wrow_bytes = int64_t(a.k) * kEb;
 
-  // Copies per thread and stage: the chunk -> (row, 16-byte column) map is fixed at compile time
-  // and each copy's source and destination are computed once; a stage only adds its K offset.
+  // Copies per thread and stage: the chunk -> (row, 16-byte column) map is fixed at compile time.
   constexpr int kWPer = kRowsCta * kWChunks / kThreads;  // weight chunks
   constexpr int kXChunks = 2 * kCT * 8;                   // x chunks (both pieces)
   constexpr int kXPer = kXChunks >= kThreads ? kXChunks / kThreads : 1;
   static_assert(kWPer * kThreads == kRowsCta * kWChunks && (kXPer * kThreads == kXChunks || kXChunks < kThreads),
                 "copy map");
-  // The narrow tile (latency-bound: few copies per thread) keeps each copy's source and
-  // destination; the wide tile recomputes them per stage (holding them measured 15 % slower).
+  // The narrow tile (instruction-bound, few copies per thread) computes each copy's source and
+  // destination once, a stage adding only its K offset; the wide tile recomputes them per stage
+  // (holding its eight x sources per thread measured slower).
   constexpr bool kHoist = kTW == 1;
   const uint8_t* wsrc[kHoist ? kWPer : 1];
   uint32_t wdst[kHoist ? kWPer : 1];
