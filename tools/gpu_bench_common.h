@@ -5,6 +5,8 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdio>
+#include <fstream>
 #include <functional>
 #include <sstream>
 #include <stdexcept>
@@ -38,6 +40,26 @@ inline BenchDevice open_bench_device() {
   M3_CUDA_CHECK(cudaStreamCreateWithFlags(&d.stream, cudaStreamNonBlocking));
   m3::cuda::set_current_stream(d.stream);
   return d;
+}
+
+// Writes the run's JSON, prints where, and hands the stream back (current_stream() unset first).
+template <class Json>
+inline void finish_bench(const std::string& json_path, const Json& doc, BenchDevice& d) {
+  std::ofstream(json_path) << doc.dump(2) << "\n";
+  std::printf("wrote %s\n", json_path.c_str());
+  m3::cuda::set_current_stream(nullptr);
+  cudaStreamDestroy(d.stream);
+  d.stream = nullptr;
+}
+
+// main() of a benchmark: run(argc, argv), any exception printed as "<name>: <what>", exit 1.
+inline int bench_main(const char* name, int (*run)(int, char**), int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "%s: %s\n", name, e.what());
+    return 1;
+  }
 }
 
 class Dev {

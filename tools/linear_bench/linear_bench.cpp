@@ -113,7 +113,7 @@ int run(int argc, char** argv) {
     else if (k == "--shapes") (only = ",").append(next()).append(",");
     else throw std::runtime_error("unknown option " + k);
   }
-  const BenchDevice bench_device = open_bench_device();
+  BenchDevice bench_device = open_bench_device();
   const cudaDeviceProp& prop = bench_device.prop;
   cudaStream_t stream = bench_device.stream;
   Dev flush(kFlushBytes);
@@ -221,19 +221,10 @@ int run(int argc, char** argv) {
   }
   nlohmann::json doc = {{"device", prop.name},          {"sms", prop.multiProcessorCount}, {"copy_gbps", copy_bw / 1e9},
                         {"bf16_gemm_tflops", bf16_tf}, {"rows", rows}};
-  std::ofstream(json_path) << doc.dump(2) << "\n";
-  std::printf("wrote %s\n", json_path.c_str());
-  M3_CUDA_CHECK(cudaStreamDestroy(stream));
+  finish_bench(json_path, doc, bench_device);
   return 0;
 }
 
 }  // namespace
 
-int main(int argc, char** argv) {
-  try {
-    return run(argc, argv);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "linear_bench: %s\n", e.what());
-    return 1;
-  }
-}
+int main(int argc, char** argv) { return m3::gpu_bench::bench_main("linear_bench", run, argc, argv); }

@@ -303,7 +303,7 @@ int run(int argc, char** argv) {
     else if (k == "--json") json_path = next();
     else throw std::runtime_error("unknown option " + k);
   }
-  const BenchDevice bench_device = open_bench_device();
+  BenchDevice bench_device = open_bench_device();
   const cudaDeviceProp& prop = bench_device.prop;
   cudaStream_t stream = bench_device.stream;
   Dev flush(kFlushBytes);
@@ -478,20 +478,10 @@ int run(int argc, char** argv) {
                                     {"top_k", kTopK}}},
                         {"timing", "median GPU time of a CUDA graph replay (events), L2 flushed by a 256 MB memset before each"},
                         {"rows", rows}};
-  std::ofstream(json_path) << doc.dump(2) << "\n";
-  std::printf("wrote %s\n", json_path.c_str());
-  cuda::set_current_stream(nullptr);
-  cudaStreamDestroy(stream);
+  finish_bench(json_path, doc, bench_device);
   return 0;
 }
 
 }  // namespace
 
-int main(int argc, char** argv) {
-  try {
-    return run(argc, argv);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "msa_bench: %s\n", e.what());
-    return 1;
-  }
-}
+int main(int argc, char** argv) { return m3::gpu_bench::bench_main("msa_bench", run, argc, argv); }
