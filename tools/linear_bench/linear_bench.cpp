@@ -7,7 +7,7 @@
 // GPU time of one CUDA-graph replay with L2 flushed (median of --iters). Bytes that must move:
 // weights (+ e8m0 scales) + x + y (F32); the ratio to the copy bandwidth of the same run. TFLOP/s
 // on 2 M N K (the hi + lo pieces make our MMA work twice that); the BF16 ceiling is cuBLAS's BF16
-// GEMM on 8192^3 in the same run. max_rel: max |mma - rowdot| / max |rowdot| on the same inputs.
+// GEMM on 8192^3 in the same run (gpu_bench_ceiling.h). max_rel: max |mma - rowdot| / max |rowdot| on the same inputs.
 //   linear_bench [--rows 1,8,32,128,512,4096,8192] [--iters 10] [--rowdot-max 4096]
 //                [--shapes q_proj,o_proj,dense_mlp,kv_proj,lm_head] [--json linear_bench.json]
 #include <cublas_v2.h>
@@ -26,6 +26,7 @@
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/cuda_internal.h"
+#include "gpu_bench_ceiling.h"
 #include "gpu_bench_common.h"
 #include "moe_bench_fill.h"
 #include "ops/ops.h"
@@ -35,36 +36,6 @@ namespace {
 using namespace m3;
 using namespace m3::gpu_bench;
 constexpr size_t kFlushBytes = size_t(256) << 20;
-
-// cuBLAS BF16 x BF16 -> F32 GEMM, 8192^3: TFLOP/s, best of 10.
-double cublas_bf16_tflops(cudaStream_t stream) {
-  const int n = 8192;
-  Dev a(size_t(n) * n * 2), b(size_t(n) * n * 2), c(size_t(n) * n * 4);
-  M3_CUDA_CHECK(cudaMemsetAsync(a.as<void>(), 0, a.bytes(), stream));
-  M3_CUDA_CHECK(cudaMemsetAsync(b.as<void>(), 0, b.bytes(), stream));
-  cublasHandle_t h = nullptr;
-  if (cublasCreate(&h) != CUBLAS_STATUS_SUCCESS) throw std::runtime_error("cublasCreate failed");
-  cublasSetStream(h, stream);
-  const float one = 1.0f, zero = 0.0f;
-  cudaEvent_t e0, e1;
-  M3_CUDA_CHECK(cudaEventCreate(&e0));
-  M3_CUDA_CHECK(cudaEventCreate(&e1));
-  double best = 0;
-  for (int i = 0; i < 10; ++i) {
-    M3_CUDA_CHECK(cudaEventRecord(e0, stream));
-    cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, n, n, n, &one, a.as<void>(), CUDA_R_16BF, n, b.as<void>(), CUDA_R_16BF, n,
-                 &zero, c.as<void>(), CUDA_R_32F, n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
-    M3_CUDA_CHECK(cudaEventRecord(e1, stream));
-    M3_CUDA_CHECK(cudaEventSynchronize(e1));
-    float ms = 0;
-    M3_CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
-    best = std::max(best, 2.0 * double(n) * n * n / (double(ms) * 1e-3) / 1e12);
-  }
-  cudaEventDestroy(e0);
-  cudaEventDestroy(e1);
-  cublasDestroy(h);
-  return best;
-}
 
 struct Mat {
   Dev data, scale;
@@ -118,7 +89,10 @@ int run(int argc, char** argv) {
   cudaStream_t stream = bench_device.stream;
   Dev flush(kFlushBytes);
   const double copy_bw = copy_bandwidth(stream);
-  const double bf16_tf = cublas_bf16_tflops(stream);
+  // BF16 operands: random bytes below 0x40, so every value is finite and positive.
+  const double bf16_tf = bf16_gemm_tflops(stream, [&](void* p, size_t count, unsigned seed) {
+    moe_bench::fill_bytes(static_cast<uint8_t*>(p), count * 2, 0, 0x3f, seed, stream);
+  });
   std::printf("device %s, %d SMs; copy bandwidth %.0f GB/s (read + write); cuBLAS BF16 8192^3 %.0f TFLOP/s\n", prop.name,
               prop.multiProcessorCount, copy_bw / 1e9, bf16_tf);
 

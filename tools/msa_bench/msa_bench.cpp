@@ -38,6 +38,7 @@
 
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_check.h"
+#include "gpu_bench_ceiling.h"
 #include "gpu_bench_common.h"
 #include "backend/cuda/cuda_internal.h"
 #include "backend/cuda/msa.h"
@@ -120,39 +121,6 @@ double step_bytes(const Problem& p, const std::vector<int32_t>& sel, Elem kv, El
   const double io = double(p.batch) * (2.0 * kQHeads * kHeadDim * 4 + kIndexHeads * kIndexDim * 4 + 2.0 * kIndexHeads * kTopK * 4 +
                                        4.0 * nblocks);
   return kv_bytes + index_bytes + io;
-}
-
-// cuBLAS BF16 GEMM (fp32 accumulation) TFLOP/s, best of a few, 8192^3: the tensor-core
-// ceiling the prefill attention is compared with.
-double bf16_gemm_tflops(cudaStream_t stream) {
-  const int n = 8192;
-  Dev a(size_t(n) * n * 2), b(size_t(n) * n * 2), c(size_t(n) * n * 4);
-  msa_bench::fill_random(a.as<void>(), size_t(n) * n, Elem::kBF16, 11, stream);
-  msa_bench::fill_random(b.as<void>(), size_t(n) * n, Elem::kBF16, 12, stream);
-  cublasHandle_t h = nullptr;
-  if (cublasCreate(&h) != CUBLAS_STATUS_SUCCESS) return 0;
-  cublasSetStream(h, stream);
-  const float alpha = 1.0f, beta = 0.0f;
-  cudaEvent_t e0, e1;
-  M3_CUDA_CHECK(cudaEventCreate(&e0));
-  M3_CUDA_CHECK(cudaEventCreate(&e1));
-  double best = 0;
-  for (int i = 0; i < 6; ++i) {
-    M3_CUDA_CHECK(cudaEventRecord(e0, stream));
-    const cublasStatus_t st = cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, n, n, n, &alpha, a.as<void>(), CUDA_R_16BF, n,
-                                           b.as<void>(), CUDA_R_16BF, n, &beta, c.as<void>(), CUDA_R_32F, n,
-                                           CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
-    M3_CUDA_CHECK(cudaEventRecord(e1, stream));
-    M3_CUDA_CHECK(cudaEventSynchronize(e1));
-    if (st != CUBLAS_STATUS_SUCCESS) break;
-    float ms = 0;
-    M3_CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
-    if (i > 0) best = std::max(best, 2.0 * n * double(n) * n / (double(ms) * 1e-3) / 1e12);
-  }
-  cudaEventDestroy(e0);
-  cudaEventDestroy(e1);
-  cublasDestroy(h);
-  return best;
 }
 
 // FLOPs of sparse attention under a selection: 4 * head_dim per (query head, visible key).
@@ -454,7 +422,9 @@ int run(int argc, char** argv) {
   }
   double gemm_tflops = 0;
   if (!prefill.empty()) {
-    gemm_tflops = bf16_gemm_tflops(stream);
+    gemm_tflops = bf16_gemm_tflops(stream, [&](void* p, size_t count, unsigned seed) {
+      msa_bench::fill_random(p, count, Elem::kBF16, seed, stream);
+    });
     std::printf("\nprefill, one sequence from position 0 (attention TFLOP/s = 4*128 per visible (query head, key))\n");
     std::printf("%-5s %7s | %9s %8s | %9s %6s %9s %6s %9s %6s | %6s %s\n", "idx", "context", "step_us", "idx_us",
                 "bm_us", "TF/s", "bmfast_us", "TF/s", "qm_us", "TF/s", "gemmTF", "target");
