@@ -26,6 +26,30 @@ inline std::vector<int> parse_list(const std::string& s) {
   return v;
 }
 
+// Command-line options: for (Options o(argc, argv); o.next();) { if (o.key() == "--x") x = o.value();
+// ... else o.unknown(); }
+class Options {
+ public:
+  Options(int argc, char** argv) : argc_(argc), argv_(argv) {}
+  bool next() {
+    if (++i_ >= argc_) return false;
+    key_ = argv_[i_];
+    return true;
+  }
+  const std::string& key() const { return key_; }
+  std::string value() {
+    if (i_ + 1 >= argc_) throw std::runtime_error("missing value for " + key_);
+    return argv_[++i_];
+  }
+  [[noreturn]] void unknown() const { throw std::runtime_error("unknown option " + key_); }
+
+ private:
+  int argc_;
+  char** argv_;
+  int i_ = 0;
+  std::string key_;
+};
+
 // Device 0 and a non-blocking stream, made the stream every entry launches on (current_stream()).
 struct BenchDevice {
   cudaDeviceProp prop{};

@@ -71,18 +71,13 @@ int run(int argc, char** argv) {
   std::vector<int> rows_list = {1, 8, 32, 128, 512, 4096, 8192};
   int iters = 10, rowdot_max = 4096;
   std::string json_path = "linear_bench.json", only;
-  for (int i = 1; i < argc; ++i) {
-    const std::string k = argv[i];
-    auto next = [&]() -> std::string {
-      if (i + 1 >= argc) throw std::runtime_error("missing value for " + k);
-      return argv[++i];
-    };
-    if (k == "--rows") rows_list = parse_list(next());
-    else if (k == "--iters") iters = std::stoi(next());
-    else if (k == "--rowdot-max") rowdot_max = std::stoi(next());
-    else if (k == "--json") json_path = next();
-    else if (k == "--shapes") (only = ",").append(next()).append(",");
-    else throw std::runtime_error("unknown option " + k);
+  for (Options o(argc, argv); o.next();) {
+    if (o.key() == "--rows") rows_list = parse_list(o.value());
+    else if (o.key() == "--iters") iters = std::stoi(o.value());
+    else if (o.key() == "--rowdot-max") rowdot_max = std::stoi(o.value());
+    else if (o.key() == "--json") json_path = o.value();
+    else if (o.key() == "--shapes") (only = ",").append(o.value()).append(",");
+    else o.unknown();
   }
   BenchDevice bench_device = open_bench_device();
   const cudaDeviceProp& prop = bench_device.prop;

@@ -182,21 +182,16 @@ int run(int argc, char** argv) {
   int iters = 20, hidden = 6144, inter = 3072, routed = 128, top_k = 4;
   bool baseline = true;
   std::string json_path = "moe_bench.json";
-  for (int i = 1; i < argc; ++i) {
-    const std::string k = argv[i];
-    auto next = [&]() -> std::string {
-      if (i + 1 >= argc) throw std::runtime_error("missing value for " + k);
-      return argv[++i];
-    };
-    if (k == "--tokens") tokens_list = parse_list(next());
-    else if (k == "--iters") iters = std::stoi(next());
-    else if (k == "--hidden") hidden = std::stoi(next());
-    else if (k == "--inter") inter = std::stoi(next());
-    else if (k == "--experts") routed = std::stoi(next());
-    else if (k == "--top-k") top_k = std::stoi(next());
-    else if (k == "--no-baseline") baseline = false;
-    else if (k == "--json") json_path = next();
-    else throw std::runtime_error("unknown option " + k);
+  for (Options o(argc, argv); o.next();) {
+    if (o.key() == "--tokens") tokens_list = parse_list(o.value());
+    else if (o.key() == "--iters") iters = std::stoi(o.value());
+    else if (o.key() == "--hidden") hidden = std::stoi(o.value());
+    else if (o.key() == "--inter") inter = std::stoi(o.value());
+    else if (o.key() == "--experts") routed = std::stoi(o.value());
+    else if (o.key() == "--top-k") top_k = std::stoi(o.value());
+    else if (o.key() == "--no-baseline") baseline = false;
+    else if (o.key() == "--json") json_path = o.value();
+    else o.unknown();
   }
   BenchDevice bench_device = open_bench_device();
   const cudaDeviceProp& prop = bench_device.prop;

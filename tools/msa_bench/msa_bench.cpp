@@ -253,23 +253,21 @@ int run(int argc, char** argv) {
   double max_gb = 100;
   bool baseline = true;
   std::string json_path = "msa_bench.json";
-  for (int i = 1; i < argc; ++i) {
-    const std::string k = argv[i];
-    auto next = [&]() -> std::string {
-      if (i + 1 >= argc) throw std::runtime_error("missing value for " + k);
-      return argv[++i];
-    };
-    if (k == "--contexts") contexts = parse_list(next());
-    else if (k == "--batches") batches = parse_list(next());
-    else if (k == "--index-dtypes") index_dtypes = parse_words(next());
-    else if (k == "--iters") iters = std::stoi(next());
-    else if (k == "--max-gb") max_gb = std::stod(next());
-    else if (k == "--no-baseline") baseline = false;
-    else if (k == "--prefill") prefill = next() == "none" ? std::vector<int>{} : parse_list(argv[i]);
-    else if (k == "--no-decode") decode = false;
-    else if (k == "--dense") dense = true;
-    else if (k == "--json") json_path = next();
-    else throw std::runtime_error("unknown option " + k);
+  for (Options o(argc, argv); o.next();) {
+    if (o.key() == "--contexts") contexts = parse_list(o.value());
+    else if (o.key() == "--batches") batches = parse_list(o.value());
+    else if (o.key() == "--index-dtypes") index_dtypes = parse_words(o.value());
+    else if (o.key() == "--iters") iters = std::stoi(o.value());
+    else if (o.key() == "--max-gb") max_gb = std::stod(o.value());
+    else if (o.key() == "--no-baseline") baseline = false;
+    else if (o.key() == "--prefill") {
+      const std::string v = o.value();
+      prefill = v == "none" ? std::vector<int>{} : parse_list(v);
+    }
+    else if (o.key() == "--no-decode") decode = false;
+    else if (o.key() == "--dense") dense = true;
+    else if (o.key() == "--json") json_path = o.value();
+    else o.unknown();
   }
   BenchDevice bench_device = open_bench_device();
   const cudaDeviceProp& prop = bench_device.prop;
