@@ -507,15 +507,13 @@ struct Gemm {
   Args a{};
   dim3 grid;
   bool fp8 = false;
-  int64_t wbytes = 0;
+  int ct = 0;  // tokens per CTA
   Gemm(int64_t m, const ops::LinearWeight& w, float* y, int64_t ldy) {
     const int64_t n = w.out_features(), k = w.in_features();
     fp8 = w.data.dtype == DType::kF8E4M3;
-    wbytes = n * k * (fp8 ? 1 : 2);
-    const int64_t ct = tokens_per_cta(m, wbytes);
-    const int64_t nt = (n + kRowsCta - 1) / kRowsCta, mt = (m + ct - 1) / ct;
-    if (mt > 65535) throw std::runtime_error("linear.mma_hilo_invariant.sm90: too many rows (" + std::to_string(m) + ")");
-    const Plan plan = k_plan(n, k);
+    const MmaLinearPlan plan = mma_linear_plan(m, n, k, w.data.dtype);
+    if (plan.grid_y > 65535) throw std::runtime_error("linear.mma_hilo_invariant.sm90: too many rows (" + std::to_string(m) + ")");
+    ct = plan.tokens_per_cta;
     a.w = static_cast<const uint8_t*>(w.data.data);
     a.ws = fp8 ? static_cast<const uint8_t*>(w.scale.data) : nullptr;
     a.y = y;
@@ -525,11 +523,11 @@ struct Gemm {
     a.k = int(k);
     a.seg_stages = plan.seg_stages;
     a.nseg = plan.nseg;
-    a.split = plan.nseg > 1 && nt * mt < 132 && m <= kSplitMaxRows;
-    grid = dim3(unsigned(nt), unsigned(mt), a.split ? unsigned(plan.nseg) : 1u);
+    a.split = plan.split;
+    grid = dim3(unsigned(plan.grid_x), unsigned(plan.grid_y), unsigned(plan.grid_z));
     if (a.split) {
       partial_bytes = size_t(plan.nseg) * size_t(m) * size_t(n) * 4;
-      ticket_count = size_t(nt * mt);
+      ticket_count = size_t(plan.grid_x * plan.grid_y);
     }
   }
   size_t partial_bytes = 0, ticket_count = 0;
@@ -539,7 +537,6 @@ struct Gemm {
     a.xlo = xs.lo;
     a.xscale = fp8 ? xs.scale : nullptr;
     // Token tile (the bits do not depend on it): see tokens_per_cta().
-    const int ct = tokens_per_cta(a.m, wbytes);
     if (fp8) {
       if (ct == 128) launch<WKind::kFP8, 4, 4, 4, 4>(grid, a);
       else if (ct == 8) launch<WKind::kFP8, 1, 1, 1, 4>(grid, a);
@@ -560,6 +557,19 @@ void check_weight(const ops::LinearWeight& w) {
 }
 
 }  // namespace
+
+MmaLinearPlan mma_linear_plan(int64_t m, int64_t n, int64_t k, DType dtype) {
+  MmaLinearPlan p;
+  const Plan kp = k_plan(n, k);
+  p.seg_stages = kp.seg_stages;
+  p.nseg = kp.nseg;
+  p.tokens_per_cta = tokens_per_cta(m, n * k * (dtype == DType::kF8E4M3 ? 1 : 2));
+  p.grid_x = (n + kRowsCta - 1) / kRowsCta;
+  p.grid_y = (m + p.tokens_per_cta - 1) / p.tokens_per_cta;
+  p.split = p.nseg > 1 && p.grid_x * p.grid_y < 132 && m <= kSplitMaxRows;
+  p.grid_z = p.split ? p.nseg : 1;
+  return p;
+}
 
 std::string mma_linear_eligible(DType dtype, int64_t n, int64_t k) {
   if (dtype != DType::kBF16 && dtype != DType::kF8E4M3) return "BF16 or MXFP8 weights only";

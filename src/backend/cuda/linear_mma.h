@@ -19,6 +19,17 @@
 
 namespace m3::cuda {
 
+// How one call is cut (host-side; the launch uses it, tests check it). The K segments are a
+// function of (n, k) only; the rest may follow m, as no tile choice changes a bit.
+struct MmaLinearPlan {
+  int seg_stages = 0;      // 64-wide K steps per segment (the last may be shorter)
+  int nseg = 0;            // segments, added in order
+  int tokens_per_cta = 0;  // 8, 16 or 32 (narrow tiles) or 128 (wide)
+  bool split = false;      // one segment per CTA (grid z), partials added by the tile's last CTA
+  int64_t grid_x = 0, grid_y = 0, grid_z = 0;
+};
+MmaLinearPlan mma_linear_plan(int64_t m, int64_t n, int64_t k, DType dtype);
+
 // "" when the tensor-core invariant linear takes weights of this type and shape.
 std::string mma_linear_eligible(DType dtype, int64_t n, int64_t k);
 

@@ -1,0 +1,52 @@
+// Host-side plan of the tensor-core invariant linear (linear_mma.h): no GPU needed, so CI runs it.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "backend/cuda/linear_mma.h"
+
+namespace m3 {
+namespace {
+
+// Its K segments must be a function of (N, K) alone and tile K exactly, or a row's bits would
+// depend on the batch; the tiles and the split may follow M within launch limits.
+TEST(MmaLinearPlan, SegmentsDependOnTheShapeOnly) {
+  struct Shape {
+    int64_t n, k;
+    DType dtype;
+  };
+  const std::vector<Shape> shapes = {{8192, 6144, DType::kF8E4M3}, {6144, 8192, DType::kF8E4M3},
+                                     {512, 6144, DType::kF8E4M3},  {128, 6144, DType::kF8E4M3},
+                                     {12288, 6144, DType::kF8E4M3}, {6144, 12288, DType::kF8E4M3},
+                                     {200064, 6144, DType::kBF16},  {129, 1152, DType::kF8E4M3},
+                                     {300, 1024, DType::kBF16},     {1, 1024, DType::kBF16}};
+  for (const Shape& s : shapes) {
+    ASSERT_EQ(cuda::mma_linear_eligible(s.dtype, s.n, s.k), "") << s.n << " x " << s.k;
+    const cuda::MmaLinearPlan one = cuda::mma_linear_plan(1, s.n, s.k, s.dtype);
+    const int64_t steps = s.k / 64;
+    EXPECT_GE(one.nseg, 1);
+    EXPECT_LT(int64_t(one.seg_stages) * (one.nseg - 1), steps) << "empty last segment";
+    EXPECT_GE(int64_t(one.seg_stages) * one.nseg, steps) << "segments do not cover K";
+    for (int64_t m : {1, 2, 7, 8, 9, 16, 17, 32, 33, 128, 256, 257, 4096, 65536}) {
+      const cuda::MmaLinearPlan p = cuda::mma_linear_plan(m, s.n, s.k, s.dtype);
+      EXPECT_EQ(p.seg_stages, one.seg_stages) << s.n << " x " << s.k << ", m " << m;
+      EXPECT_EQ(p.nseg, one.nseg) << s.n << " x " << s.k << ", m " << m;
+      EXPECT_TRUE(p.tokens_per_cta == 8 || p.tokens_per_cta == 16 || p.tokens_per_cta == 32 || p.tokens_per_cta == 128);
+      EXPECT_EQ(p.tokens_per_cta == 128, m > 32) << "m " << m;
+      EXPECT_GE(p.grid_y * p.tokens_per_cta, m);
+      EXPECT_LE(p.grid_y, 65535);
+      EXPECT_EQ(p.grid_z, p.split ? p.nseg : 1);
+      if (p.split) {
+        EXPECT_LE(m, 256) << "split partials are bounded by 256 rows";
+      }
+    }
+  }
+  // Shapes the entry refuses keep the row-dot.
+  EXPECT_NE(cuda::mma_linear_eligible(DType::kF8E4M3, 4096, 1088), "");  // MXFP8 in % 128 != 0
+  EXPECT_NE(cuda::mma_linear_eligible(DType::kBF16, 4096, 512), "");     // small layers
+  EXPECT_NE(cuda::mma_linear_eligible(DType::kF32, 4096, 4096), "");
+}
+
+}  // namespace
+}  // namespace m3
