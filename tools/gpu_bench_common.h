@@ -50,42 +50,6 @@ class Options {
   std::string key_;
 };
 
-// Device 0 and a non-blocking stream, made the stream every entry launches on (current_stream()).
-struct BenchDevice {
-  cudaDeviceProp prop{};
-  cudaStream_t stream = nullptr;
-};
-inline BenchDevice open_bench_device() {
-  int count = 0;
-  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) throw std::runtime_error("no CUDA device");
-  BenchDevice d;
-  M3_CUDA_CHECK(cudaSetDevice(0));
-  M3_CUDA_CHECK(cudaGetDeviceProperties(&d.prop, 0));
-  M3_CUDA_CHECK(cudaStreamCreateWithFlags(&d.stream, cudaStreamNonBlocking));
-  m3::cuda::set_current_stream(d.stream);
-  return d;
-}
-
-// Writes the run's JSON, prints where, and hands the stream back (current_stream() unset first).
-template <class Json>
-inline void finish_bench(const std::string& json_path, const Json& doc, BenchDevice& d) {
-  std::ofstream(json_path) << doc.dump(2) << "\n";
-  std::printf("wrote %s\n", json_path.c_str());
-  m3::cuda::set_current_stream(nullptr);
-  cudaStreamDestroy(d.stream);
-  d.stream = nullptr;
-}
-
-// main() of a benchmark: run(argc, argv), any exception printed as "<name>: <what>", exit 1.
-inline int bench_main(const char* name, int (*run)(int, char**), int argc, char** argv) {
-  try {
-    return run(argc, argv);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "%s: %s\n", name, e.what());
-    return 1;
-  }
-}
-
 class Dev {
  public:
   Dev() = default;
@@ -165,6 +129,47 @@ inline double copy_bandwidth(cudaStream_t stream) {
   cudaEventDestroy(e0);
   cudaEventDestroy(e1);
   return best;
+}
+
+// Device 0, a non-blocking stream made the stream every entry launches on (current_stream()),
+// the buffer time_graph() memsets to flush L2 (256 MB), and the copy bandwidth of this run.
+struct BenchDevice {
+  cudaDeviceProp prop{};
+  cudaStream_t stream = nullptr;
+  Dev flush;
+  double copy_bw = 0;
+};
+inline BenchDevice open_bench_device() {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) throw std::runtime_error("no CUDA device");
+  BenchDevice d;
+  M3_CUDA_CHECK(cudaSetDevice(0));
+  M3_CUDA_CHECK(cudaGetDeviceProperties(&d.prop, 0));
+  M3_CUDA_CHECK(cudaStreamCreateWithFlags(&d.stream, cudaStreamNonBlocking));
+  m3::cuda::set_current_stream(d.stream);
+  d.flush = Dev(size_t(256) << 20);
+  d.copy_bw = copy_bandwidth(d.stream);
+  return d;
+}
+
+// Writes the run's JSON, prints where, and hands the stream back (current_stream() unset first).
+template <class Json>
+inline void finish_bench(const std::string& json_path, const Json& doc, BenchDevice& d) {
+  std::ofstream(json_path) << doc.dump(2) << "\n";
+  std::printf("wrote %s\n", json_path.c_str());
+  m3::cuda::set_current_stream(nullptr);
+  cudaStreamDestroy(d.stream);
+  d.stream = nullptr;
+}
+
+// main() of a benchmark: run(argc, argv), any exception printed as "<name>: <what>", exit 1.
+inline int bench_main(const char* name, int (*run)(int, char**), int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "%s: %s\n", name, e.what());
+    return 1;
+  }
 }
 
 }  // namespace m3::gpu_bench

@@ -35,7 +35,6 @@ namespace {
 
 using namespace m3;
 using namespace m3::gpu_bench;
-constexpr size_t kFlushBytes = size_t(256) << 20;
 
 struct Mat {
   Dev data, scale;
@@ -82,8 +81,8 @@ int run(int argc, char** argv) {
   BenchDevice bench_device = open_bench_device();
   const cudaDeviceProp& prop = bench_device.prop;
   cudaStream_t stream = bench_device.stream;
-  Dev flush(kFlushBytes);
-  const double copy_bw = copy_bandwidth(stream);
+  const Dev& flush = bench_device.flush;
+  const double copy_bw = bench_device.copy_bw;
   // BF16 operands: random bytes below 0x40, so every value is finite and positive.
   const double bf16_tf = bf16_gemm_tflops(stream, [&](void* p, size_t count, unsigned seed) {
     moe_bench::fill_bytes(static_cast<uint8_t*>(p), count * 2, 0, 0x3f, seed, stream);

@@ -46,7 +46,6 @@ namespace {
 using namespace m3;
 using namespace m3::gpu_bench;
 namespace mx = cuda::moe_mxfp8;
-constexpr size_t kFlushBytes = size_t(256) << 20;
 
 #define LT_CHECK(call)                                                                               \
   do {                                                                                               \
@@ -196,8 +195,8 @@ int run(int argc, char** argv) {
   BenchDevice bench_device = open_bench_device();
   const cudaDeviceProp& prop = bench_device.prop;
   cudaStream_t stream = bench_device.stream;
-  Dev flush(kFlushBytes);
-  const double copy_bw = copy_bandwidth(stream);
+  const Dev& flush = bench_device.flush;
+  const double copy_bw = bench_device.copy_bw;
   double lt_tflops = 0;
   std::string lt_error;
   try {

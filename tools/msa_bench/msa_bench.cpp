@@ -51,7 +51,6 @@ using namespace m3::gpu_bench;
 using msa_bench::Elem;
 
 constexpr int kQHeads = 64, kKvHeads = 4, kHeadDim = 128, kIndexHeads = 4, kIndexDim = 128, kBlock = 128, kTopK = 16;
-constexpr size_t kFlushBytes = size_t(256) << 20;
 
 std::vector<std::string> parse_words(const std::string& s) {
   std::vector<std::string> v;
@@ -272,8 +271,8 @@ int run(int argc, char** argv) {
   BenchDevice bench_device = open_bench_device();
   const cudaDeviceProp& prop = bench_device.prop;
   cudaStream_t stream = bench_device.stream;
-  Dev flush(kFlushBytes);
-  const double copy_bw = copy_bandwidth(stream);
+  const Dev& flush = bench_device.flush;
+  const double copy_bw = bench_device.copy_bw;
   std::printf("device %s, %d SMs, L2 %.0f MB; copy bandwidth %.0f GB/s (read + write)\n", prop.name,
               prop.multiProcessorCount, prop.l2CacheSize / 1e6, copy_bw / 1e9);
   Tables tables;
