@@ -42,6 +42,10 @@ class Scratch {
   void* ptr_ = nullptr;
 };
 
+// Raises a kernel's dynamic shared-memory limit to `bytes` once per (kernel, device), so graph
+// capture (the engine's replays, the benchmarks) never meets the call; returns the SM count.
+int allow_dynamic_smem(const void* kernel, size_t bytes);
+
 // y[m, n] = x[m, k] * w[n, k]^T with fp32 accumulation; x, y F32 device rows; w F32 or BF16.
 // invariant: one fixed-order warp reduction per output (a row's result never depends on m);
 // otherwise cuBLAS (F32: SGEMM, pedantic math, no TF32; BF16: x split into bf16 hi + lo and

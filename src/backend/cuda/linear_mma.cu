@@ -21,9 +21,6 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <map>
-#include <memory>
-#include <mutex>
 #include <stdexcept>
 #include <string>
 
@@ -124,18 +121,12 @@ __global__ void __launch_bounds__(256) split_rows_kernel(const float* x, int64_t
   };
   float mul = 1.0f;
   if constexpr (kF16) {
-    __shared__ float red[8];
     float amax = 0.0f;
     for (int c = 4 * int(threadIdx.x); c < k; c += 4 * 256) {
       const float4 v = load4(c);
       amax = fmaxf(amax, fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w))));
     }
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
-    if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = amax;
-    __syncthreads();
-    amax = red[0];
-    for (int w = 1; w < 8; ++w) amax = fmaxf(amax, red[w]);
+    amax = cta_amax(amax, 256 / 32);
     int e = 0;
     if (amax > 0.0f && amax <= 3.0e38f) {  // zero, inf or NaN rows keep scale 1 (and propagate)
       int ex = 0;
@@ -297,12 +288,16 @@ __global__ void __launch_bounds__(32 * (128 / (16 * kMI)) * kTW) mma_linear_kern
 
   // acc: the current K segment; tot: the segments so far, added in order.
   float acc[kMI][kNT][4], tot[kMI][kNT][4];
+  // each_frag calls f(i, j, e) for every accumulator element of this thread.
+  auto each_frag = [&](auto&& f) {
 #pragma unroll
-  for (int i = 0; i < kMI; ++i)
+    for (int i = 0; i < kMI; ++i)
 #pragma unroll
-    for (int j = 0; j < kNT; ++j)
+      for (int j = 0; j < kNT; ++j)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) acc[i][j][e] = tot[i][j][e] = 0.0f;
+        for (int e = 0; e < 4; ++e) f(i, j, e);
+  };
+  each_frag([&](int i, int j, int e) { acc[i][j][e] = tot[i][j][e] = 0.0f; });
   bool first = true;
   // The final value of an output: the weight row's and the x row's powers of two.
   auto scaled = [&](float v, int i, int h, int tok) {
@@ -387,15 +382,10 @@ __global__ void __launch_bounds__(32 * (128 / (16 * kMI)) * kTW) mma_linear_kern
     }
     if (--seg_left == 0 || st + 1 == st_end) {  // end of a K segment: fold in order
       seg_left = a.seg_stages;
-#pragma unroll
-      for (int i = 0; i < kMI; ++i)
-#pragma unroll
-        for (int j = 0; j < kNT; ++j)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            tot[i][j][e] = first ? acc[i][j][e] : tot[i][j][e] + acc[i][j][e];
-            acc[i][j][e] = 0.0f;
-          }
+      each_frag([&](int i, int j, int e) {
+        tot[i][j][e] = first ? acc[i][j][e] : tot[i][j][e] + acc[i][j][e];
+        acc[i][j][e] = 0.0f;
+      });
       first = false;
     }
   }
@@ -404,16 +394,11 @@ __global__ void __launch_bounds__(32 * (128 / (16 * kMI)) * kTW) mma_linear_kern
   // Epilogue. Fragment (i, j): e = 0, 1: weight row rlo, tokens 2t, 2t + 1; e = 2, 3: row rlo + 8.
   // each_out calls f(i, j, e, tok, n) for this thread's outputs that exist.
   auto each_out = [&](auto&& f) {
-#pragma unroll
-    for (int i = 0; i < kMI; ++i)
-#pragma unroll
-      for (int j = 0; j < kNT; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int tok = m0 + tok0 + 8 * j + 2 * t + (e & 1);
-          const int n = n0 + rb + 16 * i + 8 * (e >> 1) + g;
-          if (tok < a.m && n < a.n) f(i, j, e, tok, n);
-        }
+    each_frag([&](int i, int j, int e) {
+      const int tok = m0 + tok0 + 8 * j + 2 * t + (e & 1);
+      const int n = n0 + rb + 16 * i + 8 * (e >> 1) + g;
+      if (tok < a.m && n < a.n) f(i, j, e, tok, n);
+    });
   };
   auto finish = [&](float v, int i, int h, int tok, int n) { a.y[int64_t(tok) * a.ldy + n] = scaled(v, i, h, tok); };
   if (!a.split) {
@@ -439,19 +424,6 @@ __global__ void __launch_bounds__(32 * (128 / (16 * kMI)) * kTW) mma_linear_kern
     finish(v, i, e >> 1, tok, n);
   });
   if (tid == 0) *ticket = 0;  // ready for the next launch (graph replays)
-}
-
-// Raises a kernel's dynamic shared-memory limit once per (kernel, device), outside any capture
-// that follows the first call.
-void allow_smem(const void* kernel, size_t bytes) {
-  static std::mutex mu;
-  static std::map<std::pair<const void*, int>, bool> done;
-  int device = 0;
-  M3_CUDA_CHECK(cudaGetDevice(&device));
-  std::lock_guard<std::mutex> lock(mu);
-  if (done.count({kernel, device})) return;
-  if (bytes > 48 * 1024) M3_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
-  done[{kernel, device}] = true;
 }
 
 // The fixed K split: a function of N and K only.
@@ -484,7 +456,7 @@ template <WKind W, int kMI, int kNT, int kTW, int kStages>
 void launch(dim3 grid, const Args& a) {
   auto kernel = mma_linear_kernel<W, kMI, kNT, kTW, kStages>;
   constexpr size_t bytes = smem_bytes<W, 8 * kNT * kTW, kStages>();
-  allow_smem(reinterpret_cast<const void*>(kernel), bytes);
+  allow_dynamic_smem(reinterpret_cast<const void*>(kernel), bytes);
   // A programmatic dependent of the x split (or of the GEMM before it over the same split).
   launch_kernel(kernel, grid, dim3(32 * (kRowsCta / (16 * kMI)) * kTW), bytes, true, a);
 }

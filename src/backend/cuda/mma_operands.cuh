@@ -43,6 +43,19 @@ __device__ __forceinline__ int max_byte(uint32_t v) {
   return int(v & 0xffu);
 }
 
+// Largest |x| of a row read by the whole CTA: each thread passes its own maximum, all get the
+// row's (warps: the CTA's warp count, at most 32). For the per-row power-of-two activation scales.
+__device__ __forceinline__ float cta_amax(float amax, int warps) {
+  __shared__ float red[32];
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
+  if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = amax;
+  __syncthreads();
+  amax = red[0];
+  for (int w = 1; w < warps; ++w) amax = fmaxf(amax, red[w]);
+  return amax;
+}
+
 // Two e4m3 (low 16 bits, low byte first) -> f16x2 (exact), times m (a power of two <= 1).
 __device__ __forceinline__ uint32_t e4m3x2_scaled(uint32_t two, __half2 m) {
   uint32_t h;

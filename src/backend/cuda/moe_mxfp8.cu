@@ -20,8 +20,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <map>
-#include <mutex>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
@@ -165,19 +163,13 @@ __device__ __forceinline__ float4 load4(const In* p) {
 // One row by the whole CTA (any multiple of 32 threads up to 1024).
 template <class In, bool kFp8>
 __device__ __forceinline__ void quant_row(const In* xr, int cols, void* out_row, float* scale) {
-  __shared__ float red[32];
   const int nt = int(blockDim.x);
   float amax = 0.0f;
   for (int c = 4 * int(threadIdx.x); c < cols; c += 4 * nt) {
     const float4 v = load4(xr + c);
     amax = fmaxf(amax, fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w))));
   }
-#pragma unroll
-  for (int off = 16; off > 0; off >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
-  if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = amax;
-  __syncthreads();
-  amax = red[0];
-  for (int w = 1; w < nt / 32; ++w) amax = fmaxf(amax, red[w]);
+  amax = cta_amax(amax, nt / 32);
   int k = 0;
   if (amax > 0.0f && amax <= 3.0e38f) {  // zero, inf or NaN rows keep scale 1 (and propagate)
     int ex = 0;
@@ -969,25 +961,6 @@ Args grouped_args(const In* x, const int32_t* gather, int64_t ldx, const float* 
   return r;
 }
 
-// Raises a kernel's dynamic shared-memory limit once per (kernel, device), so graph capture (the
-// engine's replays, the benchmark) never meets the call; returns the device's SM count.
-int allow_smem(const void* kernel, size_t bytes) {
-  static std::mutex mu;
-  static std::map<std::pair<const void*, int>, int> done;  // -> SM count
-  int device = 0;
-  M3_CUDA_CHECK(cudaGetDevice(&device));
-  std::lock_guard<std::mutex> lock(mu);
-  auto it = done.find({kernel, device});
-  if (it != done.end()) return it->second;
-  int sms = 0;
-  M3_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  if (bytes > 48 * 1024) {
-    M3_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
-  }
-  done[{kernel, device}] = sms;
-  return sms;
-}
-
 // The down projection (kFused false) is launched with programmatic stream serialisation: its CTAs
 // may become resident during gate+up's tail and prefetch weights before waiting (on created
 // streams; the legacy stream keeps plain ordering).
@@ -995,13 +968,13 @@ template <bool kFused>
 void launch_w16(int tmt, dim3 grid, const W16Args& a) {
   const size_t smem = w16_smem_bytes(tmt);
   auto kernel = tmt == 2 ? w8a16_kernel<kFused, 2> : tmt == 0 ? w8a16_kernel<kFused, 0> : w8a16_kernel<kFused, 8>;
-  allow_smem(reinterpret_cast<const void*>(kernel), smem);
+  allow_dynamic_smem(reinterpret_cast<const void*>(kernel), smem);
   launch_kernel(kernel, grid, dim3(kW16Threads), smem, !kFused, a);
 }
 
 template <bool kFused>
 void launch_w8(const W8Args& a) {
-  const int sms = allow_smem(reinterpret_cast<const void*>(w8a8_kernel<kFused>), kW8SmemBytes);
+  const int sms = allow_dynamic_smem(reinterpret_cast<const void*>(w8a8_kernel<kFused>), kW8SmemBytes);
   w8a8_kernel<kFused><<<unsigned(sms), kW8Threads, kW8SmemBytes, current_stream()>>>(a);
   M3_CUDA_CHECK_LAUNCH();
 }

@@ -1,0 +1,30 @@
+// allow_dynamic_smem (cuda_internal.h): the per-(kernel, device) dynamic shared-memory limit.
+#include <map>
+#include <mutex>
+#include <utility>
+
+#include <cuda_runtime_api.h>
+
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/cuda_internal.h"
+
+namespace m3::cuda {
+
+int allow_dynamic_smem(const void* kernel, size_t bytes) {
+  static std::mutex mu;
+  static std::map<std::pair<const void*, int>, int> done;  // -> SM count
+  int device = 0;
+  M3_CUDA_CHECK(cudaGetDevice(&device));
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = done.find({kernel, device});
+  if (it != done.end()) return it->second;
+  int sms = 0;
+  M3_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  if (bytes > 48 * 1024) {
+    M3_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
+  }
+  done[{kernel, device}] = sms;
+  return sms;
+}
+
+}  // namespace m3::cuda
