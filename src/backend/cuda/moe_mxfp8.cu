@@ -436,18 +436,11 @@ __device__ __forceinline__ void w8a16_body(const W16Args& a) {
   }
   // Each row's largest scale byte (the quad of lanes sharing a row splits the scan).
   {
-    uint32_t v_lo = 0, v_hi = 0;
-    for (int j = tig; j < K / 128; j += 4) {
-      v_lo = __vmaxu4(v_lo, __ldg(s_lo + j));
-      v_hi = __vmaxu4(v_hi, __ldg(s_hi + j));
-    }
-    ref_lo = max_byte(v_lo);
-    ref_hi = max_byte(v_hi);
-#pragma unroll
-    for (int off = 1; off <= 2; off <<= 1) {
-      ref_lo = max(ref_lo, __shfl_xor_sync(0xffffffffu, ref_lo, off));
-      ref_hi = max(ref_hi, __shfl_xor_sync(0xffffffffu, ref_hi, off));
-    }
+    const uint32_t* const rows[2] = {s_lo, s_hi};
+    int r[2];
+    rows_max_byte<2, kTMT == 2 ? 16 : 1>(rows, K / 128, tig, r);  // the 64-row tiles have no registers to spare
+    ref_lo = r[0];
+    ref_hi = r[1];
   }
 
   // Items, weights and scales come from before the previous kernel; its output (the activation
