@@ -6,6 +6,10 @@
 //   cp.async   the W8A16 decode pattern: a CTA owns 128 rows of [rows, 6144] bytes and reads
 //              128 bytes of each row per stage through a 4-stage ring (2 CTAs per SM)
 //   tma        the same 128 x 128-byte tiles by cp.async.bulk.tensor (mbarrier ring, 1 CTA/SM)
+//   cp.async rows R x B   one CTA per block of R rows streaming along K in R x B-byte stages (16 KB),
+//              2 CTAs per SM: the invariant linear's LM-head pattern (128 x 128) and longer runs per row
+//   ldg rows   the same row blocks read into registers the way MMA fragments are (a warp per 16 rows,
+//              32 bytes of two rows per lane and 128-byte window, 4 windows in flight)
 // Each: one launch timed by events with L2 flushed before it (as the benchmarks do), median of
 // 30; an empty kernel gives the launch floor. Prints a table, writes JSON.
 //   mem_bench [--mb 189,292,1752] [--json F]   (copy bandwidth: gpu_bench::copy_bandwidth, as the other benches)
@@ -81,6 +85,74 @@ __global__ void __launch_bounds__(256, 2) cpasync_kernel(const uint8_t* w, int t
     for (int j = 0; j < 4; ++j) {
       const uint4 v = p[tid * 4 + j];
       acc ^= v.x ^ v.y ^ v.z ^ v.w;
+    }
+  }
+  if (acc == 0x9e3779b9u) *sink = acc;
+}
+
+// Row blocks streamed along K, one CTA per block of kRows rows (as the invariant linear's LM head:
+// 1 563 CTAs, 2 resident per SM): stages of kRows x kBytes (16 KB) through a 4-stage cp.async ring.
+// How long a row's run per stage is (128 vs 256 vs 512 bytes) at the same bytes per stage.
+template <int kRows, int kBytes>
+__global__ void __launch_bounds__(256, 2) cprows_kernel(const uint8_t* w, unsigned* sink) {
+  constexpr int kStages = 4, kKs = kK / kBytes, kRowChunks = kBytes / 16;
+  static_assert(kRows * kBytes == kTile, "16 KB stages");
+  extern __shared__ __align__(128) uint8_t ring_r[];
+  const int tid = int(threadIdx.x);
+  const uint8_t* base = w + size_t(blockIdx.x) * kRows * kK;
+  auto load = [&](int ks) {
+    const uint32_t d = smem_u32(ring_r + (ks % kStages) * kTile);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int c = tid + j * 256, row = c / kRowChunks, col = c % kRowChunks;
+      const uint8_t* src = base + size_t(row) * kK + ks * kBytes + col * 16;
+      asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16;\n" ::"r"(d + c * 16), "l"(src) : "memory");
+    }
+  };
+  unsigned acc = 0;
+  for (int s = 0; s < kStages - 1; ++s) {
+    load(s);
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+  }
+  for (int i = 0; i < kKs; ++i) {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(kStages - 2) : "memory");
+    __syncthreads();
+    if (i + kStages - 1 < kKs) load(i + kStages - 1);
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+    const uint4* p = reinterpret_cast<const uint4*>(ring_r + (i % kStages) * kTile);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const uint4 v = p[tid + j * 256];
+      acc ^= v.x ^ v.y ^ v.z ^ v.w;
+    }
+  }
+  if (acc == 0x9e3779b9u) *sink = acc;
+}
+
+// The same row blocks read straight into registers as MMA fragments would be: a warp owns 16 rows,
+// lane (g, t) reads bytes [32 t, 32 t + 32) of rows g and g + 8 of each 128-byte window, 4 windows in
+// flight; 4 warps (64 rows) per CTA.
+__global__ void __launch_bounds__(128) ldgrows_kernel(const uint8_t* w, unsigned* sink) {
+  constexpr int kD = 4, kKs = kK / 128;
+  const int lane = int(threadIdx.x) & 31, g = lane >> 2, t = lane & 3;
+  const uint8_t* r0 = w + (size_t(blockIdx.x) * 64 + (threadIdx.x >> 5) * 16 + g) * kK + 32 * t;
+  const uint8_t* r1 = r0 + 8 * size_t(kK);
+  uint4 b[kD][4];
+  auto load = [&](int ks, uint4 (&q)[4]) {
+    q[0] = __ldg(reinterpret_cast<const uint4*>(r0 + ks * 128));
+    q[1] = __ldg(reinterpret_cast<const uint4*>(r0 + ks * 128 + 16));
+    q[2] = __ldg(reinterpret_cast<const uint4*>(r1 + ks * 128));
+    q[3] = __ldg(reinterpret_cast<const uint4*>(r1 + ks * 128 + 16));
+  };
+#pragma unroll
+  for (int d = 0; d < kD; ++d) load(d, b[d]);
+  unsigned acc = 0;
+  for (int s = 0; s < kKs; s += kD) {
+#pragma unroll
+    for (int d = 0; d < kD; ++d) {
+#pragma unroll
+      for (int j = 0; j < 4; ++j) acc ^= b[d][j].x ^ b[d][j].y ^ b[d][j].z ^ b[d][j].w;
+      if (s + d + kD < kKs) load(s + d + kD, b[d]);
     }
   }
   if (acc == 0x9e3779b9u) *sink = acc;
@@ -206,6 +278,11 @@ int main(int argc, char** argv) {
   constexpr size_t kCpSmem = 4 * size_t(kTile), kTmaSmem = 8 * size_t(kTile);
   M3_CUDA_CHECK(cudaFuncSetAttribute(cpasync_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kCpSmem)));
   M3_CUDA_CHECK(cudaFuncSetAttribute(tma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kTmaSmem)));
+  // 83 KB: two CTAs per SM, as the LM head's 8-token BF16 tile.
+  constexpr size_t kRowsSmem = 83 * 1024;
+  M3_CUDA_CHECK(cudaFuncSetAttribute(cprows_kernel<128, 128>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kRowsSmem)));
+  M3_CUDA_CHECK(cudaFuncSetAttribute(cprows_kernel<64, 256>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kRowsSmem)));
+  M3_CUDA_CHECK(cudaFuncSetAttribute(cprows_kernel<32, 512>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kRowsSmem)));
   std::string json = "{\"device\": \"" + std::string(prop.name) + "\", \"copy_gbps\": " + std::to_string(copy_bw / 1e9) +
                      ", \"empty_kernel_us\": " + std::to_string(floor_us) + ", \"rows\": [";
   bool first = true;
@@ -223,6 +300,11 @@ int main(int argc, char** argv) {
     };
     emit("ldg grid-stride", time_us([&] { ldg_kernel<<<16 * sms, 256>>>(reinterpret_cast<const uint4*>(w), bytes / 16, sink); }));
     emit("cp.async W8A16 tiles", time_us([&] { cpasync_kernel<<<2 * sms, 256, kCpSmem>>>(w, tiles, sink); }));
+    const unsigned blocks128 = unsigned(rows / 128);
+    emit("cp.async rows 128x128B", time_us([&] { cprows_kernel<128, 128><<<blocks128, 256, kRowsSmem>>>(w, sink); }));
+    emit("cp.async rows 64x256B", time_us([&] { cprows_kernel<64, 256><<<2 * blocks128, 256, kRowsSmem>>>(w, sink); }));
+    emit("cp.async rows 32x512B", time_us([&] { cprows_kernel<32, 512><<<4 * blocks128, 256, kRowsSmem>>>(w, sink); }));
+    emit("ldg rows 64 (fragments)", time_us([&] { ldgrows_kernel<<<2 * blocks128, 128>>>(w, sink); }));
     if (encode) {
       CUtensorMap map;
       const cuuint64_t dims[2] = {cuuint64_t(kK), cuuint64_t(rows)}, strides[1] = {cuuint64_t(kK)};
