@@ -96,6 +96,16 @@ class OpTable {
     }
     throw_no_kernel(problem, reasons);
   }
+  // The first eligible entry (recorded), or null: for ops with a generic fallback outside the table.
+  const KernelEntry<Fn>* find(const Problem& problem, DispatchStats* stats) const {
+    for (const auto& e : entries_) {
+      if (e.ineligible(problem).empty()) {
+        if (stats) stats->record(problem, e.name, e.condition);
+        return &e;
+      }
+    }
+    return nullptr;
+  }
 
  private:
   [[noreturn]] static void throw_no_kernel(const Problem& problem, const std::string& reasons);

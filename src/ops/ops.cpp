@@ -36,6 +36,27 @@ void linear(const OpContext& ctx, const TensorView& x, const LinearWeight& w, co
   e.fn(x, w, y);
 }
 
+void linear_group(const OpContext& ctx, const TensorView& x, const LinearWeight* const* w, const TensorView* y,
+                  int count) {
+  for (int i = 0; i < count;) {
+    int j = i + 1;
+    while (j < count && w[j]->data.dtype == w[i]->data.dtype && w[j]->in_features() == w[i]->in_features()) ++j;
+    const KernelEntry<LinearGroupFn>* e = nullptr;
+    if (j - i > 1) {
+      int64_t n = 0;
+      for (int q = i; q < j; ++q) n += w[q]->out_features();
+      e = ctx.kernels->linear_group.find(
+          problem(ctx, "linear_group", w[i]->data.dtype, x.shape[0], n, w[i]->in_features(), j - i), ctx.stats);
+    }
+    if (e) {
+      e->fn(x, w + i, y + i, j - i);
+    } else {
+      for (int q = i; q < j; ++q) linear(ctx, x, *w[q], y[q]);
+    }
+    i = j;
+  }
+}
+
 void kv_write(const OpContext& ctx, const TensorView& src, const int64_t* slot_mapping, const TensorView& cache) {
   auto& e = ctx.kernels->kv_write.select(problem(ctx, "kv_write", cache.dtype, src.shape[0], src.numel() / std::max<int64_t>(1, src.shape[0]), 0), ctx.stats);
   e.fn(src, slot_mapping, cache);
@@ -106,6 +127,7 @@ std::vector<EntryInfo> KernelTable::describe() const {
   describe_table(rms_norm, out);
   describe_table(rope, out);
   describe_table(linear, out);
+  describe_table(linear_group, out);
   describe_table(kv_write, out);
   describe_table(attention, out);
   describe_table(indexer_topk, out);

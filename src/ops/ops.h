@@ -49,6 +49,8 @@ using EmbeddingFn = void (*)(const int32_t* ids, int num_tokens, const TensorVie
 using RmsNormFn = void (*)(const TensorView& x, const TensorView& weight, float eps, const TensorView& out);
 using RopeFn = void (*)(const TensorView& x, const int32_t* positions, int rotary_dim, double theta);
 using LinearFn = void (*)(const TensorView& x, const LinearWeight& w, const TensorView& y);
+// count linears over one x, all of one dtype and in_features: y[i] = x w[i]^T.
+using LinearGroupFn = void (*)(const TensorView& x, const LinearWeight* const* w, const TensorView* y, int count);
 using KvWriteFn = void (*)(const TensorView& src, const int64_t* slot_mapping, const TensorView& cache);
 using AttentionFn = void (*)(const TensorView& q, const TensorView& k_cache, const TensorView& v_cache,
                              const AttentionMetadata& meta, const TensorView& selected, int top_k,
@@ -90,6 +92,7 @@ struct KernelTable {
   OpTable<RmsNormFn> rms_norm{"rms_norm"};
   OpTable<RopeFn> rope{"rope"};
   OpTable<LinearFn> linear{"linear"};
+  OpTable<LinearGroupFn> linear_group{"linear_group"};
   OpTable<KvWriteFn> kv_write{"kv_write"};
   OpTable<AttentionFn> attention{"attention"};
   OpTable<IndexerTopkFn> indexer_topk{"indexer_topk"};
@@ -118,6 +121,11 @@ void rms_norm(const OpContext& ctx, const TensorView& x, const TensorView& weigh
 // NeoX rotation of the first rotary_dim dims of every head, in place. x: [tokens, heads, head_dim].
 void rope(const OpContext& ctx, const TensorView& x, const int32_t* positions, int rotary_dim, double theta);
 void linear(const OpContext& ctx, const TensorView& x, const LinearWeight& w, const TensorView& y);
+// y[i] = linear(x, w[i]) for i < count (a layer's projections of one input). Each run of
+// consecutive weights of one dtype and in_features goes to the first eligible linear_group entry
+// (which must give the bits of separate linear calls), else each weight through linear().
+void linear_group(const OpContext& ctx, const TensorView& x, const LinearWeight* const* w, const TensorView* y,
+                  int count);
 // cache[slot_mapping[t]] = src[t]. src: [tokens, ...], cache: [slots, ...] of the same row size.
 void kv_write(const OpContext& ctx, const TensorView& src, const int64_t* slot_mapping, const TensorView& cache);
 // Causal GQA attention through page tables. `selected` empty = dense; else [kv_heads, tokens, top_k]

@@ -4,12 +4,14 @@
 //            dense_mlp.mma_hilo_invariant_swiglu_oai.sm90);
 //   rowdot   the same table without the tensor-core entries (the fp32 row-dot it replaces);
 //   cublas   BF16 weights only: the non-invariant cuBLAS hi+lo entry (two BF16 GEMMs).
+// attn_proj: a layer's five projections of one x (q, k, v, index q, index k) as one linear_group
+// call ("group") and as five linear calls ("separate"); max_rel is their difference (0 expected).
 // GPU time of one CUDA-graph replay with L2 flushed (median of --iters). Bytes that must move:
 // weights (+ e8m0 scales) + x + y (F32); the ratio to the copy bandwidth of the same run. TFLOP/s
 // on 2 M N K (the hi + lo pieces make our MMA work twice that); the BF16 ceiling is cuBLAS's BF16
 // GEMM on 8192^3 in the same run (gpu_bench_ceiling.h). max_rel: max |mma - rowdot| / max |rowdot| on the same inputs.
 //   linear_bench [--rows 1,8,32,128,512,4096,8192] [--iters 10] [--rowdot-max 4096]
-//                [--shapes q_proj,o_proj,dense_mlp,kv_proj,lm_head] [--json linear_bench.json]
+//                [--shapes q_proj,o_proj,dense_mlp,kv_proj,lm_head,attn_proj] [--json linear_bench.json]
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -19,6 +21,7 @@
 #include <cstdio>
 #include <fstream>
 #include <functional>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -184,6 +187,78 @@ int run(int argc, char** argv) {
       if (!s.mxfp8) {
         const Timing t_cb = time_graph([&] { call(ctx(true, false), y_old); }, stream, flush, iters);
         emit("cublas", t_cb, 0.0, entry_of(stats));
+      }
+    }
+  }
+  // A layer's projections of one x at M3 TP1 (q, k, v, index q, index k; MXFP8 6144 -> 8192, 512,
+  // 512, 512, 128): one ops::linear_group call against the five ops::linear calls it replaces.
+  // max_rel is the largest difference between the two (0: the same bits).
+  if (only.empty() || only.find(",attn_proj,") != std::string::npos) {
+    const int64_t k = 6144;
+    const std::vector<int64_t> ns = {8192, 512, 512, 512, 128};
+    std::vector<std::unique_ptr<Mat>> mats;
+    std::vector<const ops::LinearWeight*> wp;
+    int64_t total_n = 0;
+    double wbytes = 0;
+    for (size_t i = 0; i < ns.size(); ++i) {
+      mats.push_back(std::make_unique<Mat>(ns[i], k, true, unsigned(21 + i), stream));
+      wp.push_back(&mats.back()->w);
+      total_n += ns[i];
+      wbytes += mats.back()->bytes;
+    }
+    for (const int m : rows_list) {
+      if (m > 4096) continue;
+      Dev yg(size_t(m) * total_n * 4), ys(size_t(m) * total_n * 4);
+      const TensorView xv{xbuf.as<void>(), DType::kF32, {m, k}, Device::kCuda};
+      auto views = [&](Dev& out) {
+        std::vector<TensorView> v;
+        int64_t off = 0;
+        for (int64_t n : ns) {
+          v.push_back(TensorView{out.as<float>() + m * off, DType::kF32, {m, n}, Device::kCuda});
+          off += n;
+        }
+        return v;
+      };
+      const std::vector<TensorView> vg = views(yg), vs = views(ys);
+      auto entries = [&] {
+        std::string e;
+        for (const auto& p : stats.take_step_paths()) e += (e.empty() ? "" : " ") + p;
+        return e;
+      };
+      entries();
+      const Timing t_g = time_graph([&] { ops::linear_group(ctx(true, true), xv, wp.data(), vg.data(), int(wp.size())); },
+                                    stream, flush, iters);
+      const std::string e_g = entries();
+      const Timing t_s = time_graph(
+          [&] {
+            for (size_t i = 0; i < wp.size(); ++i) ops::linear(ctx(true, true), xv, *wp[i], vs[i]);
+          },
+          stream, flush, iters);
+      const std::string e_s = entries();
+      std::vector<float> hg(size_t(m) * total_n), hs(hg.size());
+      M3_CUDA_CHECK(cudaMemcpy(hg.data(), yg.as<void>(), hg.size() * 4, cudaMemcpyDeviceToHost));
+      M3_CUDA_CHECK(cudaMemcpy(hs.data(), ys.as<void>(), hs.size() * 4, cudaMemcpyDeviceToHost));
+      double num = 0, den = 0;
+      for (size_t i = 0; i < hg.size(); ++i) {
+        num = std::max(num, double(std::fabs(hg[i] - hs[i])));
+        den = std::max(den, double(std::fabs(hs[i])));
+      }
+      const double max_rel = den > 0 ? num / den : num;
+      const double bytes = wbytes + double(m) * k * 4 + double(m) * total_n * 4;
+      const double flops = 2.0 * m * double(total_n) * k;
+      for (int which = 0; which < 2; ++which) {
+        const Timing& tm = which == 0 ? t_g : t_s;
+        const char* what = which == 0 ? "group" : "separate";
+        const double sec = tm.median_us * 1e-6;
+        std::printf("%-10s %6d %-7s | %10.1f %9.1f %8.0f %5.1f%% %8.1f %6.1f%% | %9.2e | %s\n", "attn_proj", m, what,
+                    tm.median_us, bytes / 1e6, bytes / sec / 1e9, 100 * bytes / sec / copy_bw, flops / sec / 1e12,
+                    100 * flops / sec / 1e12 / bf16_tf, which == 0 ? max_rel : 0.0, (which == 0 ? e_g : e_s).c_str());
+        std::fflush(stdout);
+        rows.push_back({{"shape", "attn_proj"}, {"m", m}, {"n", total_n}, {"k", k}, {"mlp", false},
+                        {"weights", "mxfp8"}, {"what", what}, {"us", tm.median_us}, {"min_us", tm.min_us},
+                        {"bytes", bytes}, {"gbps", bytes / sec / 1e9}, {"copy_ratio", bytes / sec / copy_bw},
+                        {"tflops", flops / sec / 1e12}, {"max_rel", which == 0 ? max_rel : 0.0},
+                        {"entry", which == 0 ? e_g : e_s}});
       }
     }
   }

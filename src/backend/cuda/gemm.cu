@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <vector>
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/cuda_internal.h"
@@ -285,6 +286,22 @@ void linear_mma(const TensorView& x, const ops::LinearWeight& w, const TensorVie
   mma_linear(x.as<const float>(), x.shape[1], x.shape[0], w, y.as<float>(), w.out_features());
 }
 
+void linear_group_mma(const TensorView& x, const ops::LinearWeight* const* w, const TensorView* y, int count) {
+  std::vector<float*> ys(static_cast<size_t>(count));
+  std::vector<int64_t> ldy(static_cast<size_t>(count));
+  for (int i = 0; i < count; ++i) {
+    check_rows(x, w[i]->in_features(), "linear_group.mma_hilo_invariant.sm90");
+    if (y[i].shape.rank() != 2 || y[i].shape[0] != x.shape[0] || y[i].shape[1] != w[i]->out_features()) {
+      throw std::runtime_error("linear_group.mma_hilo_invariant.sm90: output " + std::to_string(i) + " shape " +
+                               y[i].shape.str() + " does not match [" + std::to_string(x.shape[0]) + ", " +
+                               std::to_string(w[i]->out_features()) + "]");
+    }
+    ys[size_t(i)] = y[i].as<float>();
+    ldy[size_t(i)] = w[i]->out_features();
+  }
+  mma_linear_group(x.as<const float>(), x.shape[1], x.shape[0], w, ys.data(), ldy.data(), count);
+}
+
 void linear_cublas(const TensorView& x, const ops::LinearWeight& w, const TensorView& y) {
   check_rows(x, w.in_features(), "linear.cublas.sm90");
   gemm_xwt(x.as<const float>(), x.shape[0], w, y.as<float>(), false);
@@ -381,6 +398,12 @@ void register_gemm(ops::KernelTable& table) {
                     "exact, block scale folded in), fixed K segments (a function of N and K) added in order; no host "
                     "sync",
                     need_mma, linear_mma});
+  table.linear_group.add({"linear_group.mma_hilo_invariant.sm90",
+                          "as linear.mma_hilo_invariant.sm90 for each weight (same bits as separate calls), one x "
+                          "split and one launch for the group's narrow-tile GEMMs (up to 6; decode batches), so "
+                          "small projections stream back to back; where not eligible each weight takes the linear "
+                          "table",
+                          need_mma, linear_group_mma});
   table.linear.add({"linear.rowdot_invariant.sm90",
                     "device F32/BF16/MXFP8 weight (MXFP8: in % 32 == 0, U8 e8m0 scale [out, in/32]); taken when batch "
                     "invariance is requested, and always for MXFP8: tiled warp row-dot (2 weight rows per warp, 16-byte "

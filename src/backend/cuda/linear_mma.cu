@@ -2,6 +2,8 @@
 //
 // Data flow of one call (current_stream(), no host synchronisation):
 //   split   one CTA per x row: hi and lo pieces (bf16, or f16 of x * 2^k with the row's 2^-k);
+//           several GEMMs over one x (a layer's projections) share it and, with narrow tiles, one
+//           launch (GroupArgs);
 //   gemm    CTAs of 128 weight rows x 8 or 32 tokens (narrow: 8 warps of 16 rows; M <= 32) or
 //           x 128 tokens (wide: 2 x 4 warps of 64 rows x 32 tokens), a cp.async ring of 64-wide K
 //           stages (weights, e8m0 scales, both x pieces) in shared memory; weights are the MMA's
@@ -23,6 +25,7 @@
 #include <cstdint>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/cuda_internal.h"
@@ -66,6 +69,19 @@ struct Args {
   int* tickets;           // [tiles] when split (zeroed by the split kernel)
   int m, n, k;
   int seg_stages, nseg, split;
+  int gx, gy;             // this GEMM's tiles: gx along n, gy along m (and nseg along K when split)
+};
+
+// Several GEMMs over the same x pieces in one launch (the layer's q/k/v/index projections, the
+// dense MLP's gate and up): a 1-D grid, GEMM i's CTAs at [first_cta[i], first_cta[i + 1]) in the
+// order a launch of its own would have (n tile fastest, then m tile, then K segment), so each CTA
+// computes exactly what it would alone. One launch streams the group's weights back to back
+// instead of one short launch (and its ramp and tail) per matrix.
+constexpr int kMaxGroup = 6;
+struct GroupArgs {
+  Args sub[kMaxGroup];
+  int first_cta[kMaxGroup + 1];
+  int count;
 };
 
 
@@ -147,7 +163,7 @@ __global__ void __launch_bounds__(256) split_rows_kernel(const float* x, int64_t
 // 16 kMI weight rows x 8 kNT tokens. Narrow tiles (small M): 8 x 1 warps of 16 x 8, 16 or 32; wide tile:
 // 2 x 4 warps of 64 x 32 (fewer shared-memory bytes per MMA).
 template <WKind W, int kMI, int kNT, int kTW, int kStages>
-__global__ void __launch_bounds__(32 * (128 / (16 * kMI)) * kTW) mma_linear_kernel(const __grid_constant__ Args a) {
+__global__ void __launch_bounds__(32 * (128 / (16 * kMI)) * kTW) mma_linear_kernel(const __grid_constant__ GroupArgs ga) {
   constexpr int kWR = kRowsCta / (16 * kMI);
   constexpr int kThreads = 32 * kWR * kTW;
   constexpr int kCT = 8 * kNT * kTW;  // tokens per CTA
@@ -163,9 +179,17 @@ __global__ void __launch_bounds__(32 * (128 / (16 * kMI)) * kTW) mma_linear_kern
   const int tid = int(threadIdx.x), warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
   const int rb = (warp % kWR) * 16 * kMI;  // this warp's first weight row in the CTA
   const int tok0 = (warp / kWR) * 8 * kNT; // and first token row
-  const int n0 = int(blockIdx.x) * kRowsCta, m0 = int(blockIdx.y) * kCT;
+  // This CTA's GEMM. The wide tile (prefill sizes) always runs alone: a constant index keeps its
+  // parameters constant-bank operands (a dynamic one cost it 48 bytes of spills at 255 registers).
+  int gi = 0;
+  if constexpr (kTW == 1)
+    while (gi + 1 < ga.count && int(blockIdx.x) >= ga.first_cta[gi + 1]) ++gi;
+  const Args& a = ga.sub[gi];
+  const int local = int(blockIdx.x) - ga.first_cta[gi];
+  const int bx = local % a.gx, by = (local / a.gx) % a.gy, bz = local / (a.gx * a.gy);
+  const int n0 = bx * kRowsCta, m0 = by * kCT;
   const int kst = a.k / kKc;
-  const int seg0 = a.split ? int(blockIdx.z) : 0;
+  const int seg0 = a.split ? bz : 0;
   const int st_begin = seg0 * a.seg_stages;
   const int st_end = a.split ? min(kst, st_begin + a.seg_stages) : kst;
   const int live_rows = min(kCT, a.m - m0);          // token rows of this CTA
@@ -398,7 +422,7 @@ __global__ void __launch_bounds__(32 * (128 / (16 * kMI)) * kTW) mma_linear_kern
   __threadfence();
   __syncthreads();
   __shared__ int last;
-  int* ticket = a.tickets + blockIdx.x + int64_t(gridDim.x) * blockIdx.y;
+  int* ticket = a.tickets + bx + int64_t(a.gx) * by;
   if (tid == 0) last = atomicAdd(ticket, 1) == a.nseg - 1;
   __syncthreads();
   if (!last) return;
@@ -456,12 +480,13 @@ void split_x(const float* x, int64_t ldx, int64_t m, int64_t k, bool f16, const 
 }
 
 template <WKind W, int kMI, int kNT, int kTW, int kStages>
-void launch(dim3 grid, const Args& a) {
+void launch(const GroupArgs& ga) {
   auto kernel = mma_linear_kernel<W, kMI, kNT, kTW, kStages>;
   constexpr size_t bytes = smem_bytes<W, 8 * kNT * kTW, kStages>();
   allow_dynamic_smem(reinterpret_cast<const void*>(kernel), bytes);
-  // A programmatic dependent of the x split (or of the GEMM before it over the same split).
-  launch_kernel(kernel, grid, dim3(32 * (kRowsCta / (16 * kMI)) * kTW), bytes, true, a);
+  // A programmatic dependent of the x split (or of the GEMM launch before it over the same split).
+  launch_kernel(kernel, dim3(unsigned(ga.first_cta[ga.count])), dim3(32 * (kRowsCta / (16 * kMI)) * kTW), bytes, true,
+                ga);
 }
 
 // Tokens per CTA. Narrow tiles (8 warps of 16 weight rows) for decode batches: 8 tokens up to 8
@@ -476,11 +501,11 @@ int tokens_per_cta(int64_t m, int64_t wbytes) {
   return 32;
 }
 
-// One GEMM launch, its scratch allocated before the x split (which zeroes its tickets) is launched, so
-// that the split and the GEMM stay adjacent kernels in the stream.
+// One GEMM of a call, its scratch allocated before the x split (which zeroes its tickets) is
+// launched, so that the split and the GEMM launches stay adjacent kernels in the stream.
 struct Gemm {
   Args a{};
-  dim3 grid;
+  int64_t ctas = 0;
   bool fp8 = false;
   int ct = 0;  // tokens per CTA
   Gemm(int64_t m, const ops::LinearWeight& w, float* y, int64_t ldy) {
@@ -499,32 +524,46 @@ struct Gemm {
     a.seg_stages = plan.seg_stages;
     a.nseg = plan.nseg;
     a.split = plan.split;
-    grid = dim3(unsigned(plan.grid_x), unsigned(plan.grid_y), unsigned(plan.grid_z));
+    a.gx = int(plan.grid_x);
+    a.gy = int(plan.grid_y);
+    ctas = plan.grid_x * plan.grid_y * plan.grid_z;
     if (a.split) {
       partial_bytes = size_t(plan.nseg) * size_t(m) * size_t(n) * 4;
       ticket_count = size_t(plan.grid_x * plan.grid_y);
     }
   }
   size_t partial_bytes = 0, ticket_count = 0;
+};
 
-  void fire(const SplitX& xs) {
+// One launch for GEMMs [0, count) of the same weight type and token tile.
+void fire(Gemm* const* gs, int count, const SplitX& xs) {
+  GroupArgs ga{};
+  ga.count = count;
+  int64_t ctas = 0;
+  for (int i = 0; i < count; ++i) {
+    Args& a = ga.sub[i] = gs[i]->a;
     a.xhi = xs.hi;
     a.xlo = xs.lo;
-    a.xscale = fp8 ? xs.scale : nullptr;
-    // Token tile (the bits do not depend on it): see tokens_per_cta().
-    if (fp8) {
-      if (ct == 128) launch<WKind::kFP8, 4, 4, 4, 4>(grid, a);
-      else if (ct == 8) launch<WKind::kFP8, 1, 1, 1, 4>(grid, a);
-      else if (ct == 16) launch<WKind::kFP8, 1, 2, 1, 4>(grid, a);
-      else launch<WKind::kFP8, 1, 4, 1, 4>(grid, a);
-    } else {
-      if (ct == 128) launch<WKind::kBF16, 4, 4, 4, 3>(grid, a);
-      else if (ct == 8) launch<WKind::kBF16, 1, 1, 1, 4>(grid, a);
-      else if (ct == 16) launch<WKind::kBF16, 1, 2, 1, 4>(grid, a);
-      else launch<WKind::kBF16, 1, 4, 1, 4>(grid, a);
-    }
+    a.xscale = gs[i]->fp8 ? xs.scale : nullptr;
+    ga.first_cta[i] = int(ctas);
+    ctas += gs[i]->ctas;
   }
-};
+  if (ctas > INT32_MAX) throw std::runtime_error("linear.mma_hilo_invariant.sm90: problem too large");
+  ga.first_cta[count] = int(ctas);
+  // Token tile (the bits do not depend on it): see tokens_per_cta().
+  const int ct = gs[0]->ct;
+  if (gs[0]->fp8) {
+    if (ct == 128) launch<WKind::kFP8, 4, 4, 4, 4>(ga);
+    else if (ct == 8) launch<WKind::kFP8, 1, 1, 1, 4>(ga);
+    else if (ct == 16) launch<WKind::kFP8, 1, 2, 1, 4>(ga);
+    else launch<WKind::kFP8, 1, 4, 1, 4>(ga);
+  } else {
+    if (ct == 128) launch<WKind::kBF16, 4, 4, 4, 3>(ga);
+    else if (ct == 8) launch<WKind::kBF16, 1, 1, 1, 4>(ga);
+    else if (ct == 16) launch<WKind::kBF16, 1, 2, 1, 4>(ga);
+    else launch<WKind::kBF16, 1, 4, 1, 4>(ga);
+  }
+}
 
 void check_weight(const ops::LinearWeight& w) {
   const std::string why = mma_linear_eligible(w.data.dtype, w.out_features(), w.in_features());
@@ -559,7 +598,9 @@ std::string mma_linear_eligible(DType dtype, int64_t n, int64_t k) {
 namespace {
 
 // One stream-ordered allocation per call (x pieces, scales, the GEMMs' partials and tickets), the
-// split (zeroing the tickets) and the GEMMs back to back (each GEMM a programmatic dependent).
+// split (zeroing the tickets), then one launch per run of GEMMs with the same weight type and narrow
+// token tile (at most kMaxGroup each; wide tiles one per GEMM), back to back, each a programmatic
+// dependent of the kernel before.
 void run(const float* x, int64_t ldx, int64_t m, int64_t k, bool f16, Gemm* const* gemms, int count) {
   auto up = [](size_t b) { return (b + 255) / 256 * 256; };
   const size_t piece = up(size_t(m * k) * 2), scale = up(size_t(m) * 4);
@@ -583,7 +624,14 @@ void run(const float* x, int64_t ldx, int64_t m, int64_t k, bool f16, Gemm* cons
     off += up(gemms[i]->partial_bytes);
   }
   split_x(x, ldx, m, k, f16, xs, reinterpret_cast<int*>(p + bytes), int(tickets));
-  for (int i = 0; i < count; ++i) gemms[i]->fire(xs);
+  for (int i = 0; i < count;) {
+    int j = i + 1;
+    while (j < count && j - i < kMaxGroup && gemms[i]->ct != 128 && gemms[j]->fp8 == gemms[i]->fp8 &&
+           gemms[j]->ct == gemms[i]->ct)
+      ++j;
+    fire(gemms + i, j - i, xs);
+    i = j;
+  }
 }
 
 }  // namespace
@@ -598,15 +646,30 @@ void mma_linear(const float* x, int64_t ldx, int64_t m, const ops::LinearWeight&
 
 void mma_linear_pair(const float* x, int64_t ldx, int64_t m, const ops::LinearWeight& w0, float* y0,
                      const ops::LinearWeight& w1, float* y1, int64_t ldy) {
-  check_weight(w0);
-  check_weight(w1);
-  if (w0.data.dtype != w1.data.dtype || w0.in_features() != w1.in_features()) {
-    throw std::runtime_error("linear.mma_hilo_invariant.sm90: paired weights differ in type or in_features");
+  const ops::LinearWeight* ws[2] = {&w0, &w1};
+  float* ys[2] = {y0, y1};
+  const int64_t ldys[2] = {ldy, ldy};
+  mma_linear_group(x, ldx, m, ws, ys, ldys, 2);
+}
+
+void mma_linear_group(const float* x, int64_t ldx, int64_t m, const ops::LinearWeight* const* w, float* const* y,
+                      const int64_t* ldy, int count) {
+  if (count < 1) return;
+  for (int i = 0; i < count; ++i) {
+    check_weight(*w[i]);
+    if (w[i]->data.dtype != w[0]->data.dtype || w[i]->in_features() != w[0]->in_features()) {
+      throw std::runtime_error("linear.mma_hilo_invariant.sm90: grouped weights differ in type or in_features");
+    }
   }
-  if (m == 0 || w0.out_features() == 0 || w1.out_features() == 0) return;
-  Gemm g0(m, w0, y0, ldy), g1(m, w1, y1, ldy);
-  Gemm* gs[2] = {&g0, &g1};
-  run(x, ldx, m, w0.in_features(), w0.data.dtype == DType::kF8E4M3, gs, 2);
+  if (m == 0) return;
+  std::vector<Gemm> gemms;
+  gemms.reserve(size_t(count));
+  for (int i = 0; i < count; ++i)
+    if (w[i]->out_features() > 0) gemms.emplace_back(m, *w[i], y[i], ldy[i]);
+  std::vector<Gemm*> gs;
+  for (Gemm& g : gemms) gs.push_back(&g);
+  if (gs.empty()) return;
+  run(x, ldx, m, w[0]->in_features(), w[0]->data.dtype == DType::kF8E4M3, gs.data(), int(gs.size()));
 }
 
 }  // namespace m3::cuda

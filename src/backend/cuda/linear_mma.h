@@ -36,6 +36,11 @@ std::string mma_linear_eligible(DType dtype, int64_t n, int64_t k);
 // x F32 [m, k] (row stride ldx), y F32 [m, n] (row stride ldy); all on current_stream().
 void mma_linear(const float* x, int64_t ldx, int64_t m, const ops::LinearWeight& w, float* y, int64_t ldy);
 
+// Linears over the same x (a layer's q/k/v/index projections; the dense MLP's gate and up): x is
+// split once and the GEMMs share launches (same bits as one call each). Same dtype and in_features.
+void mma_linear_group(const float* x, int64_t ldx, int64_t m, const ops::LinearWeight* const* w, float* const* y,
+                      const int64_t* ldy, int count);
+
 // Two linears over the same x (the dense MLP's gate and up): x is split once.
 void mma_linear_pair(const float* x, int64_t ldx, int64_t m, const ops::LinearWeight& w0, float* y0,
                      const ops::LinearWeight& w1, float* y1, int64_t ldy);

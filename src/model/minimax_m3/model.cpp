@@ -223,18 +223,20 @@ void MiniMaxM3Model::forward(const ops::OpContext& ctx, const ForwardBatch& batc
   for (int l = 0; l < c.num_hidden_layers; ++l) {
     const Layer& L = layers_[size_t(l)];
     ops::rms_norm(ctx, hv, L.input_norm, c.rms_norm_eps, xv);
-    ops::linear(ctx, xv, L.q_proj, f2(ws.q, T, Hq * D));
-    ops::linear(ctx, xv, L.k_proj, f2(ws.k, T, Hkv * D));
-    ops::linear(ctx, xv, L.v_proj, f2(ws.v, T, Hkv * D));
+    // The layer's projections of x in one group (on the GPU: one x split, small projections
+    // streamed in the same launch as q; the same bits as separate calls).
+    const bool sparse = c.is_sparse_layer(l);
+    const ops::LinearWeight* proj_w[5] = {&L.q_proj, &L.k_proj, &L.v_proj, &L.index_q_proj, &L.index_k_proj};
+    const TensorView proj_y[5] = {f2(ws.q, T, Hq * D), f2(ws.k, T, Hkv * D), f2(ws.v, T, Hkv * D),
+                                  sparse ? f2(ws.iq, T, Hi * Di) : TensorView{}, sparse ? ik2 : TensorView{}};
+    ops::linear_group(ctx, xv, proj_w, proj_y, sparse ? 5 : 3);
     ops::rms_norm(ctx, q2, L.q_norm, c.rms_norm_eps, q2);
     ops::rms_norm(ctx, k2, L.k_norm, c.rms_norm_eps, k2);
     ops::rope(ctx, q3, meta.positions, c.rotary_dim, c.rope_theta);
     ops::rope(ctx, k3, meta.positions, c.rotary_dim, c.rope_theta);
     ops::kv_write(ctx, k3, meta.slot_mapping, cache.k[size_t(l)]);
     ops::kv_write(ctx, v3, meta.slot_mapping, cache.v[size_t(l)]);
-    if (c.is_sparse_layer(l)) {
-      ops::linear(ctx, xv, L.index_q_proj, f2(ws.iq, T, Hi * Di));
-      ops::linear(ctx, xv, L.index_k_proj, ik2);
+    if (sparse) {
       ops::rms_norm(ctx, iq2, L.index_q_norm, c.rms_norm_eps, iq2);
       ops::rms_norm(ctx, ik2, L.index_k_norm, c.rms_norm_eps, ik2);
       ops::rope(ctx, iq3, meta.positions, c.rotary_dim, c.rope_theta);

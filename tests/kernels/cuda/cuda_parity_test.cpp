@@ -40,11 +40,13 @@ const std::map<std::string, double> kTolerance = {
     {"add", 0.0},               {"kv_write", 0.0},         {"attention_dense", 2e-5},
     {"attention_sparse", 2e-5}, {"indexer_topk", 0.0},     {"moe_router", 1e-5},
     {"linear", 2e-5},           {"linear_bf16", 5e-5},     {"linear_mxfp8", 2e-5},
+    {"linear_group_bf16", 5e-5}, {"linear_group_mxfp8", 2e-5},
     {"dense_mlp", 5e-5},        {"dense_mlp_bf16", 1e-4},  {"dense_mlp_mxfp8", 5e-5},
     {"moe_experts", 5e-5},      {"moe_experts_bf16", 1e-4}, {"moe_experts_mxfp8", 5e-5},
     // Integer rows: 1 per bit-identical comparison (a row alone vs in its batch, x misaligned
     // vs aligned, graph replay vs eager).
     {"linear_invariance", 0.0}, {"dense_mlp_invariance", 0.0}, {"moe_invariance", 0.0},
+    {"linear_group_bits", 0.0},  // a grouped projection vs its own ops::linear call
     {"router_invariance", 0.0},
     {"cuda_graph", 0.0},
 };
@@ -442,6 +444,54 @@ void check_linear(Harness& h, std::mt19937& rng) {
   }
 }
 
+// A layer's projections of one x (ops::linear_group: q/k/v and the index projections): every
+// output has the bits of its own ops::linear call, and the CPU reference within tolerance. Groups
+// of 3 and 6 (the most one launch takes) mix wide and narrow N (k/v-like 128 and 64, ragged 300),
+// at row counts that take each narrow tile (1, 5, 8: 8 tokens; 16, 24: 16) and the wide tile (33,
+// launched per GEMM); K segments split over CTAs throughout.
+void check_linear_group(Harness& h, std::mt19937& rng) {
+  const int k = 2048;
+  const std::vector<int> ns = {1024, 128, 128, 256, 64, 300};
+  for (DType dt : {DType::kBF16, DType::kF8E4M3}) {
+    const std::string row = gemm_row("linear_group", dt);
+    h.guarded(row, [&] {
+      std::vector<std::unique_ptr<Weight>> ws;
+      for (int n : ns) ws.push_back(std::make_unique<Weight>(n, k, dt, rng));
+      for (int m : {1, 5, 8, 16, 24, 33}) {
+        auto x = randn(size_t(m) * k, rng);
+        DevBuf dx(x);
+        for (int count : {3, 6}) {
+          std::vector<const ops::LinearWeight*> dw;
+          std::vector<std::unique_ptr<DevBuf>> outs;
+          std::vector<TensorView> ys;
+          for (int i = 0; i < count; ++i) {
+            dw.push_back(&ws[size_t(i)]->dev_w);
+            outs.push_back(std::make_unique<DevBuf>(size_t(m) * ns[size_t(i)] * 4));
+            outs.back()->poison();
+            ys.push_back(dev(*outs.back(), DType::kF32, {m, ns[size_t(i)]}));
+          }
+          ops::linear_group(h.gpu(true), dev(dx, DType::kF32, {m, k}), dw.data(), ys.data(), count);
+          std::vector<int32_t> same, want;
+          for (int i = 0; i < count; ++i) {
+            const int n = ns[size_t(i)];
+            const auto got = outs[size_t(i)]->get<float>(size_t(m) * n);
+            std::vector<float> ref(size_t(m) * n);
+            ops::linear(h.cpu(), host(x.data(), DType::kF32, {m, k}), ws[size_t(i)]->host_w,
+                        host(ref.data(), DType::kF32, {m, n}));
+            h.compare(row, got, ref);
+            DevBuf alone(size_t(m) * n * 4);
+            alone.poison();
+            ops::linear(h.gpu(true), dev(dx, DType::kF32, {m, k}), ws[size_t(i)]->dev_w, dev(alone, DType::kF32, {m, n}));
+            same.push_back(same_bits(got.data(), alone.get<float>(size_t(m) * n).data(), size_t(m) * n));
+            want.push_back(1);
+          }
+          h.compare_ints("linear_group_bits", same, want);
+        }
+      }
+    });
+  }
+}
+
 void check_dense_mlp(Harness& h, std::mt19937& rng) {
   struct Case {
     int hidden, inter;
@@ -695,6 +745,7 @@ TEST(CudaParity, EveryOpMatchesTheCpuReference) {
   check_attention(h, rng);
   check_router(h, rng);
   check_linear(h, rng);
+  check_linear_group(h, rng);
   check_dense_mlp(h, rng);
   check_moe(h, rng);
   check_graph(h, rng);
@@ -705,7 +756,7 @@ TEST(CudaParity, EveryOpMatchesTheCpuReference) {
                           << r.error;
     for (const auto& e : r.entries) EXPECT_NE(e.find(".sm90"), std::string::npos) << r.name << " ran " << e;
   }
-  EXPECT_GE(h.rows().size(), 22u);
+  EXPECT_GE(h.rows().size(), 25u);
 }
 
 }  // namespace
