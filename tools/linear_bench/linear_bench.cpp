@@ -69,6 +69,44 @@ struct Mat {
   }
 };
 
+// max |a - b| / max |b| over the first n floats of two device buffers.
+double max_rel_diff(const Dev& a, const Dev& b, size_t n) {
+  std::vector<float> ha(n), hb(n);
+  M3_CUDA_CHECK(cudaMemcpy(ha.data(), a.as<void>(), n * 4, cudaMemcpyDeviceToHost));
+  M3_CUDA_CHECK(cudaMemcpy(hb.data(), b.as<void>(), n * 4, cudaMemcpyDeviceToHost));
+  double num = 0, den = 0;
+  for (size_t i = 0; i < n; ++i) {
+    num = std::max(num, double(std::fabs(ha[i] - hb[i])));
+    den = std::max(den, double(std::fabs(hb[i])));
+  }
+  return den > 0 ? num / den : num;
+}
+
+// One timed row: printed as a table line and kept for the JSON.
+struct Row {
+  const char* shape;
+  int m;
+  int64_t n, k;
+  bool mlp;
+  const char* weights;
+  const char* what;
+  Timing tm;
+  double bytes, flops, max_rel;
+  std::string entry;
+};
+void emit_row(const Row& r, double copy_bw, double bf16_tf, nlohmann::json& rows) {
+  const double sec = r.tm.median_us * 1e-6;
+  std::printf("%-10s %6d %-7s | %10.1f %9.1f %8.0f %5.1f%% %8.1f %6.1f%% | %9.2e | %s\n", r.shape, r.m, r.what,
+              r.tm.median_us, r.bytes / 1e6, r.bytes / sec / 1e9, 100 * r.bytes / sec / copy_bw, r.flops / sec / 1e12,
+              100 * r.flops / sec / 1e12 / bf16_tf, r.max_rel, r.entry.c_str());
+  std::fflush(stdout);
+  rows.push_back({{"shape", r.shape}, {"m", r.m}, {"n", r.n}, {"k", r.k}, {"mlp", r.mlp}, {"weights", r.weights},
+                  {"what", r.what}, {"us", r.tm.median_us}, {"min_us", r.tm.min_us}, {"bytes", r.bytes},
+                  {"gbps", r.bytes / sec / 1e9}, {"copy_ratio", r.bytes / sec / copy_bw},
+                  {"tflops", r.flops / sec / 1e12}, {"bf16_ceiling_ratio", r.flops / sec / 1e12 / bf16_tf},
+                  {"max_rel", r.max_rel}, {"entry", r.entry}});
+}
+
 int run(int argc, char** argv) {
   std::vector<int> rows_list = {1, 8, 32, 128, 512, 4096, 8192};
   int iters = 10, rowdot_max = 4096;
@@ -102,6 +140,11 @@ int run(int argc, char** argv) {
   ops::DispatchStats stats, old_stats;
   auto ctx = [&](bool mine, bool invariant) {
     return ops::OpContext{mine ? &full : &old, mine ? &stats : &old_stats, Device::kCuda, invariant};
+  };
+  auto entry_of = [&](ops::DispatchStats& st) {  // the entries chosen since the last call
+    std::string e;
+    for (const auto& p : st.take_step_paths()) e += (e.empty() ? "" : " ") + p;
+    return e;
   };
 
   struct Shape {
@@ -144,23 +187,8 @@ int run(int argc, char** argv) {
       const double flops = 2.0 * m * double(s.n) * s.k * (s.mlp ? 3.0 : 1.0);
       const double bytes = wbytes + double(m) * s.k * 4 + double(m) * out_n * 4;
       auto emit = [&](const char* what, const Timing& tm, double max_rel, const std::string& entry) {
-        const double sec = tm.median_us * 1e-6;
-        nlohmann::json r = {{"shape", s.name}, {"m", m},           {"n", s.n},
-                            {"k", s.k},       {"mlp", s.mlp},      {"weights", s.mxfp8 ? "mxfp8" : "bf16"},
-                            {"what", what},   {"us", tm.median_us}, {"min_us", tm.min_us},
-                            {"bytes", bytes}, {"gbps", bytes / sec / 1e9}, {"copy_ratio", bytes / sec / copy_bw},
-                            {"tflops", flops / sec / 1e12}, {"bf16_ceiling_ratio", flops / sec / 1e12 / bf16_tf},
-                            {"max_rel", max_rel}, {"entry", entry}};
-        std::printf("%-10s %6d %-7s | %10.1f %9.1f %8.0f %5.1f%% %8.1f %6.1f%% | %9.2e | %s\n", s.name, m, what,
-                    tm.median_us, bytes / 1e6, bytes / sec / 1e9, 100 * bytes / sec / copy_bw, flops / sec / 1e12,
-                    100 * flops / sec / 1e12 / bf16_tf, max_rel, entry.c_str());
-        std::fflush(stdout);
-        rows.push_back(r);
-      };
-      auto entry_of = [&](ops::DispatchStats& st) {
-        std::string e;
-        for (const auto& p : st.take_step_paths()) e += (e.empty() ? "" : " ") + p;
-        return e;
+        emit_row(Row{s.name, m, s.n, s.k, s.mlp, s.mxfp8 ? "mxfp8" : "bf16", what, tm, bytes, flops, max_rel, entry},
+                 copy_bw, bf16_tf, rows);
       };
       stats.take_step_paths();
       const Timing t_new = time_graph([&] { call(ctx(true, true), y); }, stream, flush, iters);
@@ -170,15 +198,7 @@ int run(int argc, char** argv) {
         old_stats.take_step_paths();
         const Timing t_old = time_graph([&] { call(ctx(false, true), y_old); }, stream, flush, std::max(3, iters / 3));
         const std::string e_old = entry_of(old_stats);
-        std::vector<float> hy(size_t(m) * out_n), ho(hy.size());
-        M3_CUDA_CHECK(cudaMemcpy(hy.data(), y.as<void>(), hy.size() * 4, cudaMemcpyDeviceToHost));
-        M3_CUDA_CHECK(cudaMemcpy(ho.data(), y_old.as<void>(), ho.size() * 4, cudaMemcpyDeviceToHost));
-        double num = 0, den = 0;
-        for (size_t i = 0; i < hy.size(); ++i) {
-          num = std::max(num, double(std::fabs(hy[i] - ho[i])));
-          den = std::max(den, double(std::fabs(ho[i])));
-        }
-        max_rel = den > 0 ? num / den : num;
+        max_rel = max_rel_diff(y, y_old, size_t(m) * out_n);
         emit("mma", t_new, max_rel, e_new);
         emit("rowdot", t_old, 0.0, e_old);
       } else {
@@ -220,46 +240,23 @@ int run(int argc, char** argv) {
         return v;
       };
       const std::vector<TensorView> vg = views(yg), vs = views(ys);
-      auto entries = [&] {
-        std::string e;
-        for (const auto& p : stats.take_step_paths()) e += (e.empty() ? "" : " ") + p;
-        return e;
-      };
-      entries();
+      entry_of(stats);
       const Timing t_g = time_graph([&] { ops::linear_group(ctx(true, true), xv, wp.data(), vg.data(), int(wp.size())); },
                                     stream, flush, iters);
-      const std::string e_g = entries();
+      const std::string e_g = entry_of(stats);
       const Timing t_s = time_graph(
           [&] {
             for (size_t i = 0; i < wp.size(); ++i) ops::linear(ctx(true, true), xv, *wp[i], vs[i]);
           },
           stream, flush, iters);
-      const std::string e_s = entries();
-      std::vector<float> hg(size_t(m) * total_n), hs(hg.size());
-      M3_CUDA_CHECK(cudaMemcpy(hg.data(), yg.as<void>(), hg.size() * 4, cudaMemcpyDeviceToHost));
-      M3_CUDA_CHECK(cudaMemcpy(hs.data(), ys.as<void>(), hs.size() * 4, cudaMemcpyDeviceToHost));
-      double num = 0, den = 0;
-      for (size_t i = 0; i < hg.size(); ++i) {
-        num = std::max(num, double(std::fabs(hg[i] - hs[i])));
-        den = std::max(den, double(std::fabs(hs[i])));
-      }
-      const double max_rel = den > 0 ? num / den : num;
+      const std::string e_s = entry_of(stats);
+      const double max_rel = max_rel_diff(yg, ys, size_t(m) * total_n);
       const double bytes = wbytes + double(m) * k * 4 + double(m) * total_n * 4;
       const double flops = 2.0 * m * double(total_n) * k;
-      for (int which = 0; which < 2; ++which) {
-        const Timing& tm = which == 0 ? t_g : t_s;
-        const char* what = which == 0 ? "group" : "separate";
-        const double sec = tm.median_us * 1e-6;
-        std::printf("%-10s %6d %-7s | %10.1f %9.1f %8.0f %5.1f%% %8.1f %6.1f%% | %9.2e | %s\n", "attn_proj", m, what,
-                    tm.median_us, bytes / 1e6, bytes / sec / 1e9, 100 * bytes / sec / copy_bw, flops / sec / 1e12,
-                    100 * flops / sec / 1e12 / bf16_tf, which == 0 ? max_rel : 0.0, (which == 0 ? e_g : e_s).c_str());
-        std::fflush(stdout);
-        rows.push_back({{"shape", "attn_proj"}, {"m", m}, {"n", total_n}, {"k", k}, {"mlp", false},
-                        {"weights", "mxfp8"}, {"what", what}, {"us", tm.median_us}, {"min_us", tm.min_us},
-                        {"bytes", bytes}, {"gbps", bytes / sec / 1e9}, {"copy_ratio", bytes / sec / copy_bw},
-                        {"tflops", flops / sec / 1e12}, {"max_rel", which == 0 ? max_rel : 0.0},
-                        {"entry", which == 0 ? e_g : e_s}});
-      }
+      emit_row(Row{"attn_proj", m, total_n, k, false, "mxfp8", "group", t_g, bytes, flops, max_rel, e_g}, copy_bw, bf16_tf,
+               rows);
+      emit_row(Row{"attn_proj", m, total_n, k, false, "mxfp8", "separate", t_s, bytes, flops, 0.0, e_s}, copy_bw,
+               bf16_tf, rows);
     }
   }
   nlohmann::json doc = {{"device", prop.name},          {"sms", prop.multiProcessorCount}, {"copy_gbps", copy_bw / 1e9},
