@@ -124,14 +124,20 @@ __device__ __forceinline__ void split4(const float4 v, float mul, uint16_t* hr, 
   *reinterpret_cast<uint2*>(lr) = make_uint2(l[0] | (l[1] << 16), l[2] | (l[3] << 16));
 }
 
-// CTA 0 also zeroes the GEMMs' split-K tickets (they count only after the GEMMs' pdl_wait, which
-// waits for this grid): one graph node fewer than a memset.
+// One CTA of kSplitThreads per x row. A row of up to kSplitHold float4s per thread (12288
+// elements) is read once, into registers, for both its maximum and its pieces; longer rows are
+// read twice. CTA 0 also zeroes the GEMMs' split-K tickets (they count only after the GEMMs'
+// pdl_wait, which waits for this grid): one graph node fewer than a memset.
+constexpr int kSplitThreads = 512, kSplitHold = 6;
 template <bool kF16, bool kVec>
-__global__ void __launch_bounds__(256) split_rows_kernel(const float* x, int64_t ldx, int k, uint16_t* hi,
-                                                         uint16_t* lo, float* xscale, int* tickets, int ntickets) {
+__global__ void __launch_bounds__(kSplitThreads) split_rows_kernel(const float* x, int64_t ldx, int k, uint16_t* hi,
+                                                                   uint16_t* lo, float* xscale, int* tickets,
+                                                                   int ntickets) {
   pdl_launch_dependents();  // the GEMM's CTAs may start streaming weights
+  constexpr int kStride = 4 * kSplitThreads;
+  const int tid = int(threadIdx.x);
   if (blockIdx.x == 0)
-    for (int i = int(threadIdx.x); i < ntickets; i += 256) tickets[i] = 0;
+    for (int i = tid; i < ntickets; i += kSplitThreads) tickets[i] = 0;
   const float* xr = x + int64_t(blockIdx.x) * ldx;
   uint16_t* hr = hi + int64_t(blockIdx.x) * k;
   uint16_t* lr = lo + int64_t(blockIdx.x) * k;
@@ -139,14 +145,26 @@ __global__ void __launch_bounds__(256) split_rows_kernel(const float* x, int64_t
     if constexpr (kVec) return *reinterpret_cast<const float4*>(xr + c);
     else return make_float4(xr[c], xr[c + 1], xr[c + 2], xr[c + 3]);
   };
+  auto max4 = [](float4 v) { return fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w))); };
+  const bool hold = k <= kSplitHold * kStride;
+  float4 v[kSplitHold];
+  if (hold) {
+#pragma unroll
+    for (int j = 0; j < kSplitHold; ++j) {
+      const int c = 4 * tid + j * kStride;
+      v[j] = c < k ? load4(c) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);  // zeros leave the maximum as it is
+    }
+  }
   float mul = 1.0f;
   if constexpr (kF16) {
     float amax = 0.0f;
-    for (int c = 4 * int(threadIdx.x); c < k; c += 4 * 256) {
-      const float4 v = load4(c);
-      amax = fmaxf(amax, fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w))));
+    if (hold) {
+#pragma unroll
+      for (int j = 0; j < kSplitHold; ++j) amax = fmaxf(amax, max4(v[j]));
+    } else {
+      for (int c = 4 * tid; c < k; c += kStride) amax = fmaxf(amax, max4(load4(c)));
     }
-    amax = cta_amax(amax, 256 / 32);
+    amax = cta_amax(amax, kSplitThreads / 32);
     int e = 0;
     if (amax > 0.0f && amax <= 3.0e38f) {  // zero, inf or NaN rows keep scale 1 (and propagate)
       int ex = 0;
@@ -154,9 +172,17 @@ __global__ void __launch_bounds__(256) split_rows_kernel(const float* x, int64_t
       e = max(-126, min(126, 15 - ex));
     }
     mul = ldexpf(1.0f, e);
-    if (threadIdx.x == 0) xscale[blockIdx.x] = ldexpf(1.0f, -e);
+    if (tid == 0) xscale[blockIdx.x] = ldexpf(1.0f, -e);
   }
-  for (int c = 4 * int(threadIdx.x); c < k; c += 4 * 256) split4<kF16>(load4(c), mul, hr + c, lr + c);
+  if (hold) {
+#pragma unroll
+    for (int j = 0; j < kSplitHold; ++j) {
+      const int c = 4 * tid + j * kStride;
+      if (c < k) split4<kF16>(v[j], mul, hr + c, lr + c);
+    }
+  } else {
+    for (int c = 4 * tid; c < k; c += kStride) split4<kF16>(load4(c), mul, hr + c, lr + c);
+  }
 }
 
 // A CTA: 128 weight rows x kCT tokens; warps kWR (along rows) x kTW (along tokens); a warp owns
@@ -474,8 +500,8 @@ void split_x(const float* x, int64_t ldx, int64_t m, int64_t k, bool f16, const 
   const bool vec = ldx % 4 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0;  // k % 64 == 0 always
   auto kernel = f16 ? (vec ? split_rows_kernel<true, true> : split_rows_kernel<true, false>)
                     : (vec ? split_rows_kernel<false, true> : split_rows_kernel<false, false>);
-  kernel<<<unsigned(m), 256, 0, current_stream()>>>(x, ldx, int(k), s.hi, s.lo, f16 ? s.scale : nullptr, tickets,
-                                                     ntickets);
+  kernel<<<unsigned(m), kSplitThreads, 0, current_stream()>>>(x, ldx, int(k), s.hi, s.lo, f16 ? s.scale : nullptr,
+                                                               tickets, ntickets);
   M3_CUDA_CHECK_LAUNCH();
 }
 
