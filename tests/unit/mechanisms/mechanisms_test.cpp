@@ -274,5 +274,77 @@ TEST(Dispatch, TraceRecordsEntryAndReasonAndNoKernelErrorListsReasons) {
   }
 }
 
+// ops::linear_group: a run of weights of one dtype and in_features goes to the first eligible
+// linear_group entry, one weight alone (or a table without group entries) to the linear table.
+// The stand-in entry counts its calls and computes the same products as the CPU linear.
+int g_group_calls = 0, g_group_last_count = 0;
+void group_stand_in(const TensorView& x, const ops::LinearWeight* const* w, const TensorView* y, int count) {
+  ++g_group_calls;
+  g_group_last_count = count;
+  const int64_t m = x.shape[0], k = x.shape[1];
+  for (int i = 0; i < count; ++i)
+    for (int64_t r = 0; r < m; ++r)
+      for (int64_t o = 0; o < w[i]->out_features(); ++o) {
+        float acc = 0.0f;
+        for (int64_t e = 0; e < k; ++e) acc += x.as<const float>()[r * k + e] * w[i]->data.as<const float>()[o * k + e];
+        y[i].as<float>()[r * w[i]->out_features() + o] = acc;
+      }
+}
+
+TEST(Dispatch, LinearGroupTakesTheGroupEntryOrEachLinear) {
+  const int m = 3, k = 4;
+  std::vector<float> x(m * k), w0(5 * k), w1(2 * k), w2(2 * k);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = float(i % 7) - 3.0f;
+  for (auto* w : {&w0, &w1, &w2})
+    for (size_t i = 0; i < w->size(); ++i) (*w)[i] = float((i * 5 + w->size()) % 9) * 0.25f - 1.0f;
+  const ops::LinearWeight lw0{f32(w0, {5, k}), {}}, lw1{f32(w1, {2, k}), {}}, lw2{f32(w2, {2, k}), {}};
+  const ops::LinearWeight* ws[3] = {&lw0, &lw1, &lw2};
+  auto run = [&](const ops::OpContext& ctx, int count, std::vector<std::vector<float>>& out) {
+    const int64_t ns[3] = {5, 2, 2};
+    out.assign(3, {});
+    std::vector<TensorView> ys;
+    for (int i = 0; i < 3; ++i) {
+      out[size_t(i)].assign(size_t(m * ns[i]), -7.0f);
+      ys.push_back(f32(out[size_t(i)], {m, ns[i]}));
+    }
+    ops::linear_group(ctx, f32(x, {m, k}), ws, ys.data(), count);
+  };
+  // Reference: each weight through ops::linear.
+  Fixture ref;
+  std::vector<std::vector<float>> want(3);
+  const int64_t ns[3] = {5, 2, 2};
+  for (int i = 0; i < 3; ++i) {
+    want[size_t(i)].resize(size_t(m * ns[i]));
+    ops::linear(ref.ctx, f32(x, {m, k}), *ws[i], f32(want[size_t(i)], {m, ns[i]}));
+  }
+
+  // No group entries (the CPU table): each weight through linear, same values.
+  Fixture plain;
+  std::vector<std::vector<float>> got;
+  run(plain.ctx, 3, got);
+  EXPECT_EQ(got, want);
+  for (const auto& u : plain.stats.first_uses()) EXPECT_EQ(u.op, "linear") << u.entry;
+
+  // With a group entry: the three weights in one call; one weight alone still takes linear.
+  Fixture grouped;
+  grouped.table.linear_group.add({"linear_group.stand_in.cpu", "test stand-in",
+                                  [](const ops::Problem& p) { return p.extra >= 2 ? "" : "one weight"; },
+                                  group_stand_in});
+  g_group_calls = 0;
+  run(grouped.ctx, 3, got);
+  EXPECT_EQ(g_group_calls, 1);
+  EXPECT_EQ(g_group_last_count, 3);
+  for (int i = 0; i < 3; ++i)
+    for (size_t j = 0; j < want[size_t(i)].size(); ++j) EXPECT_FLOAT_EQ(got[size_t(i)][j], want[size_t(i)][j]);
+  const auto uses = grouped.stats.first_uses();
+  ASSERT_EQ(uses.size(), 1u);
+  EXPECT_EQ(uses[0].entry, "linear_group.stand_in.cpu");
+  g_group_calls = 0;
+  run(grouped.ctx, 1, got);
+  EXPECT_EQ(g_group_calls, 0);
+  EXPECT_EQ(got[0], want[0]);
+  EXPECT_EQ(got[1], std::vector<float>(size_t(m * 2), -7.0f));  // not asked for: untouched
+}
+
 }  // namespace
 }  // namespace m3
