@@ -21,26 +21,13 @@ inline double bf16_gemm_tflops(cudaStream_t stream, const std::function<void(voi
   if (cublasCreate(&h) != CUBLAS_STATUS_SUCCESS) return 0;
   cublasSetStream(h, stream);
   const float alpha = 1.0f, beta = 0.0f;
-  cudaEvent_t e0, e1;
-  M3_CUDA_CHECK(cudaEventCreate(&e0));
-  M3_CUDA_CHECK(cudaEventCreate(&e1));
-  double best = 0;
-  for (int i = 0; i < 6; ++i) {
-    M3_CUDA_CHECK(cudaEventRecord(e0, stream));
-    const cublasStatus_t st = cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, n, n, n, &alpha, a.as<void>(), CUDA_R_16BF, n,
-                                           b.as<void>(), CUDA_R_16BF, n, &beta, c.as<void>(), CUDA_R_32F, n,
-                                           CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
-    M3_CUDA_CHECK(cudaEventRecord(e1, stream));
-    M3_CUDA_CHECK(cudaEventSynchronize(e1));
-    if (st != CUBLAS_STATUS_SUCCESS) break;
-    float ms = 0;
-    M3_CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
-    if (i > 0) best = std::max(best, 2.0 * n * double(n) * n / (double(ms) * 1e-3) / 1e12);
-  }
-  cudaEventDestroy(e0);
-  cudaEventDestroy(e1);
+  const double ms = best_ms(stream, 6, 1, [&] {
+    return cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, n, n, n, &alpha, a.as<void>(), CUDA_R_16BF, n, b.as<void>(),
+                        CUDA_R_16BF, n, &beta, c.as<void>(), CUDA_R_32F, n, CUBLAS_COMPUTE_32F,
+                        CUBLAS_GEMM_DEFAULT) == CUBLAS_STATUS_SUCCESS;
+  });
   cublasDestroy(h);
-  return best;
+  return ms > 0 ? 2.0 * n * double(n) * n / (ms * 1e-3) / 1e12 : 0.0;
 }
 
 }  // namespace m3::gpu_bench

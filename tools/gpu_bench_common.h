@@ -108,27 +108,38 @@ inline Timing time_graph(const std::function<void()>& step, cudaStream_t stream,
   return Timing{us[us.size() / 2], us.front()};
 }
 
+// The shortest of `reps` event-timed runs of launch() on `stream`, in ms, the first `skip` runs
+// not counted (warm-up); 0 when no counted run succeeded (launch() returning false stops).
+inline double best_ms(cudaStream_t stream, int reps, int skip, const std::function<bool()>& launch) {
+  cudaEvent_t e0, e1;
+  M3_CUDA_CHECK(cudaEventCreate(&e0));
+  M3_CUDA_CHECK(cudaEventCreate(&e1));
+  double best = 0;
+  for (int i = 0; i < reps; ++i) {
+    M3_CUDA_CHECK(cudaEventRecord(e0, stream));
+    const bool ok = launch();
+    M3_CUDA_CHECK(cudaEventRecord(e1, stream));
+    M3_CUDA_CHECK(cudaEventSynchronize(e1));
+    if (!ok) break;
+    float ms = 0;
+    M3_CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+    if (i >= skip && (best == 0 || ms < best)) best = ms;
+  }
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  return best;
+}
+
 // Device-to-device copy bandwidth (bytes read + written per second), best of a few.
 inline double copy_bandwidth(cudaStream_t stream) {
   const size_t bytes = size_t(1) << 30;
   Dev a(bytes), b(bytes);
   M3_CUDA_CHECK(cudaMemsetAsync(a.as<void>(), 1, bytes, stream));
-  cudaEvent_t e0, e1;
-  M3_CUDA_CHECK(cudaEventCreate(&e0));
-  M3_CUDA_CHECK(cudaEventCreate(&e1));
-  double best = 0;
-  for (int i = 0; i < 8; ++i) {
-    M3_CUDA_CHECK(cudaEventRecord(e0, stream));
+  const double ms = best_ms(stream, 8, 0, [&] {
     M3_CUDA_CHECK(cudaMemcpyAsync(b.as<void>(), a.as<void>(), bytes, cudaMemcpyDeviceToDevice, stream));
-    M3_CUDA_CHECK(cudaEventRecord(e1, stream));
-    M3_CUDA_CHECK(cudaEventSynchronize(e1));
-    float ms = 0;
-    M3_CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
-    best = std::max(best, 2.0 * double(bytes) / (double(ms) * 1e-3));
-  }
-  cudaEventDestroy(e0);
-  cudaEventDestroy(e1);
-  return best;
+    return true;
+  });
+  return 2.0 * double(bytes) / (ms * 1e-3);
 }
 
 // Device 0, a non-blocking stream made the stream every entry launches on (current_stream()),

@@ -120,10 +120,7 @@ int run(int argc, char** argv) {
     else o.unknown();
   }
   BenchDevice bench_device = open_bench_device();
-  const cudaDeviceProp& prop = bench_device.prop;
-  cudaStream_t stream = bench_device.stream;
-  const Dev& flush = bench_device.flush;
-  const double copy_bw = bench_device.copy_bw;
+  auto& [prop, stream, flush, copy_bw] = bench_device;
   // BF16 operands: random bytes below 0x40, so every value is finite and positive.
   const double bf16_tf = bf16_gemm_tflops(stream, [&](void* p, size_t count, unsigned seed) {
     moe_bench::fill_bytes(static_cast<uint8_t*>(p), count * 2, 0, 0x3f, seed, stream);

@@ -193,10 +193,7 @@ int run(int argc, char** argv) {
     else o.unknown();
   }
   BenchDevice bench_device = open_bench_device();
-  const cudaDeviceProp& prop = bench_device.prop;
-  cudaStream_t stream = bench_device.stream;
-  const Dev& flush = bench_device.flush;
-  const double copy_bw = bench_device.copy_bw;
+  auto& [prop, stream, flush, copy_bw] = bench_device;
   double lt_tflops = 0;
   std::string lt_error;
   try {

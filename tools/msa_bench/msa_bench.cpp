@@ -269,10 +269,7 @@ int run(int argc, char** argv) {
     else o.unknown();
   }
   BenchDevice bench_device = open_bench_device();
-  const cudaDeviceProp& prop = bench_device.prop;
-  cudaStream_t stream = bench_device.stream;
-  const Dev& flush = bench_device.flush;
-  const double copy_bw = bench_device.copy_bw;
+  auto& [prop, stream, flush, copy_bw] = bench_device;
   std::printf("device %s, %d SMs, L2 %.0f MB; copy bandwidth %.0f GB/s (read + write)\n", prop.name,
               prop.multiProcessorCount, prop.l2CacheSize / 1e6, copy_bw / 1e9);
   Tables tables;

@@ -307,11 +307,19 @@ void linear_cublas(const TensorView& x, const ops::LinearWeight& w, const Tensor
   gemm_xwt(x.as<const float>(), x.shape[0], w, y.as<float>(), false);
 }
 
+// The shape checks the invariant dense-MLP entries share: x rows of gate's in_features, down
+// taking the intermediate size.
+void check_mlp(const TensorView& x, const ops::LinearWeight& gate, const ops::LinearWeight& down, const char* entry) {
+  check_rows(x, gate.in_features(), entry);
+  if (down.in_features() != gate.out_features()) {
+    throw std::runtime_error(std::string(entry) + ": down in_features != intermediate");
+  }
+}
+
 void dense_mlp_rowdot(const TensorView& x, const ops::LinearWeight& gate, const ops::LinearWeight& up,
                       const ops::LinearWeight& down, const ops::SwigluParams& act, const TensorView& out) {
   const int64_t m = x.shape[0], inter = gate.out_features();
-  check_rows(x, gate.in_features(), "dense_mlp.rowdot_invariant_swiglu_oai.sm90");
-  if (down.in_features() != inter) throw std::runtime_error("dense_mlp.rowdot_invariant_swiglu_oai.sm90: down in_features != intermediate");
+  check_mlp(x, gate, down, "dense_mlp.rowdot_invariant_swiglu_oai.sm90");
   if (m == 0) return;
   const int64_t ldh = (inter + 3) / 4 * 4;  // 16-byte rows for the down projection's vector loads
   Scratch h(size_t(m * ldh) * 4);
@@ -322,11 +330,13 @@ void dense_mlp_rowdot(const TensorView& x, const ops::LinearWeight& gate, const 
 void dense_mlp_mma(const TensorView& x, const ops::LinearWeight& gate, const ops::LinearWeight& up,
                    const ops::LinearWeight& down, const ops::SwigluParams& act, const TensorView& out) {
   const int64_t m = x.shape[0], inter = gate.out_features();
-  check_rows(x, gate.in_features(), "dense_mlp.mma_hilo_invariant_swiglu_oai.sm90");
-  if (down.in_features() != inter) throw std::runtime_error("dense_mlp.mma_hilo_invariant_swiglu_oai.sm90: down in_features != intermediate");
+  check_mlp(x, gate, down, "dense_mlp.mma_hilo_invariant_swiglu_oai.sm90");
   if (m == 0) return;
   Scratch g(size_t(m * inter) * 4), u(size_t(m * inter) * 4);
-  mma_linear_pair(x.as<const float>(), x.shape[1], m, gate, g.as<float>(), up, u.as<float>(), inter);
+  const ops::LinearWeight* gate_up[2] = {&gate, &up};
+  float* gu[2] = {g.as<float>(), u.as<float>()};
+  const int64_t ld[2] = {inter, inter};
+  mma_linear_group(x.as<const float>(), x.shape[1], m, gate_up, gu, ld, 2);
   swiglu_oai_kernel<<<blocks_for(m * inter, 256), 256, 0, current_stream()>>>(g.as<float>(), u.as<const float>(),
                                                                                m * inter, rowdot_act(act));
   M3_CUDA_CHECK_LAUNCH();

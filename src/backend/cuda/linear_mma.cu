@@ -538,7 +538,8 @@ struct Gemm {
     const int64_t n = w.out_features(), k = w.in_features();
     fp8 = w.data.dtype == DType::kF8E4M3;
     const MmaLinearPlan plan = mma_linear_plan(m, n, k, w.data.dtype);
-    if (plan.grid_y > 65535) throw std::runtime_error("linear.mma_hilo_invariant.sm90: too many rows (" + std::to_string(m) + ")");
+    // The grid is 1-D (fire() bounds its CTA count); rows and tiles are ints in the kernel.
+    if (m > INT32_MAX) throw std::runtime_error("linear.mma_hilo_invariant.sm90: too many rows (" + std::to_string(m) + ")");
     ct = plan.tokens_per_cta;
     a.w = static_cast<const uint8_t*>(w.data.data);
     a.ws = fp8 ? static_cast<const uint8_t*>(w.scale.data) : nullptr;
@@ -668,14 +669,6 @@ void mma_linear(const float* x, int64_t ldx, int64_t m, const ops::LinearWeight&
   Gemm g(m, w, y, ldy);
   Gemm* gs[1] = {&g};
   run(x, ldx, m, w.in_features(), w.data.dtype == DType::kF8E4M3, gs, 1);
-}
-
-void mma_linear_pair(const float* x, int64_t ldx, int64_t m, const ops::LinearWeight& w0, float* y0,
-                     const ops::LinearWeight& w1, float* y1, int64_t ldy) {
-  const ops::LinearWeight* ws[2] = {&w0, &w1};
-  float* ys[2] = {y0, y1};
-  const int64_t ldys[2] = {ldy, ldy};
-  mma_linear_group(x, ldx, m, ws, ys, ldys, 2);
 }
 
 void mma_linear_group(const float* x, int64_t ldx, int64_t m, const ops::LinearWeight* const* w, float* const* y,

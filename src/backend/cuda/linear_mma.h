@@ -41,8 +41,4 @@ void mma_linear(const float* x, int64_t ldx, int64_t m, const ops::LinearWeight&
 void mma_linear_group(const float* x, int64_t ldx, int64_t m, const ops::LinearWeight* const* w, float* const* y,
                       const int64_t* ldy, int count);
 
-// Two linears over the same x (the dense MLP's gate and up): mma_linear_group of two.
-void mma_linear_pair(const float* x, int64_t ldx, int64_t m, const ops::LinearWeight& w0, float* y0,
-                     const ops::LinearWeight& w1, float* y1, int64_t ldy);
-
 }  // namespace m3::cuda
