@@ -53,21 +53,17 @@ __global__ void __launch_bounds__(256) ldg_kernel(const uint4* w, size_t n16, un
   if (acc == 0x9e3779b9u) *sink = acc;  // keeps the loads
 }
 
-// Tiles (row block rb, k stage ks) of a [rows, kK] byte matrix, split evenly over the CTAs.
-__global__ void __launch_bounds__(256, 2) cpasync_kernel(const uint8_t* w, int tiles, unsigned* sink) {
-  constexpr int kStages = 4, kKs = kK / kTileK;
-  extern __shared__ __align__(128) uint8_t ring[];
-  const int tid = int(threadIdx.x);
-  const int t0 = int(int64_t(blockIdx.x) * tiles / gridDim.x), t1 = int(int64_t(blockIdx.x + 1) * tiles / gridDim.x);
-  const int n = t1 - t0;
+// A 4-stage cp.async ring over n 16 KB tiles: each thread copies chunks chunk(0..3) (16 bytes
+// each, 1024 per tile) of tile i from src(i, c), then reads the same chunks back (XOR-folded).
+template <class Chunk, class Src>
+__device__ __forceinline__ unsigned ring_stream(uint8_t* ring, int n, Chunk chunk, Src src) {
+  constexpr int kStages = 4;
   auto load = [&](int i) {
-    const int t = t0 + i, rb = t / kKs, ks = t % kKs;
     const uint32_t d = smem_u32(ring + (i % kStages) * kTile);
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
-      const int c = tid * 4 + j, row = c / 8, col = c % 8;
-      const uint8_t* src = w + size_t(rb * kTileRows + row) * kK + ks * kTileK + col * 16;
-      asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16;\n" ::"r"(d + c * 16), "l"(src) : "memory");
+      const int c = chunk(j);
+      asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16;\n" ::"r"(d + c * 16), "l"(src(i, c)) : "memory");
     }
   };
   unsigned acc = 0;
@@ -83,49 +79,41 @@ __global__ void __launch_bounds__(256, 2) cpasync_kernel(const uint8_t* w, int t
     const uint4* p = reinterpret_cast<const uint4*>(ring + (i % kStages) * kTile);
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
-      const uint4 v = p[tid * 4 + j];
+      const uint4 v = p[chunk(j)];
       acc ^= v.x ^ v.y ^ v.z ^ v.w;
     }
   }
-  if (acc == 0x9e3779b9u) *sink = acc;
+  return acc;
+}
+
+// Tiles (row block rb, k stage ks) of a [rows, kK] byte matrix, split evenly over the CTAs.
+__global__ void __launch_bounds__(256, 2) cpasync_kernel(const uint8_t* w, int tiles, unsigned* sink) {
+  constexpr int kKs = kK / kTileK;
+  extern __shared__ __align__(128) uint8_t ring[];
+  const int tid = int(threadIdx.x);
+  const int t0 = int(int64_t(blockIdx.x) * tiles / gridDim.x), t1 = int(int64_t(blockIdx.x + 1) * tiles / gridDim.x);
+  const unsigned acc = ring_stream(
+      ring, t1 - t0, [&](int j) { return tid * 4 + j; },
+      [&](int i, int c) {
+        const int t = t0 + i, rb = t / kKs, ks = t % kKs;
+        return w + size_t(rb * kTileRows + c / 8) * kK + ks * kTileK + (c % 8) * 16;
+      });
+  if (acc == 0x9e3779b9u) *sink = acc;  // keeps the loads
 }
 
 // Row blocks streamed along K, one CTA per block of kRows rows (as the invariant linear's LM head:
-// 1 563 CTAs, 2 resident per SM): stages of kRows x kBytes (16 KB) through a 4-stage cp.async ring.
+// 1 563 CTAs, 2 resident per SM): stages of kRows x kBytes (16 KB) through the same ring.
 // How long a row's run per stage is (128 vs 256 vs 512 bytes) at the same bytes per stage.
 template <int kRows, int kBytes>
 __global__ void __launch_bounds__(256, 2) cprows_kernel(const uint8_t* w, unsigned* sink) {
-  constexpr int kStages = 4, kKs = kK / kBytes, kRowChunks = kBytes / 16;
+  constexpr int kRowChunks = kBytes / 16;
   static_assert(kRows * kBytes == kTile, "16 KB stages");
   extern __shared__ __align__(128) uint8_t ring_r[];
   const int tid = int(threadIdx.x);
   const uint8_t* base = w + size_t(blockIdx.x) * kRows * kK;
-  auto load = [&](int ks) {
-    const uint32_t d = smem_u32(ring_r + (ks % kStages) * kTile);
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const int c = tid + j * 256, row = c / kRowChunks, col = c % kRowChunks;
-      const uint8_t* src = base + size_t(row) * kK + ks * kBytes + col * 16;
-      asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16;\n" ::"r"(d + c * 16), "l"(src) : "memory");
-    }
-  };
-  unsigned acc = 0;
-  for (int s = 0; s < kStages - 1; ++s) {
-    load(s);
-    asm volatile("cp.async.commit_group;\n" ::: "memory");
-  }
-  for (int i = 0; i < kKs; ++i) {
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(kStages - 2) : "memory");
-    __syncthreads();
-    if (i + kStages - 1 < kKs) load(i + kStages - 1);
-    asm volatile("cp.async.commit_group;\n" ::: "memory");
-    const uint4* p = reinterpret_cast<const uint4*>(ring_r + (i % kStages) * kTile);
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const uint4 v = p[tid + j * 256];
-      acc ^= v.x ^ v.y ^ v.z ^ v.w;
-    }
-  }
+  const unsigned acc = ring_stream(
+      ring_r, kK / kBytes, [&](int j) { return tid + j * 256; },
+      [&](int ks, int c) { return base + size_t(c / kRowChunks) * kK + ks * kBytes + (c % kRowChunks) * 16; });
   if (acc == 0x9e3779b9u) *sink = acc;
 }
 
