@@ -393,8 +393,8 @@ __global__ void __launch_bounds__(32 * (128 / (16 * kMI)) * kTW) mma_linear_kern
             const uint32_t wl = s2 ? l.y : l.x, wh = s2 ? h.y : h.x;
             af[i][s2][0] = e4m3x2_scaled(wl, ml[i]);
             af[i][s2][1] = e4m3x2_scaled(wh, mh[i]);
-            af[i][s2][2] = e4m3x2_scaled(wl >> 16, ml[i]);
-            af[i][s2][3] = e4m3x2_scaled(wh >> 16, mh[i]);
+            af[i][s2][2] = e4m3x2_scaled<true>(wl, ml[i]);
+            af[i][s2][3] = e4m3x2_scaled<true>(wh, mh[i]);
           }
         }
       }

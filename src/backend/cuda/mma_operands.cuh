@@ -84,10 +84,24 @@ __device__ __forceinline__ float cta_amax(float amax, int warps) {
   return amax;
 }
 
-// Two e4m3 (low 16 bits, low byte first) -> f16x2 (exact), times m (a power of two <= 1).
-__device__ __forceinline__ uint32_t e4m3x2_scaled(uint32_t two, __half2 m) {
+// Two e4m3 of one half of a word (low byte first) -> f16x2, exact. The half is the
+// conversion's operand selector (F2FP ... R.H1): a C++ `w >> 16` before the conversion costs a
+// shift per pair, which ptxas does not fold.
+__device__ __forceinline__ uint32_t e4m3x2_lo_f16x2(uint32_t w) {
   uint32_t h;
-  asm("cvt.rn.f16x2.e4m3x2 %0, %1;\n" : "=r"(h) : "h"(static_cast<unsigned short>(two & 0xffffu)));
+  asm("{\n .reg .b16 l, u;\n mov.b32 {l, u}, %1;\n cvt.rn.f16x2.e4m3x2 %0, l;\n}" : "=r"(h) : "r"(w));
+  return h;
+}
+__device__ __forceinline__ uint32_t e4m3x2_hi_f16x2(uint32_t w) {
+  uint32_t h;
+  asm("{\n .reg .b16 l, u;\n mov.b32 {l, u}, %1;\n cvt.rn.f16x2.e4m3x2 %0, u;\n}" : "=r"(h) : "r"(w));
+  return h;
+}
+
+// Two e4m3 (the low or high half of `w`) -> f16x2 (exact), times m (a power of two <= 1).
+template <bool kHigh = false>
+__device__ __forceinline__ uint32_t e4m3x2_scaled(uint32_t w, __half2 m) {
+  uint32_t h = kHigh ? e4m3x2_hi_f16x2(w) : e4m3x2_lo_f16x2(w);
   __half2 v = __hmul2(*reinterpret_cast<const __half2*>(&h), m);
   return *reinterpret_cast<const uint32_t*>(&v);
 }

@@ -404,8 +404,8 @@ __device__ __forceinline__ void w8a16_body(const W16Args& a) {
         const uint32_t wl = word_of(q[c], st), wh = word_of(q[2 + c], st);
         af[st][0] = e4m3x2_scaled(wl, mul_lo);
         af[st][1] = e4m3x2_scaled(wh, mul_hi);
-        af[st][2] = e4m3x2_scaled(wl >> 16, mul_lo);
-        af[st][3] = e4m3x2_scaled(wh >> 16, mul_hi);
+        af[st][2] = e4m3x2_scaled<true>(wl, mul_lo);
+        af[st][3] = e4m3x2_scaled<true>(wh, mul_hi);
       }
 #pragma unroll
       for (int j = 0; j < kTMT; ++j) {

@@ -260,8 +260,8 @@ __global__ void __launch_bounds__(kThreads, 1) msa_indexer_kernel(IndexerArgs a)
             msa::ldmatrix_x4(r4, buf_u32 + krow * kRowBytes + (((q2 * 4 + (lane >> 3)) ^ (krow & 7)) << 4));
 #pragma unroll
             for (int j = 0; j < 4; ++j) {
-              bf[q2 * 4 + j][0] = e4m3x2_to_f16x2(r4[j]);
-              bf[q2 * 4 + j][1] = e4m3x2_to_f16x2(r4[j] >> 16);
+              bf[q2 * 4 + j][0] = e4m3x2_lo_f16x2(r4[j]);
+              bf[q2 * 4 + j][1] = e4m3x2_hi_f16x2(r4[j]);
             }
           }
         }

@@ -10,9 +10,15 @@
 #include <climits>
 #include <cstdint>
 
+#include "backend/cuda/mma_operands.cuh"
 #include "backend/cuda/msa_common.cuh"
 
 namespace m3::cuda::msa_index {
+
+// Two e4m3 of the low / high half of a word (low byte first) -> f16x2, exact (every e4m3 value
+// is an f16 normal); the half is the conversion's operand selector, no shift.
+using mma_ops::e4m3x2_hi_f16x2;
+using mma_ops::e4m3x2_lo_f16x2;
 
 using msa::order_key;
 
@@ -56,9 +62,9 @@ template <> struct IkTraits<__nv_fp8_e4m3> {
     const uint32_t w[4] = {r.x, r.y, r.z, r.w};
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-      const __half2 lo(__nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(w[i] & 0xffffu), __NV_E4M3));
-      const __half2 hi(__nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(w[i] >> 16), __NV_E4M3));
-      const float2 a = __half22float2(lo), b = __half22float2(hi);
+      const uint32_t lo = e4m3x2_lo_f16x2(w[i]), hi = e4m3x2_hi_f16x2(w[i]);
+      const float2 a = __half22float2(*reinterpret_cast<const __half2*>(&lo));
+      const float2 b = __half22float2(*reinterpret_cast<const __half2*>(&hi));
       f[4 * i] = a.x;
       f[4 * i + 1] = a.y;
       f[4 * i + 2] = b.x;
@@ -76,11 +82,6 @@ template <> struct IkTraits<__nv_fp8_e4m3> {
   }
 };
 
-// Two e4m3 (low byte first) -> f16x2, exact (every e4m3 value is an f16 normal).
-__device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t v) {
-  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(v & 0xffffu), __NV_E4M3);
-  return uint32_t(h.x) | (uint32_t(h.y) << 16);
-}
 
 struct IndexerArgs {
   const float* q;       // [tokens, heads, 128]

@@ -280,8 +280,8 @@ __global__ void __launch_bounds__(kThreadsD, 1) msa_indexer_decode_kernel(Indexe
 #pragma unroll
               for (int h = 0; h < 2; ++h) {
                 const int ks = 2 * j + h;
-                const uint32_t af[4] = {e4m3x2_to_f16x2(r4[2 * h] & 0xffffu), e4m3x2_to_f16x2(r4[2 * h + 1] & 0xffffu),
-                                        e4m3x2_to_f16x2(r4[2 * h] >> 16), e4m3x2_to_f16x2(r4[2 * h + 1] >> 16)};
+                const uint32_t af[4] = {e4m3x2_lo_f16x2(r4[2 * h]), e4m3x2_lo_f16x2(r4[2 * h + 1]),
+                                        e4m3x2_hi_f16x2(r4[2 * h]), e4m3x2_hi_f16x2(r4[2 * h + 1])};
                 mma_pair(af, ks);
               }
             }
