@@ -443,11 +443,14 @@ void launch_msa_indexer_layout(const TensorView& index_q, const TensorView& inde
   a.top_k = params.top_k;
   a.group_tokens = std::max(1, (tiles ? 128 : narrow ? 8 : 16) / int(heads));
   a.defer = int64_t(a.max_blocks) * bs <= (int64_t(1) << 24) ? 1 : 0;
-  // Chunks per query group: enough CTAs for the SMs (both kernels run one CTA per SM) over the
-  // groups there are (the host does not know the contexts: chunks past a sequence's blocks exit).
+  // Chunks per query group: enough CTAs for the SMs (the tiles run one CTA per SM, the warp
+  // kernel one or two) over the groups there are (the host does not know the contexts: chunks
+  // past a sequence's blocks exit).
   const int64_t groups = tokens == meta.num_seqs ? tokens : (tokens + a.group_tokens - 1) / a.group_tokens + meta.num_seqs;
   const int64_t max_scored = std::max(1, a.max_blocks - 1);
-  const int64_t target = current_sm_count();
+  const bool fp8 = index_k_cache.dtype == DType::kF8E4M3;
+  const int64_t target =
+      current_sm_count() * (tiles ? 1 : decode_ctas_per_sm(fp8, a.group_tokens * int(heads)));
   a.chunks = int(std::clamp<int64_t>(target / std::max<int64_t>(1, groups), 1, std::min<int64_t>(max_scored, 1024)));
   if (tokens > msa::kMaxCounters) a.chunks = 1;
   if (a.chunks > 1) {
@@ -464,7 +467,6 @@ void launch_msa_indexer_layout(const TensorView& index_q, const TensorView& inde
   const int64_t slice = std::max<int64_t>(a.group_tokens, std::min<int64_t>(tokens, fit));
   Scratch scores(size_t(std::min<int64_t>(tokens, slice) + a.group_tokens) * row_bytes);
   a.scores = scores.as<uint32_t>();
-  const bool fp8 = index_k_cache.dtype == DType::kF8E4M3;
   auto launch_tiles = [&](auto kernel, size_t smem) {
     M3_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
     kernel<<<dim3{unsigned(a.tok_end - a.tok_begin), unsigned(a.chunks)}, kThreads, smem, current_stream()>>>(a);

@@ -44,6 +44,7 @@ constexpr int kTileKeys = 16, kUnitTiles = 8, kUnitKeys = kTileKeys * kUnitTiles
 constexpr int kMaxRows = 16;     // (token, head) rows of a decode query group
 constexpr int kUnitBlocks = 8;   // blocks of a unit at most (block size >= 16)
 
+
 // The upper operand u (|q sigma| rounded up, floored) and the bound's factor for U.
 template <class IK> struct UpperTraits;
 template <> struct UpperTraits<__nv_bfloat16> {
@@ -71,9 +72,18 @@ template <class IK, int kNN>
 struct DecCfg {
   static constexpr int kRowBytes = IkTraits<IK>::kRowBytes;
   static constexpr int kTileBytes = kTileKeys * kRowBytes;
-  static constexpr int kSlots = sizeof(IK) == 2 ? (kNN == 1 ? 6 : 5) : 10;  // ring tiles per warp
+  // FP8 decode groups (one n-tile) run two CTAs per SM: twice the warps to hide a tile's
+  // dependent chain (ldmatrix, two conversions per key pair, MMAs, bounds), with half-depth
+  // rings; at 128 registers it does not spill. BF16 (memory-bound at one CTA) measured 1-3 %
+  // slower at two (rings of 2-3 tiles).
+  static constexpr int kCtasPerSm = sizeof(IK) == 1 && kNN == 1 ? 2 : 1;
+  static constexpr int kSlots = sizeof(IK) == 2 ? (kNN == 1 ? 6 : 5) : kCtasPerSm == 2 ? 5 : 10;  // ring tiles per warp
   static constexpr int kRingBytes = kSlots * kTileBytes;
-  static constexpr int kCandCap = kUnitKeys * 8 * kNN + 32;  // every (key, row) of a unit + a partial round
+  // Listed candidates: every (key, row) of a unit plus a partial round; at two CTAs per SM a
+  // round's worth plus a unit's usual few, and a unit listing more (ties: equal keys make every
+  // key a candidate) has its dots run in place. (The small list for every layout made the
+  // 16-row prefill groups 1.5-2 % slower.)
+  static constexpr int kCandCap = kCtasPerSm == 2 ? 256 + 32 : kUnitKeys * 8 * kNN + 32;
   static constexpr size_t kCandOff = size_t(kWarpsD) * kRingBytes;
   static constexpr size_t kSigOff = kCandOff + size_t(kWarpsD) * kCandCap * 4;
   static constexpr size_t kPosOff = kSigOff + kMaxRows * 4;
@@ -82,7 +92,7 @@ struct DecCfg {
 };
 
 template <class IK, int kNN>
-__global__ void __launch_bounds__(kThreadsD, 1) msa_indexer_decode_kernel(IndexerArgs a) {
+__global__ void __launch_bounds__(kThreadsD, DecCfg<IK, kNN>::kCtasPerSm) msa_indexer_decode_kernel(IndexerArgs a) {
   using Cf = DecCfg<IK, kNN>;
   using Tr = IkTraits<IK>;
   using Up = UpperTraits<IK>;
@@ -359,14 +369,28 @@ __global__ void __launch_bounds__(kThreadsD, 1) msa_indexer_decode_kernel(Indexe
           }
         }
       }
+      auto entry = [&](int i) {  // mask bit i as (row << 24 | key - key_begin)
+        const int mt = i / (4 * kNN), nt = (i / 4) % kNN, v = i & 3;
+        return (uint32_t(8 * nt + 2 * cq + (v & 1)) << 24) |
+               uint32_t(unit_key0 - key_begin + mt * kTileKeys + gq + 8 * (v >> 1));
+      };
+      auto lowest = [&] { return kNN == 1 ? __ffs(uint32_t(m)) - 1 : __ffsll(m) - 1; };
       const int mine = kNN == 1 ? __popc(uint32_t(m)) : __popcll(m);
       const int incl = msa::warp_inclusive_scan(mine);
-      for (int pos = cnt + incl - mine; m != 0; m &= m - 1) {
-        const int i = kNN == 1 ? __ffs(uint32_t(m)) - 1 : __ffsll(m) - 1;
-        const int mt = i / (4 * kNN), nt = (i / 4) % kNN, v = i & 3;
-        cand[pos++] = (uint32_t(8 * nt + 2 * cq + (v & 1)) << 24) |
-                      uint32_t(unit_key0 - key_begin + mt * kTileKeys + gq + 8 * (v >> 1));
+      if (cnt + __shfl_sync(0xffffffffu, incl, 31) > Cf::kCandCap) {  // warp-uniform
+        __syncwarp();  // the -inf scores are visible to the warp
+        if (lane < cnt) exact_round(cand[lane]);  // the listed ones (fewer than 32), then this unit's in place
+        cnt = 0;
+        while (__any_sync(0xffffffffu, m != 0)) {
+          if (m != 0) {
+            exact_round(entry(lowest()));
+            m &= m - 1;
+          }
+        }
+        __syncwarp();  // the list may be rewritten
+        continue;
       }
+      for (int pos = cnt + incl - mine; m != 0; m &= m - 1) cand[pos++] = entry(lowest());
       cnt += __shfl_sync(0xffffffffu, incl, 31);
       __syncwarp();  // the list and the -inf scores are visible to the warp
       // Whole rounds of 32 now; the rest waits for later units' candidates.
@@ -390,7 +414,12 @@ __global__ void __launch_bounds__(kThreadsD, 1) msa_indexer_decode_kernel(Indexe
   } else {
     __syncthreads();  // every warp's score writes and ring reads are done
   }
-  select_group(a, t0, P, s_pos, reinterpret_cast<uint32_t*>(ring), Cf::kRingBytes / 4,
+  // A row's selection caches its block scores in shared memory. Every warp's ring is free now,
+  // so the selecting warps share all of them (at two CTAs per SM a warp's own ring holds 2048
+  // scores, a 512K context 4096 blocks).
+  const int sharers = min(P, kWarpsD);
+  const int cap = (kWarpsD * Cf::kRingBytes / 4 / max(1, sharers)) & ~3;  // words
+  select_group(a, t0, P, s_pos, reinterpret_cast<uint32_t*>(smem) + (warp < sharers ? warp * cap : 0), cap,
                reinterpret_cast<unsigned*>(cand));
 }
 
@@ -407,6 +436,12 @@ void launch_one(const IndexerArgs& a) {
 
 bool decode_kernel_takes(int bs, int max_blocks) {
   return bs >= kTileKeys && bs <= kUnitKeys && int64_t(max_blocks) * bs <= (int64_t(1) << 24);
+}
+
+int decode_ctas_per_sm(bool fp8, int rows_max) {
+  const bool wide = rows_max > 8;
+  return fp8 ? (wide ? DecCfg<__nv_fp8_e4m3, 2>::kCtasPerSm : DecCfg<__nv_fp8_e4m3, 1>::kCtasPerSm)
+             : (wide ? DecCfg<__nv_bfloat16, 2>::kCtasPerSm : DecCfg<__nv_bfloat16, 1>::kCtasPerSm);
 }
 
 void launch_indexer_decode(const IndexerArgs& a, bool fp8, int rows_max) {
