@@ -231,7 +231,10 @@ __global__ void __launch_bounds__(kCombineThreads) combine_kernel(const float* y
   __shared__ float s_w[kMaxTopK + 1];
   __shared__ int s_n;
   const int64_t t = blockIdx.x;
+  // The routing (ids, pos, weights, meta) is from kernels that completed before the GEMMs began;
+  // only y is the down projection's, which this launch may overlap.
   if (threadIdx.x == 0) s_n = combine_rows(ids, pos, w, t, top_k, has_shared ? meta[1] + int(t) : -1, s_row, s_w);
+  pdl_wait();
   __syncthreads();
   const int n = s_n;
   // CTA (token, slice of hidden): small batches spread a token's rows over several SMs.
@@ -1128,10 +1131,12 @@ void run(const TensorView& x, const TensorView& expert_ids, const TensorView& ex
   }
   if (stages & kCombine) {
     const dim3 grid(unsigned(tokens), unsigned((hidden + 4 * kCombineThreads - 1) / (4 * kCombineThreads)));
-    combine_kernel<<<grid, kCombineThreads, 0, stream>>>(
-        y, expert_weights.as<const float>(), expert_ids.as<const int32_t>(), pos, int(top_k), meta,
-        experts.has_shared ? 1 : 0, out.as<float>(), int(hidden));
-    M3_CUDA_CHECK_LAUNCH();
+    // A programmatic dependent of the down projection when the GEMMs ran in this call (the
+    // routing finished before they began); alone, a plain launch.
+    launch_kernel(combine_kernel, grid, dim3(kCombineThreads), 0, (stages & kGemms) != 0,
+                  static_cast<const float*>(y), expert_weights.as<const float>(), expert_ids.as<const int32_t>(),
+                  static_cast<const int32_t*>(pos), int(top_k), static_cast<const int*>(meta),
+                  experts.has_shared ? 1 : 0, out.as<float>(), int(hidden));
   }
 }
 
