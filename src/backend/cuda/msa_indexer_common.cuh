@@ -82,7 +82,6 @@ template <> struct IkTraits<__nv_fp8_e4m3> {
   }
 };
 
-
 struct IndexerArgs {
   const float* q;       // [tokens, heads, 128]
   const void* keys;     // [slots, 128] BF16 or FP8

@@ -44,7 +44,6 @@ constexpr int kTileKeys = 16, kUnitTiles = 8, kUnitKeys = kTileKeys * kUnitTiles
 constexpr int kMaxRows = 16;     // (token, head) rows of a decode query group
 constexpr int kUnitBlocks = 8;   // blocks of a unit at most (block size >= 16)
 
-
 // The upper operand u (|q sigma| rounded up, floored) and the bound's factor for U.
 template <class IK> struct UpperTraits;
 template <> struct UpperTraits<__nv_bfloat16> {
