@@ -360,6 +360,9 @@ std::vector<Case> cases() {
   out.push_back({"tp4_all_keys_equal", kTp4, {{3000, 1}, {10000, 3}, {2049, 1}}, Keys::kAllEqual, DType::kBF16, false});
   out.push_back({"tp1_fp8_index_k", kTp1, {{5000, 1}, {20000, 1}, {2047, 2}, {700, 1}}, Keys::kRandom, DType::kF8E4M3, false});
   out.push_back({"tp1_fp8_ties", kTp1, {{5000, 1}, {8000, 3}}, Keys::kSmallInts, DType::kF8E4M3, false});
+  // FP8 decode groups run two CTAs per SM with a short candidate list: every key of a unit is a
+  // candidate for all four rows here (512 > the list), so the in-place overflow path runs.
+  out.push_back({"tp1_fp8_all_keys_equal", kTp1, {{3000, 1}, {10000, 1}, {2049, 1}}, Keys::kAllEqual, DType::kF8E4M3, false});
   out.push_back({"bs64_g4_topk8", {8, 2, 2, 64, 8}, {{1000, 1}, {500, 5}, {63, 1}, {64, 1}, {513, 1}}});
   out.push_back({"bs16_g4", {16, 4, 4, 16, 16}, {{700, 1}, {250, 3}, {255, 1}, {256, 1}}});
   out.push_back({"bs32_g16_topk4", {32, 2, 2, 32, 4}, {{400, 1}, {97, 2}, {127, 1}, {128, 1}}, Keys::kSmallInts});
