@@ -85,15 +85,9 @@ class OpTable {
 
   // The first eligible entry; throws std::runtime_error listing every entry's reason if none.
   const KernelEntry<Fn>& select(const Problem& problem, DispatchStats* stats) const {
+    if (const KernelEntry<Fn>* e = find(problem, stats)) return *e;
     std::string reasons;
-    for (const auto& e : entries_) {
-      std::string why = e.ineligible(problem);
-      if (why.empty()) {
-        if (stats) stats->record(problem, e.name, e.condition);
-        return e;
-      }
-      reasons += "\n  " + e.name + ": " + why;
-    }
+    for (const auto& e : entries_) reasons += "\n  " + e.name + ": " + e.ineligible(problem);
     throw_no_kernel(problem, reasons);
   }
   // The first eligible entry (recorded), or null: for ops with a generic fallback outside the table.
