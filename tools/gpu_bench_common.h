@@ -5,6 +5,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstdio>
 #include <fstream>
 #include <functional>
@@ -83,7 +84,10 @@ struct Timing {
 };
 
 // GPU time of one graph replay, L2 flushed before each (events bracket the replay only).
+// M3_BENCH_WARM_L2=1 skips the flush: a diagnostic of how much of a small step is cold misses
+// (data and instructions), never for reported figures.
 inline Timing time_graph(const std::function<void()>& step, cudaStream_t stream, const Dev& flush, int iters) {
+  static const bool flush_l2 = std::getenv("M3_BENCH_WARM_L2") == nullptr;
   step();  // eager warm-up (module loads, pool growth)
   M3_CUDA_CHECK(cudaStreamSynchronize(stream));
   cudaGraphExec_t exec = m3::cuda::capture_graph(stream, step);
@@ -92,7 +96,7 @@ inline Timing time_graph(const std::function<void()>& step, cudaStream_t stream,
   M3_CUDA_CHECK(cudaEventCreate(&e1));
   std::vector<double> us;
   for (int i = 0; i < iters + 2; ++i) {
-    M3_CUDA_CHECK(cudaMemsetAsync(flush.as<void>(), i & 0xff, flush.bytes(), stream));
+    if (flush_l2) M3_CUDA_CHECK(cudaMemsetAsync(flush.as<void>(), i & 0xff, flush.bytes(), stream));
     M3_CUDA_CHECK(cudaEventRecord(e0, stream));
     M3_CUDA_CHECK(cudaGraphLaunch(exec, stream));
     M3_CUDA_CHECK(cudaEventRecord(e1, stream));

@@ -35,6 +35,7 @@
 #include "backend/cuda/cuda_internal.h"
 #include "backend/cuda/msa.h"
 #include "backend/cuda/msa_common.cuh"
+#include "backend/cuda/msa_timeline.cuh"
 
 namespace m3::cuda {
 namespace {
@@ -157,6 +158,9 @@ __global__ void __launch_bounds__(kThreads, kSplit ? 2 : 1) msa_attention_kernel
   unsigned char* const firsts = smem + L::kFirstOff;
   __shared__ int s_count;
 
+  [[maybe_unused]] const int tl_cta = blockIdx.x < 1024u ? int(blockIdx.x) : -1;
+  [[maybe_unused]] const int tl_ctas = int(min(gridDim.x, 1024u));
+  M3_TL_MARK(attention, tl_cta, 0);
   const int C = a.splits;
   const int split = int(blockIdx.x % unsigned(C));  // rank in the cluster (cluster dims (C, 1, 1))
   const int rg = int(blockIdx.x / unsigned(C));
@@ -189,8 +193,10 @@ __global__ void __launch_bounds__(kThreads, kSplit ? 2 : 1) msa_attention_kernel
     *reinterpret_cast<uint4*>(smem + L::kQOff + kRows * 256 + tile_off(row, ch)) = lo;
   }
   // The selection (indexer) or the new K/V (kv_write) come from the previous kernel.
+  M3_TL_MARK(attention, tl_cta, 1);
   pdl_wait();
   __syncthreads();
+  M3_TL_MARK(attention, tl_cta, 2);
   int pos_max = 0;
   for (int tt = 0; tt < T; ++tt) pos_max = max(pos_max, s_pos[tt]);
   const bool dense = a.sel == nullptr;
@@ -264,6 +270,7 @@ __global__ void __launch_bounds__(kThreads, kSplit ? 2 : 1) msa_attention_kernel
     __syncthreads();
     n_units = s_count * units_per_block;
   }
+  M3_TL_MARK(attention, tl_cta, 3);
   // Super-units (dense: 8 units by absolute position; sparse: one each), split over the cluster.
   const int kSu = dense ? kDenseSuUnits : 1;
   const int n_su = (n_units + kSu - 1) / kSu;
@@ -592,6 +599,7 @@ __global__ void __launch_bounds__(kThreads, kSplit ? 2 : 1) msa_attention_kernel
     }
   }
   cp_async_wait<0>();
+  M3_TL_MARK(attention, tl_cta, 4);
 
   if (C == 1) {
     if constexpr (L::kSplitKV) __syncthreads();  // lsum overlays P: every warp is done with P.V
@@ -621,12 +629,15 @@ __global__ void __launch_bounds__(kThreads, kSplit ? 2 : 1) msa_attention_kernel
         }
       }
     }
+    M3_TL_MARK(attention, tl_cta, 6);
+    M3_TL_FINISH(attention, tl_cta, tl_ctas);
     return;
   }
 
   // Split over the cluster: every super-unit partial is written; each CTA folds a slice of the
   // rows x dims over all of them, in order.
   msa::cluster_sync();
+  M3_TL_MARK(attention, tl_cta, 5);
   const int E = rows * kHeadDim, per = (E + C - 1) / C;
   const int e0 = split * per, e1 = min(E, e0 + per);
   const int64_t base = int64_t(rg) * a.su_cap * kRows;
@@ -689,6 +700,8 @@ __global__ void __launch_bounds__(kThreads, kSplit ? 2 : 1) msa_attention_kernel
       }
       a.out[(int64_t(t0 + r / G) * a.q_heads + g * G + r % G) * kHeadDim + d] = msa::finish(O, lrow[r]);
     }
+    M3_TL_MARK(attention, tl_cta, 6);
+    M3_TL_FINISH(attention, tl_cta, tl_ctas);
     return;
   }
   for (int e = e0 + tid; e < e1; e += kThreads) {
@@ -716,6 +729,8 @@ __global__ void __launch_bounds__(kThreads, kSplit ? 2 : 1) msa_attention_kernel
     }
     a.out[(int64_t(t0 + row / G) * a.q_heads + g * G + row % G) * kHeadDim + d] = msa::finish(O, Ls);
   }
+  M3_TL_MARK(attention, tl_cta, 6);
+  M3_TL_FINISH(attention, tl_cta, tl_ctas);
 }
 
 // Largest cluster the kernel can be launched with on this device (16 where a GPC can hold it).

@@ -12,6 +12,7 @@
 
 #include "backend/cuda/mma_operands.cuh"
 #include "backend/cuda/msa_common.cuh"
+#include "backend/cuda/msa_timeline.cuh"
 
 namespace m3::cuda::msa_index {
 
@@ -145,18 +146,117 @@ __device__ __forceinline__ float warp_row_sigma(const float4& v, int e) {
   return sigma_for(mx, e);
 }
 
+// The k best of m <= 64 keys (k <= m) by (key desc, id asc), as ascending ids into dst[0, k):
+// lane l holds keys l and l + 32 of a list in id order (xa, xb; ids ia, ib). Each key's rank
+// among the others, one shuffle per key.
+__device__ __forceinline__ void rank_select64(uint32_t xa, uint32_t xb, int32_t ia, int32_t ib, int m, int k,
+                                              int32_t* dst) {
+  const int lane = threadIdx.x & 31;
+  const unsigned lt = (1u << lane) - 1u;
+  int ra = 0, rb = 0;
+  for (int j = 0; j < m; ++j) {
+    const uint32_t o = __shfl_sync(0xffffffffu, j < 32 ? xa : xb, j & 31);
+    ra += (o > xa || (o == xa && j < lane)) ? 1 : 0;
+    rb += (o > xb || (o == xb && j < lane + 32)) ? 1 : 0;
+  }
+  const bool ta = lane < m && ra < k, tb = lane + 32 < m && rb < k;
+  const unsigned ba = __ballot_sync(0xffffffffu, ta), bb = __ballot_sync(0xffffffffu, tb);
+  if (ta) dst[__popc(ba & lt)] = ia;
+  if (tb) dst[__popc(ba) + __popc(bb & lt)] = ib;
+  __syncwarp();
+}
+
+// The k best of keys[0, n) by (key desc, id asc) when few keys can be among them, as ascending
+// ids into dst[0, k); false (nothing written) when more than 64 can. t1 >= t2 are the lane's
+// two largest keys over ids lane, lane + 32, ... (0 where it has none; every key is > 0).
+// Threshold: the k-th largest of these 64. At least k keys reach it (the k largest of the 64
+// are different keys), so the k best all do; the keys that reach it (a little over k for
+// scores of one distribution; twice as many when every score is repeated in a lane) are listed
+// in id order into hist[0, 64) (keys) and hist[64, 128) (ids) and ranked against each other.
+// (The radix passes below cost one serialized shared atomic per key in their first, crowded
+// digits: 27 us for one row of 1023 blocks, against ~1 us for this.)
+template <class KeyAt>
+__device__ __forceinline__ bool warp_select_few(KeyAt key_at, int n, int k, uint32_t t1, uint32_t t2, unsigned* hist,
+                                                int32_t* dst) {
+  const int lane = threadIdx.x & 31;
+  const unsigned lt = (1u << lane) - 1u;
+  int r1 = 0, r2 = 0;  // ranks among the 64 (ties by position: t1s lane order, then t2s)
+#pragma unroll 8
+  for (int j = 0; j < 64; ++j) {
+    const uint32_t o = __shfl_sync(0xffffffffu, j < 32 ? t1 : t2, j & 31);
+    r1 += (o > t1 || (o == t1 && j < lane)) ? 1 : 0;
+    r2 += (o > t2 || (o == t2 && j < lane + 32)) ? 1 : 0;
+  }
+  const unsigned w1 = __ballot_sync(0xffffffffu, r1 == k - 1), w2 = __ballot_sync(0xffffffffu, r2 == k - 1);
+  const uint32_t thr = w1 ? __shfl_sync(0xffffffffu, t1, __ffs(w1) - 1) : __shfl_sync(0xffffffffu, t2, __ffs(w2) - 1);
+  M3_TL_MARK(indexer, blockIdx.x == 0 ? int(blockIdx.y) : -1, 9);
+  int m = 0;  // listed so far (warp-uniform)
+  constexpr int kBatch = 8;  // keys per lane requested together (one round trip when not cached)
+  for (int b0 = 0; b0 < n && m <= 64; b0 += 32 * kBatch) {
+    uint32_t x[kBatch];
+#pragma unroll
+    for (int j = 0; j < kBatch; ++j) {
+      const int b = b0 + 32 * j + lane;
+      x[j] = b < n ? key_at(b) : 0u;
+    }
+#pragma unroll
+    for (int j = 0; j < kBatch; ++j) {
+      const int b = b0 + 32 * j + lane;
+      const bool c = b < n && x[j] >= thr;
+      const unsigned bal = __ballot_sync(0xffffffffu, c);
+      const int pos = m + __popc(bal & lt);
+      if (c && pos < 64) {
+        hist[pos] = x[j];
+        hist[64 + pos] = unsigned(b);
+      }
+      m += __popc(bal);
+    }
+  }
+  __syncwarp();
+  M3_TL_MARK(indexer, blockIdx.x == 0 ? int(blockIdx.y) : -1, 10);
+  if (m > 64) return false;
+  rank_select64(lane < m ? hist[lane] : 0u, lane + 32 < m ? hist[lane + 32] : 0u, int32_t(hist[64 + lane]),
+                int32_t(hist[96 + lane]), m, k, dst);
+  M3_TL_MARK(indexer, blockIdx.x == 0 ? int(blockIdx.y) : -1, 11);
+  return true;
+}
+
 // Exact top-k of one warp: the k best of keys[0, n) by (score desc, id asc), as ascending ids
-// into dst[0, k). Radix select on the 32-bit keys (four 8-bit digit passes) finds the k-th
-// key T; all keys above T are taken, and the lowest ids among those equal to T.
+// into dst[0, k) (k <= 64). Up to 64 keys are ranked directly; with few keys near the top,
+// warp_select_few; otherwise a radix
+// select on the 32-bit keys (four 8-bit digit passes) finds the k-th key T; all keys above T
+// are taken, and the lowest ids among those equal to T.
 inline __device__ void warp_select(const uint32_t* keys, int n, int k, uint32_t* cache, int cap, unsigned* hist,
                             int32_t* dst) {
   const int lane = threadIdx.x & 31;
-  const bool cached = n <= cap;
-  if (cached) {
-    for (int b = lane; b < n; b += 32) cache[b] = __ldcg(keys + b);
-    __syncwarp();
+  if (n <= 64) {  // every key ranked directly
+    const uint32_t xa = lane < n ? __ldcg(keys + lane) : 0u, xb = lane + 32 < n ? __ldcg(keys + lane + 32) : 0u;
+    rank_select64(xa, xb, lane, lane + 32, n, k, dst);
+    M3_TL_MARK(indexer, blockIdx.x == 0 ? int(blockIdx.y) : -1, 11);
+    return;
   }
+  const bool cached = n <= cap;
+  uint32_t t1 = 0, t2 = 0;  // the lane's two largest keys
+  constexpr int kBatch = 16;  // keys per lane requested together
+  for (int b0 = 0; b0 < n; b0 += 32 * kBatch) {
+    uint32_t x[kBatch];
+#pragma unroll
+    for (int j = 0; j < kBatch; ++j) {
+      const int b = b0 + 32 * j + lane;
+      x[j] = b < n ? __ldcg(keys + b) : 0u;
+    }
+#pragma unroll
+    for (int j = 0; j < kBatch; ++j) {
+      const int b = b0 + 32 * j + lane;
+      t2 = max(t2, min(t1, x[j]));
+      t1 = max(t1, x[j]);
+      if (cached && b < n) cache[b] = x[j];
+    }
+  }
+  __syncwarp();
+  M3_TL_MARK(indexer, blockIdx.x == 0 ? int(blockIdx.y) : -1, 8);
   auto key_at = [&](int i) { return cached ? cache[i] : __ldcg(keys + i); };
+  if (warp_select_few(key_at, n, k, t1, t2, hist, dst)) return;
   uint32_t prefix = 0, mask = 0;
   int need = k;
 #pragma unroll 1

@@ -29,6 +29,7 @@
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/cuda_internal.h"
 #include "backend/cuda/msa_indexer_common.cuh"
+#include "backend/cuda/msa_timeline.cuh"
 
 namespace m3::cuda::msa_index {
 namespace {
@@ -105,6 +106,8 @@ __global__ void __launch_bounds__(kThreadsD, DecCfg<IK, kNN>::kCtasPerSm) msa_in
   float* const sig_s = reinterpret_cast<float*>(smem + Cf::kSigOff);
   int* const s_pos = reinterpret_cast<int*>(smem + Cf::kPosOff);
 
+  [[maybe_unused]] const int tl_cta = blockIdx.x == 0 ? int(blockIdx.y) : -1;
+  M3_TL_MARK(indexer, tl_cta, 0);
   const int t0 = a.tok_end - 1 - int(blockIdx.x);  // longest causal prefixes first
   const int s = msa::seq_of_token(a.query_start, a.num_seqs, t0);
   const int q_begin = a.query_start[s], q_end = a.query_start[s + 1];
@@ -114,6 +117,7 @@ __global__ void __launch_bounds__(kThreadsD, DecCfg<IK, kNN>::kCtasPerSm) msa_in
   for (int i = tid; i < T; i += kThreadsD) s_pos[i] = a.positions[t0 + i];
   __syncthreads();
   const GroupScan gs = group_scan(a, T, s_pos);
+  M3_TL_MARK(indexer, tl_cta, 1);
   if (gs.nb == 0) {  // every row takes all its blocks
     if (blockIdx.y == 0) select_group(a, t0, P, s_pos, nullptr, 0, nullptr);
     return;
@@ -219,6 +223,7 @@ __global__ void __launch_bounds__(kThreadsD, DecCfg<IK, kNN>::kCtasPerSm) msa_in
         lim[nt][j] = r < P ? min(key_end, (s_pos[r / H] >> bs_shift) << bs_shift) : INT_MIN;
       }
     }
+    M3_TL_MARK(indexer, tl_cta, 2);
     const int mt_per_blk = bs >> 4;  // m-tiles per block: 1..8
     // One listed candidate per lane: the reference's exact dot (the key again from the cache,
     // mostly L2) raises its block score. Candidates wait in the list until 32 are there, so a
@@ -312,6 +317,7 @@ __global__ void __launch_bounds__(kThreadsD, DecCfg<IK, kNN>::kCtasPerSm) msa_in
         }
         rd_off = rd_off + kTileBytes == uint32_t(Cf::kRingBytes) ? 0u : rd_off + kTileBytes;
       }
+      if (ui == 0) M3_TL_MARK(indexer, tl_cta, 6);
       // Block lower bounds: the lane's maximum over the m-tiles of a block (aligned groups of
       // mt_per_blk: a butterfly leaves it in each), then over the 8 key rows of a tile (lanes'
       // gq bits) for the block's first m-tile only, and the butterfly again spreads it.
@@ -403,16 +409,22 @@ __global__ void __launch_bounds__(kThreadsD, DecCfg<IK, kNN>::kCtasPerSm) msa_in
         __syncwarp();
       }
     }
+    M3_TL_MARK(indexer, tl_cta, 7);
     if (lane < cnt) exact_round(cand[lane]);
     cp_async_wait<0>();
   }
+  M3_TL_MARK(indexer, tl_cta, 3);
 
   pdl_launch_dependents();  // the attention kernel may start its setup while the selection runs
   if (a.chunks > 1) {
-    if (!msa::arrive_last(&a.counters[t0], unsigned(a.chunks), &s_last)) return;
+    if (!msa::arrive_last(&a.counters[t0], unsigned(a.chunks), &s_last)) {
+      M3_TL_FINISH(indexer, tl_cta, a.chunks);
+      return;
+    }
   } else {
     __syncthreads();  // every warp's score writes and ring reads are done
   }
+  M3_TL_MARK(indexer, tl_cta, 4);
   // A row's selection caches its block scores in shared memory. Every warp's ring is free now,
   // so the selecting warps share all of them (at two CTAs per SM a warp's own ring holds 2048
   // scores, a 512K context 4096 blocks).
@@ -420,6 +432,11 @@ __global__ void __launch_bounds__(kThreadsD, DecCfg<IK, kNN>::kCtasPerSm) msa_in
   const int cap = (kWarpsD * Cf::kRingBytes / 4 / max(1, sharers)) & ~3;  // words
   select_group(a, t0, P, s_pos, reinterpret_cast<uint32_t*>(smem) + (warp < sharers ? warp * cap : 0), cap,
                reinterpret_cast<unsigned*>(cand));
+#ifdef M3_MSA_TIMELINE
+  __syncthreads();
+  M3_TL_MARK(indexer, tl_cta, 5);
+  M3_TL_FINISH(indexer, tl_cta, a.chunks);
+#endif
 }
 
 template <class IK, int kNN>

@@ -62,7 +62,7 @@ struct Shape3 {
 const Shape3 kTp1{64, 4, 4, 128, 16};
 const Shape3 kTp4{16, 1, 1, 128, 16};
 
-enum class Keys { kRandom, kSmallInts, kDupBlocks, kAllEqual };
+enum class Keys { kRandom, kSmallInts, kDupBlocks, kPeriodicBlocks, kAllEqual };
 
 struct Case {
   std::string name;
@@ -152,12 +152,16 @@ std::vector<float> make_index_keys(const Case& c, const Batch& batch, std::mt199
   if (c.keys == Keys::kAllEqual) {
     for (int64_t s = 1; s < slots; ++s) std::copy_n(ik.begin(), 128, ik.begin() + s * 128);
   }
-  if (c.keys == Keys::kDupBlocks) {
+  if (c.keys == Keys::kDupBlocks || c.keys == Keys::kPeriodicBlocks) {
+    // Block b copies block b % period: five classes that tie many times, or every block's
+    // score repeated every 256 blocks (a multiple of 32: the copies lie in one lane of the
+    // selecting warp, as in a cache filled with a repeated random pattern).
+    const int period = c.keys == Keys::kDupBlocks ? 5 : 256;
     const int bs = batch.block_size;
     for (size_t s = 0; s + 1 < batch.query_start.size(); ++s) {
       const int blocks = (batch.seq_lens[s] + bs - 1) / bs;
-      for (int b = 5; b < blocks - 1; ++b) {  // block b copies block b % 5 (all five classes tie many times)
-        const int from = b % 5;
+      for (int b = period; b < blocks - 1; ++b) {
+        const int from = b % period;
         for (int i = 0; i < bs; ++i) {
           const int64_t dst = batch.host_meta.slot_of(int(s), int64_t(b) * bs + i);
           const int64_t src = batch.host_meta.slot_of(int(s), int64_t(from) * bs + i);
@@ -357,6 +361,7 @@ std::vector<Case> cases() {
   out.push_back({"tp1_prefill_chunk", kTp1, {{3000, 37}, {0, 70}, {1990, 100}}});
   out.push_back({"tp1_ties_small_ints", kTp1, {{4000, 1}, {6000, 4}, {2100, 1}, {9999, 2}}, Keys::kSmallInts});
   out.push_back({"tp1_dup_blocks", kTp1, {{5000, 1}, {12000, 2}, {2200, 1}}, Keys::kDupBlocks, DType::kBF16, false});
+  out.push_back({"tp1_periodic_blocks", kTp1, {{40000, 1}, {130000, 1}}, Keys::kPeriodicBlocks, DType::kBF16, false});
   out.push_back({"tp4_all_keys_equal", kTp4, {{3000, 1}, {10000, 3}, {2049, 1}}, Keys::kAllEqual, DType::kBF16, false});
   out.push_back({"tp1_fp8_index_k", kTp1, {{5000, 1}, {20000, 1}, {2047, 2}, {700, 1}}, Keys::kRandom, DType::kF8E4M3, false});
   out.push_back({"tp1_fp8_ties", kTp1, {{5000, 1}, {8000, 3}}, Keys::kSmallInts, DType::kF8E4M3, false});

@@ -1,0 +1,84 @@
+// Phase timestamps of the decode MSA kernels, for latency work on small batches (where the
+// step is a chain of dependent phases and the stall samples of a profiler do not say which
+// phase is long). Compiled in only with -DM3_MSA_TIMELINE (CMake option M3_MSA_TIMELINE):
+// thread 0 of each CTA of the first query group records %globaltimer (one clock for all SMs)
+// and the SM clock at the kernel's marks, and the last CTA to finish prints, per mark, the
+// earliest and latest CTA in ns after the earliest entry, and the clock rate it ran at.
+// Without the macro the marks are empty statements. Marks (docs/msa_kernels.md, ninth round):
+//   indexer: 0 entry, 1 group range known, 2 setup done (first tiles requested, fragments),
+//            6 first unit's MMAs, 7 candidates listed, 3 scan and exact dots done, 4 last CTA
+//            arrived, 8-11 selection steps of row 0 (scores loaded, threshold, list, ranked),
+//            5 selection written;
+//   attention: 0 entry, 1 Q staged, 2 past the PDL wait, 3 selection union and pages,
+//            4 units done, 5 cluster barrier, 6 output written.
+#pragma once
+
+#ifdef M3_MSA_TIMELINE
+#include <cstdio>
+
+namespace m3::cuda::msa_tl {
+
+constexpr int kMarks = 12, kCtas = 1024;
+
+__device__ __forceinline__ unsigned long long now() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
+// A kernel's marks: [cta][mark], 0 = not reached.
+struct Table {
+  unsigned long long t[kCtas][kMarks];
+  long long clk[kCtas][kMarks];  // the SM's clock at the same marks: the clock rate in the run
+  unsigned done;
+};
+
+__device__ __forceinline__ void mark(Table& tb, int cta, int m) {
+  if (threadIdx.x == 0 && cta >= 0 && cta < kCtas) {
+    tb.clk[cta][m] = clock64();
+    tb.t[cta][m] = now();
+  }
+}
+
+// Called by every CTA of the group at its end; the last prints and clears the table.
+__device__ __forceinline__ void finish(Table& tb, int cta, int ctas, const char* name) {
+  if (threadIdx.x != 0 || cta < 0 || cta >= kCtas) return;
+  __threadfence();
+  if (atomicAdd(&tb.done, 1u) != unsigned(ctas) - 1) return;
+  __threadfence();
+  unsigned long long t0 = ~0ull;
+  for (int c = 0; c < ctas && c < kCtas; ++c) t0 = tb.t[c][0] && tb.t[c][0] < t0 ? tb.t[c][0] : t0;
+  int last_mark = 0;
+  for (int m = 1; m < kMarks; ++m) last_mark = tb.t[cta][m] > tb.t[cta][last_mark] ? m : last_mark;
+  const double ghz = last_mark > 0 ? double(tb.clk[cta][last_mark] - tb.clk[cta][0]) /
+                                         double(tb.t[cta][last_mark] - tb.t[cta][0]) : 0.0;
+  printf("[timeline %s] ctas %d entry %llu ns, SM clock %.2f GHz\n", name, ctas, t0, ghz);
+  for (int m = 0; m < kMarks; ++m) {
+    unsigned long long lo = ~0ull, hi = 0;
+    int n = 0;
+    for (int c = 0; c < ctas && c < kCtas; ++c) {
+      const unsigned long long x = tb.t[c][m];
+      if (x == 0) continue;
+      lo = x < lo ? x : lo;
+      hi = x > hi ? x : hi;
+      ++n;
+    }
+    if (n > 0) printf("[timeline %s] mark %d: %d ctas, first %llu last %llu\n", name, m, n, lo - t0, hi - t0);
+  }
+  for (int c = 0; c < ctas && c < kCtas; ++c) {
+    for (int m = 0; m < kMarks; ++m) tb.t[c][m] = 0;
+  }
+  tb.done = 0;
+}
+
+// One table per kernel; static: each translation unit has its own (no relocatable device code).
+static __device__ Table g_indexer, g_attention;
+
+}  // namespace m3::cuda::msa_tl
+
+#define M3_TL_MARK(kernel, cta, m) m3::cuda::msa_tl::mark(m3::cuda::msa_tl::g_##kernel, cta, m)
+#define M3_TL_FINISH(kernel, cta, ctas) m3::cuda::msa_tl::finish(m3::cuda::msa_tl::g_##kernel, cta, ctas, #kernel)
+#else
+#define M3_TL_MARK(kernel, cta, m) ((void)0)
+#define M3_TL_FINISH(kernel, cta, ctas) ((void)0)
+#endif
