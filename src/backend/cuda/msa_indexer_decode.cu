@@ -244,6 +244,24 @@ __global__ void __launch_bounds__(kThreadsD, DecCfg<IK, kNN>::kCtasPerSm) msa_in
 #pragma unroll
     for (int x = 0; x < 4; ++x) aoff[x] = uint32_t(arow * kRowBytes + (((2 * x + ahalf) ^ (arow & 7)) << 4));
     uint32_t rd_off = 0;  // ring offset of the next tile to compute
+    // Pruning (decode groups): per row, lane l < 32 holds the (l+1)-th largest block lower bound
+    // this warp has seen (scaled by the row's sigma). At least k = top_k - 1 blocks score at
+    // least the k-th of them, so the row's selection threshold does too, and a key whose upper
+    // bound is below it cannot be a selected block's maximum: it is not listed. (A block whose
+    // maximum is skipped keeps a score below the threshold, so the selection is the same.)
+    // BF16 decode groups only (FP8's two-CTA kernel spills with the list), and only for warps
+    // whose units cover at least 8k blocks: with fewer the threshold rises late and its updates
+    // cost more than the dots they save (32K, B = 64: +2.6 % with "more than k").
+    constexpr bool kPrune = kBf16 && kNN == 1;
+    constexpr int kPR = kPrune ? 8 : 1;
+    const int kth = a.top_k - 1;  // pruning needs 1 <= kth <= 32
+    const bool prune = kPrune && kth >= 1 && kth <= 32 && my_units * (kUnitKeys >> bs_shift) >= 8 * kth;
+    float top[kPR];
+#pragma unroll
+    for (int r = 0; r < kPR; ++r) top[r] = -INFINITY;
+    float lim_lo[kNN][2];  // the lane's rows' current threshold (-inf: none yet)
+#pragma unroll
+    for (int nt = 0; nt < kNN; ++nt) lim_lo[nt][0] = lim_lo[nt][1] = -INFINITY;
 
 #pragma unroll 1
     for (int ui = 0; ui < my_units; ++ui) {
@@ -352,6 +370,29 @@ __global__ void __launch_bounds__(kThreadsD, DecCfg<IK, kNN>::kCtasPerSm) msa_in
         }
       }
       blocks_max();
+      if constexpr (kPrune) {
+        if (prune) {  // warp-uniform
+#pragma unroll
+          for (int mt = 0; mt < kUnitTiles; ++mt) {
+            if ((mt & (mt_per_blk - 1)) != 0) continue;  // warp-uniform: a block's first m-tile
+#pragma unroll
+            for (int r = 0; r < kPR; ++r) {
+              if (r >= P) break;  // warp-uniform
+              // Row r's block lower bound (on lanes with cq = r / 2); -inf for blocks outside the
+              // row's range, which change nothing.
+              const float v = __shfl_sync(0xffffffffu, lo[mt][0][r & 1], r >> 1);
+              const float above = __shfl_up_sync(0xffffffffu, top[r], 1);
+              top[r] = fmaxf(top[r], lane == 0 ? v : fminf(above, v));  // sorted insert, descending
+            }
+          }
+#pragma unroll
+          for (int r = 0; r < kPR; ++r) {
+            if (r >= P) break;  // warp-uniform
+            const float l = __shfl_sync(0xffffffffu, top[r], kth - 1);
+            if ((r >> 1) == cq) lim_lo[0][r & 1] = l;
+          }
+        }
+      }
       // The unit's block scores start at -inf (what they stay when no candidate has a number).
       const int ublk0 = unit_key0 >> bs_shift, nbu = kUnitKeys >> bs_shift;
       for (int e = lane; e < kMaxRows * kUnitBlocks; e += 32) {
@@ -370,7 +411,7 @@ __global__ void __launch_bounds__(kThreadsD, DecCfg<IK, kNN>::kCtasPerSm) msa_in
         for (int nt = 0; nt < kNN; ++nt) {
 #pragma unroll
           for (int v = 0; v < 4; ++v) {
-            if (hi[mt][nt][v] >= lo[mt][nt][v & 1]) m |= Mask(1) << ((mt * kNN + nt) * 4 + v);
+            if (hi[mt][nt][v] >= fmaxf(lo[mt][nt][v & 1], lim_lo[nt][v & 1])) m |= Mask(1) << ((mt * kNN + nt) * 4 + v);
           }
         }
       }
