@@ -21,8 +21,8 @@
 // two per block; every key when scores tie, e.g. duplicated keys) and the block score is their
 // max, bit-identical to the CPU's. Keys whose a or e is not finite are always recomputed.
 // The last CTA of a group to finish (arrival counter; the CTA itself with one chunk) selects
-// the top_k - 1 earlier blocks per row with a warp radix select (four 8-bit passes, ties to
-// the lower id) and writes ascending ids plus the local block.
+// the top_k - 1 earlier blocks per row with a warp (ranks of the few blocks that can make it,
+// ties to the lower id: warp_select) and writes ascending ids plus the local block.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>

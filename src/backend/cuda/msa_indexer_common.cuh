@@ -1,7 +1,7 @@
 #pragma once
 // Pieces shared by the two MSA indexer kernels (msa_indexer.cu: prefill tiles;
 // msa_indexer_decode.cu: decode and speculative verification): the index-key traits, the
-// reference's exact dot, sigma, the warp radix select, the launch arguments, and the
+// reference's exact dot, sigma, the warp top-k selection, the launch arguments, and the
 // selection that the last CTA of a query group runs.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>

@@ -40,7 +40,8 @@ void register_msa(ops::KernelTable& table) {
        "split over CTAs, each warp streaming whole 128-key units through its own cp.async ring (blocks of 16..128 "
        "keys; 8-key blocks take the prefill tiles); prefill tiles of 128 rows; tensor-core approximate dots with a "
        "rigorous error bound, the reference's exact dot for the keys that can be a block's maximum, listed and run "
-       "in batches (block scores bit-identical to the CPU), warp radix select (ties to the lower id)",
+       "in batches (block scores bit-identical to the CPU), warp selection by ranks of the blocks that can make the "
+       "top k (a threshold from each lane's two largest scores; radix passes under heavy ties), ties to the lower id",
        [](const ops::Problem& p) -> std::string {
          if (p.device != Device::kCuda) return "tensors are not in device memory";
          if (p.dtype != DType::kBF16 && p.dtype != DType::kF8E4M3) return "index-K cache is not BF16 or F8E4M3";
