@@ -174,7 +174,7 @@ __device__ __forceinline__ void rank_select64(uint32_t xa, uint32_t xb, int32_t 
 // scores of one distribution; twice as many when every score is repeated in a lane) are listed
 // in id order into hist[0, 64) (keys) and hist[64, 128) (ids) and ranked against each other.
 // (The radix passes below cost one serialized shared atomic per key in their first, crowded
-// digits: 27 us for one row of 1023 blocks, against ~1 us for this.)
+// digits: the whole selection of 1023 blocks took 27 us with them, 6-7 us with this.)
 template <class KeyAt>
 __device__ __forceinline__ bool warp_select_few(KeyAt key_at, int n, int k, uint32_t t1, uint32_t t2, unsigned* hist,
                                                 int32_t* dst) {
@@ -223,9 +223,8 @@ __device__ __forceinline__ bool warp_select_few(KeyAt key_at, int n, int k, uint
 
 // Exact top-k of one warp: the k best of keys[0, n) by (score desc, id asc), as ascending ids
 // into dst[0, k) (k <= 64). Up to 64 keys are ranked directly; with few keys near the top,
-// warp_select_few; otherwise a radix
-// select on the 32-bit keys (four 8-bit digit passes) finds the k-th key T; all keys above T
-// are taken, and the lowest ids among those equal to T.
+// warp_select_few; otherwise a radix select on the 32-bit keys (four 8-bit digit passes) finds
+// the k-th key T; all keys above T are taken, and the lowest ids among those equal to T.
 inline __device__ void warp_select(const uint32_t* keys, int n, int k, uint32_t* cache, int cap, unsigned* hist,
                             int32_t* dst) {
   const int lane = threadIdx.x & 31;
