@@ -1,0 +1,88 @@
+#!/usr/bin/env python3
+"""Summarise the phase timelines a -DM3_MSA_TIMELINE build prints (src/backend/cuda/msa_timeline.cuh).
+
+Each call of a decode MSA kernel prints a header line ("[timeline indexer] ctas 63 entry ... ns,
+SM clock 1.90 GHz") and one line per mark reached ("mark 3: 63 ctas, first 10112 last 10176").
+Calls are grouped by (kernel, CTA count), which tells the contexts of one msa_bench run apart
+(8K and 128K at B = 1 launch 63 and 132 indexer CTAs); per mark the median over calls of the first
+and the last CTA's time is printed, in µs after the kernel's first CTA started, in time order.
+
+    msa_bench_tl --contexts 8192,131072 --batches 1 --index-dtypes bf16 --no-baseline \\
+        --prefill none --iters 3 > tl.log
+    tools/msa_timeline_summary.py tl.log
+"""
+import re
+import statistics
+import sys
+from collections import defaultdict
+
+MARKS = {
+    "indexer": {
+        0: "entry", 1: "group range known", 2: "setup done", 6: "first unit's MMAs",
+        7: "candidates listed", 3: "scan and exact dots done", 4: "last CTA arrived",
+        8: "selection: scores loaded", 9: "selection: threshold", 10: "selection: listed",
+        11: "selection: ranked", 5: "selection written",
+    },
+    "attention": {
+        0: "entry", 1: "Q staged", 2: "past the PDL wait", 3: "selection union and pages",
+        4: "units done", 5: "cluster barrier", 6: "output written",
+    },
+}
+
+HEADER = re.compile(r"\[timeline (\w+)\] ctas (\d+) entry \d+ ns(?:, SM clock ([\d.]+) GHz)?")
+MARK = re.compile(r"\[timeline (\w+)\] mark (\d+): (\d+) ctas, first (\d+) last (\d+)")
+
+
+def parse(lines):
+    """{(kernel, ctas): [ {mark: (first_ns, last_ns)}, ... ]} and the clocks seen."""
+    calls = defaultdict(list)
+    clocks = defaultdict(list)
+    current = None
+    for line in lines:
+        m = HEADER.search(line)
+        if m:
+            key = (m.group(1), int(m.group(2)))
+            current = {}
+            calls[key].append(current)
+            if m.group(3):
+                clocks[key].append(float(m.group(3)))
+            continue
+        m = MARK.search(line)
+        if m and current is not None:
+            current[int(m.group(2))] = (int(m.group(4)), int(m.group(5)))
+    return calls, clocks
+
+
+def summarise(calls, clocks):
+    out = []
+    for (kernel, ctas), runs in sorted(calls.items()):
+        clock = f", SM clock {statistics.median(clocks[(kernel, ctas)]):.2f} GHz" if clocks[(kernel, ctas)] else ""
+        out.append(f"{kernel}, {ctas} CTAs: {len(runs)} calls{clock}")
+        marks = sorted({m for run in runs for m in run})
+        rows = []
+        for mark in marks:
+            firsts = [run[mark][0] for run in runs if mark in run]
+            lasts = [run[mark][1] for run in runs if mark in run]
+            rows.append((statistics.median(firsts), statistics.median(lasts), mark, len(firsts)))
+        rows.sort()
+        for first, last, mark, n in rows:
+            name = MARKS.get(kernel, {}).get(mark, f"mark {mark}")
+            out.append(f"  {first / 1000:7.2f} .. {last / 1000:7.2f} us  mark {mark:2d}  {name} ({n} calls)")
+    return "\n".join(out)
+
+
+def main(argv):
+    if len(argv) != 2:
+        print(__doc__, file=sys.stderr)
+        return 2
+    with open(argv[1], encoding="utf-8", errors="replace") as f:
+        calls, clocks = parse(f)
+    if not calls:
+        print(f"{argv[1]}: no timeline lines (was the build configured with -DM3_MSA_TIMELINE=ON?)", file=sys.stderr)
+        return 1
+    print(summarise(calls, clocks))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
