@@ -87,7 +87,11 @@ struct Timing {
 // M3_BENCH_WARM_L2=1 skips the flush: a diagnostic of how much of a small step is cold misses
 // (data and instructions), never for reported figures.
 inline Timing time_graph(const std::function<void()>& step, cudaStream_t stream, const Dev& flush, int iters) {
-  static const bool flush_l2 = std::getenv("M3_BENCH_WARM_L2") == nullptr;
+  static const bool flush_l2 = [] {
+    const bool warm = std::getenv("M3_BENCH_WARM_L2") != nullptr;
+    if (warm) std::fprintf(stderr, "M3_BENCH_WARM_L2: L2 not flushed between replays (diagnostic figures)\n");
+    return !warm;
+  }();
   step();  // eager warm-up (module loads, pool growth)
   M3_CUDA_CHECK(cudaStreamSynchronize(stream));
   cudaGraphExec_t exec = m3::cuda::capture_graph(stream, step);

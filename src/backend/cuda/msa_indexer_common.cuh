@@ -146,19 +146,29 @@ __device__ __forceinline__ float warp_row_sigma(const float4& v, int e) {
   return sigma_for(mx, e);
 }
 
-// The k best of m <= 64 keys (k <= m) by (key desc, id asc), as ascending ids into dst[0, k):
-// lane l holds keys l and l + 32 of a list in id order (xa, xb; ids ia, ib). Each key's rank
-// among the others, one shuffle per key.
-__device__ __forceinline__ void rank_select64(uint32_t xa, uint32_t xb, int32_t ia, int32_t ib, int m, int k,
-                                              int32_t* dst) {
+// Ranks of a warp's first m <= 64 values, two per lane (lane l: positions l and l + 32, values
+// xa and xb), by (value desc, position asc): one shuffle per value. kUnroll: the loop's unroll
+// (4 for a list of m, 8 for the threshold's 64: the code measured in the ninth round).
+template <int kUnroll>
+__device__ __forceinline__ void pair_ranks(uint32_t xa, uint32_t xb, int m, int& ra, int& rb) {
   const int lane = threadIdx.x & 31;
-  const unsigned lt = (1u << lane) - 1u;
-  int ra = 0, rb = 0;
+  ra = rb = 0;
+#pragma unroll kUnroll
   for (int j = 0; j < m; ++j) {
     const uint32_t o = __shfl_sync(0xffffffffu, j < 32 ? xa : xb, j & 31);
     ra += (o > xa || (o == xa && j < lane)) ? 1 : 0;
     rb += (o > xb || (o == xb && j < lane + 32)) ? 1 : 0;
   }
+}
+
+// The k best of m <= 64 keys (k <= m) by (key desc, id asc), as ascending ids into dst[0, k):
+// lane l holds keys l and l + 32 of a list in id order (xa, xb; ids ia, ib).
+__device__ __forceinline__ void rank_select64(uint32_t xa, uint32_t xb, int32_t ia, int32_t ib, int m, int k,
+                                              int32_t* dst) {
+  const int lane = threadIdx.x & 31;
+  const unsigned lt = (1u << lane) - 1u;
+  int ra, rb;
+  pair_ranks<4>(xa, xb, m, ra, rb);
   const bool ta = lane < m && ra < k, tb = lane + 32 < m && rb < k;
   const unsigned ba = __ballot_sync(0xffffffffu, ta), bb = __ballot_sync(0xffffffffu, tb);
   if (ta) dst[__popc(ba & lt)] = ia;
@@ -180,13 +190,8 @@ __device__ __forceinline__ bool warp_select_few(KeyAt key_at, int n, int k, uint
                                                 int32_t* dst) {
   const int lane = threadIdx.x & 31;
   const unsigned lt = (1u << lane) - 1u;
-  int r1 = 0, r2 = 0;  // ranks among the 64 (ties by position: t1s lane order, then t2s)
-#pragma unroll 8
-  for (int j = 0; j < 64; ++j) {
-    const uint32_t o = __shfl_sync(0xffffffffu, j < 32 ? t1 : t2, j & 31);
-    r1 += (o > t1 || (o == t1 && j < lane)) ? 1 : 0;
-    r2 += (o > t2 || (o == t2 && j < lane + 32)) ? 1 : 0;
-  }
+  int r1, r2;  // ranks among the 64
+  pair_ranks<8>(t1, t2, 64, r1, r2);
   const unsigned w1 = __ballot_sync(0xffffffffu, r1 == k - 1), w2 = __ballot_sync(0xffffffffu, r2 == k - 1);
   const uint32_t thr = w1 ? __shfl_sync(0xffffffffu, t1, __ffs(w1) - 1) : __shfl_sync(0xffffffffu, t2, __ffs(w2) - 1);
   M3_TL_MARK(indexer, blockIdx.x == 0 ? int(blockIdx.y) : -1, 9);
