@@ -722,30 +722,92 @@ __device__ __forceinline__ void w8_consume(const W8Args& a, const W8Smem& sm, Pi
 #pragma unroll
   for (int i = 0; i < R; ++i) acc[i] = p0[i] = p1[i] = 0.0f;
   const int nk = t.K / kW8Bk;
-  for (int kt = 0; kt < nk; ++kt) {
+  // Each 32-wide K step is a wgmma into a fresh fragment (scale-d off), folded into acc with its
+  // rows' block scales by one FMA per element: as many FMAs as the tensor cores do per SM-cycle,
+  // so they must run while the tensor cores work. The steps roll over two fragments: step s + 1
+  // is issued before step s is waited for, so this warpgroup's FMAs on step s overlap its own next
+  // wgmma as well as the other warpgroup's. Stages go in pairs, so that the second one's first
+  // step also covers the first one's last FMAs; a loop-carried wgmma (one still in flight across
+  // the back edge) would make ptxas serialise every wgmma (C7514), hence the unrolled pair and the
+  // drained tail.
+  auto stage_desc = [&](int st, uint64_t& da, uint64_t& db) {
+    da = smem_desc(smem_u32(sm.a + st * kATile + cw * (kATile / 2)));
+    db = smem_desc(smem_u32(sm.b + st * kBTile));
+  };
+  // Waits for the current stage; its descriptors and this thread's two rows' scale words.
+  auto open = [&](uint64_t& da, uint64_t& db, uint32_t& lo, uint32_t& hi) {
     const int st = pipe.stage;
     mbar_wait(sm.full + 8u * uint32_t(st), pipe.phase);
     fence_proxy_async();  // the copies were generic-proxy writes; wgmma reads through the async proxy
-    const uint32_t sc_lo = *reinterpret_cast<const uint32_t*>(sm.s + st * kSTile + rlo * 4);
-    const uint32_t sc_hi = *reinterpret_cast<const uint32_t*>(sm.s + st * kSTile + rhi * 4);
-    const uint64_t da = smem_desc(smem_u32(sm.a + st * kATile + cw * (kATile / 2)));
-    const uint64_t db = smem_desc(smem_u32(sm.b + st * kBTile));
-    // Two 32-wide steps per wait (fresh fragments), then their block scales in fp32. Waiting for
-    // all (not all-but-one) keeps ptxas from serialising; the other consumer warpgroup's wgmmas
-    // run while this one does its FMAs.
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      wgmma_fence();
-      Wgmma<N>::run(p0, da + uint64_t(4 * half), db + uint64_t(4 * half));  // +32 bytes along K per step
-      Wgmma<N>::run(p1, da + uint64_t(4 * half + 2), db + uint64_t(4 * half + 2));
-      wgmma_commit();
-      wgmma_wait<0>();
-      fence_regs(p0);
-      fence_regs(p1);
-      if (half == 1 && lane == 0) mbar_arrive(sm.empty + 8u * uint32_t(st));  // stage fully read
-      scale_add(acc, p0, e8m0_byte(sc_lo, 2 * half), e8m0_byte(sc_hi, 2 * half));
-      scale_add(acc, p1, e8m0_byte(sc_lo, 2 * half + 1), e8m0_byte(sc_hi, 2 * half + 1));
-    }
+    stage_desc(st, da, db);
+    lo = *reinterpret_cast<const uint32_t*>(sm.s + st * kSTile + rlo * 4);
+    hi = *reinterpret_cast<const uint32_t*>(sm.s + st * kSTile + rhi * 4);
+    return st;
+  };
+  auto issue = [&](float(&p)[R], uint64_t da, uint64_t db) {  // +2 on a descriptor: +32 bytes along K
+    wgmma_fence();
+    Wgmma<N>::run(p, da, db);
+    wgmma_commit();
+  };
+  auto fold = [&](float(&p)[R], uint32_t lo, uint32_t hi, int i) {
+    fence_regs(p);
+    scale_add(acc, p, e8m0_byte(lo, i), e8m0_byte(hi, i));
+  };
+  auto release = [&](int st) {
+    if (lane == 0) mbar_arrive(sm.empty + 8u * uint32_t(st));  // every step of the stage is read
+  };
+  int kt = 0;
+  for (; kt + 2 <= nk; kt += 2) {
+    uint64_t da, db, ea, eb;
+    uint32_t lo, hi, lo2, hi2;
+    const int sa = open(da, db, lo, hi);
+    issue(p0, da, db);
+    issue(p1, da + 2, db + 2);
+    wgmma_wait<1>();
+    fold(p0, lo, hi, 0);
+    issue(p0, da + 4, db + 4);
+    wgmma_wait<1>();
+    fold(p1, lo, hi, 1);
+    issue(p1, da + 6, db + 6);
+    wgmma_wait<1>();
+    fold(p0, lo, hi, 2);
+    pipe.advance();
+    const int sb = open(ea, eb, lo2, hi2);
+    issue(p0, ea, eb);
+    wgmma_wait<1>();
+    release(sa);
+    fold(p1, lo, hi, 3);
+    issue(p1, ea + 2, eb + 2);
+    wgmma_wait<1>();
+    fold(p0, lo2, hi2, 0);
+    issue(p0, ea + 4, eb + 4);
+    wgmma_wait<1>();
+    fold(p1, lo2, hi2, 1);
+    issue(p1, ea + 6, eb + 6);
+    wgmma_wait<1>();
+    fold(p0, lo2, hi2, 2);
+    wgmma_wait<0>();
+    release(sb);
+    fold(p1, lo2, hi2, 3);
+    pipe.advance();
+  }
+  if (kt < nk) {  // an odd stage count: the last stage alone
+    uint64_t da, db;
+    uint32_t lo, hi;
+    const int st = open(da, db, lo, hi);
+    issue(p0, da, db);
+    issue(p1, da + 2, db + 2);
+    wgmma_wait<1>();
+    fold(p0, lo, hi, 0);
+    issue(p0, da + 4, db + 4);
+    wgmma_wait<1>();
+    fold(p1, lo, hi, 1);
+    issue(p1, da + 6, db + 6);
+    wgmma_wait<1>();
+    fold(p0, lo, hi, 2);
+    wgmma_wait<0>();
+    release(st);
+    fold(p1, lo, hi, 3);
     pipe.advance();
   }
 
@@ -791,29 +853,32 @@ __device__ __forceinline__ void w8_produce(const W8Args& a, const W8Smem& sm, co
     srow = t.n0 + tid;
   }
   const uint8_t* s_src = ms->s + int64_t(srow) * (t.K / 32);
-  int32_t xrow[8];
+  // Source rows, found once per tile; the stage loop only advances the pointers (computing the
+  // gathered addresses per stage made the producer ~300 instructions per stage and warp, a quarter
+  // of the SM's issue slots). Token rows past the item (b >= nrows, up to ntok) copy the item's
+  // first row: their output columns are discarded, and real bytes keep the products finite.
+  const uint8_t* asrc[8];
+  const uint8_t* bsrc[8];
+  const int64_t first = a.gather ? __ldg(a.gather + t.r0) : t.r0;
 #pragma unroll
   for (int i = 0; i < 8; ++i) {
     const int b = rb + 16 * i;
-    xrow[i] = b < t.nrows ? (a.gather ? __ldg(a.gather + t.r0 + b) : t.r0 + b) : -1;
+    const int64_t row = b < t.nrows ? (a.gather ? __ldg(a.gather + t.r0 + b) : t.r0 + b) : first;
+    asrc[i] = a_src + i * a_step;
+    bsrc[i] = a.x + row * a.ldx + 16 * c8;
   }
+  const int nb = ntok >> 4;  // B rows rb + 16 i < ntok for i < nb (ntok is a multiple of 32)
   const uint32_t sw = uint32_t((c8 ^ (rb & 7)) << 4);  // swizzled chunk offset (r & 7 == rb & 7)
   for (int k0 = 0; k0 < t.K; k0 += kW8Bk) {
     const int st = pipe.stage;
     mbar_wait(sm.empty + 8u * uint32_t(st), pipe.phase ^ 1u);
-    const uint32_t a_dst = smem_u32(sm.a + st * kATile), b_dst = smem_u32(sm.b + st * kBTile);
+    const uint32_t a_dst = smem_u32(sm.a + st * kATile) + uint32_t(rb * kW8Bk) + sw;
+    const uint32_t b_dst = smem_u32(sm.b + st * kBTile) + uint32_t(rb * kW8Bk) + sw;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) cp_async16_w(a_dst + uint32_t(16 * i * kW8Bk), asrc[i] + k0);
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
-      cp_async16_w(a_dst + uint32_t((rb + 16 * i) * kW8Bk) + sw, a_src + i * a_step + k0);
-    }
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      const int b = rb + 16 * i;
-      if (b < ntok) {
-        const bool live = xrow[i] >= 0;
-        const uint8_t* src = live ? a.x + int64_t(xrow[i]) * a.ldx + k0 + 16 * c8 : a.x;
-        cp_async16(b_dst + uint32_t(b * kW8Bk) + sw, src, live ? 16u : 0u);
-      }
+      if (i < nb) cp_async16(b_dst + uint32_t(16 * i * kW8Bk), bsrc[i] + k0, 16u);
     }
     cp_async4(smem_u32(sm.s + st * kSTile + tid * 4), s_src + k0 / 32);
     cp_async_arrive_noinc(sm.full + 8u * uint32_t(st));
