@@ -678,12 +678,18 @@ __device__ __forceinline__ void scale_add(float (&acc)[R], const float (&p)[R], 
   }
 }
 
+// Shared-memory (not generic) addresses, found once: converting a generic pointer per stage cost
+// the consumers a dozen uniform instructions and made the scale loads generic (long-scoreboard) loads.
 struct W8Smem {
-  uint8_t* a;
-  uint8_t* b;
-  uint8_t* s;
-  uint32_t full, empty;  // shared addresses of the barrier arrays (8 bytes each)
+  uint32_t a, b, s;      // stage 0 of the A tiles, B tiles and A-row scale words
+  uint32_t full, empty;  // the barrier arrays (8 bytes each)
 };
+
+__device__ __forceinline__ uint32_t lds_u32(uint32_t addr) {
+  uint32_t v;
+  asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(v) : "r"(addr));
+  return v;
+}
 
 struct Pipe {
   int stage = 0;
@@ -731,8 +737,8 @@ __device__ __forceinline__ void w8_consume(const W8Args& a, const W8Smem& sm, Pi
   // the back edge) would make ptxas serialise every wgmma (C7514), hence the unrolled pair and the
   // drained tail.
   auto stage_desc = [&](int st, uint64_t& da, uint64_t& db) {
-    da = smem_desc(smem_u32(sm.a + st * kATile + cw * (kATile / 2)));
-    db = smem_desc(smem_u32(sm.b + st * kBTile));
+    da = smem_desc(sm.a + uint32_t(st * kATile + cw * (kATile / 2)));
+    db = smem_desc(sm.b + uint32_t(st * kBTile));
   };
   // Waits for the current stage; its descriptors and this thread's two rows' scale words.
   auto open = [&](uint64_t& da, uint64_t& db, uint32_t& lo, uint32_t& hi) {
@@ -740,8 +746,8 @@ __device__ __forceinline__ void w8_consume(const W8Args& a, const W8Smem& sm, Pi
     mbar_wait(sm.full + 8u * uint32_t(st), pipe.phase);
     fence_proxy_async();  // the copies were generic-proxy writes; wgmma reads through the async proxy
     stage_desc(st, da, db);
-    lo = *reinterpret_cast<const uint32_t*>(sm.s + st * kSTile + rlo * 4);
-    hi = *reinterpret_cast<const uint32_t*>(sm.s + st * kSTile + rhi * 4);
+    lo = lds_u32(sm.s + uint32_t(st * kSTile + rlo * 4));
+    hi = lds_u32(sm.s + uint32_t(st * kSTile + rhi * 4));
     return st;
   };
   auto issue = [&](float(&p)[R], uint64_t da, uint64_t db) {  // +2 on a descriptor: +32 bytes along K
@@ -872,15 +878,15 @@ __device__ __forceinline__ void w8_produce(const W8Args& a, const W8Smem& sm, co
   for (int k0 = 0; k0 < t.K; k0 += kW8Bk) {
     const int st = pipe.stage;
     mbar_wait(sm.empty + 8u * uint32_t(st), pipe.phase ^ 1u);
-    const uint32_t a_dst = smem_u32(sm.a + st * kATile) + uint32_t(rb * kW8Bk) + sw;
-    const uint32_t b_dst = smem_u32(sm.b + st * kBTile) + uint32_t(rb * kW8Bk) + sw;
+    const uint32_t a_dst = sm.a + uint32_t(st * kATile + rb * kW8Bk) + sw;
+    const uint32_t b_dst = sm.b + uint32_t(st * kBTile + rb * kW8Bk) + sw;
 #pragma unroll
     for (int i = 0; i < 8; ++i) cp_async16_w(a_dst + uint32_t(16 * i * kW8Bk), asrc[i] + k0);
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
       if (i < nb) cp_async16(b_dst + uint32_t(16 * i * kW8Bk), bsrc[i] + k0, 16u);
     }
-    cp_async4(smem_u32(sm.s + st * kSTile + tid * 4), s_src + k0 / 32);
+    cp_async4(sm.s + uint32_t(st * kSTile + tid * 4), s_src + k0 / 32);
     cp_async_arrive_noinc(sm.full + 8u * uint32_t(st));
     pipe.advance();
   }
@@ -891,10 +897,10 @@ __global__ void __launch_bounds__(kW8Threads, 1) w8a8_kernel(const __grid_consta
   extern __shared__ unsigned char w8_smem[];
   const uintptr_t base = (reinterpret_cast<uintptr_t>(w8_smem) + 1023) & ~uintptr_t(1023);
   W8Smem sm;
-  sm.a = reinterpret_cast<uint8_t*>(base);
-  sm.b = sm.a + kW8Stages * kATile;
-  sm.s = sm.b + kW8Stages * kBTile;
-  sm.full = smem_u32(sm.s + kW8Stages * kSTile);
+  sm.a = smem_u32(reinterpret_cast<const void*>(base));
+  sm.b = sm.a + uint32_t(kW8Stages * kATile);
+  sm.s = sm.b + uint32_t(kW8Stages * kBTile);
+  sm.full = sm.s + uint32_t(kW8Stages * kSTile);
   sm.empty = sm.full + 8u * kW8Stages;
   const int tid = int(threadIdx.x), wg = tid >> 7;
   if (tid == 0) {
