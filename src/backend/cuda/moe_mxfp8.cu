@@ -535,12 +535,13 @@ __global__ void __launch_bounds__(kW16Threads, 2) w8a16_kernel(const __grid_cons
 // ---------------------------------------------------------------------------------------------
 // W8A8 grouped GEMM (prefill, batch invariance off): persistent CTAs of 3 warpgroups.
 //   WG0 (producer, 56 registers): 16-byte cp.async of the weight tile (A: 128 rows x 128 K), the
-//       token tile (B: up to 128 rows x 128 K, gathered through perm for gate_up, zero-filled
-//       past the item) into 128B-swizzled shared memory, and the tile's e8m0 scales (4 bytes per
-//       weight row); each thread arrives on the stage's mbarrier when its copies land.
+//       token tile (B: up to 128 rows x 128 K, gathered through perm for gate_up; rows past the
+//       item repeat its first row) into 128B-swizzled shared memory, and the tile's e8m0 scales
+//       (4 bytes per weight row); each thread arrives on the stage's mbarrier when its copies land.
 //   WG1, WG2 (consumers, 224 registers): 64 weight rows each; per 32-wide K step one
 //       wgmma m64nNk32 e4m3 into a fresh fp32 fragment, then acc += P * 2^(s - 127) with the
-//       weight row's block scale (two steps per wait; the two consumers' wgmmas and FMAs overlap).
+//       weight row's block scale; the steps roll over two fragments (see w8_consume), and the two
+//       consumers' wgmmas and FMAs overlap as well.
 //       The per-token activation scale is constant over K and applied once in the epilogue.
 // Weights are the A operand so each thread needs 2 block scales per K step (its 2 rows), not
 // one per column. N (tokens per tile) is 32, 64, 96 or 128, picked per tile from the item's
