@@ -212,7 +212,7 @@ __global__ void __launch_bounds__(kSegThreads) router_seg_kernel(LogitsArgs a) {
 }
 
 // CTA (token tile blockIdx.x of 8 TT tokens, experts 128 blockIdx.y .., group blockIdx.z); thread
-// (ty = warp, tx = lane) holds tokens ty TT .. + TT - 1 and experts 4 tx .. + 3. Elements past
+// (ty, tx) holds tokens ty TT .. + TT - 1 and experts 4 tx .. + 3. Elements past
 // hidden are zero-filled: fma(0, 0, acc) == acc, as a chain from +0 never holds -0.
 __device__ __forceinline__ float4 ld4_or_zero(bool ok, const float* p) {
   return ok ? __ldg(reinterpret_cast<const float4*>(p)) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
@@ -232,7 +232,16 @@ __global__ void __launch_bounds__(256, 2) router_tile_kernel(LogitsArgs a) {
   pdl_launch_dependents();
   __shared__ __align__(16) float xs[kTileK][kBT];
   __shared__ __align__(16) float ws[kTileK][kTileE];
-  const int tid = int(threadIdx.x), ty = tid >> 5, tx = tid & 31;
+  // The group's running sum of segment chains, one column per thread (conflict-free). Keeping it
+  // in registers took 16 of the 128, and without them ptxas could not issue the next k's
+  // shared-memory operands ahead of this k's FMAs (short-scoreboard stalls on every LDS).
+  __shared__ float totals[TT * 4][256];
+  // Thread (ty, tx): tokens ty TT .., experts 4 tx ..; a warp is 4 token groups x 8 expert
+  // groups, so each k's operand reads are 4 and 8 distinct 16-byte words: one shared-memory
+  // wavefront each (a warp of 32 expert groups needed four for its 512 bytes of weights, and the
+  // loads, not the FMAs, set the pace).
+  const int tid = int(threadIdx.x), warp = tid >> 5, lane = tid & 31;
+  const int ty = 4 * (warp >> 2) + (lane >> 3), tx = 8 * (warp & 3) + (lane & 7);
   const int t0 = int(blockIdx.x) * kBT, e0 = int(blockIdx.y) * kTileE, grp = int(blockIdx.z);
   const int k_begin = grp * a.spg * kSeg, k_end = min(a.k, k_begin + a.spg * kSeg);
   constexpr int kXv = kBT * kTileK / 4 / 256;  // float4 of x per thread per stage (TT / 4)
@@ -250,11 +259,11 @@ __global__ void __launch_bounds__(256, 2) router_tile_kernel(LogitsArgs a) {
       wr[r] = ld4_or_zero(e0 + e < a.experts && k < k_end, a.w + int64_t(e0 + e) * a.k + k);
     }
   };
-  float acc[TT][4], total[TT][4];
+  float acc[TT][4];
 #pragma unroll
   for (int i = 0; i < TT; ++i)
 #pragma unroll
-    for (int j = 0; j < 4; ++j) acc[i][j] = total[i][j] = 0.0f;
+    for (int j = 0; j < 4; ++j) acc[i][j] = 0.0f;
   bool first = true;
   load(k_begin);
   for (int kt = k_begin; kt < k_end; kt += kTileK) {
@@ -289,7 +298,8 @@ __global__ void __launch_bounds__(256, 2) router_tile_kernel(LogitsArgs a) {
       for (int i = 0; i < TT; ++i)
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
-          total[i][j] = first ? acc[i][j] : total[i][j] + acc[i][j];
+          float& t = totals[4 * i + j][tid];
+          t = first ? acc[i][j] : t + acc[i][j];
           acc[i][j] = 0.0f;
         }
       first = false;
@@ -302,7 +312,7 @@ __global__ void __launch_bounds__(256, 2) router_tile_kernel(LogitsArgs a) {
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       const int e = e0 + 4 * tx + j;
-      if (e < a.experts) a.partial[(int64_t(grp) * a.tokens + t) * a.experts + e] = total[i][j];
+      if (e < a.experts) a.partial[(int64_t(grp) * a.tokens + t) * a.experts + e] = totals[4 * i + j][tid];
     }
   }
 }
