@@ -217,13 +217,17 @@ __global__ void __launch_bounds__(kSegThreads) router_seg_kernel(LogitsArgs a) {
 __device__ __forceinline__ float4 ld4_or_zero(bool ok, const float* p) {
   return ok ? __ldg(reinterpret_cast<const float4*>(p)) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 }
-// Four consecutive k of column `col` into rows 4 kq .. 4 kq + 3 of a k-major tile.
+// The k-major tiles hold 4-column (16-byte) groups; row k stores group g at g ^ ((k / 4) % 8), so
+// that the transposing stores of a warp (4 rows x 8 consecutive k-quads) hit 32 banks.
+__device__ __forceinline__ int swz(int k, int g) { return (g ^ ((k >> 2) & 7)) * 4; }
+// Four consecutive k (k-quad kq) of column `col` into rows 4 kq .. 4 kq + 3 of a k-major tile.
 template <int kCols>
 __device__ __forceinline__ void put_kmajor(float (*tile)[kCols], int kq, int col, const float4& v) {
-  tile[4 * kq][col] = v.x;
-  tile[4 * kq + 1][col] = v.y;
-  tile[4 * kq + 2][col] = v.z;
-  tile[4 * kq + 3][col] = v.w;
+  const int c = swz(4 * kq, col >> 2) + (col & 3);
+  tile[4 * kq][c] = v.x;
+  tile[4 * kq + 1][c] = v.y;
+  tile[4 * kq + 2][c] = v.z;
+  tile[4 * kq + 3][c] = v.w;
 }
 
 constexpr int TT = 4;  // 8 tokens per thread measured slower: 195 registers, one CTA per SM
@@ -250,12 +254,12 @@ __global__ void __launch_bounds__(256, 2) router_tile_kernel(LogitsArgs a) {
   auto load = [&](int kt) {
 #pragma unroll
     for (int r = 0; r < kXv; ++r) {
-      const int f = tid + 256 * r, tok = f % kBT, k = kt + 4 * (f / kBT);
+      const int f = tid + 256 * r, tok = f / 8, k = kt + 4 * (f % 8);
       xr[r] = ld4_or_zero(t0 + tok < a.tokens && k < k_end, a.x + int64_t(t0 + tok) * a.ldx + k);
     }
 #pragma unroll
     for (int r = 0; r < kWv; ++r) {
-      const int f = tid + 256 * r, e = f % kTileE, k = kt + 4 * (f / kTileE);
+      const int f = tid + 256 * r, e = f / 8, k = kt + 4 * (f % 8);
       wr[r] = ld4_or_zero(e0 + e < a.experts && k < k_end, a.w + int64_t(e0 + e) * a.k + k);
     }
   };
@@ -269,9 +273,9 @@ __global__ void __launch_bounds__(256, 2) router_tile_kernel(LogitsArgs a) {
   for (int kt = k_begin; kt < k_end; kt += kTileK) {
     __syncthreads();  // everyone is done reading the previous stage
 #pragma unroll
-    for (int r = 0; r < kXv; ++r) put_kmajor(xs, (tid + 256 * r) / kBT, (tid + 256 * r) % kBT, xr[r]);
+    for (int r = 0; r < kXv; ++r) put_kmajor(xs, (tid + 256 * r) % 8, (tid + 256 * r) / 8, xr[r]);
 #pragma unroll
-    for (int r = 0; r < kWv; ++r) put_kmajor(ws, (tid + 256 * r) / kTileE, (tid + 256 * r) % kTileE, wr[r]);
+    for (int r = 0; r < kWv; ++r) put_kmajor(ws, (tid + 256 * r) % 8, (tid + 256 * r) / 8, wr[r]);
     __syncthreads();
     if (kt + kTileK < k_end) load(kt + kTileK);  // in flight during this stage's FMAs
 #pragma unroll 8
@@ -279,13 +283,13 @@ __global__ void __launch_bounds__(256, 2) router_tile_kernel(LogitsArgs a) {
       float xv[TT];
 #pragma unroll
       for (int q = 0; q < TT / 4; ++q) {
-        const float4 v = *reinterpret_cast<const float4*>(&xs[kk][ty * TT + 4 * q]);
+        const float4 v = *reinterpret_cast<const float4*>(&xs[kk][swz(kk, ty * (TT / 4) + q)]);
         xv[4 * q] = v.x;
         xv[4 * q + 1] = v.y;
         xv[4 * q + 2] = v.z;
         xv[4 * q + 3] = v.w;
       }
-      const float4 wv4 = *reinterpret_cast<const float4*>(&ws[kk][4 * tx]);
+      const float4 wv4 = *reinterpret_cast<const float4*>(&ws[kk][swz(kk, tx)]);
       const float wv[4] = {wv4.x, wv4.y, wv4.z, wv4.w};
 #pragma unroll
       for (int i = 0; i < TT; ++i)

@@ -4,7 +4,8 @@
 // the CPU reference (FP8-activation tolerance) and against a host emulation of its quantisation
 // (tight), bit-exact batch invariance of W8A16, the dispatch choice, and CUDA-graph capture +
 // replay. Token counts 1 .. 16384, uneven loads (experts with zero tokens: their device weights
-// are NaN while the case runs), TP-local intermediates 1536 and 768, M3's hidden 6144.
+// are NaN while the case runs), TP-local intermediates 1536 and 768, an odd number of 128-wide K
+// stages (hidden 1152, intermediate 384), M3's hidden 6144.
 // Prints a table and writes it as JSON to $M3_OUT (else $M3_BINARY_DIR, else ".").
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
@@ -543,6 +544,16 @@ TEST(CudaMoeMxfp8, MatchesTheCpuReference) {
         check_dispatch(h, L, rng, noise);
         check_graph(h, L, noise);
       }
+    }
+  }
+  {
+    // An odd number of 128-wide K stages in both GEMMs (hidden 1152: 9; TP8's intermediate 384:
+    // 3), so the W8A8 consumers run their single-stage tail after the stage pairs.
+    Layer L(8, true, 1152, 384, 384, noise);
+    for (int t : {7, 300}) {
+      std::printf("case odd K stages T=%d\n", t);
+      std::fflush(stdout);
+      check_case(h, L, Case{t, 4, 0.0, false}, rng, noise, "h1152/i384/E8 odd K stages");
     }
   }
   {
