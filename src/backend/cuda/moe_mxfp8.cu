@@ -763,12 +763,8 @@ __device__ __forceinline__ void w8_consume(const W8Args& a, const W8Smem& sm, Pi
   auto release = [&](int st) {
     if (lane == 0) mbar_arrive(sm.empty + 8u * uint32_t(st));  // every step of the stage is read
   };
-  int kt = 0;
-  for (; kt + 2 <= nk; kt += 2) {
-    uint64_t da, db, ea, eb;
-    uint32_t lo, hi, lo2, hi2;
-    const int sa = open(da, db, lo, hi);
-    issue(p0, da, db);
+  // Steps 1-3 of a stage whose step 0 is in flight in p0; leaves step 3 in flight in p1.
+  auto steps123 = [&](uint64_t da, uint64_t db, uint32_t lo, uint32_t hi) {
     issue(p1, da + 2, db + 2);
     wgmma_wait<1>();
     fold(p0, lo, hi, 0);
@@ -778,21 +774,21 @@ __device__ __forceinline__ void w8_consume(const W8Args& a, const W8Smem& sm, Pi
     issue(p1, da + 6, db + 6);
     wgmma_wait<1>();
     fold(p0, lo, hi, 2);
+  };
+  int kt = 0;
+  for (; kt + 2 <= nk; kt += 2) {
+    uint64_t da, db, ea, eb;
+    uint32_t lo, hi, lo2, hi2;
+    const int sa = open(da, db, lo, hi);
+    issue(p0, da, db);
+    steps123(da, db, lo, hi);
     pipe.advance();
     const int sb = open(ea, eb, lo2, hi2);
     issue(p0, ea, eb);
     wgmma_wait<1>();
     release(sa);
     fold(p1, lo, hi, 3);
-    issue(p1, ea + 2, eb + 2);
-    wgmma_wait<1>();
-    fold(p0, lo2, hi2, 0);
-    issue(p0, ea + 4, eb + 4);
-    wgmma_wait<1>();
-    fold(p1, lo2, hi2, 1);
-    issue(p1, ea + 6, eb + 6);
-    wgmma_wait<1>();
-    fold(p0, lo2, hi2, 2);
+    steps123(ea, eb, lo2, hi2);
     wgmma_wait<0>();
     release(sb);
     fold(p1, lo2, hi2, 3);
@@ -803,15 +799,7 @@ __device__ __forceinline__ void w8_consume(const W8Args& a, const W8Smem& sm, Pi
     uint32_t lo, hi;
     const int st = open(da, db, lo, hi);
     issue(p0, da, db);
-    issue(p1, da + 2, db + 2);
-    wgmma_wait<1>();
-    fold(p0, lo, hi, 0);
-    issue(p0, da + 4, db + 4);
-    wgmma_wait<1>();
-    fold(p1, lo, hi, 1);
-    issue(p1, da + 6, db + 6);
-    wgmma_wait<1>();
-    fold(p0, lo, hi, 2);
+    steps123(da, db, lo, hi);
     wgmma_wait<0>();
     release(st);
     fold(p1, lo, hi, 3);
