@@ -5,7 +5,9 @@
 //   experts_<path>  the MoE experts alone (routing + conversion + GEMMs + combine);
 //   gemms_<path>    the grouped GEMMs alone (gate+up with SwiGLU, [W8A8: h quantisation], down);
 //   router          the router alone (logits + selection);
+//   (paths: w8a16 = mma.sync, w8a8 = wgmma e4m3, w8a16_wgmma = w8a16's bits on wgmma, from T = 128)
 //   dispatch        router + ops::moe_experts through the engine's table (batch invariance off);
+//   dispatch_invariant  the same with batch invariance on (the engine's default);
 //   rowdot          the existing grouped row-dot entry (experts alone);
 //   shared_*        the fused shared expert against the routed experts plus the shared expert run
 //                   separately (our kernels as a one-expert group, and the dense_mlp entry) + add.
@@ -300,8 +302,9 @@ int run(int argc, char** argv) {
     const ops::OpContext ctx{&table, &stats, Device::kCuda, false};
     const ops::ExpertWeights all = L.all();
 
-    for (mx::Path path : {mx::Path::kW8A16, mx::Path::kW8A8}) {
-      const std::string pn = path == mx::Path::kW8A16 ? "w8a16" : "w8a8";
+    for (mx::Path path : {mx::Path::kW8A16, mx::Path::kW8A8, mx::Path::kW8A16Wg}) {
+      if (path == mx::Path::kW8A16Wg && t < 128) continue;  // the table takes it from kW8A16WgMinTokens
+      const std::string pn = path == mx::Path::kW8A16 ? "w8a16" : path == mx::Path::kW8A8 ? "w8a8" : "w8a16_wgmma";
       Dev ws(mx::workspace_bytes(t, top_k, all, hidden, path));
       // Block: router -> output. Its bytes use the router's own choice of experts.
       const Timing tb = time_graph(
@@ -349,6 +352,15 @@ int run(int argc, char** argv) {
           },
           stream, flush, it);
       emit(t, "dispatch", td, bytes + router_bytes, flops, "", entries_of(stats));
+      // The same with batch invariance on (the engine's default).
+      const ops::OpContext ictx{&table, &stats, Device::kCuda, true};
+      const Timing ti = time_graph(
+          [&] {
+            ops::moe_router(ictx, xv, rw, rb, rp, riv, rwv);
+            ops::moe_experts(ictx, xv, riv, rwv, all, act, ov);
+          },
+          stream, flush, it);
+      emit(t, "dispatch_invariant", ti, bytes + router_bytes, flops, "", entries_of(stats));
     }
     // Shared expert fused vs separate, on the path the table takes at this T.
     {

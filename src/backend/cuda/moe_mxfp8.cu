@@ -160,8 +160,18 @@ __device__ __forceinline__ float4 load4(const In* p) {
   }
 }
 
-// One row by the whole CTA (any multiple of 32 threads up to 1024).
-template <class In, bool kFp8>
+// Where column c of an f16 operand row sits for the wgmma W8A16 kernel: inside each 64-wide chunk,
+// MMA step s (of 4) must see its 16 k in the order the mma.sync kernel's fragments pair them (that
+// kernel's lane tig reads bytes [16 tig, +16) of the chunk, step s its bytes 4s..4s+3), so that
+// both kernels sum the same products in the same order. Real k = 16p + 4s + 2h + e goes to
+// 16s + 8h + 2p + e; pairs (e) stay adjacent.
+__host__ __device__ constexpr int wg_col(int c) {
+  return (c & ~63) | (((c >> 2) & 3) << 4) | (((c >> 1) & 1) << 3) | (((c >> 4) & 3) << 1) | (c & 1);
+}
+
+// One row by the whole CTA (any multiple of 32 threads up to 1024). kPerm (f16 only): columns in
+// the wgmma W8A16 operand order (wg_col).
+template <class In, bool kFp8, bool kPerm = false>
 __device__ __forceinline__ void quant_row(const In* xr, int cols, void* out_row, float* scale) {
   const int nt = int(blockDim.x);
   float amax = 0.0f;
@@ -188,24 +198,29 @@ __device__ __forceinline__ void quant_row(const In* xr, int cols, void* out_row,
       *reinterpret_cast<uint32_t*>(static_cast<uint8_t*>(out_row) + c) = uint32_t(lo) | (uint32_t(hi) << 16);
     } else {
       const __half2 lo = __floats2half2_rn(v.x * mul, v.y * mul), hi = __floats2half2_rn(v.z * mul, v.w * mul);
-      uint2 u;
-      u.x = *reinterpret_cast<const uint32_t*>(&lo);
-      u.y = *reinterpret_cast<const uint32_t*>(&hi);
-      *reinterpret_cast<uint2*>(static_cast<__half*>(out_row) + c) = u;
+      if constexpr (kPerm) {
+        *reinterpret_cast<__half2*>(static_cast<__half*>(out_row) + wg_col(c)) = lo;
+        *reinterpret_cast<__half2*>(static_cast<__half*>(out_row) + wg_col(c + 2)) = hi;
+      } else {
+        uint2 u;
+        u.x = *reinterpret_cast<const uint32_t*>(&lo);
+        u.y = *reinterpret_cast<const uint32_t*>(&hi);
+        *reinterpret_cast<uint2*>(static_cast<__half*>(out_row) + c) = u;
+      }
     }
   }
 }
 
-template <class In, bool kFp8>
+template <class In, bool kFp8, bool kPerm = false>
 __global__ void __launch_bounds__(kQuantThreads) quant_rows_kernel(const In* x, int64_t ldx, int cols, void* out,
                                                                     int64_t ldo, float* scale) {
   const int64_t r = blockIdx.x;
-  quant_row<In, kFp8>(x + r * ldx, cols, static_cast<uint8_t*>(out) + r * ldo * (kFp8 ? 1 : 2), scale + r);
+  quant_row<In, kFp8, kPerm>(x + r * ldx, cols, static_cast<uint8_t*>(out) + r * ldo * (kFp8 ? 1 : 2), scale + r);
 }
 
 // Routing (block 0) and the activation conversion (block 1 + t for token t) in one launch: one
 // kernel boundary less on the decode path.
-template <bool kFp8>
+template <bool kFp8, bool kPerm = false>
 __global__ void __launch_bounds__(kRouteThreads) route_prep_kernel(const int32_t* ids, int tokens, int top_k, int routed,
                                                                     int has_shared, int rows_per_item, int32_t* perm,
                                                                     int32_t* pos, int4* items, int* meta, const float* x,
@@ -215,7 +230,7 @@ __global__ void __launch_bounds__(kRouteThreads) route_prep_kernel(const int32_t
     route_body(ids, tokens, top_k, routed, has_shared, rows_per_item, perm, pos, items, meta);
   } else {
     const int64_t t = int64_t(blockIdx.x) - 1;
-    quant_row<float, kFp8>(x + t * hidden, hidden, static_cast<uint8_t*>(xc) + t * hidden * (kFp8 ? 1 : 2), xs + t);
+    quant_row<float, kFp8, kPerm>(x + t * hidden, hidden, static_cast<uint8_t*>(xc) + t * hidden * (kFp8 ? 1 : 2), xs + t);
   }
 }
 
@@ -927,6 +942,342 @@ __global__ void __launch_bounds__(kW8Threads, 1) w8a8_kernel(const __grid_consta
 }
 
 // ---------------------------------------------------------------------------------------------
+// W8A16 on wgmma (calls of >= kW8A16WgMinTokens tokens, batch-invariant or not): the W8A16
+// kernel's numerics, bit for bit, at tensor-core rate. A wgmma m64nNk16 (f16, A from registers)
+// chain gives the same fp32 bits as the mma.sync m16n8k16 chain on the same operands in the same
+// order (tools/wgmma_identity_probe.cu on the H200: 0 of 138,240 outputs differ over f16/bf16,
+// N = 8/32, K up to 6144, wide exponent ranges; the mma.sync chain in reversed step order differs
+// in 98 % of them), so this kernel builds each thread's A fragments exactly as the mma.sync kernel
+// does (same weight bytes per lane, same exact e4m3 -> f16 conversion with the block scale folded
+// in, same row reference scale) and reads the activations, stored in wg_col order, from shared
+// memory. A token's output is then the same whichever kernel ran it (kernels_cuda_moe checks every
+// case).
+// Persistent CTAs of 3 warpgroups:
+//   WG0 (producer, 56 registers): cp.async of the token tile (B: up to 128 rows x 128 K, two
+//       64-wide chunks of 128-byte swizzled rows, gathered through perm for gate_up; rows past the
+//       item repeat its first row) into a 4-stage ring; arrives on the stage's mbarrier.
+//   WG1, WG2 (consumers): two 64-row MMA blocks each, 256 weight rows per CTA (fused gate_up: 128
+//       output columns; warp w4 of consumer cw, block b: columns 64 cw + 32 b + 8 w4 + g, gate row
+//       g / up row g + 8 of the MMA as in W8A16). Two blocks per warpgroup let each token tile in
+//       shared memory serve twice the weight rows (the 128-row tile was 11-20 % slower).
+// Tiles: (item, column tile), column tile fastest.
+constexpr int kWgThreads = 384;
+constexpr int kWgStages = 4;
+constexpr int kWgMaxTok = 128;
+constexpr int kWgChunk = kWgMaxTok * 128;  // bytes of one 64-wide K chunk of the token tile
+constexpr int kWgBTile = 2 * kWgChunk;     // per 128-K stage
+
+struct WgArgs {
+  const __half* x;          // f16 rows in wg_col order (gate_up: xc [tokens, hidden]; down: h16 [rows, ldx])
+  const int32_t* gather;    // gate_up: perm; down: null
+  int64_t ldx;              // in halves
+  const float* row_scale;   // gate_up: per token; down: null
+  float out_mul;            // gate_up: hscale; down: 1 / hscale
+  void* out;                // gate_up: __half h [rows, ldo] in wg_col order; down: float y [rows, ldo]
+  int64_t ldo;
+  const int4* items;
+  const int* num_items;
+  int col_tiles;
+  Act act;
+  Group g;
+};
+
+template <int N>
+struct WgmmaF16;
+template <>
+struct WgmmaF16<32> {
+  __device__ __forceinline__ static void run(float (&d)[16], const uint32_t (&a)[4], uint64_t db) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, {%16, %17, %18, %19}, %20, p, 1, 1, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
+  }
+};
+
+template <>
+struct WgmmaF16<64> {
+  __device__ __forceinline__ static void run(float (&d)[32], const uint32_t (&a)[4], uint64_t db) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
+  }
+};
+
+template <>
+struct WgmmaF16<96> {
+  __device__ __forceinline__ static void run(float (&d)[48], const uint32_t (&a)[4], uint64_t db) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %53, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n96k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47}, {%48, %49, %50, %51}, %52, p, 1, 1, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
+  }
+};
+
+template <>
+struct WgmmaF16<128> {
+  __device__ __forceinline__ static void run(float (&d)[64], const uint32_t (&a)[4], uint64_t db) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %68, p, 1, 1, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
+  }
+};
+
+struct WgSmem {
+  uint32_t b, w, full, empty;  // token ring, weight ring, barriers
+};
+
+template <bool kFused>
+__device__ __forceinline__ bool wg_tile(const WgArgs& a, int tile, W8Tile& t) {
+  const int4 item = a.items[tile / a.col_tiles];
+  t.e = item.x;
+  t.r0 = item.y;
+  t.nrows = item.z - item.y;
+  t.n0 = (tile % a.col_tiles) * (kFused ? 128 : 256);
+  t.K = a.g.k[t.e];
+  return t.n0 < a.g.n[t.e];
+}
+
+__device__ __forceinline__ void wg_produce(const WgArgs& a, const WgSmem& sm, const W8Tile& t, Pipe& pipe, int tid) {
+  const int c8 = tid & 7, rb = tid >> 3;  // 16-byte chunk and first row (0..15)
+  const int ntok = min(kWgMaxTok, (t.nrows + 31) & ~31);
+  const int nb = ntok >> 4;
+  const __half* src[8];
+  const int64_t first = a.gather ? __ldg(a.gather + t.r0) : t.r0;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    const int b = rb + 16 * i;
+    const int64_t row = b < t.nrows ? (a.gather ? __ldg(a.gather + t.r0 + b) : t.r0 + b) : first;
+    src[i] = a.x + row * a.ldx + 8 * c8;
+  }
+  const uint32_t sw = uint32_t((c8 ^ (rb & 7)) << 4);
+  for (int k0 = 0; k0 < t.K; k0 += 128) {
+    const int st = pipe.stage;
+    mbar_wait(sm.empty + 8u * uint32_t(st), pipe.phase ^ 1u);
+    const uint32_t dst = sm.b + uint32_t(st * kWgBTile + rb * 128) + sw;
+#pragma unroll
+    for (int c = 0; c < 2; ++c)
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        if (i < nb) cp_async16(dst + uint32_t(c * kWgChunk + 16 * i * 128), src[i] + k0 + 64 * c, 16u);
+      }
+    cp_async_arrive_noinc(sm.full + 8u * uint32_t(st));
+    pipe.advance();
+  }
+}
+
+// Weights: the accumulators of two blocks leave no registers for a weight prefetch, so each
+// consumer thread copies its own weight bytes into its own shared-memory slots (cp.async,
+// kWgWStages - 1 stages ahead; no barrier: a thread reads back only what it copied).
+constexpr int kWgWStages = 3;
+constexpr int kWgWStage = 8 * 256 * 16;  // 8 16-byte slots per consumer thread
+constexpr size_t kWgSmemBytes = size_t(kWgStages) * kWgBTile + size_t(kWgWStages) * kWgWStage + 2 * kWgStages * 8 + 1024;
+static_assert(kWgSmemBytes <= 232448, "W8A16 wgmma kernel: shared memory per CTA");
+
+template <bool kFused, int N>
+__device__ __forceinline__ void wg_consume(const WgArgs& a, const WgSmem& sm, Pipe& pipe, const W8Tile& t, int cw,
+                                           int tw) {
+  constexpr int R = N / 2;
+  const int w4 = tw >> 5, lane = tw & 31, g = lane >> 2, tig = lane & 3, tc = 128 * cw + tw;
+  const int K = t.K, nk = K / 128, n = a.g.n[t.e];
+  const Mat m_lo = a.g.a[t.e];
+  const Mat m_hi = kFused ? a.g.b[t.e] : a.g.a[t.e];
+  int col[2], row_lo[2];
+  bool live[2];
+  const uint8_t* w_lo[2];
+  const uint8_t* w_hi[2];
+  const uint32_t* s_lo[2];
+  const uint32_t* s_hi[2];
+#pragma unroll
+  for (int b = 0; b < 2; ++b) {
+    col[b] = t.n0 + 64 * cw + 32 * b + 8 * w4 + g;
+    const int blk0 = kFused ? t.n0 + 64 * cw + 32 * b : t.n0 + 128 * cw + 64 * b;
+    // A block past the matrix (the last 128 rows of a plain tile when n % 256 == 128) runs on
+    // in-range rows and stores nothing: a branch around its wgmmas made ptxas serialise them all
+    // (C7520).
+    live[b] = blk0 < n;
+    row_lo[b] = live[b] ? (kFused ? col[b] : blk0 + 16 * w4 + g) : (kFused ? t.n0 + 8 * w4 + g : t.n0 + 16 * w4 + g);
+    const int row_hi = kFused ? row_lo[b] : row_lo[b] + 8;
+    w_lo[b] = m_lo.w + int64_t(row_lo[b]) * K + 16 * tig;
+    w_hi[b] = m_hi.w + int64_t(row_hi) * K + 16 * tig;
+    s_lo[b] = reinterpret_cast<const uint32_t*>(m_lo.s + int64_t(row_lo[b]) * (K / 32));
+    s_hi[b] = reinterpret_cast<const uint32_t*>(m_hi.s + int64_t(row_hi) * (K / 32));
+  }
+  // Slot j of stage buffer buf: block j / 4, row (j / 2) % 2 (lo, hi), 64-wide chunk j % 2.
+  auto copy_w = [&](int st, int buf) {
+    if (st < nk) {
+      const int k0 = st * 128;
+      const uint32_t base = sm.w + uint32_t(buf * kWgWStage + tc * 16);
+#pragma unroll
+      for (int b = 0; b < 2; ++b) {
+        cp_async16_w(base + uint32_t((4 * b + 0) * 4096), w_lo[b] + k0);
+        cp_async16_w(base + uint32_t((4 * b + 1) * 4096), w_lo[b] + k0 + 64);
+        cp_async16_w(base + uint32_t((4 * b + 2) * 4096), w_hi[b] + k0);
+        cp_async16_w(base + uint32_t((4 * b + 3) * 4096), w_hi[b] + k0 + 64);
+      }
+    }
+    cp_async_commit();  // one group per stage, empty or not, so wait_group counts stages
+  };
+  uint32_t sc[2][4];  // scale words of the next stages (even / odd), [2b] lo and [2b + 1] hi rows
+  auto load_s = [&](int st, uint32_t (&ss)[4]) {
+#pragma unroll
+    for (int b = 0; b < 2; ++b) {
+      ss[2 * b] = __ldg(s_lo[b] + st);
+      ss[2 * b + 1] = __ldg(s_hi[b] + st);
+    }
+  };
+  copy_w(0, 0);
+  copy_w(1, 1);
+  load_s(0, sc[0]);
+  if (nk > 1) load_s(1, sc[1]);
+  int ref[4];
+  {
+    const uint32_t* const rows[4] = {s_lo[0], s_hi[0], s_lo[1], s_hi[1]};
+    rows_max_byte<4, 4>(rows, K / 128, tig, ref);
+  }
+  float acc[2][R];
+#pragma unroll
+  for (int b = 0; b < 2; ++b)
+#pragma unroll
+    for (int i = 0; i < R; ++i) acc[b][i] = 0.0f;
+
+  // Per 64-wide chunk: the A fragments of both blocks (32 registers: the accumulators of two blocks
+  // leave no room for a whole stage's), then its 8 wgmmas.
+  auto stage = [&](int kt, uint32_t (&ss)[4]) {
+    const int buf = kt % kWgWStages;
+    cp_async_wait<1>();  // this thread's weights of stage kt (stage kt + 1's may still be in flight)
+    uint32_t s_now[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) s_now[i] = ss[i];
+    // The buffer of stage kt + 2 was last read (into registers) by stage kt - 1.
+    copy_w(kt + 2, (kt + 2) % kWgWStages);
+    if (kt + 2 < nk) load_s(kt + 2, ss);
+    const int st = pipe.stage;
+    mbar_wait(sm.full + 8u * uint32_t(st), pipe.phase);
+    fence_proxy_async();
+    const uint32_t b0 = sm.b + uint32_t(st * kWgBTile);
+    const uint32_t wbase = sm.w + uint32_t(buf * kWgWStage + tc * 16);
+#pragma unroll
+    for (int c = 0; c < 2; ++c) {
+      uint32_t af[2][4][4];
+      const int sh = 8 * (2 * c + (tig >> 1));
+#pragma unroll
+      for (int b = 0; b < 2; ++b) {
+        uint4 ql, qh;  // w8a16_body's q[c] and q[2 + c]
+        asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                     : "=r"(ql.x), "=r"(ql.y), "=r"(ql.z), "=r"(ql.w)
+                     : "r"(wbase + uint32_t((4 * b + c) * 4096)));
+        asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                     : "=r"(qh.x), "=r"(qh.y), "=r"(qh.z), "=r"(qh.w)
+                     : "r"(wbase + uint32_t((4 * b + 2 + c) * 4096)));
+        const __half2 mul_lo = pow2_h2(int((s_now[2 * b] >> sh) & 0xffu) - ref[2 * b]);
+        const __half2 mul_hi = pow2_h2(int((s_now[2 * b + 1] >> sh) & 0xffu) - ref[2 * b + 1]);
+#pragma unroll
+        for (int s4 = 0; s4 < 4; ++s4) {
+          const uint32_t wl = word_of(ql, s4), wh = word_of(qh, s4);
+          af[b][s4][0] = e4m3x2_scaled(wl, mul_lo);
+          af[b][s4][1] = e4m3x2_scaled(wh, mul_hi);
+          af[b][s4][2] = e4m3x2_scaled<true>(wl, mul_lo);
+          af[b][s4][3] = e4m3x2_scaled<true>(wh, mul_hi);
+        }
+      }
+      fence_regs(acc[0]);
+      fence_regs(acc[1]);
+      wgmma_fence();
+#pragma unroll
+      for (int s4 = 0; s4 < 4; ++s4)
+#pragma unroll
+        for (int b = 0; b < 2; ++b) WgmmaF16<N>::run(acc[b], af[b][s4], smem_desc(b0 + uint32_t(c * kWgChunk + 32 * s4)));
+      wgmma_commit();
+      wgmma_wait<0>();
+      fence_regs(acc[0]);
+      fence_regs(acc[1]);
+    }
+    if (lane == 0) mbar_arrive(sm.empty + 8u * uint32_t(st));
+    pipe.advance();
+  };
+  for (int kt = 0; kt < nk; kt += 2) {
+    stage(kt, sc[0]);
+    if (kt + 1 < nk) stage(kt + 1, sc[1]);
+  }
+  cp_async_wait<0>();
+
+#pragma unroll
+  for (int b = 0; b < 2; ++b) {
+    if (!live[b]) continue;
+    const float fr_lo = ldexpf(1.0f, ref[2 * b] - 127), fr_hi = ldexpf(1.0f, ref[2 * b + 1] - 127);
+#pragma unroll
+    for (int j = 0; j < N / 8; ++j) {
+#pragma unroll
+      for (int cc = 0; cc < 2; ++cc) {
+        const int r = 8 * j + 2 * tig + cc;
+        if (r >= t.nrows) continue;
+        const int64_t p = t.r0 + r;
+        const float tok = a.row_scale ? __ldg(a.row_scale + (a.gather ? __ldg(a.gather + p) : p)) : 1.0f;
+        if constexpr (kFused) {
+          const float h =
+              swiglu(acc[b][4 * j + cc] * fr_lo * tok, acc[b][4 * j + 2 + cc] * fr_hi * tok, a.act) * a.out_mul;
+          static_cast<__half*>(a.out)[p * a.ldo + wg_col(col[b])] = __float2half_rn(h);
+        } else {
+          float* y = static_cast<float*>(a.out) + p * a.ldo + row_lo[b];
+          y[0] = acc[b][4 * j + cc] * fr_lo * tok * a.out_mul;
+          y[8] = acc[b][4 * j + 2 + cc] * fr_hi * tok * a.out_mul;
+        }
+      }
+    }
+  }
+}
+
+template <bool kFused>
+__global__ void __launch_bounds__(kWgThreads, 1) w16wg_kernel(const __grid_constant__ WgArgs a) {
+  extern __shared__ unsigned char wg_smem[];
+  const uintptr_t base = (reinterpret_cast<uintptr_t>(wg_smem) + 1023) & ~uintptr_t(1023);
+  WgSmem sm;
+  sm.b = smem_u32(reinterpret_cast<const void*>(base));
+  sm.w = sm.b + uint32_t(kWgStages * kWgBTile);
+  sm.full = sm.w + uint32_t(kWgWStages * kWgWStage);
+  sm.empty = sm.full + 8u * kWgStages;
+  const int tid = int(threadIdx.x), wg = tid >> 7;
+  if (tid == 0) {
+    for (int s = 0; s < kWgStages; ++s) {
+      mbar_init(sm.full + 8u * uint32_t(s), 128);
+      mbar_init(sm.empty + 8u * uint32_t(s), 8);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncthreads();
+  const int total = __ldg(a.num_items) * a.col_tiles;
+  Pipe pipe;
+  if (wg == 0) {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegs));
+    for (int tile = int(blockIdx.x); tile < total; tile += int(gridDim.x)) {
+      W8Tile t;
+      if (wg_tile<kFused>(a, tile, t)) wg_produce(a, sm, t, pipe, tid);
+    }
+    cp_async_wait<0>();
+  } else {
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kConsumerRegs));
+    const int cw = wg - 1, tw = tid - 128 * wg;
+    for (int tile = int(blockIdx.x); tile < total; tile += int(gridDim.x)) {
+      W8Tile t;
+      if (!wg_tile<kFused>(a, tile, t)) continue;
+      const int ntok = min(kWgMaxTok, (t.nrows + 31) & ~31);
+      switch (ntok) {
+        case 32: wg_consume<kFused, 32>(a, sm, pipe, t, cw, tw); break;
+        case 64: wg_consume<kFused, 64>(a, sm, pipe, t, cw, tw); break;
+        case 96: wg_consume<kFused, 96>(a, sm, pipe, t, cw, tw); break;
+        default: wg_consume<kFused, 128>(a, sm, pipe, t, cw, tw); break;
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
 // Host side.
 
 size_t round_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
@@ -1029,6 +1380,13 @@ void launch_w16(int tmt, dim3 grid, const W16Args& a) {
 }
 
 template <bool kFused>
+void launch_wg(const WgArgs& a) {
+  const int sms = allow_dynamic_smem(reinterpret_cast<const void*>(w16wg_kernel<kFused>), kWgSmemBytes);
+  w16wg_kernel<kFused><<<unsigned(sms), kWgThreads, kWgSmemBytes, current_stream()>>>(a);
+  M3_CUDA_CHECK_LAUNCH();
+}
+
+template <bool kFused>
 void launch_w8(const W8Args& a) {
   const int sms = allow_dynamic_smem(reinterpret_cast<const void*>(w8a8_kernel<kFused>), kW8SmemBytes);
   w8a8_kernel<kFused><<<unsigned(sms), kW8Threads, kW8SmemBytes, current_stream()>>>(a);
@@ -1054,6 +1412,7 @@ float intermediate_scale(const ops::SwigluParams& p) {
 
 int rows_per_item(Path path, int64_t tokens) {
   if (path == Path::kW8A8) return kW8MaxTok;
+  if (path == Path::kW8A16Wg) return kWgMaxTok;
   return tokens < 64 ? 16 : 64;  // W8A16: 2 or 8 sub-tiles of 8 rows (kTMT)
 }
 
@@ -1131,14 +1490,15 @@ void run(const TensorView& x, const TensorView& expert_ids, const TensorView& ex
   __half* h16 = reinterpret_cast<__half*>(ws + l.h16);
   float* y = reinterpret_cast<float*>(ws + l.y);
   const cudaStream_t stream = current_stream();
-  const bool w8 = path == Path::kW8A8;
+  const bool w8 = path == Path::kW8A8, wg = path == Path::kW8A16Wg;
   const float hscale = intermediate_scale(act);
   const Act a{act.alpha, act.limit, act.beta};
 
   if ((stages & kRoute) && (stages & kPrep)) {
     const int32_t* ids = expert_ids.as<const int32_t>();
     // Launched while the router's select kernel drains (it waits before reading the ids).
-    launch_kernel(w8 ? route_prep_kernel<true> : route_prep_kernel<false>, dim3(unsigned(tokens + 1)),
+    launch_kernel(w8 ? route_prep_kernel<true> : wg ? route_prep_kernel<false, true> : route_prep_kernel<false>,
+                  dim3(unsigned(tokens + 1)),
                   dim3(kRouteThreads), 0, true, ids, int(tokens), int(top_k), experts.num_routed,
                   experts.has_shared ? 1 : 0, l.bt, perm, pos, items, meta, x.as<const float>(), int(hidden),
                   static_cast<void*>(ws + l.xc), xs);
@@ -1149,6 +1509,9 @@ void run(const TensorView& x, const TensorView& expert_ids, const TensorView& ex
     if (w8) {
       quant_rows_kernel<float, true><<<unsigned(tokens), kQuantThreads, 0, stream>>>(
           x.as<const float>(), hidden, int(hidden), ws + l.xc, hidden, xs);
+    } else if (wg) {
+      quant_rows_kernel<float, false, true><<<unsigned(tokens), kQuantThreads, 0, stream>>>(
+          x.as<const float>(), hidden, int(hidden), ws + l.xc, hidden, xs);
     } else {
       quant_rows_kernel<float, false><<<unsigned(tokens), kQuantThreads, 0, stream>>>(
           x.as<const float>(), hidden, int(hidden), ws + l.xc, hidden, xs);
@@ -1157,7 +1520,15 @@ void run(const TensorView& x, const TensorView& expert_ids, const TensorView& ex
   }
   if (stages & kGemms) {
     const Group g_gu = make_group(experts, true, hidden), g_dn = make_group(experts, false, hidden);
-    if (!w8) {
+    if (wg) {
+      WgArgs gu = grouped_args<WgArgs>(reinterpret_cast<const __half*>(ws + l.xc), perm, hidden, xs, hscale, h16,
+                                       l.inter, items, meta, a, g_gu);
+      gu.col_tiles = int(l.inter / 128);
+      launch_wg<true>(gu);
+      WgArgs dn = grouped_args<WgArgs>(h16, nullptr, l.inter, nullptr, 1.0f / hscale, y, hidden, items, meta, a, g_dn);
+      dn.col_tiles = int((hidden + 255) / 256);
+      launch_wg<false>(dn);
+    } else if (!w8) {
       const int tmt = l.bt == 16 ? 2 : 0;  // 64-row items: the tile follows each item's rows
       const W16Args gu = grouped_args<W16Args>(reinterpret_cast<const __half*>(ws + l.xc), perm, hidden, xs, hscale, h16,
                                                l.inter, items, meta, a, g_gu);
@@ -1239,6 +1610,16 @@ std::string need_w8a8(const ops::Problem& p) {
   return "";
 }
 
+std::string need_w16wg(const ops::Problem& p) {
+  std::string why = need_mxfp8_moe(p);
+  if (!why.empty()) return why;
+  if (p.m < moe_mxfp8::kW8A16WgMinTokens) {
+    return "fewer than " + std::to_string(moe_mxfp8::kW8A16WgMinTokens) +
+           " tokens (the mma.sync kernel streams the weights faster there)";
+  }
+  return "";
+}
+
 void run_entry(const TensorView& x, const TensorView& ids, const TensorView& wts, const ops::ExpertWeights& experts,
                const ops::SwigluParams& act, const TensorView& out, moe_mxfp8::Path path) {
   if (x.shape.rank() != 2 || ids.shape.rank() != 2 || x.shape[0] == 0) return;
@@ -1249,6 +1630,11 @@ void run_entry(const TensorView& x, const TensorView& ids, const TensorView& wts
 void w8a8_entry(const TensorView& x, const TensorView& ids, const TensorView& wts, const ops::ExpertWeights& experts,
                 const ops::SwigluParams& act, const TensorView& out) {
   run_entry(x, ids, wts, experts, act, out, moe_mxfp8::Path::kW8A8);
+}
+
+void w16wg_entry(const TensorView& x, const TensorView& ids, const TensorView& wts, const ops::ExpertWeights& experts,
+                 const ops::SwigluParams& act, const TensorView& out) {
+  run_entry(x, ids, wts, experts, act, out, moe_mxfp8::Path::kW8A16Wg);
 }
 
 void w8a16_entry(const TensorView& x, const TensorView& ids, const TensorView& wts, const ops::ExpertWeights& experts,
@@ -1267,6 +1653,14 @@ void register_moe_mxfp8(ops::KernelTable& table) {
                  "persistent warp-specialised CTAs, fused gate+up SwiGLU-OAI, device routing, combine in the "
                  "CPU's order; no host sync",
                  need_w8a8, w8a8_entry});
+  table.moe.add({"moe_experts.mxfp8_w8a16_wgmma.sm90",
+                 "device MXFP8 experts, hidden >= 1024, hidden and intermediate sizes multiples of 128, top_k <= 64, "
+                 "<= 256 experts incl. the shared one; tokens >= 384, any batch-invariance setting (batch-invariant: the "
+                 "bits of moe_experts.mxfp8_w8a16_mma for every token): the same f16 operands and per-output MMA order "
+                 "on wgmma m64nNk16 (A = weights dequantised in registers, B = token tile in shared memory from a "
+                 "cp.async producer warpgroup), persistent CTAs, fused gate+up SwiGLU-OAI, device routing, combine "
+                 "in the CPU's order; no host sync",
+                 need_w16wg, w16wg_entry});
   table.moe.add({"moe_experts.mxfp8_w8a16_mma.sm90",
                  "device MXFP8 experts, hidden >= 1024, hidden and intermediate sizes multiples of 128, top_k <= 64, "
                  "<= 256 experts incl. the shared one; any token count, any batch-invariance setting (batch-invariant: fixed "

@@ -2,7 +2,8 @@
 // run on the dequantised weights: device routing exact (permutation, positions, work items;
 // router ids through the dispatch), W8A16 outputs within BF16 tolerance, W8A8 outputs against
 // the CPU reference (FP8-activation tolerance) and against a host emulation of its quantisation
-// (tight), bit-exact batch invariance of W8A16, the dispatch choice, and CUDA-graph capture +
+// (tight), bit-exact batch invariance of W8A16, the wgmma W8A16 kernel bit-identical to the
+// mma.sync one in every case, the dispatch choice, and CUDA-graph capture +
 // replay. Token counts 1 .. 16384, uneven loads (experts with zero tokens: their device weights
 // are NaN while the case runs), TP-local intermediates 1536 and 768, an odd number of 128-wide K
 // stages (hidden 1152, intermediate 384), M3's hidden 6144.
@@ -49,7 +50,7 @@ using mx::Path;
 // flips of h (one e4m3 step is 6-12%), which at K = 6144, T = 1024 reached 1.4e-2 on the H200.
 const std::map<std::string, double> kTolerance = {
     {"w8a16", 4e-3}, {"w8a8_vs_cpu", 8e-2}, {"w8a8_vs_emulated", 3e-2},
-    {"route_w8a16", 0.0}, {"route_w8a8", 0.0}, {"router_ids", 0.0}, {"dispatch", 0.0},
+    {"route_w8a16", 0.0}, {"route_w8a8", 0.0}, {"route_w8a16_wgmma", 0.0}, {"w8a16_wgmma_bits", 0.0}, {"router_ids", 0.0}, {"dispatch", 0.0},
     {"w8a16_invariance", 0.0}, {"w8a8_invariance", 0.0}, {"graph", 0.0},
 };
 // Rows reported but not required (a property the design expects, not one the issue demands).
@@ -276,7 +277,7 @@ class Harness : public cuda_test::ParityTable {
 
 int32_t same_bits(const float* a, const float* b, size_t n) { return std::memcmp(a, b, n * sizeof(float)) == 0 ? 1 : 0; }
 
-const char* path_name(Path p) { return p == Path::kW8A16 ? "w8a16" : "w8a8"; }
+const char* path_name(Path p) { return p == Path::kW8A16 ? "w8a16" : p == Path::kW8A8 ? "w8a8" : "w8a16_wgmma"; }
 
 // One MXFP8 MoE problem on both paths.
 struct Case {
@@ -329,7 +330,7 @@ void check_case(Harness& h, const Layer& L, const Case& c, std::mt19937& rng, Rn
     }
   } restore{L, poisoned};
 
-  for (Path path : {Path::kW8A16, Path::kW8A8}) {
+  for (Path path : {Path::kW8A16, Path::kW8A8, Path::kW8A16Wg}) {
     const std::string route_row = std::string("route_") + path_name(path);
     h.guarded(route_row, [&] {
       const int rpi = mx::rows_per_item(path, tokens);
@@ -359,6 +360,12 @@ void check_case(Harness& h, const Layer& L, const Case& c, std::mt19937& rng, Rn
   h.guarded("w8a16", [&] {
     const auto y = run_gpu(dx, dids, dwts, L, tokens, top_k, act, Path::kW8A16);
     h.compare("w8a16", y, ref, what);
+    // The wgmma kernel must give the mma.sync kernel's bits for every token (the dispatch switches
+    // between them by token count under batch invariance).
+    const auto yw = run_gpu(dx, dids, dwts, L, tokens, top_k, act, Path::kW8A16Wg);
+    int32_t differ = 0;
+    for (size_t i = 0; i < y.size(); ++i) differ += std::memcmp(&y[i], &yw[i], sizeof(float)) != 0 ? 1 : 0;
+    h.compare_ints("w8a16_wgmma_bits", {differ}, {0}, what + " (outputs that differ from w8a16)");
     if (tokens < 2) return;
     // Each token alone (its own routing row) gives the bits it got inside the batch.
     std::vector<int32_t> same, want;
@@ -412,8 +419,10 @@ void check_dispatch(Harness& h, const Layer& L, std::mt19937& rng, Rng& noise) {
                          dev(dy, DType::kF32, {tokens, hidden}));
         M3_CUDA_CHECK(cudaDeviceSynchronize());
         const auto paths = h.gpu_stats().take_step_paths();
-        const bool w8 = !invariant && tokens >= mx::kW8A8MinTokens;
-        const std::string entry = w8 ? "moe_experts=moe_experts.mxfp8_w8a8_wgmma.sm90" : "moe_experts=moe_experts.mxfp8_w8a16_mma.sm90";
+        const bool w8 = !invariant && tokens >= mx::kW8A8MinTokens, wg = !w8 && tokens >= mx::kW8A16WgMinTokens;
+        const std::string entry = w8   ? "moe_experts=moe_experts.mxfp8_w8a8_wgmma.sm90"
+                                  : wg ? "moe_experts=moe_experts.mxfp8_w8a16_wgmma.sm90"
+                                       : "moe_experts=moe_experts.mxfp8_w8a16_mma.sm90";
         got.push_back(std::find(paths.begin(), paths.end(), entry) != paths.end() ? 1 : 0);
         want.push_back(1);
       }
