@@ -343,24 +343,16 @@ int run(int argc, char** argv) {
       emit(t, "router", tr, router_bytes + double(t) * hidden * 4, 2.0 * double(t) * routed * hidden, "",
            entries_of(stats));
     }
-    // The engine's table with batch invariance off (router + experts).
-    {
+    // The engine's table (router + experts), with batch invariance off and on (the engine's default).
+    for (const bool invariant : {false, true}) {
+      const ops::OpContext dctx{&table, &stats, Device::kCuda, invariant};
       const Timing td = time_graph(
           [&] {
-            ops::moe_router(ctx, xv, rw, rb, rp, riv, rwv);
-            ops::moe_experts(ctx, xv, riv, rwv, all, act, ov);
+            ops::moe_router(dctx, xv, rw, rb, rp, riv, rwv);
+            ops::moe_experts(dctx, xv, riv, rwv, all, act, ov);
           },
           stream, flush, it);
-      emit(t, "dispatch", td, bytes + router_bytes, flops, "", entries_of(stats));
-      // The same with batch invariance on (the engine's default).
-      const ops::OpContext ictx{&table, &stats, Device::kCuda, true};
-      const Timing ti = time_graph(
-          [&] {
-            ops::moe_router(ictx, xv, rw, rb, rp, riv, rwv);
-            ops::moe_experts(ictx, xv, riv, rwv, all, act, ov);
-          },
-          stream, flush, it);
-      emit(t, "dispatch_invariant", ti, bytes + router_bytes, flops, "", entries_of(stats));
+      emit(t, invariant ? "dispatch_invariant" : "dispatch", td, bytes + router_bytes, flops, "", entries_of(stats));
     }
     // Shared expert fused vs separate, on the path the table takes at this T.
     {

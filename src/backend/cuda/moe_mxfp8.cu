@@ -896,6 +896,48 @@ __device__ __forceinline__ void w8_produce(const W8Args& a, const W8Smem& sm, co
   }
 }
 
+// The warp-specialised persistent loop both wgmma kernels run (384 threads): the stage ring's
+// barriers (full: one cp.async arrival per producer thread; empty: one per consumer warp), then
+// warpgroup 0 produces and warpgroups 1-2 consume the tiles blockIdx.x, + gridDim.x, ... < total.
+// tile(i, t) fills t and is false for a tile past a narrower expert; produce(t, pipe, tid);
+// consume(t, pipe, cw, tw, n) with n a std::integral_constant of the token tile (the item's rows
+// rounded up to 32, at most kW8MaxTok = 128).
+template <class TileOf, class Produce, class Consume>
+__device__ __forceinline__ void ws_persistent(uint32_t full, uint32_t empty, int stages, int total, TileOf&& tile_of,
+                                              Produce&& produce, Consume&& consume) {
+  const int tid = int(threadIdx.x), wg = tid >> 7;
+  if (tid == 0) {
+    for (int s = 0; s < stages; ++s) {
+      mbar_init(full + 8u * uint32_t(s), 128);
+      mbar_init(empty + 8u * uint32_t(s), 8);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncthreads();
+  Pipe pipe;
+  if (wg == 0) {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegs));
+    for (int tile = int(blockIdx.x); tile < total; tile += int(gridDim.x)) {
+      W8Tile t;
+      if (tile_of(tile, t)) produce(t, pipe, tid);
+    }
+    cp_async_wait<0>();
+  } else {
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kConsumerRegs));
+    const int cw = wg - 1, tw = tid - 128 * wg;
+    for (int tile = int(blockIdx.x); tile < total; tile += int(gridDim.x)) {
+      W8Tile t;
+      if (!tile_of(tile, t)) continue;
+      switch (min(kW8MaxTok, (t.nrows + 31) & ~31)) {
+        case 32: consume(t, pipe, cw, tw, std::integral_constant<int, 32>{}); break;
+        case 64: consume(t, pipe, cw, tw, std::integral_constant<int, 64>{}); break;
+        case 96: consume(t, pipe, cw, tw, std::integral_constant<int, 96>{}); break;
+        default: consume(t, pipe, cw, tw, std::integral_constant<int, 128>{}); break;
+      }
+    }
+  }
+}
+
 template <bool kFused>
 __global__ void __launch_bounds__(kW8Threads, 1) w8a8_kernel(const __grid_constant__ W8Args a) {
   extern __shared__ unsigned char w8_smem[];
@@ -906,39 +948,11 @@ __global__ void __launch_bounds__(kW8Threads, 1) w8a8_kernel(const __grid_consta
   sm.s = sm.b + uint32_t(kW8Stages * kBTile);
   sm.full = sm.s + uint32_t(kW8Stages * kSTile);
   sm.empty = sm.full + 8u * kW8Stages;
-  const int tid = int(threadIdx.x), wg = tid >> 7;
-  if (tid == 0) {
-    for (int s = 0; s < kW8Stages; ++s) {
-      mbar_init(sm.full + 8u * uint32_t(s), 128);  // one cp.async arrival per producer thread
-      mbar_init(sm.empty + 8u * uint32_t(s), 8);   // one per consumer warp
-    }
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-  }
-  __syncthreads();
-  const int total = __ldg(a.num_items) * a.col_tiles;
-  Pipe pipe;
-  if (wg == 0) {
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegs));
-    for (int tile = int(blockIdx.x); tile < total; tile += int(gridDim.x)) {
-      W8Tile t;
-      if (w8_tile<kFused>(a, tile, t)) w8_produce<kFused>(a, sm, t, pipe, tid);
-    }
-    cp_async_wait<0>();
-  } else {
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kConsumerRegs));
-    const int cw = wg - 1, tw = tid - 128 * wg;
-    for (int tile = int(blockIdx.x); tile < total; tile += int(gridDim.x)) {
-      W8Tile t;
-      if (!w8_tile<kFused>(a, tile, t)) continue;
-      const int ntok = min(kW8MaxTok, (t.nrows + 31) & ~31);
-      switch (ntok) {
-        case 32: w8_consume<kFused, 32>(a, sm, pipe, t, cw, tw); break;
-        case 64: w8_consume<kFused, 64>(a, sm, pipe, t, cw, tw); break;
-        case 96: w8_consume<kFused, 96>(a, sm, pipe, t, cw, tw); break;
-        default: w8_consume<kFused, 128>(a, sm, pipe, t, cw, tw); break;
-      }
-    }
-  }
+  ws_persistent(
+      sm.full, sm.empty, kW8Stages, __ldg(a.num_items) * a.col_tiles,
+      [&](int tile, W8Tile& t) { return w8_tile<kFused>(a, tile, t); },
+      [&](const W8Tile& t, Pipe& pipe, int tid) { w8_produce<kFused>(a, sm, t, pipe, tid); },
+      [&](const W8Tile& t, Pipe& pipe, int cw, int tw, auto n) { w8_consume<kFused, decltype(n)::value>(a, sm, pipe, t, cw, tw); });
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -965,6 +979,7 @@ constexpr int kWgThreads = 384;
 constexpr int kWgStages = 4;
 constexpr int kWgMaxTok = 128;
 constexpr int kWgChunk = kWgMaxTok * 128;  // bytes of one 64-wide K chunk of the token tile
+static_assert(kWgThreads == kW8Threads && kWgMaxTok == kW8MaxTok, "both kernels run ws_persistent");
 constexpr int kWgBTile = 2 * kWgChunk;     // per 128-K stage
 
 struct WgArgs {
@@ -1242,39 +1257,11 @@ __global__ void __launch_bounds__(kWgThreads, 1) w16wg_kernel(const __grid_const
   sm.w = sm.b + uint32_t(kWgStages * kWgBTile);
   sm.full = sm.w + uint32_t(kWgWStages * kWgWStage);
   sm.empty = sm.full + 8u * kWgStages;
-  const int tid = int(threadIdx.x), wg = tid >> 7;
-  if (tid == 0) {
-    for (int s = 0; s < kWgStages; ++s) {
-      mbar_init(sm.full + 8u * uint32_t(s), 128);
-      mbar_init(sm.empty + 8u * uint32_t(s), 8);
-    }
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-  }
-  __syncthreads();
-  const int total = __ldg(a.num_items) * a.col_tiles;
-  Pipe pipe;
-  if (wg == 0) {
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegs));
-    for (int tile = int(blockIdx.x); tile < total; tile += int(gridDim.x)) {
-      W8Tile t;
-      if (wg_tile<kFused>(a, tile, t)) wg_produce(a, sm, t, pipe, tid);
-    }
-    cp_async_wait<0>();
-  } else {
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kConsumerRegs));
-    const int cw = wg - 1, tw = tid - 128 * wg;
-    for (int tile = int(blockIdx.x); tile < total; tile += int(gridDim.x)) {
-      W8Tile t;
-      if (!wg_tile<kFused>(a, tile, t)) continue;
-      const int ntok = min(kWgMaxTok, (t.nrows + 31) & ~31);
-      switch (ntok) {
-        case 32: wg_consume<kFused, 32>(a, sm, pipe, t, cw, tw); break;
-        case 64: wg_consume<kFused, 64>(a, sm, pipe, t, cw, tw); break;
-        case 96: wg_consume<kFused, 96>(a, sm, pipe, t, cw, tw); break;
-        default: wg_consume<kFused, 128>(a, sm, pipe, t, cw, tw); break;
-      }
-    }
-  }
+  ws_persistent(
+      sm.full, sm.empty, kWgStages, __ldg(a.num_items) * a.col_tiles,
+      [&](int tile, W8Tile& t) { return wg_tile<kFused>(a, tile, t); },
+      [&](const W8Tile& t, Pipe& pipe, int tid) { wg_produce(a, sm, t, pipe, tid); },
+      [&](const W8Tile& t, Pipe& pipe, int cw, int tw, auto n) { wg_consume<kFused, decltype(n)::value>(a, sm, pipe, t, cw, tw); });
 }
 
 // ---------------------------------------------------------------------------------------------
