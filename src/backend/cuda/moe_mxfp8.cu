@@ -30,6 +30,7 @@
 #include "backend/cuda/mma_operands.cuh"
 #include "backend/cuda/moe_mxfp8.h"
 #include "backend/cuda/pdl.cuh"
+#include "backend/cuda/wgmma.cuh"
 
 namespace m3::cuda::moe_mxfp8 {
 namespace {
@@ -613,25 +614,7 @@ __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
 __device__ __forceinline__ void cp_async_arrive_noinc(uint32_t bar) {
   asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
 }
-__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void wgmma_wait() {
-  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
-}
-// Keeps the compiler from moving accesses of the fragment across wgmma issue/wait points.
-template <int R>
-__device__ __forceinline__ void fence_regs(float (&d)[R]) {
-#pragma unroll
-  for (int i = 0; i < R; ++i) asm volatile("" : "+f"(d[i])::"memory");
-}
 
-// K-major operand tile, 128-byte swizzle (16-byte chunk c of row r stored at c ^ (r & 7)), rows
-// 128 bytes apart, 8-row groups 1024 bytes apart (SBO); LBO unused for swizzled K-major.
-__device__ __forceinline__ uint64_t smem_desc(uint32_t addr) {
-  return uint64_t((addr & 0x3ffffu) >> 4) | (uint64_t(1) << 16) | (uint64_t(1024 >> 4) << 32) | (uint64_t(1) << 62);
-}
 
 template <int N>
 struct Wgmma;
@@ -753,26 +736,26 @@ __device__ __forceinline__ void w8_consume(const W8Args& a, const W8Smem& sm, Pi
   // the back edge) would make ptxas serialise every wgmma (C7514), hence the unrolled pair and the
   // drained tail.
   auto stage_desc = [&](int st, uint64_t& da, uint64_t& db) {
-    da = smem_desc(sm.a + uint32_t(st * kATile + cw * (kATile / 2)));
-    db = smem_desc(sm.b + uint32_t(st * kBTile));
+    da = wgmma::desc_sw128(sm.a + uint32_t(st * kATile + cw * (kATile / 2)));
+    db = wgmma::desc_sw128(sm.b + uint32_t(st * kBTile));
   };
   // Waits for the current stage; its descriptors and this thread's two rows' scale words.
   auto open = [&](uint64_t& da, uint64_t& db, uint32_t& lo, uint32_t& hi) {
     const int st = pipe.stage;
     mbar_wait(sm.full + 8u * uint32_t(st), pipe.phase);
-    fence_proxy_async();  // the copies were generic-proxy writes; wgmma reads through the async proxy
+    wgmma::fence_proxy_async();  // the copies were generic-proxy writes; wgmma reads through the async proxy
     stage_desc(st, da, db);
     lo = lds_u32(sm.s + uint32_t(st * kSTile + rlo * 4));
     hi = lds_u32(sm.s + uint32_t(st * kSTile + rhi * 4));
     return st;
   };
   auto issue = [&](float(&p)[R], uint64_t da, uint64_t db) {  // +2 on a descriptor: +32 bytes along K
-    wgmma_fence();
+    wgmma::fence();
     Wgmma<N>::run(p, da, db);
-    wgmma_commit();
+    wgmma::commit();
   };
   auto fold = [&](float(&p)[R], uint32_t lo, uint32_t hi, int i) {
-    fence_regs(p);
+    wgmma::fence_regs(p);
     scale_add(acc, p, e8m0_byte(lo, i), e8m0_byte(hi, i));
   };
   auto release = [&](int st) {
@@ -781,13 +764,13 @@ __device__ __forceinline__ void w8_consume(const W8Args& a, const W8Smem& sm, Pi
   // Steps 1-3 of a stage whose step 0 is in flight in p0; leaves step 3 in flight in p1.
   auto steps123 = [&](uint64_t da, uint64_t db, uint32_t lo, uint32_t hi) {
     issue(p1, da + 2, db + 2);
-    wgmma_wait<1>();
+    wgmma::wait<1>();
     fold(p0, lo, hi, 0);
     issue(p0, da + 4, db + 4);
-    wgmma_wait<1>();
+    wgmma::wait<1>();
     fold(p1, lo, hi, 1);
     issue(p1, da + 6, db + 6);
-    wgmma_wait<1>();
+    wgmma::wait<1>();
     fold(p0, lo, hi, 2);
   };
   int kt = 0;
@@ -800,11 +783,11 @@ __device__ __forceinline__ void w8_consume(const W8Args& a, const W8Smem& sm, Pi
     pipe.advance();
     const int sb = open(ea, eb, lo2, hi2);
     issue(p0, ea, eb);
-    wgmma_wait<1>();
+    wgmma::wait<1>();
     release(sa);
     fold(p1, lo, hi, 3);
     steps123(ea, eb, lo2, hi2);
-    wgmma_wait<0>();
+    wgmma::wait<0>();
     release(sb);
     fold(p1, lo2, hi2, 3);
     pipe.advance();
@@ -815,7 +798,7 @@ __device__ __forceinline__ void w8_consume(const W8Args& a, const W8Smem& sm, Pi
     const int st = open(da, db, lo, hi);
     issue(p0, da, db);
     steps123(da, db, lo, hi);
-    wgmma_wait<0>();
+    wgmma::wait<0>();
     release(st);
     fold(p1, lo, hi, 3);
     pipe.advance();
@@ -997,52 +980,6 @@ struct WgArgs {
   Group g;
 };
 
-template <int N>
-struct WgmmaF16;
-template <>
-struct WgmmaF16<32> {
-  __device__ __forceinline__ static void run(float (&d)[16], const uint32_t (&a)[4], uint64_t db) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, {%16, %17, %18, %19}, %20, p, 1, 1, 0;\n}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
-  }
-};
-
-template <>
-struct WgmmaF16<64> {
-  __device__ __forceinline__ static void run(float (&d)[32], const uint32_t (&a)[4], uint64_t db) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
-  }
-};
-
-template <>
-struct WgmmaF16<96> {
-  __device__ __forceinline__ static void run(float (&d)[48], const uint32_t (&a)[4], uint64_t db) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %53, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n96k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47}, {%48, %49, %50, %51}, %52, p, 1, 1, 0;\n}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
-  }
-};
-
-template <>
-struct WgmmaF16<128> {
-  __device__ __forceinline__ static void run(float (&d)[64], const uint32_t (&a)[4], uint64_t db) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %68, p, 1, 1, 0;\n}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
-  }
-};
-
 struct WgSmem {
   uint32_t b, w, full, empty;  // token ring, weight ring, barriers
 };
@@ -1174,7 +1111,7 @@ __device__ __forceinline__ void wg_consume(const WgArgs& a, const WgSmem& sm, Pi
     if (kt + 2 < nk) load_s(kt + 2, ss);
     const int st = pipe.stage;
     mbar_wait(sm.full + 8u * uint32_t(st), pipe.phase);
-    fence_proxy_async();
+    wgmma::fence_proxy_async();
     const uint32_t b0 = sm.b + uint32_t(st * kWgBTile);
     const uint32_t wbase = sm.w + uint32_t(buf * kWgWStage + tc * 16);
 #pragma unroll
@@ -1201,17 +1138,17 @@ __device__ __forceinline__ void wg_consume(const WgArgs& a, const WgSmem& sm, Pi
           af[b][s4][3] = e4m3x2_scaled<true>(wh, mul_hi);
         }
       }
-      fence_regs(acc[0]);
-      fence_regs(acc[1]);
-      wgmma_fence();
+      wgmma::fence_regs(acc[0]);
+      wgmma::fence_regs(acc[1]);
+      wgmma::fence();
 #pragma unroll
       for (int s4 = 0; s4 < 4; ++s4)
 #pragma unroll
-        for (int b = 0; b < 2; ++b) WgmmaF16<N>::run(acc[b], af[b][s4], smem_desc(b0 + uint32_t(c * kWgChunk + 32 * s4)));
-      wgmma_commit();
-      wgmma_wait<0>();
-      fence_regs(acc[0]);
-      fence_regs(acc[1]);
+        for (int b = 0; b < 2; ++b) wgmma::WgmmaRS<false, N>::run(acc[b], af[b][s4], wgmma::desc_sw128(b0 + uint32_t(c * kWgChunk + 32 * s4)));
+      wgmma::commit();
+      wgmma::wait<0>();
+      wgmma::fence_regs(acc[0]);
+      wgmma::fence_regs(acc[1]);
     }
     if (lane == 0) mbar_arrive(sm.empty + 8u * uint32_t(st));
     pipe.advance();
