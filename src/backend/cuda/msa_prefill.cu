@@ -12,6 +12,9 @@
 // over the key steps, hi then lo), and the merge is the canonical fold, so a row's result is
 // bit-identical to the query-major and decode paths: the entry is batch-invariant.
 //
+// The canonical variant's block kernel runs on wgmma (bm_block_wg_kernel), with the same
+// fragments and MMA order, hence the same bits.
+//
 // Launches per chunk of tokens (the partials of a chunk stay under kScratchBytes): a memset
 // of the counts, rank-and-count, one-CTA scan (entry offsets and the work list), scatter,
 // the block kernel, the merge.
@@ -26,6 +29,7 @@
 #include "backend/cuda/cuda_internal.h"
 #include "backend/cuda/msa.h"
 #include "backend/cuda/msa_common.cuh"
+#include "backend/cuda/wgmma.cuh"
 
 namespace m3::cuda {
 namespace {
@@ -189,7 +193,9 @@ constexpr size_t kBlockSmem = kTokOff + size_t(3) * kItemRows * 4;
 // dims in two halves (four quarters measured slower on the fast variant).
 // kHiLo: the canonical numerics (Q and P as bf16 hi + lo halves, split from the same fp32 values
 // in registers); false: the fast variant (Q and P rounded to bf16, half the MMAs; not
-// batch-invariant with the other entries).
+// batch-invariant with the other entries). Only the fast variant is launched: the canonical one
+// runs on bm_block_wg_kernel below (same bits, 10-12 % faster); kHiLo = true stays as the
+// mma.sync statement of those numerics, the one the decode kernels share.
 template <bool kHiLo>
 __global__ void __launch_bounds__(kThreads, 1) bm_block_kernel(BmArgs a) {
   extern __shared__ __align__(128) unsigned char smem[];
@@ -362,6 +368,205 @@ __global__ void __launch_bounds__(kThreads, 1) bm_block_kernel(BmArgs a) {
   }
 }
 
+// The canonical block kernel on wgmma (sm_90a). Same work items, unit partials and bits as
+// bm_block_kernel<true>: a wgmma m64nNk16 chain with A from registers gives the fp32 bits of the
+// mma.sync m16n8k16 chain over the same operands in the same order (tools/wgmma_identity_probe.cu),
+// so each warp keeps its 16-row m-tile and its fragments (Q and P split into bf16 hi + lo in
+// registers exactly as there), and a warpgroup's four m-tiles run as one m64 wgmma per step:
+//   S   = per 16-dim step, hi then lo, over all 128 keys (N = 128) from K in shared memory;
+//   O   = per 16-key step, hi then lo, over 64 dims at a time (N = 64) from V transposed in shared
+//         memory (K-major: the wgmma B operand wants keys contiguous);
+//   sum = the same steps against a tile of ones (N = 8), as the mma.sync kernel's ones fragment.
+// K and V^T are stored as two 128-byte-swizzled halves each ([half][row][128 B]).
+constexpr size_t kWgKOff = 0;                        // K: [dim half][key][128 B]
+constexpr size_t kWgVtOff = kWgKOff + 2 * 16384;     // V^T: [key half][dim][128 B]
+constexpr size_t kWgOnesOff = kWgVtOff + 2 * 16384;  // 8 rows x 128 B of bf16 ones
+constexpr size_t kWgQOff = kWgOnesOff + 1024;        // per warp a Q stage (the raw V rows before that)
+constexpr size_t kWgTokOff = kWgQOff + size_t(kWarps) * kQStage;
+constexpr size_t kWgBlockSmem = kWgTokOff + size_t(3) * kItemRows * 4 + 1024;  // + 1024: base alignment
+static_assert(size_t(kUnitKeys) * 256 <= size_t(kWarps) * kQStage, "raw V rows fit the Q stages");
+
+__global__ void __launch_bounds__(kThreads, 1) bm_block_wg_kernel(BmArgs a) {
+  extern __shared__ unsigned char smem_raw[];
+  unsigned char* const smem =
+      reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  int* const tok_s = reinterpret_cast<int*>(smem + kWgTokOff);
+  int* const slot_s = tok_s + kItemRows;
+  int* const pos_s = slot_s + kItemRows;
+  const uint32_t k_tile = smem_u32(smem + kWgKOff), vt_tile = smem_u32(smem + kWgVtOff);
+  const uint32_t ones = smem_u32(smem + kWgOnesOff), vraw = smem_u32(smem + kWgQOff);
+
+  const int item = blockIdx.x;
+  if (item >= a.item_total[0]) return;
+  const int2 it = a.items[item];
+  const int key = it.x, tile0 = it.y;
+  const int g = key / (a.num_seqs * a.max_blocks), s = (key / a.max_blocks) % a.num_seqs, b = key % a.max_blocks;
+  const int begin = a.entry_off[key], cnt = a.entry_off[key + 1] - begin;
+  const int TQ = a.tile_tokens, G = a.group, bs = a.bs;
+  const int t_lo = tile0 * TQ, n_tok = min(cnt - t_lo, kTilesPerCta * TQ), rows = n_tok * G;
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, gq = lane >> 2, cq = lane & 3;
+  const int wg = warp >> 2, w4 = warp & 3;
+  const float sl2 = a.scale_log2;
+  // K of the block into its swizzled halves, V rows raw (keys past the sequence's cache are
+  // zero-filled and masked).
+  const int kvis = min(bs, a.seq_lens[s] - b * bs);
+  const int64_t page = a.block_tables[int64_t(s) * a.max_blocks + b];
+  for (int i = tid; i < kUnitKeys * 16; i += kThreads) {
+    const int r = i >> 4, ch = i & 15;
+    const bool ok = r < kvis;
+    const int64_t elem = ((page * bs + (ok ? r : 0)) * a.kv_heads + g) * kHeadDim + ch * 8;
+    cp_async16(k_tile + uint32_t((ch >> 3) * 16384 + r * 128 + (((ch & 7) ^ (r & 7)) << 4)), a.k + elem, ok);
+    cp_async16(vraw + uint32_t(r * 256 + ch * 16), a.v + elem, ok);
+  }
+  cp_async_commit();
+  for (int i = tid; i < n_tok; i += kThreads) {
+    const int e = a.entries[begin + t_lo + i];
+    tok_s[i] = e >> 6;
+    slot_s[i] = e & 63;
+    pos_s[i] = a.positions[a.c0 + (e >> 6)];
+  }
+  cp_async_wait<0>();
+  __syncthreads();  // K, the raw V rows and the token list are in
+  // V^T: element (key r, dim d) at [r / 64][d][chunk (r % 64) / 8 ^ (d & 7)], (r % 8) * 2 bytes in.
+  {
+    const __nv_bfloat16* vr = reinterpret_cast<const __nv_bfloat16*>(smem + kWgQOff);
+    __nv_bfloat16* vt = reinterpret_cast<__nv_bfloat16*>(smem + kWgVtOff);
+    for (int i = tid; i < kUnitKeys * kHeadDim; i += kThreads) {
+      const int d = i & (kHeadDim - 1), r = i >> 7, kc = r & 63;
+      vt[((r >> 6) * 16384 + d * 128 + (((kc >> 3) ^ (d & 7)) << 4)) / 2 + (kc & 7)] = vr[r * kHeadDim + d];
+    }
+    uint32_t* o = reinterpret_cast<uint32_t*>(smem + kWgOnesOff);
+    for (int i = tid; i < 256; i += kThreads) o[i] = msa::kBf16OnePair;
+  }
+  wgmma::fence_proxy_async();  // this thread's cp.async and st.shared writes, for the async proxy
+  __syncthreads();             // V^T and the ones are in; the raw V rows (Q stages) are free
+
+  const uint32_t q_stage = smem_u32(smem + kWgQOff + size_t(warp) * kQStage);
+  const float* const qs = reinterpret_cast<const float*>(smem + kWgQOff + size_t(warp) * kQStage);
+  // As bm_block_kernel's fetch_q: m-tile mt's 16 rows into the warp's stage (rows past the item
+  // zero-filled: a warpgroup's four warps run every wgmma together).
+  auto fetch_q = [&](int mt) {
+    const int row = mt * 16 + (lane & 15);
+    const int64_t mine = row < rows ? (int64_t(a.c0 + tok_s[row / G]) * a.q_heads + g * G + row % G) * kHeadDim : -1;
+    const uint32_t dst = q_stage + uint32_t(lane) * 16u;
+#pragma unroll
+    for (int r = 0; r < 16; ++r) {
+      const int64_t off = __shfl_sync(0xffffffffu, mine, r);
+      cp_async16(dst + uint32_t(r * kQStride * 4), a.q + (off >= 0 ? off + lane * 4 : 0), off >= 0);
+    }
+    cp_async_commit();
+  };
+  const int n_it = (rows + 63) >> 6;  // m64 tiles of the item
+  if (wg < n_it) fetch_q(wg * 4 + w4);
+  const int kb = b * bs;
+
+#pragma unroll 1
+  for (int m64 = wg; m64 < n_it; m64 += kWarps / 4) {
+    const int mt = m64 * 4 + w4;
+    cp_async_wait<0>();
+    __syncwarp();  // every lane's Q copies for this m-tile are visible to the warp
+
+    // S: 16-dim steps ascending, hi then lo (the canonical chain).
+    float sa[64];
+#pragma unroll
+    for (int i = 0; i < 64; ++i) sa[i] = 0.0f;
+#pragma unroll
+    for (int ks = 0; ks < 8; ++ks) {
+      uint32_t qh[4], ql[4];
+#pragma unroll
+      for (int f = 0; f < 4; ++f) {
+        const int row = gq + 8 * (f & 1), col = ks * 16 + 8 * (f >> 1) + 2 * cq;
+        const float2 x = *reinterpret_cast<const float2*>(qs + row * kQStride + col);
+        msa::split_bf16(x.x, x.y, qh[f], ql[f]);
+      }
+      const uint64_t dk = wgmma::desc_sw128(k_tile + uint32_t((ks >> 2) * 16384 + (ks & 3) * 32));
+      wgmma::fence_regs(sa);
+      wgmma::fence();
+      wgmma::WgmmaRS<true, 128>::run(sa, qh, dk);
+      wgmma::WgmmaRS<true, 128>::run(sa, ql, dk);
+      wgmma::commit();
+      wgmma::wait<0>();
+      wgmma::fence_regs(sa);
+    }
+    __syncwarp();  // every lane is done reading the stage
+    if (m64 + kWarps / 4 < n_it) fetch_q(mt + kWarps);
+    const int r0 = mt * 16 + gq, r1 = r0 + 8;
+    const int pos0 = r0 < rows ? pos_s[r0 / G] : -1, pos1 = r1 < rows ? pos_s[r1 / G] : -1;
+    float m0 = -INFINITY, m1 = -INFINITY;
+#pragma unroll
+    for (int nt = 0; nt < 16; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int kk = nt * 8 + 2 * cq + e;
+        const bool in = kk < kvis;
+        sa[4 * nt + e] = (in && kb + kk <= pos0) ? sa[4 * nt + e] : -INFINITY;
+        sa[4 * nt + 2 + e] = (in && kb + kk <= pos1) ? sa[4 * nt + 2 + e] : -INFINITY;
+        m0 = fmaxf(m0, sa[4 * nt + e]);
+        m1 = fmaxf(m1, sa[4 * nt + 2 + e]);
+      }
+    }
+    m0 = fmaxf(m0, __shfl_xor_sync(0xffffffffu, m0, 1));
+    m0 = fmaxf(m0, __shfl_xor_sync(0xffffffffu, m0, 2));
+    m1 = fmaxf(m1, __shfl_xor_sync(0xffffffffu, m1, 1));
+    m1 = fmaxf(m1, __shfl_xor_sync(0xffffffffu, m1, 2));
+    const float mb0 = msa::unit_mb(m0, sl2), mb1 = msa::unit_mb(m1, sl2);
+    uint32_t ph[8][4], pl[8][4];
+#pragma unroll
+    for (int kk = 0; kk < 8; ++kk) {
+#pragma unroll
+      for (int f = 0; f < 4; ++f) {
+        const float* src = sa + 4 * (2 * kk + (f >> 1));
+        const int o = 2 * (f & 1);
+        msa::split_bf16(msa::unit_prob(src[o], f & 1 ? mb1 : mb0, sl2), msa::unit_prob(src[o + 1], f & 1 ? mb1 : mb0, sl2),
+                        ph[kk][f], pl[kk][f]);
+      }
+    }
+    auto pidx = [&](int r) {
+      const int ti = r / G;
+      return ((int64_t(g) * a.n_tok + tok_s[ti]) * a.top_k + slot_s[ti]) * G + r % G;
+    };
+    float lv[4] = {0, 0, 0, 0};
+#pragma unroll
+    for (int dh = 0; dh < 2; ++dh) {
+      float oa[32];
+#pragma unroll
+      for (int i = 0; i < 32; ++i) oa[i] = 0.0f;
+      wgmma::fence_regs(oa);
+      wgmma::fence_regs(lv);
+      wgmma::fence();
+#pragma unroll
+      for (int kk = 0; kk < 8; ++kk) {
+        const uint64_t dv = wgmma::desc_sw128(vt_tile + uint32_t((kk >> 2) * 16384 + dh * 8192 + (kk & 3) * 32));
+        wgmma::WgmmaRS<true, 64>::run(oa, ph[kk], dv);
+        wgmma::WgmmaRS<true, 64>::run(oa, pl[kk], dv);
+        if (dh == 0) {
+          const uint64_t d1 = wgmma::desc_sw128(ones);
+          wgmma::WgmmaRS<true, 8>::run(lv, ph[kk], d1);
+          wgmma::WgmmaRS<true, 8>::run(lv, pl[kk], d1);
+        }
+      }
+      wgmma::commit();
+      wgmma::wait<0>();
+      wgmma::fence_regs(oa);
+      wgmma::fence_regs(lv);
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int r = h ? r1 : r0;
+        if (r >= rows) continue;
+        float* dst = a.part_o + pidx(r) * kHeadDim + 64 * dh;
+#pragma unroll
+        for (int dt = 0; dt < 8; ++dt)
+          *reinterpret_cast<float2*>(dst + dt * 8 + 2 * cq) = make_float2(oa[4 * dt + 2 * h], oa[4 * dt + 2 * h + 1]);
+      }
+    }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int r = h ? r1 : r0;
+      if (r < rows && cq == 0) a.part_ml[pidx(r)] = make_float2(h ? m1 : m0, lv[2 * h]);
+    }
+  }
+}
+
 // Per (token, head): the canonical fold of its partials in ascending block order.
 __global__ void bm_merge(BmArgs a) {
   const int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -468,8 +673,11 @@ void block_major(const TensorView& q, const TensorView& k_cache, const TensorVie
   a.part_o = reinterpret_cast<float*>(base + o_part_o);
   a.max_items = int(max_items);
   const cudaStream_t stream = current_stream();
-  const auto block_kernel = hilo ? bm_block_kernel<true> : bm_block_kernel<false>;
-  M3_CUDA_CHECK(cudaFuncSetAttribute(block_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kBlockSmem)));
+  // The canonical variant runs on wgmma; the fast one (bf16 Q and P) on the mma.sync kernel.
+  const bool wg = hilo;
+  const auto block_kernel = hilo ? bm_block_wg_kernel : bm_block_kernel<false>;
+  const size_t block_smem = wg ? kWgBlockSmem : kBlockSmem;
+  M3_CUDA_CHECK(cudaFuncSetAttribute(block_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(block_smem)));
   for (int64_t c0 = 0; c0 < tokens; c0 += chunk) {
     a.c0 = int(c0);
     a.n_tok = int(std::min<int64_t>(chunk, tokens - c0));
@@ -479,7 +687,7 @@ void block_major(const TensorView& q, const TensorView& k_cache, const TensorVie
     bm_scan<<<1, kScanThreads, 0, stream>>>(a);
     bm_scatter<<<unsigned((n_sel + 255) / 256), 256, 0, stream>>>(a);
     const int64_t items = (int64_t(a.n_tok) * kv_heads * top_k) / (int64_t(a.tile_tokens) * kTilesPerCta) + n_keys + 1;
-    block_kernel<<<unsigned(items), kThreads, kBlockSmem, stream>>>(a);
+    block_kernel<<<unsigned(items), kThreads, block_smem, stream>>>(a);
     const int64_t merge_threads = int64_t(a.n_tok) * kv_heads * a.group * 32;
     bm_merge<<<unsigned((merge_threads + 255) / 256), 256, 0, stream>>>(a);
   }
