@@ -185,6 +185,98 @@ constexpr size_t kKOff = 0, kVOff = kKOff + size_t(kUnitKeys) * 256, kQOff = kVO
 constexpr size_t kTokOff = kQOff + size_t(kWarps) * kQStage;
 constexpr size_t kBlockSmem = kTokOff + size_t(3) * kItemRows * 4;
 
+// A work item's coordinates: block b of sequence s for KV group g; its tokens are entries
+// [begin + t_lo, + n_tok) of the key, its rows n_tok x G (token in item x G + head); kvis keys of
+// the block are in the cache.
+struct BmItem {
+  int g, s, b, begin, t_lo, n_tok, rows, kvis;
+  int64_t page;
+};
+__device__ __forceinline__ BmItem bm_item(const BmArgs& a, int2 it) {
+  BmItem w;
+  const int key = it.x;
+  w.g = key / (a.num_seqs * a.max_blocks);
+  w.s = (key / a.max_blocks) % a.num_seqs;
+  w.b = key % a.max_blocks;
+  w.begin = a.entry_off[key];
+  const int cnt = a.entry_off[key + 1] - w.begin;
+  w.t_lo = it.y * a.tile_tokens;
+  w.n_tok = min(cnt - w.t_lo, kTilesPerCta * a.tile_tokens);
+  w.rows = w.n_tok * a.group;
+  w.kvis = min(a.bs, a.seq_lens[w.s] - w.b * a.bs);
+  w.page = a.block_tables[int64_t(w.s) * a.max_blocks + w.b];
+  return w;
+}
+// Element offset of 16-byte chunk ch of key r's K/V row (keys past the cache read key 0: the
+// copies of those are zero-filled and the keys masked).
+__device__ __forceinline__ int64_t bm_kv_elem(const BmArgs& a, const BmItem& w, int r, int ch) {
+  return ((w.page * a.bs + (r < w.kvis ? r : 0)) * a.kv_heads + w.g) * kHeadDim + ch * 8;
+}
+// The item's token list: token in chunk, slot of the block among its selections, position.
+__device__ __forceinline__ void bm_load_tokens(const BmArgs& a, const BmItem& w, int* tok_s, int* slot_s, int* pos_s) {
+  for (int i = int(threadIdx.x); i < w.n_tok; i += kThreads) {
+    const int e = a.entries[w.begin + w.t_lo + i];
+    tok_s[i] = e >> 6;
+    slot_s[i] = e & 63;
+    pos_s[i] = a.positions[a.c0 + (e >> 6)];
+  }
+}
+// The 16 rows of m-tile mt into a warp's Q stage: lane r < 16 finds row r's Q (element offset,
+// -1 past the item: zero-filled), and every lane copies its 16-byte chunk of each row.
+__device__ __forceinline__ void bm_fetch_q(const BmArgs& a, const BmItem& w, const int* tok_s, uint32_t q_stage, int mt,
+                                           int lane) {
+  const int G = a.group, row = mt * 16 + (lane & 15);
+  const int64_t mine =
+      row < w.rows ? (int64_t(a.c0 + tok_s[row / G]) * a.q_heads + w.g * G + row % G) * kHeadDim : -1;
+  const uint32_t dst = q_stage + uint32_t(lane) * 16u;
+#pragma unroll
+  for (int r = 0; r < 16; ++r) {
+    const int64_t off = __shfl_sync(0xffffffffu, mine, r);
+    cp_async16(dst + uint32_t(r * kQStride * 4), a.q + (off >= 0 ? off + lane * 4 : 0), off >= 0);
+  }
+  cp_async_commit();
+}
+// The unit's probabilities for rows r0 = 16 mt + gq and r1 = r0 + 8: S (sv(nt, e): element e of
+// the thread's fragment of n8 key tile nt) masked to the visible keys at or before each row's
+// position, the rows' maxima, and P as the bf16 hi / lo A fragments of the 8 key steps.
+template <class Frag>
+__device__ __forceinline__ void bm_unit_p(Frag&& sv, int kvis, int kb, int cq, int pos0, int pos1, float sl2, float& m0,
+                                          float& m1, uint32_t (&ph)[8][4], uint32_t (&pl)[8][4]) {
+  m0 = -INFINITY;
+  m1 = -INFINITY;
+#pragma unroll
+  for (int nt = 0; nt < 16; ++nt) {
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const int kk = nt * 8 + 2 * cq + e;
+      const bool in = kk < kvis;
+      sv(nt, e) = (in && kb + kk <= pos0) ? sv(nt, e) : -INFINITY;
+      sv(nt, 2 + e) = (in && kb + kk <= pos1) ? sv(nt, 2 + e) : -INFINITY;
+      m0 = fmaxf(m0, sv(nt, e));
+      m1 = fmaxf(m1, sv(nt, 2 + e));
+    }
+  }
+  m0 = fmaxf(m0, __shfl_xor_sync(0xffffffffu, m0, 1));
+  m0 = fmaxf(m0, __shfl_xor_sync(0xffffffffu, m0, 2));
+  m1 = fmaxf(m1, __shfl_xor_sync(0xffffffffu, m1, 1));
+  m1 = fmaxf(m1, __shfl_xor_sync(0xffffffffu, m1, 2));
+  const float mb0 = msa::unit_mb(m0, sl2), mb1 = msa::unit_mb(m1, sl2);
+#pragma unroll
+  for (int kk = 0; kk < 8; ++kk) {
+#pragma unroll
+    for (int f = 0; f < 4; ++f) {
+      const int nt = 2 * kk + (f >> 1), o = 2 * (f & 1);
+      const float mb = f & 1 ? mb1 : mb0;
+      msa::split_bf16(msa::unit_prob(sv(nt, o), mb, sl2), msa::unit_prob(sv(nt, o + 1), mb, sl2), ph[kk][f], pl[kk][f]);
+    }
+  }
+}
+// Row r's partial index: [group, token in chunk, slot, head].
+__device__ __forceinline__ int64_t bm_pidx(const BmArgs& a, const BmItem& w, const int* tok_s, const int* slot_s, int r) {
+  const int ti = r / a.group;
+  return ((int64_t(w.g) * a.n_tok + tok_s[ti]) * a.top_k + slot_s[ti]) * a.group + r % a.group;
+}
+
 // One work item: the tokens of up to kTilesPerCta tiles that chose one (group, seq, block). The
 // CTA loads the block's K and V once; then each of its 16 warps owns m-tiles of 16 item rows
 // (row = token-in-item x G + head) and runs them on its own: the next m-tile's Q rows (fp32,
@@ -204,55 +296,29 @@ __global__ void __launch_bounds__(kThreads, 1) bm_block_kernel(BmArgs a) {
   int* const pos_s = slot_s + kItemRows;
   const uint32_t k_tile = smem_u32(smem + kKOff), v_tile = smem_u32(smem + kVOff);
 
-  const int item = blockIdx.x;
-  if (item >= a.item_total[0]) return;
-  const int2 it = a.items[item];
-  const int key = it.x, tile0 = it.y;
-  const int g = key / (a.num_seqs * a.max_blocks), s = (key / a.max_blocks) % a.num_seqs, b = key % a.max_blocks;
-  const int begin = a.entry_off[key], cnt = a.entry_off[key + 1] - begin;
-  const int TQ = a.tile_tokens, G = a.group, bs = a.bs;
-  const int t_lo = tile0 * TQ, n_tok = min(cnt - t_lo, kTilesPerCta * TQ), rows = n_tok * G;
+  if (int(blockIdx.x) >= a.item_total[0]) return;
+  const BmItem w = bm_item(a, a.items[blockIdx.x]);
+  const int rows = w.rows, kvis = w.kvis;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, gq = lane >> 2, cq = lane & 3;
   const float sl2 = a.scale_log2;
   // K and V of the block (keys past the sequence's cache are zero-filled and masked).
-  const int kvis = min(bs, a.seq_lens[s] - b * bs);
-  const int64_t page = a.block_tables[int64_t(s) * a.max_blocks + b];
   for (int i = tid; i < kUnitKeys * 16; i += kThreads) {
     const int r = i >> 4, ch = i & 15;
-    const bool ok = r < kvis;
-    const int64_t elem = ((page * bs + (ok ? r : 0)) * a.kv_heads + g) * kHeadDim + ch * 8;
-    cp_async16(smem_u32(smem + kKOff + tile_off(r, ch)), a.k + elem, ok);
-    cp_async16(smem_u32(smem + kVOff + tile_off(r, ch)), a.v + elem, ok);
+    const int64_t elem = bm_kv_elem(a, w, r, ch);
+    cp_async16(smem_u32(smem + kKOff + tile_off(r, ch)), a.k + elem, r < kvis);
+    cp_async16(smem_u32(smem + kVOff + tile_off(r, ch)), a.v + elem, r < kvis);
   }
   cp_async_commit();
-  for (int i = tid; i < n_tok; i += kThreads) {
-    const int e = a.entries[begin + t_lo + i];
-    tok_s[i] = e >> 6;
-    slot_s[i] = e & 63;
-    pos_s[i] = a.positions[a.c0 + (e >> 6)];
-  }
+  bm_load_tokens(a, w, tok_s, slot_s, pos_s);
   __syncthreads();  // the token list is visible (K and V are waited for below)
 
   const int n_mt = (rows + 15) >> 4;
   const uint32_t q_stage = smem_u32(smem + kQOff + size_t(warp) * kQStage);
   const float* const qs = reinterpret_cast<const float*>(smem + kQOff + size_t(warp) * kQStage);
-  // The 16 rows of m-tile mt into the warp's stage: lane r < 16 finds row r's Q (element
-  // offset, -1 past the item), and every lane copies its 16-byte chunk of each row.
-  auto fetch_q = [&](int mt) {
-    const int row = mt * 16 + (lane & 15);
-    const int64_t mine = row < rows ? (int64_t(a.c0 + tok_s[row / G]) * a.q_heads + g * G + row % G) * kHeadDim : -1;
-    const uint32_t dst = q_stage + uint32_t(lane) * 16u;
-#pragma unroll
-    for (int r = 0; r < 16; ++r) {
-      const int64_t off = __shfl_sync(0xffffffffu, mine, r);
-      cp_async16(dst + uint32_t(r * kQStride * 4), a.q + (off >= 0 ? off + lane * 4 : 0), off >= 0);
-    }
-    cp_async_commit();
-  };
-  if (warp < n_mt) fetch_q(warp);
+  if (warp < n_mt) bm_fetch_q(a, w, tok_s, q_stage, warp, lane);
   cp_async_wait<0>();
   __syncthreads();  // every thread's K and V copies have landed
-  const int kb = b * bs;
+  const int kb = w.b * a.bs;
 
 #pragma unroll 1
   for (int mt = warp; mt < n_mt; mt += kWarps) {
@@ -287,45 +353,15 @@ __global__ void __launch_bounds__(kThreads, 1) bm_block_kernel(BmArgs a) {
       }
     }
     __syncwarp();  // every lane is done reading the stage
-    if (mt + kWarps < n_mt) fetch_q(mt + kWarps);
+    if (mt + kWarps < n_mt) bm_fetch_q(a, w, tok_s, q_stage, mt + kWarps, lane);
     const int r0 = mt * 16 + gq, r1 = r0 + 8;
-    const int pos0 = r0 < rows ? pos_s[r0 / G] : -1, pos1 = r1 < rows ? pos_s[r1 / G] : -1;
-    float m0 = -INFINITY, m1 = -INFINITY;
-#pragma unroll
-    for (int nt = 0; nt < 16; ++nt) {
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int kk = nt * 8 + 2 * cq + e;
-        const bool in = kk < kvis;
-        sv[nt][e] = (in && kb + kk <= pos0) ? sv[nt][e] : -INFINITY;
-        sv[nt][2 + e] = (in && kb + kk <= pos1) ? sv[nt][2 + e] : -INFINITY;
-        m0 = fmaxf(m0, sv[nt][e]);
-        m1 = fmaxf(m1, sv[nt][2 + e]);
-      }
-    }
-    m0 = fmaxf(m0, __shfl_xor_sync(0xffffffffu, m0, 1));
-    m0 = fmaxf(m0, __shfl_xor_sync(0xffffffffu, m0, 2));
-    m1 = fmaxf(m1, __shfl_xor_sync(0xffffffffu, m1, 1));
-    m1 = fmaxf(m1, __shfl_xor_sync(0xffffffffu, m1, 2));
-    const float mb0 = msa::unit_mb(m0, sl2), mb1 = msa::unit_mb(m1, sl2);
-    // P as the A fragments of the 8 key steps, bf16 hi and lo halves.
+    const int pos0 = r0 < rows ? pos_s[r0 / a.group] : -1, pos1 = r1 < rows ? pos_s[r1 / a.group] : -1;
+    float m0, m1;
     uint32_t ph[8][4], pl[8][4];
-#pragma unroll
-    for (int kk = 0; kk < 8; ++kk) {
-#pragma unroll
-      for (int f = 0; f < 4; ++f) {
-        const float (&src)[4] = sv[2 * kk + (f >> 1)];
-        const int o = 2 * (f & 1);
-        msa::split_bf16(msa::unit_prob(src[o], f & 1 ? mb1 : mb0, sl2), msa::unit_prob(src[o + 1], f & 1 ? mb1 : mb0, sl2),
-                        ph[kk][f], pl[kk][f]);
-      }
-    }
+    bm_unit_p([&](int nt, int e) -> float& { return sv[nt][e]; }, kvis, kb, cq, pos0, pos1, sl2, m0, m1, ph, pl);
     // P.V over the dims in kDimParts parts and the row sums (canonical chain: key steps ascending,
-    // hi then lo). Row r's partial index: [group, token in chunk, slot, head].
-    auto pidx = [&](int r) {
-      const int ti = r / G;
-      return ((int64_t(g) * a.n_tok + tok_s[ti]) * a.top_k + slot_s[ti]) * G + r % G;
-    };
+    // hi then lo).
+    auto pidx = [&](int r) { return bm_pidx(a, w, tok_s, slot_s, r); };
     float lv[4] = {0, 0, 0, 0};
 #pragma unroll
     for (int dq = 0; dq < kDimParts; ++dq) {
@@ -396,35 +432,22 @@ __global__ void __launch_bounds__(kThreads, 1) bm_block_wg_kernel(BmArgs a) {
   const uint32_t k_tile = smem_u32(smem + kWgKOff), vt_tile = smem_u32(smem + kWgVtOff);
   const uint32_t ones = smem_u32(smem + kWgOnesOff), vraw = smem_u32(smem + kWgQOff);
 
-  const int item = blockIdx.x;
-  if (item >= a.item_total[0]) return;
-  const int2 it = a.items[item];
-  const int key = it.x, tile0 = it.y;
-  const int g = key / (a.num_seqs * a.max_blocks), s = (key / a.max_blocks) % a.num_seqs, b = key % a.max_blocks;
-  const int begin = a.entry_off[key], cnt = a.entry_off[key + 1] - begin;
-  const int TQ = a.tile_tokens, G = a.group, bs = a.bs;
-  const int t_lo = tile0 * TQ, n_tok = min(cnt - t_lo, kTilesPerCta * TQ), rows = n_tok * G;
+  if (int(blockIdx.x) >= a.item_total[0]) return;
+  const BmItem w = bm_item(a, a.items[blockIdx.x]);
+  const int rows = w.rows, kvis = w.kvis;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, gq = lane >> 2, cq = lane & 3;
   const int wg = warp >> 2, w4 = warp & 3;
   const float sl2 = a.scale_log2;
   // K of the block into its swizzled halves, V rows raw (keys past the sequence's cache are
   // zero-filled and masked).
-  const int kvis = min(bs, a.seq_lens[s] - b * bs);
-  const int64_t page = a.block_tables[int64_t(s) * a.max_blocks + b];
   for (int i = tid; i < kUnitKeys * 16; i += kThreads) {
     const int r = i >> 4, ch = i & 15;
-    const bool ok = r < kvis;
-    const int64_t elem = ((page * bs + (ok ? r : 0)) * a.kv_heads + g) * kHeadDim + ch * 8;
-    cp_async16(k_tile + uint32_t((ch >> 3) * 16384 + r * 128 + (((ch & 7) ^ (r & 7)) << 4)), a.k + elem, ok);
-    cp_async16(vraw + uint32_t(r * 256 + ch * 16), a.v + elem, ok);
+    const int64_t elem = bm_kv_elem(a, w, r, ch);
+    cp_async16(k_tile + uint32_t((ch >> 3) * 16384 + r * 128 + (((ch & 7) ^ (r & 7)) << 4)), a.k + elem, r < kvis);
+    cp_async16(vraw + uint32_t(r * 256 + ch * 16), a.v + elem, r < kvis);
   }
   cp_async_commit();
-  for (int i = tid; i < n_tok; i += kThreads) {
-    const int e = a.entries[begin + t_lo + i];
-    tok_s[i] = e >> 6;
-    slot_s[i] = e & 63;
-    pos_s[i] = a.positions[a.c0 + (e >> 6)];
-  }
+  bm_load_tokens(a, w, tok_s, slot_s, pos_s);
   cp_async_wait<0>();
   __syncthreads();  // K, the raw V rows and the token list are in
   // V^T: element (key r, dim d) at [r / 64][d][chunk (r % 64) / 8 ^ (d & 7)], (r % 8) * 2 bytes in.
@@ -443,22 +466,11 @@ __global__ void __launch_bounds__(kThreads, 1) bm_block_wg_kernel(BmArgs a) {
 
   const uint32_t q_stage = smem_u32(smem + kWgQOff + size_t(warp) * kQStage);
   const float* const qs = reinterpret_cast<const float*>(smem + kWgQOff + size_t(warp) * kQStage);
-  // As bm_block_kernel's fetch_q: m-tile mt's 16 rows into the warp's stage (rows past the item
-  // zero-filled: a warpgroup's four warps run every wgmma together).
-  auto fetch_q = [&](int mt) {
-    const int row = mt * 16 + (lane & 15);
-    const int64_t mine = row < rows ? (int64_t(a.c0 + tok_s[row / G]) * a.q_heads + g * G + row % G) * kHeadDim : -1;
-    const uint32_t dst = q_stage + uint32_t(lane) * 16u;
-#pragma unroll
-    for (int r = 0; r < 16; ++r) {
-      const int64_t off = __shfl_sync(0xffffffffu, mine, r);
-      cp_async16(dst + uint32_t(r * kQStride * 4), a.q + (off >= 0 ? off + lane * 4 : 0), off >= 0);
-    }
-    cp_async_commit();
-  };
+  // Rows past the item are zero-filled: a warpgroup's four warps run every wgmma together.
+  auto fetch_q = [&](int mt) { bm_fetch_q(a, w, tok_s, q_stage, mt, lane); };
   const int n_it = (rows + 63) >> 6;  // m64 tiles of the item
   if (wg < n_it) fetch_q(wg * 4 + w4);
-  const int kb = b * bs;
+  const int kb = w.b * a.bs;
 
 #pragma unroll 1
   for (int m64 = wg; m64 < n_it; m64 += kWarps / 4) {
@@ -491,40 +503,11 @@ __global__ void __launch_bounds__(kThreads, 1) bm_block_wg_kernel(BmArgs a) {
     __syncwarp();  // every lane is done reading the stage
     if (m64 + kWarps / 4 < n_it) fetch_q(mt + kWarps);
     const int r0 = mt * 16 + gq, r1 = r0 + 8;
-    const int pos0 = r0 < rows ? pos_s[r0 / G] : -1, pos1 = r1 < rows ? pos_s[r1 / G] : -1;
-    float m0 = -INFINITY, m1 = -INFINITY;
-#pragma unroll
-    for (int nt = 0; nt < 16; ++nt) {
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int kk = nt * 8 + 2 * cq + e;
-        const bool in = kk < kvis;
-        sa[4 * nt + e] = (in && kb + kk <= pos0) ? sa[4 * nt + e] : -INFINITY;
-        sa[4 * nt + 2 + e] = (in && kb + kk <= pos1) ? sa[4 * nt + 2 + e] : -INFINITY;
-        m0 = fmaxf(m0, sa[4 * nt + e]);
-        m1 = fmaxf(m1, sa[4 * nt + 2 + e]);
-      }
-    }
-    m0 = fmaxf(m0, __shfl_xor_sync(0xffffffffu, m0, 1));
-    m0 = fmaxf(m0, __shfl_xor_sync(0xffffffffu, m0, 2));
-    m1 = fmaxf(m1, __shfl_xor_sync(0xffffffffu, m1, 1));
-    m1 = fmaxf(m1, __shfl_xor_sync(0xffffffffu, m1, 2));
-    const float mb0 = msa::unit_mb(m0, sl2), mb1 = msa::unit_mb(m1, sl2);
+    const int pos0 = r0 < rows ? pos_s[r0 / a.group] : -1, pos1 = r1 < rows ? pos_s[r1 / a.group] : -1;
+    float m0, m1;
     uint32_t ph[8][4], pl[8][4];
-#pragma unroll
-    for (int kk = 0; kk < 8; ++kk) {
-#pragma unroll
-      for (int f = 0; f < 4; ++f) {
-        const float* src = sa + 4 * (2 * kk + (f >> 1));
-        const int o = 2 * (f & 1);
-        msa::split_bf16(msa::unit_prob(src[o], f & 1 ? mb1 : mb0, sl2), msa::unit_prob(src[o + 1], f & 1 ? mb1 : mb0, sl2),
-                        ph[kk][f], pl[kk][f]);
-      }
-    }
-    auto pidx = [&](int r) {
-      const int ti = r / G;
-      return ((int64_t(g) * a.n_tok + tok_s[ti]) * a.top_k + slot_s[ti]) * G + r % G;
-    };
+    bm_unit_p([&](int nt, int e) -> float& { return sa[4 * nt + e]; }, kvis, kb, cq, pos0, pos1, sl2, m0, m1, ph, pl);
+    auto pidx = [&](int r) { return bm_pidx(a, w, tok_s, slot_s, r); };
     float lv[4] = {0, 0, 0, 0};
 #pragma unroll
     for (int dh = 0; dh < 2; ++dh) {
