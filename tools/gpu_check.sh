@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Everything the GPU machine checks, in one device call (binaries staged by tools/gpu_stage.sh
 # into .dev/gpu.tar.xz and carried there; unpacked here):
+#   0. tools/wgmma_probe: wgmma m64nNk16 chains give mma.sync m16n8k16 chains' bits;
 #   1. kernel parity: every CUDA entry vs the CPU reference over a shape sweep (table), and
 #      the tuned MSA entries (tests/kernels/cuda_msa);
 #   2. the sample op on the GPU vs the CPU reference, and inside a CUDA graph;
@@ -16,6 +17,8 @@
 set -uo pipefail
 source "$(dirname "$0")/gpu_env.sh"
 
+# The batch-invariant wgmma kernels give the mma.sync kernels' bits only if this holds here.
+step wgmma_identity_probe 60 "$dir/wgmma_identity_probe" && tail -2 "$out/wgmma_identity_probe.log"
 step kernels_cuda_parity 240 "$dir/kernels_cuda_parity"
 sed -n '/^op /,/^wrote/p' "$out/kernels_cuda_parity.log"
 grep -E "FAILED|Failure|error" "$out/kernels_cuda_parity.log" | head -20

@@ -9,7 +9,7 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 build=${1:-$root/build}
 stage=$root/.dev/gpu
 # M3_STAGE_TARGETS picks a subset (the device tool carries at most 64 MiB with the tree).
-read -r -a targets <<< "${M3_STAGE_TARGETS:-kernels_cuda_parity kernels_cuda_msa kernels_cuda_moe kernels_cuda_sampling model_cuda decode_bench msa_bench moe_bench mem_bench linear_bench m3serve}"
+read -r -a targets <<< "${M3_STAGE_TARGETS:-wgmma_identity_probe kernels_cuda_parity kernels_cuda_msa kernels_cuda_moe kernels_cuda_sampling model_cuda decode_bench msa_bench moe_bench mem_bench linear_bench m3serve}"
 cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build "$build" -j"$(nproc)" --target "${targets[@]}"
 rm -rf "$stage"

@@ -942,7 +942,7 @@ __global__ void __launch_bounds__(kW8Threads, 1) w8a8_kernel(const __grid_consta
 // W8A16 on wgmma (calls of >= kW8A16WgMinTokens tokens, batch-invariant or not): the W8A16
 // kernel's numerics, bit for bit, at tensor-core rate. A wgmma m64nNk16 (f16, A from registers)
 // chain gives the same fp32 bits as the mma.sync m16n8k16 chain on the same operands in the same
-// order (tools/wgmma_identity_probe.cu on the H200: 0 of 138,240 outputs differ over f16/bf16,
+// order (tools/wgmma_probe/wgmma_identity_probe.cu on the H200: 0 of 138,240 outputs differ over f16/bf16,
 // N = 8/32, K up to 6144, wide exponent ranges; the mma.sync chain in reversed step order differs
 // in 98 % of them), so this kernel builds each thread's A fragments exactly as the mma.sync kernel
 // does (same weight bytes per lane, same exact e4m3 -> f16 conversion with the block scale folded

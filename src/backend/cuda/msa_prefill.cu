@@ -406,7 +406,7 @@ __global__ void __launch_bounds__(kThreads, 1) bm_block_kernel(BmArgs a) {
 
 // The canonical block kernel on wgmma (sm_90a). Same work items, unit partials and bits as
 // bm_block_kernel<true>: a wgmma m64nNk16 chain with A from registers gives the fp32 bits of the
-// mma.sync m16n8k16 chain over the same operands in the same order (tools/wgmma_identity_probe.cu),
+// mma.sync m16n8k16 chain over the same operands in the same order (tools/wgmma_probe/wgmma_identity_probe.cu),
 // so each warp keeps its 16-row m-tile and its fragments (Q and P split into bf16 hi + lo in
 // registers exactly as there), and a warpgroup's four m-tiles run as one m64 wgmma per step:
 //   S   = per 16-dim step, hi then lo, over all 128 keys (N = 128) from K in shared memory;

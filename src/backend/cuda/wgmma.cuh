@@ -3,7 +3,7 @@
 // kernels: shared-memory matrix descriptors, the issue/commit/wait fences, and the
 // register-A (RS) forms used where an mma.sync kernel's numerics must be kept bit for bit: a
 // chain of wgmma m64nNk16 with A from registers gives the fp32 bits of the mma.sync m16n8k16
-// chain over the same operands in the same step order (tools/wgmma_identity_probe.cu), A's
+// chain over the same operands in the same step order (tools/wgmma_probe/wgmma_identity_probe.cu), A's
 // registers holding, per warp, the mma.sync A fragment of its 16 rows. Kept C++17 (.cu only).
 #include <cstdint>
 

@@ -1,9 +1,11 @@
 // Probe: are wgmma (m64nNk16, A from registers, B from 128B-swizzled shared memory) chains
 // bit-identical to mma.sync m16n8k16 chains on the same operands, with fp32 accumulation?
-// If they are, a wgmma kernel can take over a batch-invariant path (the W8A16 MoE GEMM, the MSA
-// block kernels) without changing a bit of its output. Standalone; built for sm_90a:
-//   nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a tools/wgmma_identity_probe.cu -o probe
-// Prints, per (type, N, input distribution), the count of differing outputs out of 64 x N.
+// They are on the H200 (0 of 138,240 outputs differ), which is what lets the batch-invariant
+// paths run on wgmma (the W8A16 MoE GEMM, the MSA block-major prefill) with the decode kernels'
+// bits. Standalone (CMake target wgmma_identity_probe, or nvcc -O3 -std=c++17
+// -gencode=arch=compute_90a,code=sm_90a). Prints, per (type, N, input distribution), the count
+// of differing outputs out of 64 x N; exit status 0 only when none differs and the control (the
+// mma.sync chain in reversed step order) does.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -225,5 +227,5 @@ int main() {
   std::printf("control (mma.sync chain in reverse step order): %ld of %d outputs differ (%s)\n", ctrl, kM * 32,
               ctrl > 0 ? "the comparison can fail" : "CONTROL FAILED: the comparison cannot see order changes");
   std::printf("TOTAL differing outputs: %ld (%s)\n", total, total == 0 ? "bit-identical" : "NOT identical");
-  return 0;
+  return total == 0 && ctrl > 0 ? 0 : 1;
 }
