@@ -701,24 +701,44 @@ struct Pipe {
   }
 };
 
-// The tile's item and columns; false when the expert is narrower than this column tile.
-struct W8Tile {
+// One tile of a grouped GEMM: its expert, rows [r0, r0 + nrows), first column, K.
+struct GemmTile {
   int e, r0, nrows, n0, K;
 };
-template <bool kFused>
-__device__ __forceinline__ bool w8_tile(const W8Args& a, int tile, W8Tile& t) {
+// Tile `tile` of a grouped GEMM: item tile / col_tiles, columns cols wide (column tile fastest);
+// false when the item's expert is narrower than this column tile. Both wgmma kernels (Args:
+// W8Args, WgArgs).
+template <class Args>
+__device__ __forceinline__ bool item_tile(const Args& a, int tile, int cols, GemmTile& t) {
   const int4 item = a.items[tile / a.col_tiles];
   t.e = item.x;
   t.r0 = item.y;
   t.nrows = item.z - item.y;
-  t.n0 = (tile % a.col_tiles) * (kFused ? kW8ARows / 2 : kW8ARows);
+  t.n0 = (tile % a.col_tiles) * cols;
   t.K = a.g.k[t.e];
   return t.n0 < a.g.n[t.e];
 }
 
+// The token rows a producer thread copies chunk `chunk` (16 bytes) of: tile rows rb + 16 i (i < 8),
+// gathered through `gather` when given, found once per tile (the stage loop only advances the
+// pointers: computing the gathered addresses per stage made the W8A8 producer ~300 instructions
+// per stage and warp). Rows past the item copy its first row: their output columns are discarded,
+// and real values keep the products finite.
+template <class T>
+__device__ __forceinline__ void tile_token_rows(const T* x, const int32_t* gather, int64_t ldx, const GemmTile& t,
+                                                int rb, int chunk, const T* (&src)[8]) {
+  const int64_t first = gather ? __ldg(gather + t.r0) : t.r0;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    const int b = rb + 16 * i;
+    const int64_t row = b < t.nrows ? (gather ? __ldg(gather + t.r0 + b) : t.r0 + b) : first;
+    src[i] = x + row * ldx + chunk * int(16 / sizeof(T));
+  }
+}
+
 // Consumer warpgroup cw (0, 1): A rows 64 cw .. 64 cw + 63 of the tile, all N tokens.
 template <bool kFused, int N>
-__device__ __forceinline__ void w8_consume(const W8Args& a, const W8Smem& sm, Pipe& pipe, const W8Tile& t, int cw,
+__device__ __forceinline__ void w8_consume(const W8Args& a, const W8Smem& sm, Pipe& pipe, const GemmTile& t, int cw,
                                            int tw) {
   constexpr int R = N / 2;
   const int w4 = tw >> 5, lane = tw & 31, g = lane >> 2, tig = lane & 3;
@@ -826,7 +846,7 @@ __device__ __forceinline__ void w8_consume(const W8Args& a, const W8Smem& sm, Pi
 }
 
 template <bool kFused>
-__device__ __forceinline__ void w8_produce(const W8Args& a, const W8Smem& sm, const W8Tile& t, Pipe& pipe, int tid) {
+__device__ __forceinline__ void w8_produce(const W8Args& a, const W8Smem& sm, const GemmTile& t, Pipe& pipe, int tid) {
   const int c8 = tid & 7, rb = tid >> 3;  // this thread's 16-byte chunk and first row (0..15)
   const int ntok = min(kW8MaxTok, (t.nrows + 31) & ~31);
   // A rows rb + 16 i (i < 8). Fused: row r holds gate (r % 16 < 8) or up row n0 + 32 (r / 64) +
@@ -846,20 +866,12 @@ __device__ __forceinline__ void w8_produce(const W8Args& a, const W8Smem& sm, co
     srow = t.n0 + tid;
   }
   const uint8_t* s_src = ms->s + int64_t(srow) * (t.K / 32);
-  // Source rows, found once per tile; the stage loop only advances the pointers (computing the
-  // gathered addresses per stage made the producer ~300 instructions per stage and warp, a quarter
-  // of the SM's issue slots). Token rows past the item (b >= nrows, up to ntok) copy the item's
-  // first row: their output columns are discarded, and real bytes keep the products finite.
+  // Source rows, found once per tile (tile_token_rows).
   const uint8_t* asrc[8];
   const uint8_t* bsrc[8];
-  const int64_t first = a.gather ? __ldg(a.gather + t.r0) : t.r0;
 #pragma unroll
-  for (int i = 0; i < 8; ++i) {
-    const int b = rb + 16 * i;
-    const int64_t row = b < t.nrows ? (a.gather ? __ldg(a.gather + t.r0 + b) : t.r0 + b) : first;
-    asrc[i] = a_src + i * a_step;
-    bsrc[i] = a.x + row * a.ldx + 16 * c8;
-  }
+  for (int i = 0; i < 8; ++i) asrc[i] = a_src + i * a_step;
+  tile_token_rows(a.x, a.gather, a.ldx, t, rb, c8, bsrc);
   const int nb = ntok >> 4;  // B rows rb + 16 i < ntok for i < nb (ntok is a multiple of 32)
   const uint32_t sw = uint32_t((c8 ^ (rb & 7)) << 4);  // swizzled chunk offset (r & 7 == rb & 7)
   for (int k0 = 0; k0 < t.K; k0 += kW8Bk) {
@@ -901,7 +913,7 @@ __device__ __forceinline__ void ws_persistent(uint32_t full, uint32_t empty, int
   if (wg == 0) {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegs));
     for (int tile = int(blockIdx.x); tile < total; tile += int(gridDim.x)) {
-      W8Tile t;
+      GemmTile t;
       if (tile_of(tile, t)) produce(t, pipe, tid);
     }
     cp_async_wait<0>();
@@ -909,7 +921,7 @@ __device__ __forceinline__ void ws_persistent(uint32_t full, uint32_t empty, int
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kConsumerRegs));
     const int cw = wg - 1, tw = tid - 128 * wg;
     for (int tile = int(blockIdx.x); tile < total; tile += int(gridDim.x)) {
-      W8Tile t;
+      GemmTile t;
       if (!tile_of(tile, t)) continue;
       switch (min(kW8MaxTok, (t.nrows + 31) & ~31)) {
         case 32: consume(t, pipe, cw, tw, std::integral_constant<int, 32>{}); break;
@@ -933,9 +945,9 @@ __global__ void __launch_bounds__(kW8Threads, 1) w8a8_kernel(const __grid_consta
   sm.empty = sm.full + 8u * kW8Stages;
   ws_persistent(
       sm.full, sm.empty, kW8Stages, __ldg(a.num_items) * a.col_tiles,
-      [&](int tile, W8Tile& t) { return w8_tile<kFused>(a, tile, t); },
-      [&](const W8Tile& t, Pipe& pipe, int tid) { w8_produce<kFused>(a, sm, t, pipe, tid); },
-      [&](const W8Tile& t, Pipe& pipe, int cw, int tw, auto n) { w8_consume<kFused, decltype(n)::value>(a, sm, pipe, t, cw, tw); });
+      [&](int tile, GemmTile& t) { return item_tile(a, tile, kFused ? kW8ARows / 2 : kW8ARows, t); },
+      [&](const GemmTile& t, Pipe& pipe, int tid) { w8_produce<kFused>(a, sm, t, pipe, tid); },
+      [&](const GemmTile& t, Pipe& pipe, int cw, int tw, auto n) { w8_consume<kFused, decltype(n)::value>(a, sm, pipe, t, cw, tw); });
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -984,29 +996,12 @@ struct WgSmem {
   uint32_t b, w, full, empty;  // token ring, weight ring, barriers
 };
 
-template <bool kFused>
-__device__ __forceinline__ bool wg_tile(const WgArgs& a, int tile, W8Tile& t) {
-  const int4 item = a.items[tile / a.col_tiles];
-  t.e = item.x;
-  t.r0 = item.y;
-  t.nrows = item.z - item.y;
-  t.n0 = (tile % a.col_tiles) * (kFused ? 128 : 256);
-  t.K = a.g.k[t.e];
-  return t.n0 < a.g.n[t.e];
-}
-
-__device__ __forceinline__ void wg_produce(const WgArgs& a, const WgSmem& sm, const W8Tile& t, Pipe& pipe, int tid) {
+__device__ __forceinline__ void wg_produce(const WgArgs& a, const WgSmem& sm, const GemmTile& t, Pipe& pipe, int tid) {
   const int c8 = tid & 7, rb = tid >> 3;  // 16-byte chunk and first row (0..15)
   const int ntok = min(kWgMaxTok, (t.nrows + 31) & ~31);
   const int nb = ntok >> 4;
   const __half* src[8];
-  const int64_t first = a.gather ? __ldg(a.gather + t.r0) : t.r0;
-#pragma unroll
-  for (int i = 0; i < 8; ++i) {
-    const int b = rb + 16 * i;
-    const int64_t row = b < t.nrows ? (a.gather ? __ldg(a.gather + t.r0 + b) : t.r0 + b) : first;
-    src[i] = a.x + row * a.ldx + 8 * c8;
-  }
+  tile_token_rows(a.x, a.gather, a.ldx, t, rb, c8, src);
   const uint32_t sw = uint32_t((c8 ^ (rb & 7)) << 4);
   for (int k0 = 0; k0 < t.K; k0 += 128) {
     const int st = pipe.stage;
@@ -1032,7 +1027,7 @@ constexpr size_t kWgSmemBytes = size_t(kWgStages) * kWgBTile + size_t(kWgWStages
 static_assert(kWgSmemBytes <= 232448, "W8A16 wgmma kernel: shared memory per CTA");
 
 template <bool kFused, int N>
-__device__ __forceinline__ void wg_consume(const WgArgs& a, const WgSmem& sm, Pipe& pipe, const W8Tile& t, int cw,
+__device__ __forceinline__ void wg_consume(const WgArgs& a, const WgSmem& sm, Pipe& pipe, const GemmTile& t, int cw,
                                            int tw) {
   constexpr int R = N / 2;
   const int w4 = tw >> 5, lane = tw & 31, g = lane >> 2, tig = lane & 3, tc = 128 * cw + tw;
@@ -1196,9 +1191,9 @@ __global__ void __launch_bounds__(kWgThreads, 1) w16wg_kernel(const __grid_const
   sm.empty = sm.full + 8u * kWgStages;
   ws_persistent(
       sm.full, sm.empty, kWgStages, __ldg(a.num_items) * a.col_tiles,
-      [&](int tile, W8Tile& t) { return wg_tile<kFused>(a, tile, t); },
-      [&](const W8Tile& t, Pipe& pipe, int tid) { wg_produce(a, sm, t, pipe, tid); },
-      [&](const W8Tile& t, Pipe& pipe, int cw, int tw, auto n) { wg_consume<kFused, decltype(n)::value>(a, sm, pipe, t, cw, tw); });
+      [&](int tile, GemmTile& t) { return item_tile(a, tile, kFused ? 128 : 256, t); },
+      [&](const GemmTile& t, Pipe& pipe, int tid) { wg_produce(a, sm, t, pipe, tid); },
+      [&](const GemmTile& t, Pipe& pipe, int cw, int tw, auto n) { wg_consume<kFused, decltype(n)::value>(a, sm, pipe, t, cw, tw); });
 }
 
 // ---------------------------------------------------------------------------------------------
