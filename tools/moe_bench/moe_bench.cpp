@@ -20,6 +20,7 @@
 // (fast accumulation) and our W8A8 kernel on one dense 16384-token expert.
 //   moe_bench [--tokens 1,8,32,128,512,4096,16384] [--iters 20] [--hidden 6144] [--inter 3072]
 //             [--experts 128] [--top-k 4] [--no-baseline] [--json moe_bench.json]
+//             [--only block,router,...]   (time only the rows whose names start with one of these)
 #include <cublasLt.h>
 #include <cuda_runtime.h>
 
@@ -183,6 +184,7 @@ int run(int argc, char** argv) {
   int iters = 20, hidden = 6144, inter = 3072, routed = 128, top_k = 4;
   bool baseline = true;
   std::string json_path = "moe_bench.json";
+  std::vector<std::string> only;
   for (Options o(argc, argv); o.next();) {
     if (o.key() == "--tokens") tokens_list = parse_list(o.value());
     else if (o.key() == "--iters") iters = std::stoi(o.value());
@@ -192,7 +194,10 @@ int run(int argc, char** argv) {
     else if (o.key() == "--top-k") top_k = std::stoi(o.value());
     else if (o.key() == "--no-baseline") baseline = false;
     else if (o.key() == "--json") json_path = o.value();
-    else o.unknown();
+    else if (o.key() == "--only") {
+      std::stringstream ss(o.value());
+      for (std::string p; std::getline(ss, p, ',');) only.push_back(p);
+    } else o.unknown();
   }
   BenchDevice bench_device = open_bench_device();
   auto& [prop, stream, flush, copy_bw] = bench_device;
@@ -254,6 +259,9 @@ int run(int argc, char** argv) {
   std::printf("FP8 ceiling: cuBLASLt %.0f, our W8A8 on one dense expert (16384 tokens) %.0f TFLOP/s\n\n", lt_tflops,
               own_dense_tflops);
 
+  auto want = [&](const std::string& name) {
+    return only.empty() || std::any_of(only.begin(), only.end(), [&](const std::string& p) { return name.rfind(p, 0) == 0; });
+  };
   nlohmann::json rows = nlohmann::json::array();
   std::printf("%6s %-16s | %10s %9s %8s %6s %8s %6s | %-10s %s\n", "T", "what", "us", "MB_read", "GB/s", "%copy",
               "TFLOP/s", "%fp8", "target", "entries");
@@ -307,27 +315,32 @@ int run(int argc, char** argv) {
       const std::string pn = path == mx::Path::kW8A16 ? "w8a16" : path == mx::Path::kW8A8 ? "w8a8" : "w8a16_wgmma";
       Dev ws(mx::workspace_bytes(t, top_k, all, hidden, path));
       // Block: router -> output. Its bytes use the router's own choice of experts.
-      const Timing tb = time_graph(
-          [&] {
-            ops::moe_router(ctx, xv, rw, rb, rp, riv, rwv);
-            mx::run(xv, riv, rwv, all, act, ov, path, ws.as<void>());
-          },
-          stream, flush, it);
-      stats.take_step_paths();
-      std::vector<int32_t> rids_host(ids.size());
-      M3_CUDA_CHECK(cudaMemcpy(rids_host.data(), rids.as<void>(), rids_host.size() * 4, cudaMemcpyDeviceToHost));
-      const double block_bytes = double(experts_touched(rids_host) + 1) * L.expert_bytes + io + router_bytes;
-      std::string target;
-      if (t <= 512) {
-        target = (block_bytes / (tb.median_us * 1e-6) / copy_bw >= 0.88 ? "MET" : "MISSED") + std::string(" >=88%");
+      if (want("block_" + pn)) {
+        const Timing tb = time_graph(
+            [&] {
+              ops::moe_router(ctx, xv, rw, rb, rp, riv, rwv);
+              mx::run(xv, riv, rwv, all, act, ov, path, ws.as<void>());
+            },
+            stream, flush, it);
+        stats.take_step_paths();
+        std::vector<int32_t> rids_host(ids.size());
+        M3_CUDA_CHECK(cudaMemcpy(rids_host.data(), rids.as<void>(), rids_host.size() * 4, cudaMemcpyDeviceToHost));
+        const double block_bytes = double(experts_touched(rids_host) + 1) * L.expert_bytes + io + router_bytes;
+        std::string target;
+        if (t <= 512) {
+          target = (block_bytes / (tb.median_us * 1e-6) / copy_bw >= 0.88 ? "MET" : "MISSED") + std::string(" >=88%");
+        }
+        emit(t, "block_" + pn, tb, block_bytes, flops, target, "");
       }
-      emit(t, "block_" + pn, tb, block_bytes, flops, target, "");
-      const Timing te = time_graph([&] { mx::run(xv, iv, wv, all, act, ov, path, ws.as<void>()); }, stream, flush, it);
-      emit(t, "experts_" + pn, te, bytes, flops, "", "");
+      if (want("experts_" + pn)) {
+        const Timing te = time_graph([&] { mx::run(xv, iv, wv, all, act, ov, path, ws.as<void>()); }, stream, flush, it);
+        emit(t, "experts_" + pn, te, bytes, flops, "", "");
+      }
+      if (!want("gemms_" + pn)) continue;
       mx::run(xv, iv, wv, all, act, ov, path, ws.as<void>(), mx::kRoute | mx::kPrep);
       const Timing tg = time_graph([&] { mx::run(xv, iv, wv, all, act, ov, path, ws.as<void>(), mx::kGemms); }, stream,
                                    flush, it);
-      target.clear();
+      std::string target;
       if (path == mx::Path::kW8A8 && t >= 4096) {
         target = (flops / (tg.median_us * 1e-6) / 1e12 >= 1000 ? "MET" : "MISSED") + std::string(" >=1000TF");
       }
@@ -338,13 +351,14 @@ int run(int argc, char** argv) {
     }
     // The router alone (logits + selection): its share of the block, which block - experts only
     // approximates (the block runs on the router's own, less uniform, routing).
-    {
+    if (want("router")) {
       const Timing tr = time_graph([&] { ops::moe_router(ctx, xv, rw, rb, rp, riv, rwv); }, stream, flush, it);
       emit(t, "router", tr, router_bytes + double(t) * hidden * 4, 2.0 * double(t) * routed * hidden, "",
            entries_of(stats));
     }
     // The engine's table (router + experts), with batch invariance off and on (the engine's default).
     for (const bool invariant : {false, true}) {
+      if (!want(invariant ? "dispatch_invariant" : "dispatch")) continue;
       const ops::OpContext dctx{&table, &stats, Device::kCuda, invariant};
       const Timing td = time_graph(
           [&] {
@@ -355,7 +369,7 @@ int run(int argc, char** argv) {
       emit(t, invariant ? "dispatch_invariant" : "dispatch", td, bytes + router_bytes, flops, "", entries_of(stats));
     }
     // Shared expert fused vs separate, on the path the table takes at this T.
-    {
+    if (want("shared")) {
       const mx::Path path = t >= mx::kW8A8MinTokens ? mx::Path::kW8A8 : mx::Path::kW8A16;
       const std::string pn = path == mx::Path::kW8A16 ? "w8a16" : "w8a8";
       const ops::ExpertWeights ro = L.routed_only(), sh = L.shared_as_group();
@@ -388,7 +402,7 @@ int run(int argc, char** argv) {
       emit(t, "shared_sep_mlp", tm, bytes, flops, "", mlp_entries);
     }
     // The existing grouped row-dot entry (experts alone).
-    if (baseline) {
+    if (baseline && want("rowdot")) {
       const ops::OpContext octx{&old_table, &old_stats, Device::kCuda, true};
       const Timing tr = time_graph([&] { ops::moe_experts(octx, xv, iv, wv, all, act, ov); }, stream, flush,
                                    t >= 4096 ? 2 : std::max(3, iters / 2));

@@ -11,7 +11,8 @@
 //     at one token);
 //   - wide batches: router_tile_kernel, register-tiled SIMT (a thread holds 4 tokens x 4
 //     experts, operands staged k-major in shared memory), a CTA per (token tile, 128 experts,
-//     group) folds its group's segments itself and writes the group's partial. It replaced a
+//     group) folds its group's segments itself and writes the group's partial (up to
+//     kSegPartialsMax tokens a CTA per segment, writing the segment's partial). It replaced a
 //     warp-per-expert kernel that re-read the router weight per 8 tokens (1.2 ms at 4096 tokens).
 // router_select (launched as the logits kernel's programmatic dependent) folds the partials, then
 // a warp per token: lane l holds experts l, l + 32, ..., sigmoid once per expert, top_k rounds of
@@ -33,6 +34,9 @@ constexpr int kSeg = 192;         // segment width (part of the reduction order;
 constexpr int kGroups = 8;        // at most this many groups of segments (part of the order)
 constexpr int kMaxExperts = 256;  // 8 per lane in the select kernel
 constexpr int kWideMin = 256;     // above this many tokens, the tiled kernel
+// Up to this many tokens the tiled kernel stores per-segment partials (H200, M3 router, T = 512:
+// 51 -> 45 us; at 1024 the group partials are faster, 81 vs 89 us).
+constexpr int kSegPartialsMax = 512;
 constexpr int kTileK = 32;        // k per shared-memory stage of the tiled kernel
 constexpr int kTileE = 128;       // experts per tiled CTA (32 threads x 4)
 
@@ -163,6 +167,22 @@ __global__ void __launch_bounds__(kSelThreads) router_select_kernel(SelectArgs a
 // conflict-free float4 reads). kTok 8 at decode, 32 past 32 tokens (a quarter of the weight
 // re-reads).
 constexpr int kSegExperts = 32, kSegThreads = 128, kSegRow = kSeg + 4;
+// rows x (4 q4) floats of src (row stride ld) into dst's rows, every load issued before the first
+// store: one memory round trip per CTA (a strided loop unrolled by 4 made it three to four).
+template <int kPer>
+__device__ __forceinline__ void stage_rows(float (*dst)[kSegRow], const float* src, int64_t ld, int rows, int q4, int tid) {
+  float4 v[kPer];
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) {
+    const int f = tid + kSegThreads * i, r = f / q4, c = 4 * (f % q4);
+    if (r < rows) v[i] = __ldg(reinterpret_cast<const float4*>(src + int64_t(r) * ld + c));
+  }
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) {
+    const int f = tid + kSegThreads * i, r = f / q4, c = 4 * (f % q4);
+    if (r < rows) *reinterpret_cast<float4*>(&dst[r][c]) = v[i];
+  }
+}
 template <int kTok>
 __global__ void __launch_bounds__(kSegThreads) router_seg_kernel(LogitsArgs a) {
   constexpr int kPer = kTok / (kSegThreads / kSegExperts);  // tokens per thread
@@ -174,14 +194,8 @@ __global__ void __launch_bounds__(kSegThreads) router_seg_kernel(LogitsArgs a) {
   const int k_begin = s * kSeg, len = min(a.k - k_begin, kSeg);  // a multiple of 4
   const int ne = min(kSegExperts, a.experts - e0), nt = min(kTok, a.tokens - t0);
   const int q4 = len / 4;
-  for (int f = tid; f < ne * q4; f += kSegThreads) {
-    const int r = f / q4, c = 4 * (f % q4);
-    *reinterpret_cast<float4*>(&ws[r][c]) = __ldg(reinterpret_cast<const float4*>(a.w + int64_t(e0 + r) * a.k + k_begin + c));
-  }
-  for (int f = tid; f < nt * q4; f += kSegThreads) {
-    const int r = f / q4, c = 4 * (f % q4);
-    *reinterpret_cast<float4*>(&xs[r][c]) = __ldg(reinterpret_cast<const float4*>(a.x + int64_t(t0 + r) * a.ldx + k_begin + c));
-  }
+  stage_rows<kSegExperts * (kSeg / 4) / kSegThreads>(ws, a.w + int64_t(e0) * a.k + k_begin, a.k, ne, q4, tid);
+  stage_rows<kTok * (kSeg / 4) / kSegThreads>(xs, a.x + int64_t(t0) * a.ldx + k_begin, a.ldx, nt, q4, tid);
   __syncthreads();
   const int e = tid % kSegExperts, tb = kPer * (tid / kSegExperts);
   if (e >= ne || tb >= nt) return;
@@ -344,11 +358,14 @@ void launch_fused_router(const float* x, int64_t ldx, int64_t tokens, const floa
   if (tokens > INT32_MAX / 2) throw std::runtime_error("moe_router: too many tokens");
   const Order o = order_of(hidden);
   const bool wide = tokens > kWideMin;
-  const int nstored = wide ? o.ngroups : o.nseg;
+  // The tiled kernel writes every segment's partial (a CTA per segment: spg times the CTAs) up to
+  // kSegPartialsMax tokens, where its group-per-CTA grid leaves SMs idle.
+  const bool per_seg = !wide || tokens <= kSegPartialsMax;
+  const int nstored = per_seg ? o.nseg : o.ngroups;
   Scratch partial(size_t(nstored) * size_t(tokens) * size_t(experts) * 4);
-  const SelectArgs sel{partial.as<const float>(), nstored, wide ? 1 : o.spg, bias, int(tokens), int(experts), top_k,
+  const SelectArgs sel{partial.as<const float>(), nstored, per_seg ? o.spg : 1, bias, int(tokens), int(experts), top_k,
                        scale, ids, weights};
-  const LogitsArgs a{x, w, partial.as<float>(), ldx, int(tokens), int(experts), int(hidden), o.spg};
+  const LogitsArgs a{x, w, partial.as<float>(), ldx, int(tokens), int(experts), int(hidden), per_seg ? 1 : o.spg};
   if (!wide) {
     const int tok = tokens <= 32 ? 8 : 32;
     const dim3 grid(unsigned((experts + kSegExperts - 1) / kSegExperts), unsigned(o.nseg), unsigned((tokens + tok - 1) / tok));
@@ -359,12 +376,12 @@ void launch_fused_router(const float* x, int64_t ldx, int64_t tokens, const floa
     }
   } else {
     const dim3 grid(unsigned((tokens + 8 * TT - 1) / (8 * TT)), unsigned((experts + kTileE - 1) / kTileE),
-                    unsigned(o.ngroups));
+                    unsigned(nstored));
     router_tile_kernel<<<grid, 256, 0, current_stream()>>>(a);
   }
   M3_CUDA_CHECK_LAUNCH();
   // The selection is launched while the logits drain (it waits before reading them).
-  if (wide) {
+  if (!per_seg) {
     launch_kernel(router_select_kernel<8>, dim3(unsigned((tokens + 7) / 8)), dim3(kSelThreads), 0, true, sel);
   } else {
     launch_kernel(router_select_kernel<2>, dim3(unsigned((tokens + 1) / 2)), dim3(kSelThreads), 0, true, sel);
