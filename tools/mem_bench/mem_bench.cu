@@ -5,9 +5,13 @@
 //   ldg        plain 16-byte loads, grid-stride over contiguous memory, 8 in flight per thread
 //   cp.async   the W8A16 decode pattern: a CTA owns 128 rows of [rows, 6144] bytes and reads
 //              128 bytes of each row per stage through a 4-stage ring (2 CTAs per SM)
+//              (also 6 stages, 2 CTAs per SM, and 12 stages, 1 CTA per SM: bytes in flight per SM)
+//   bulk rows  the same tiles by one-dimensional cp.async.bulk copies, one per 128-byte row (no
+//              tensor map), 5 stages x 2 CTAs or 10 stages x 1 CTA per SM
 //   tma        the same 128 x 128-byte tiles by cp.async.bulk.tensor (mbarrier ring, 1 CTA/SM)
 //   cp.async rows R x B   one CTA per block of R rows streaming along K in R x B-byte stages (16 KB),
-//              2 CTAs per SM: the invariant linear's LM-head pattern (128 x 128) and longer runs per row
+//              2 CTAs per SM: the invariant linear's LM-head pattern (128 x 128) and longer runs per row;
+//              "frag": 128 x 128 with the W8A16 kernel's per-lane chunks (64 bytes of 8 rows per copy)
 //   ldg rows   the same row blocks read into registers the way MMA fragments are (a warp per 16 rows,
 //              32 bytes of two rows per lane and 128-byte window, 4 windows in flight)
 // Each: one launch timed by events with L2 flushed before it (as the benchmarks do), median of
@@ -55,9 +59,8 @@ __global__ void __launch_bounds__(256) ldg_kernel(const uint4* w, size_t n16, un
 
 // A 4-stage cp.async ring over n 16 KB tiles: each thread copies chunks chunk(0..3) (16 bytes
 // each, 1024 per tile) of tile i from src(i, c), then reads the same chunks back (XOR-folded).
-template <class Chunk, class Src>
+template <int kStages = 4, class Chunk, class Src>
 __device__ __forceinline__ unsigned ring_stream(uint8_t* ring, int n, Chunk chunk, Src src) {
-  constexpr int kStages = 4;
   auto load = [&](int i) {
     const uint32_t d = smem_u32(ring + (i % kStages) * kTile);
 #pragma unroll
@@ -87,12 +90,13 @@ __device__ __forceinline__ unsigned ring_stream(uint8_t* ring, int n, Chunk chun
 }
 
 // Tiles (row block rb, k stage ks) of a [rows, kK] byte matrix, split evenly over the CTAs.
+template <int kStages = 4>
 __global__ void __launch_bounds__(256, 2) cpasync_kernel(const uint8_t* w, int tiles, unsigned* sink) {
   constexpr int kKs = kK / kTileK;
   extern __shared__ __align__(128) uint8_t ring[];
   const int tid = int(threadIdx.x);
   const int t0 = int(int64_t(blockIdx.x) * tiles / gridDim.x), t1 = int(int64_t(blockIdx.x + 1) * tiles / gridDim.x);
-  const unsigned acc = ring_stream(
+  const unsigned acc = ring_stream<kStages>(
       ring, t1 - t0, [&](int j) { return tid * 4 + j; },
       [&](int i, int c) {
         const int t = t0 + i, rb = t / kKs, ks = t % kKs;
@@ -104,15 +108,21 @@ __global__ void __launch_bounds__(256, 2) cpasync_kernel(const uint8_t* w, int t
 // Row blocks streamed along K, one CTA per block of kRows rows (as the invariant linear's LM head:
 // 1 563 CTAs, 2 resident per SM): stages of kRows x kBytes (16 KB) through the same ring.
 // How long a row's run per stage is (128 vs 256 vs 512 bytes) at the same bytes per stage.
-template <int kRows, int kBytes>
+// kFrag: each thread copies the chunks the W8A16 kernel's lane (g, tig) of warp w owns (bytes
+// [16 tig, +16) and [64 + 16 tig, +16) of rows 16 w + g and 16 w + g + 8: 64 contiguous bytes of 8
+// rows per instruction) instead of whole 128-byte lines per 8 lanes.
+template <int kRows, int kBytes, bool kFrag = false>
 __global__ void __launch_bounds__(256, 2) cprows_kernel(const uint8_t* w, unsigned* sink) {
   constexpr int kRowChunks = kBytes / 16;
   static_assert(kRows * kBytes == kTile, "16 KB stages");
+  static_assert(!kFrag || kRowChunks == 8, "fragment mapping: 128-byte rows");
   extern __shared__ __align__(128) uint8_t ring_r[];
   const int tid = int(threadIdx.x);
+  const int fw = tid >> 5, fg = (tid & 31) >> 2, ft = tid & 3;
   const uint8_t* base = w + size_t(blockIdx.x) * kRows * kK;
   const unsigned acc = ring_stream(
-      ring_r, kK / kBytes, [&](int j) { return tid + j * 256; },
+      ring_r, kK / kBytes,
+      [&](int j) { return kFrag ? (16 * fw + fg + 8 * (j >> 1)) * 8 + 4 * (j & 1) + ft : tid + j * 256; },
       [&](int ks, int c) { return base + size_t(c / kRowChunks) * kK + ks * kBytes + (c % kRowChunks) * 16; });
   if (acc == 0x9e3779b9u) *sink = acc;
 }
@@ -141,6 +151,69 @@ __global__ void __launch_bounds__(128) ldgrows_kernel(const uint8_t* w, unsigned
 #pragma unroll
       for (int j = 0; j < 4; ++j) acc ^= b[d][j].x ^ b[d][j].y ^ b[d][j].z ^ b[d][j].w;
       if (s + d + kD < kKs) load(s + d + kD, b[d]);
+    }
+  }
+  if (acc == 0x9e3779b9u) *sink = acc;
+}
+
+// The same tiles by one-dimensional bulk copies, one per 128-byte row (no tensor map: a row's
+// bytes are contiguous whatever the matrix), issued by warp 0 (4 rows per lane), rows padded to
+// 144 bytes in shared memory; an mbarrier pair per stage, kStages deep, kCtas CTAs per SM.
+template <int kStages>
+__global__ void __launch_bounds__(256) bulk_kernel(const uint8_t* w, int tiles, unsigned* sink) {
+  constexpr int kKs = kK / kTileK, kRowPitch = 144, kStageBytes = kTileRows * kRowPitch;
+  extern __shared__ __align__(128) uint8_t ring_b[];
+  __shared__ __align__(8) uint64_t full[kStages], empty[kStages];
+  const int tid = int(threadIdx.x), lane = tid & 31;
+  const int t0 = int(int64_t(blockIdx.x) * tiles / gridDim.x), t1 = int(int64_t(blockIdx.x + 1) * tiles / gridDim.x);
+  const int n = t1 - t0;
+  if (tid == 0) {
+    for (int s = 0; s < kStages; ++s) {
+      asm volatile("mbarrier.init.shared.b64 [%0], 1;\n" ::"r"(smem_u32(&full[s])));
+      asm volatile("mbarrier.init.shared.b64 [%0], 256;\n" ::"r"(smem_u32(&empty[s])));
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncthreads();
+  auto issue = [&](int i) {  // warp 0
+    const int t = t0 + i, s = i % kStages;
+    const uint32_t bar = smem_u32(&full[s]);
+    if (lane == 0) {
+      asm volatile("mbarrier.arrive.expect_tx.shared.b64 _, [%0], %1;\n" ::"r"(bar), "r"(kTile) : "memory");
+    }
+    __syncwarp();
+    const uint8_t* src = w + size_t((t / kKs) * kTileRows) * kK + (t % kKs) * kTileK;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int r = lane + 32 * j;
+      asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
+                       smem_u32(ring_b + s * kStageBytes + r * kRowPitch)),
+                   "l"(src + size_t(r) * kK), "r"(kTileK), "r"(bar)
+                   : "memory");
+    }
+  };
+  auto wait = [](uint64_t* b, uint32_t parity) {
+    asm volatile("{\n .reg .pred p;\n W: mbarrier.try_wait.parity.shared.b64 p, [%0], %1;\n @!p bra W;\n}\n" ::"r"(
+                     smem_u32(b)),
+                 "r"(parity)
+                 : "memory");
+  };
+  if (tid < 32) {
+    for (int i = 0; i < kStages && i < n; ++i) issue(i);
+  }
+  unsigned acc = 0;
+  for (int i = 0; i < n; ++i) {
+    const int s = i % kStages;
+    wait(&full[s], uint32_t((i / kStages) & 1));
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {  // thread reads 16 bytes of rows tid / 8 + 32 j
+      const uint4 v = *reinterpret_cast<const uint4*>(ring_b + s * kStageBytes + (tid / 8 + 32 * j) * kRowPitch + (tid % 8) * 16);
+      acc ^= v.x ^ v.y ^ v.z ^ v.w;
+    }
+    asm volatile("mbarrier.arrive.shared.b64 _, [%0];\n" ::"r"(smem_u32(&empty[s])) : "memory");
+    if (tid < 32 && i + kStages < n) {
+      wait(&empty[s], uint32_t((i / kStages) & 1));
+      issue(i + kStages);
     }
   }
   if (acc == 0x9e3779b9u) *sink = acc;
@@ -264,11 +337,17 @@ int main(int argc, char** argv) {
   std::printf("%8s %-24s | %9s %8s %7s\n", "MB", "method", "us", "GB/s", "%copy");
   const EncodeTiled encode = encode_tiled();
   constexpr size_t kCpSmem = 4 * size_t(kTile), kTmaSmem = 8 * size_t(kTile);
-  M3_CUDA_CHECK(cudaFuncSetAttribute(cpasync_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kCpSmem)));
+  M3_CUDA_CHECK(cudaFuncSetAttribute(cpasync_kernel<4>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kCpSmem)));
+  M3_CUDA_CHECK(cudaFuncSetAttribute(cpasync_kernel<6>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(6 * kTile)));
+  M3_CUDA_CHECK(cudaFuncSetAttribute(cpasync_kernel<12>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(12 * kTile)));
+  constexpr int kBulkStage = kTileRows * 144;
+  M3_CUDA_CHECK(cudaFuncSetAttribute(bulk_kernel<5>, cudaFuncAttributeMaxDynamicSharedMemorySize, 5 * kBulkStage));
+  M3_CUDA_CHECK(cudaFuncSetAttribute(bulk_kernel<10>, cudaFuncAttributeMaxDynamicSharedMemorySize, 10 * kBulkStage));
   M3_CUDA_CHECK(cudaFuncSetAttribute(tma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kTmaSmem)));
   // 83 KB: two CTAs per SM, as the LM head's 8-token BF16 tile.
   constexpr size_t kRowsSmem = 83 * 1024;
   M3_CUDA_CHECK(cudaFuncSetAttribute(cprows_kernel<128, 128>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kRowsSmem)));
+  M3_CUDA_CHECK(cudaFuncSetAttribute(cprows_kernel<128, 128, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kRowsSmem)));
   M3_CUDA_CHECK(cudaFuncSetAttribute(cprows_kernel<64, 256>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kRowsSmem)));
   M3_CUDA_CHECK(cudaFuncSetAttribute(cprows_kernel<32, 512>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kRowsSmem)));
   std::string json = "{\"device\": \"" + std::string(prop.name) + "\", \"copy_gbps\": " + std::to_string(copy_bw / 1e9) +
@@ -287,9 +366,14 @@ int main(int argc, char** argv) {
       first = false;
     };
     emit("ldg grid-stride", time_us([&] { ldg_kernel<<<16 * sms, 256>>>(reinterpret_cast<const uint4*>(w), bytes / 16, sink); }));
-    emit("cp.async W8A16 tiles", time_us([&] { cpasync_kernel<<<2 * sms, 256, kCpSmem>>>(w, tiles, sink); }));
+    emit("cp.async W8A16 tiles", time_us([&] { cpasync_kernel<4><<<2 * sms, 256, kCpSmem>>>(w, tiles, sink); }));
+    emit("cp.async 6 stages x2", time_us([&] { cpasync_kernel<6><<<2 * sms, 256, 6 * kTile>>>(w, tiles, sink); }));
+    emit("cp.async 12 stages x1", time_us([&] { cpasync_kernel<12><<<sms, 256, 12 * kTile>>>(w, tiles, sink); }));
+    emit("bulk rows 5 stages x2", time_us([&] { bulk_kernel<5><<<2 * sms, 256, 5 * kBulkStage>>>(w, tiles, sink); }));
+    emit("bulk rows 10 stages x1", time_us([&] { bulk_kernel<10><<<sms, 256, 10 * kBulkStage>>>(w, tiles, sink); }));
     const unsigned blocks128 = unsigned(rows / 128);
     emit("cp.async rows 128x128B", time_us([&] { cprows_kernel<128, 128><<<blocks128, 256, kRowsSmem>>>(w, sink); }));
+    emit("cp.async rows 128x128B frag", time_us([&] { cprows_kernel<128, 128, true><<<blocks128, 256, kRowsSmem>>>(w, sink); }));
     emit("cp.async rows 64x256B", time_us([&] { cprows_kernel<64, 256><<<2 * blocks128, 256, kRowsSmem>>>(w, sink); }));
     emit("cp.async rows 32x512B", time_us([&] { cprows_kernel<32, 512><<<4 * blocks128, 256, kRowsSmem>>>(w, sink); }));
     emit("ldg rows 64 (fragments)", time_us([&] { ldgrows_kernel<<<2 * blocks128, 128>>>(w, sink); }));
