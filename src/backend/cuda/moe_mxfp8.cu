@@ -170,6 +170,20 @@ __host__ __device__ constexpr int wg_col(int c) {
   return (c & ~63) | (((c >> 2) & 3) << 4) | (((c >> 1) & 1) << 3) | (((c >> 4) & 3) << 1) | (c & 1);
 }
 
+// The power of two k a row with this amax is multiplied by: |x| * 2^k < 2^15 (f16) or <= 448 (e4m3).
+template <bool kFp8>
+__device__ __forceinline__ int row_scale_exp(float amax) {
+  int k = 0;
+  if (amax > 0.0f && amax <= 3.0e38f) {  // zero, inf or NaN rows keep scale 1 (and propagate)
+    int ex = 0;
+    frexpf(amax, &ex);  // amax in [2^(ex-1), 2^ex)
+    k = kFp8 ? 9 - ex : 15 - ex;
+    if (kFp8 && ldexpf(amax, k) > 448.0f) --k;
+    k = max(-126, min(126, k));
+  }
+  return k;
+}
+
 // One row by the whole CTA (any multiple of 32 threads up to 1024). kPerm (f16 only): columns in
 // the wgmma W8A16 operand order (wg_col).
 template <class In, bool kFp8, bool kPerm = false>
@@ -181,14 +195,7 @@ __device__ __forceinline__ void quant_row(const In* xr, int cols, void* out_row,
     amax = fmaxf(amax, fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w))));
   }
   amax = cta_amax(amax, nt / 32);
-  int k = 0;
-  if (amax > 0.0f && amax <= 3.0e38f) {  // zero, inf or NaN rows keep scale 1 (and propagate)
-    int ex = 0;
-    frexpf(amax, &ex);  // amax in [2^(ex-1), 2^ex)
-    k = kFp8 ? 9 - ex : 15 - ex;
-    if (kFp8 && ldexpf(amax, k) > 448.0f) --k;
-    k = max(-126, min(126, k));
-  }
+  const int k = row_scale_exp<kFp8>(amax);
   const float mul = ldexpf(1.0f, k);
   if (threadIdx.x == 0) *scale = ldexpf(1.0f, -k);
   for (int c = 4 * int(threadIdx.x); c < cols; c += 4 * nt) {
@@ -219,6 +226,58 @@ __global__ void __launch_bounds__(kQuantThreads) quant_rows_kernel(const In* x, 
   quant_row<In, kFp8, kPerm>(x + r * ldx, cols, static_cast<uint8_t*>(out) + r * ldo * (kFp8 ? 1 : 2), scale + r);
 }
 
+// f16 rows -> e4m3 (W8A8's h), a warp per row and 8 rows per CTA, the row held in registers
+// between its amax and its conversion (one read; the CTA-per-row kernel read it twice and ran
+// 2 560 CTAs of 256 threads for T = 512). The same bytes and scales as quant_row<__half, true>.
+// Rows of at most kWarpRowChunks * 256 columns (cols % 256 == 0).
+constexpr int kWarpRowChunks = 16;  // 16-byte chunks (8 halves) per lane: 4096 columns
+__global__ void __launch_bounds__(kQuantThreads) quant_h_rows_kernel(const __half* h, int64_t ldh, int rows, int cols,
+                                                                      uint8_t* out, int64_t ldo, float* scale) {
+  const int lane = int(threadIdx.x) & 31;
+  const int64_t r = int64_t(blockIdx.x) * (kQuantThreads / 32) + (threadIdx.x >> 5);
+  if (r >= rows) return;
+  const int n = cols / 256;  // chunks per lane
+  const uint4* src = reinterpret_cast<const uint4*>(h + r * ldh);
+  uint4 v[kWarpRowChunks];
+  float amax = 0.0f;
+#pragma unroll
+  for (int i = 0; i < kWarpRowChunks; ++i) {
+    if (i < n) v[i] = src[lane + 32 * i];
+  }
+#pragma unroll
+  for (int i = 0; i < kWarpRowChunks; ++i) {
+    if (i < n) {
+      const __half2* p = reinterpret_cast<const __half2*>(&v[i]);
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const float2 f = __half22float2(p[j]);
+        amax = fmaxf(amax, fmaxf(fabsf(f.x), fabsf(f.y)));
+      }
+    }
+  }
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
+  const int k = row_scale_exp<true>(amax);
+  const float mul = ldexpf(1.0f, k);
+  if (lane == 0) scale[r] = ldexpf(1.0f, -k);
+  uint2* dst = reinterpret_cast<uint2*>(out + r * ldo);
+#pragma unroll
+  for (int i = 0; i < kWarpRowChunks; ++i) {
+    if (i < n) {
+      const __half2* p = reinterpret_cast<const __half2*>(&v[i]);
+      uint32_t w[2];
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        const float2 a = __half22float2(p[2 * j]), b = __half22float2(p[2 * j + 1]);
+        const __nv_fp8x2_storage_t lo = __nv_cvt_float2_to_fp8x2(make_float2(a.x * mul, a.y * mul), __NV_SATFINITE, __NV_E4M3);
+        const __nv_fp8x2_storage_t hi = __nv_cvt_float2_to_fp8x2(make_float2(b.x * mul, b.y * mul), __NV_SATFINITE, __NV_E4M3);
+        w[j] = uint32_t(lo) | (uint32_t(hi) << 16);
+      }
+      dst[lane + 32 * i] = make_uint2(w[0], w[1]);
+    }
+  }
+}
+
 // Routing (block 0) and the activation conversion (block 1 + t for token t) in one launch: one
 // kernel boundary less on the decode path.
 template <bool kFp8, bool kPerm = false>
@@ -239,6 +298,7 @@ __global__ void __launch_bounds__(kRouteThreads) route_prep_kernel(const int32_t
 // Combine: one CTA per token. Assignments in ascending (expert, slot) order, then the shared row
 // with weight 1, as acc = fadd(acc, fmul(w, y)) from 0 (the CPU reference's order).
 constexpr int kCombineThreads = 256;
+constexpr int64_t kCombineWholeRow = 256;
 
 __global__ void __launch_bounds__(kCombineThreads) combine_kernel(const float* y, const float* w, const int32_t* ids,
                                                                    const int32_t* pos, int top_k, const int* meta,
@@ -1039,9 +1099,15 @@ __device__ __forceinline__ void wg_produce(const WgArgs& a, const WgSmem& sm, co
   }
 }
 
-// Weights: the accumulators of two blocks leave no registers for a weight prefetch, so each
-// consumer thread copies its own weight bytes into its own shared-memory slots (cp.async,
-// kWgWStages - 1 stages ahead; no barrier: a thread reads back only what it copied).
+// Weights: the accumulators of two blocks leave no registers for a weight prefetch, so they go
+// through shared memory (cp.async, kWgWStages - 1 stages ahead). For token tiles of <= 64 rows
+// (bandwidth-bound) each consumer warp copies its 32 weight rows x 128 bytes per stage into its
+// own 4 KB as whole lines (8 lanes per row; fragment-order copies, each thread its own bytes,
+// streamed slower, tools/mem_bench), and each lane reads its fragment bytes back after a
+// __syncwarp (a warpgroup barrier per stage cost 3-6 % at 4096 tokens): warp row 16 b + 8 h + g
+// is block b's row of lane group g, lo (h = 0) or hi (h = 1), its 8 chunks stored chunk ^ 4 on
+// odd rows so that a fragment read's 8-lane phase (rows g, g + 1) hits 8 bank groups. Wider tiles
+// (compute-bound) keep each thread's own fragment bytes in its own slots.
 constexpr int kWgWStages = 3;
 constexpr int kWgWStage = 8 * 256 * 16;  // 8 16-byte slots per consumer thread
 constexpr size_t kWgSmemBytes = size_t(kWgStages) * kWgBTile + size_t(kWgWStages) * kWgWStage + 2 * kWgStages * 8 + 1024;
@@ -1051,14 +1117,12 @@ template <bool kFused, int N>
 __device__ __forceinline__ void wg_consume(const WgArgs& a, const WgSmem& sm, Pipe& pipe, const GemmTile& t, int cw,
                                            int tw) {
   constexpr int R = N / 2;
-  const int w4 = tw >> 5, lane = tw & 31, g = lane >> 2, tig = lane & 3, tc = 128 * cw + tw;
+  const int w4 = tw >> 5, lane = tw & 31, g = lane >> 2, tig = lane & 3;
   const int K = t.K, nk = K / 128, n = a.g.n[t.e];
   const Mat m_lo = a.g.a[t.e];
   const Mat m_hi = kFused ? a.g.b[t.e] : a.g.a[t.e];
   int col[2], row_lo[2];
   bool live[2];
-  const uint8_t* w_lo[2];
-  const uint8_t* w_hi[2];
   const uint32_t* s_lo[2];
   const uint32_t* s_hi[2];
 #pragma unroll
@@ -1071,25 +1135,61 @@ __device__ __forceinline__ void wg_consume(const WgArgs& a, const WgSmem& sm, Pi
     live[b] = blk0 < n;
     row_lo[b] = live[b] ? (kFused ? col[b] : blk0 + 16 * w4 + g) : (kFused ? t.n0 + 8 * w4 + g : t.n0 + 16 * w4 + g);
     const int row_hi = kFused ? row_lo[b] : row_lo[b] + 8;
-    w_lo[b] = m_lo.w + int64_t(row_lo[b]) * K + 16 * tig;
-    w_hi[b] = m_hi.w + int64_t(row_hi) * K + 16 * tig;
     s_lo[b] = reinterpret_cast<const uint32_t*>(m_lo.s + int64_t(row_lo[b]) * (K / 32));
     s_hi[b] = reinterpret_cast<const uint32_t*>(m_hi.s + int64_t(row_hi) * (K / 32));
   }
-  // Slot j of stage buffer buf: block j / 4, row (j / 2) % 2 (lo, hi), 64-wide chunk j % 2.
+  // Line copies (kLine, token tiles of <= 64 rows, where the weight stream sets the pace): this
+  // lane copies chunk lane % 8 of its warp's rows lane / 8 + 4 j (j < 8): block j / 4, half
+  // (j / 2) % 2, lane group lane / 8 + 4 (j % 2), into the warp's 4 KB. Otherwise (compute-bound
+  // wide tiles, where the line copies' extra address arithmetic cost 1-2 %) each thread copies
+  // its own fragment bytes into its own slots of the same 4 KB: slot 4 b + 2 h + c at lane * 16 +
+  // slot * 512. Either way a warp touches only its own 4 KB, so a persistent CTA may switch modes
+  // between tiles: a lane's last reads of a tile precede the tile's last (warp-convergent) wgmma.
+  // p[b][h]: the row pointer each mode's copies start from.
+  constexpr bool kLine = N <= 64;
+  const uint8_t* p[2][2];
+  const int cp_ch = lane % 8, cp_g = lane / 8;
+#pragma unroll
+  for (int b = 0; b < 2; ++b) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      if constexpr (kLine) {
+        const int blk0 = kFused ? t.n0 + 64 * cw + 32 * b : t.n0 + 128 * cw + 64 * b;
+        const int lo = blk0 < n ? (kFused ? t.n0 + 64 * cw + 32 * b + 8 * w4 + cp_g : blk0 + 16 * w4 + cp_g)
+                                : (kFused ? t.n0 + 8 * w4 + cp_g : t.n0 + 16 * w4 + cp_g);
+        p[b][h] = (h ? m_hi : m_lo).w + int64_t(kFused ? lo : lo + 8 * h) * K + 16 * cp_ch;
+      } else {
+        p[b][h] = (h ? m_hi : m_lo).w + int64_t(kFused ? row_lo[b] : row_lo[b] + 8 * h) * K + 16 * tig;
+      }
+    }
+  }
+  const uint32_t warp_w = uint32_t((4 * cw + w4) * (kWgWStage / 8));  // this warp's 4 KB (kLine)
+  const uint32_t cp_dst = warp_w + uint32_t(kLine ? cp_g * 128 + ((cp_ch ^ ((cp_g & 1) << 2)) * 16) : lane * 16);
+  const int64_t cp_four = 4 * int64_t(K);  // lane groups g and g + 4: four rows apart
   auto copy_w = [&](int st, int buf) {
     if (st < nk) {
       const int k0 = st * 128;
-      const uint32_t base = sm.w + uint32_t(buf * kWgWStage + tc * 16);
+      const uint32_t base = sm.w + uint32_t(buf * kWgWStage) + cp_dst;
 #pragma unroll
-      for (int b = 0; b < 2; ++b) {
-        cp_async16_w(base + uint32_t((4 * b + 0) * 4096), w_lo[b] + k0);
-        cp_async16_w(base + uint32_t((4 * b + 1) * 4096), w_lo[b] + k0 + 64);
-        cp_async16_w(base + uint32_t((4 * b + 2) * 4096), w_hi[b] + k0);
-        cp_async16_w(base + uint32_t((4 * b + 3) * 4096), w_hi[b] + k0 + 64);
+      for (int j = 0; j < 8; ++j) {
+        if constexpr (kLine) {
+          cp_async16_w(base + uint32_t(j * 4 * 128), p[j / 4][(j / 2) % 2] + (j % 2) * cp_four + k0);
+        } else {
+          cp_async16_w(base + uint32_t(j * 512), p[j / 4][(j / 2) % 2] + 64 * (j % 2) + k0);
+        }
       }
     }
     cp_async_commit();  // one group per stage, empty or not, so wait_group counts stages
+  };
+  // Where this thread's fragment bytes sit: block b, lo/hi h, 64-wide chunk c (kLine: warp row
+  // 16 b + 8 h + g, chunk 4 c + tig).
+  auto frag_off = [&](int b, int h, int c) {
+    if constexpr (kLine) {
+      const int wr = 16 * b + 8 * h + g, ch = 4 * c + tig;
+      return warp_w + uint32_t(wr * 128 + ((ch ^ ((wr & 1) << 2)) * 16));
+    } else {
+      return cp_dst + uint32_t((4 * b + 2 * h + c) * 512);
+    }
   };
   uint32_t sc[2][4];  // scale words of the next stages (even / odd), [2b] lo and [2b + 1] hi rows
   auto load_s = [&](int st, uint32_t (&ss)[4]) {
@@ -1119,6 +1219,9 @@ __device__ __forceinline__ void wg_consume(const WgArgs& a, const WgSmem& sm, Pi
   auto stage = [&](int kt, uint32_t (&ss)[4]) {
     const int buf = kt % kWgWStages;
     cp_async_wait<1>();  // this thread's weights of stage kt (stage kt + 1's may still be in flight)
+    // kLine: the warp's copies of stage kt are visible to all its lanes, and all are done reading
+    // stage kt - 1, whose buffer the copy below refills.
+    if constexpr (kLine) __syncwarp();
     uint32_t s_now[4];
 #pragma unroll
     for (int i = 0; i < 4; ++i) s_now[i] = ss[i];
@@ -1129,7 +1232,7 @@ __device__ __forceinline__ void wg_consume(const WgArgs& a, const WgSmem& sm, Pi
     mbar_wait(sm.full + 8u * uint32_t(st), pipe.phase);
     wgmma::fence_proxy_async();
     const uint32_t b0 = sm.b + uint32_t(st * kWgBTile);
-    const uint32_t wbase = sm.w + uint32_t(buf * kWgWStage + tc * 16);
+    const uint32_t wbase = sm.w + uint32_t(buf * kWgWStage);
 #pragma unroll
     for (int c = 0; c < 2; ++c) {
       uint32_t af[2][4][4];
@@ -1139,10 +1242,10 @@ __device__ __forceinline__ void wg_consume(const WgArgs& a, const WgSmem& sm, Pi
         uint4 ql, qh;  // w8a16_body's q[c] and q[2 + c]
         asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
                      : "=r"(ql.x), "=r"(ql.y), "=r"(ql.z), "=r"(ql.w)
-                     : "r"(wbase + uint32_t((4 * b + c) * 4096)));
+                     : "r"(wbase + frag_off(b, 0, c)));
         asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
                      : "=r"(qh.x), "=r"(qh.y), "=r"(qh.z), "=r"(qh.w)
-                     : "r"(wbase + uint32_t((4 * b + 2 + c) * 4096)));
+                     : "r"(wbase + frag_off(b, 1, c)));
         const __half2 mul_lo = pow2_h2(int((s_now[2 * b] >> sh) & 0xffu) - ref[2 * b]);
         const __half2 mul_hi = pow2_h2(int((s_now[2 * b + 1] >> sh) & 0xffu) - ref[2 * b + 1]);
 #pragma unroll
@@ -1492,8 +1595,14 @@ void run(const TensorView& x, const TensorView& expert_ids, const TensorView& ex
       launch_w8<true>(gu);
       // Rows past the routed ones (ids outside [0, routed)) are never written: their quantised
       // copies are never read either.
-      quant_rows_kernel<__half, true><<<unsigned(l.rows), kQuantThreads, 0, stream>>>(h16, l.inter, int(l.inter), hq,
-                                                                                      l.inter, hs);
+      if (l.inter % 256 == 0 && l.inter <= 256 * kWarpRowChunks) {
+        constexpr int kRowsPerCta = kQuantThreads / 32;
+        quant_h_rows_kernel<<<unsigned((l.rows + kRowsPerCta - 1) / kRowsPerCta), kQuantThreads, 0, stream>>>(
+            h16, l.inter, int(l.rows), int(l.inter), hq, l.inter, hs);
+      } else {
+        quant_rows_kernel<__half, true><<<unsigned(l.rows), kQuantThreads, 0, stream>>>(h16, l.inter, int(l.inter), hq,
+                                                                                        l.inter, hs);
+      }
       M3_CUDA_CHECK_LAUNCH();
       W8Args dn = grouped_args<W8Args>(hq, nullptr, l.inter, hs, 1.0f / hscale, y, hidden, items, meta, a, g_dn);
       dn.col_tiles = int(hidden / kW8ARows);
@@ -1501,7 +1610,11 @@ void run(const TensorView& x, const TensorView& expert_ids, const TensorView& ex
     }
   }
   if (stages & kCombine) {
-    const dim3 grid(unsigned(tokens), unsigned((hidden + 4 * kCombineThreads - 1) / (4 * kCombineThreads)));
+    // Small batches spread a token's hidden over several CTAs (more SMs reading y); from
+    // kCombineWholeRow tokens a CTA takes the whole row, so its setup (the token's rows and
+    // weights, read by one thread) is paid once per token.
+    const unsigned split = tokens >= kCombineWholeRow ? 1u : unsigned((hidden + 4 * kCombineThreads - 1) / (4 * kCombineThreads));
+    const dim3 grid(unsigned(tokens), split);
     // A programmatic dependent of the down projection when the GEMMs ran in this call (the
     // routing finished before they began); alone, a plain launch.
     launch_kernel(combine_kernel, grid, dim3(kCombineThreads), 0, (stages & kGemms) != 0,
