@@ -295,7 +295,7 @@ __global__ void __launch_bounds__(kRouteThreads) route_prep_kernel(const int32_t
 }
 
 // ---------------------------------------------------------------------------------------------
-// Combine: one CTA per token. Assignments in ascending (expert, slot) order, then the shared row
+// Combine: one CTA per token (and slice of hidden below kCombineWholeRow tokens). Assignments in ascending (expert, slot) order, then the shared row
 // with weight 1, as acc = fadd(acc, fmul(w, y)) from 0 (the CPU reference's order).
 constexpr int kCombineThreads = 256;
 constexpr int64_t kCombineWholeRow = 256;
@@ -334,9 +334,10 @@ __global__ void __launch_bounds__(kCombineThreads) combine_kernel(const float* y
 //
 // CTA = 8 warps over one (work item, column tile). Weights are the MMA's A operand (16 weight
 // rows per warp), tokens its N (8 per m16n8k16, kTMT sub-tiles = up to 8 * kTMT rows). Each
-// weight element is used by one warp only, so weights go global -> registers with 16-byte
-// streaming loads two stages ahead (no shared memory); the item's activation rows (f16) go
-// through a 3-stage cp.async ring shared by the 8 warps.
+// weight element is used by one warp only: the wide tile loads weights global -> registers with
+// 16-byte streaming loads ahead of use, the narrow tile through a shared-memory ring copied as
+// whole lines (see w8a16_body); the item's activation rows (f16) go through a cp.async ring
+// shared by the 8 warps.
 //
 // K order inside a 64-wide chunk: lane (g, tig) loads bytes [16 tig, 16 tig + 16) of weight
 // rows g and g + 8; MMA step s (0..3) takes its bytes 4s..4s+3 as the fragment's k = 2tig,
