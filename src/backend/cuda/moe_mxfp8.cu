@@ -295,8 +295,9 @@ __global__ void __launch_bounds__(kRouteThreads) route_prep_kernel(const int32_t
 }
 
 // ---------------------------------------------------------------------------------------------
-// Combine: one CTA per token (and slice of hidden below kCombineWholeRow tokens). Assignments in ascending (expert, slot) order, then the shared row
-// with weight 1, as acc = fadd(acc, fmul(w, y)) from 0 (the CPU reference's order).
+// Combine: one CTA per token (and slice of hidden below kCombineWholeRow tokens). Assignments in
+// ascending (expert, slot) order, then the shared row with weight 1, as acc = fadd(acc, fmul(w, y))
+// from 0 (the CPU reference's order).
 constexpr int kCombineThreads = 256;
 constexpr int64_t kCombineWholeRow = 256;
 
@@ -1164,7 +1165,7 @@ __device__ __forceinline__ void wg_consume(const WgArgs& a, const WgSmem& sm, Pi
       }
     }
   }
-  const uint32_t warp_w = uint32_t((4 * cw + w4) * (kWgWStage / 8));  // this warp's 4 KB (kLine)
+  const uint32_t warp_w = uint32_t((4 * cw + w4) * (kWgWStage / 8));  // this warp's 4 KB
   const uint32_t cp_dst = warp_w + uint32_t(kLine ? cp_g * 128 + ((cp_ch ^ ((cp_g & 1) << 2)) * 16) : lane * 16);
   const int64_t cp_four = 4 * int64_t(K);  // lane groups g and g + 4: four rows apart
   auto copy_w = [&](int st, int buf) {
@@ -1614,7 +1615,8 @@ void run(const TensorView& x, const TensorView& expert_ids, const TensorView& ex
     // Small batches spread a token's hidden over several CTAs (more SMs reading y); from
     // kCombineWholeRow tokens a CTA takes the whole row, so its setup (the token's rows and
     // weights, read by one thread) is paid once per token.
-    const unsigned split = tokens >= kCombineWholeRow ? 1u : unsigned((hidden + 4 * kCombineThreads - 1) / (4 * kCombineThreads));
+    const unsigned split =
+        tokens >= kCombineWholeRow ? 1u : unsigned((hidden + 4 * kCombineThreads - 1) / (4 * kCombineThreads));
     const dim3 grid(unsigned(tokens), split);
     // A programmatic dependent of the down projection when the GEMMs ran in this call (the
     // routing finished before they began); alone, a plain launch.
