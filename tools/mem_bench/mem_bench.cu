@@ -156,18 +156,11 @@ __global__ void __launch_bounds__(128) ldgrows_kernel(const uint8_t* w, unsigned
   if (acc == 0x9e3779b9u) *sink = acc;
 }
 
-// The same tiles by one-dimensional bulk copies, one per 128-byte row (no tensor map: a row's
-// bytes are contiguous whatever the matrix), issued by warp 0 (4 rows per lane), rows padded to
-// 144 bytes in shared memory; an mbarrier pair per stage, kStages deep, kCtas CTAs per SM.
+// The mbarrier pairs of a kStages ring (full: one arrival plus the stage's transaction bytes;
+// empty: all 256 threads), set by thread 0 before a CTA barrier; and the wait on one.
 template <int kStages>
-__global__ void __launch_bounds__(256) bulk_kernel(const uint8_t* w, int tiles, unsigned* sink) {
-  constexpr int kKs = kK / kTileK, kRowPitch = 144, kStageBytes = kTileRows * kRowPitch;
-  extern __shared__ __align__(128) uint8_t ring_b[];
-  __shared__ __align__(8) uint64_t full[kStages], empty[kStages];
-  const int tid = int(threadIdx.x), lane = tid & 31;
-  const int t0 = int(int64_t(blockIdx.x) * tiles / gridDim.x), t1 = int(int64_t(blockIdx.x + 1) * tiles / gridDim.x);
-  const int n = t1 - t0;
-  if (tid == 0) {
+__device__ __forceinline__ void init_ring(uint64_t (&full)[kStages], uint64_t (&empty)[kStages]) {
+  if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) {
       asm volatile("mbarrier.init.shared.b64 [%0], 1;\n" ::"r"(smem_u32(&full[s])));
       asm volatile("mbarrier.init.shared.b64 [%0], 256;\n" ::"r"(smem_u32(&empty[s])));
@@ -175,6 +168,26 @@ __global__ void __launch_bounds__(256) bulk_kernel(const uint8_t* w, int tiles, 
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
   __syncthreads();
+}
+__device__ __forceinline__ void ring_wait(uint64_t* b, uint32_t parity) {
+  asm volatile("{\n .reg .pred p;\n W: mbarrier.try_wait.parity.shared.b64 p, [%0], %1;\n @!p bra W;\n}\n" ::"r"(
+                   smem_u32(b)),
+               "r"(parity)
+               : "memory");
+}
+
+// The same tiles by one-dimensional bulk copies, one per 128-byte row (no tensor map: a row's
+// bytes are contiguous whatever the matrix), issued by warp 0 (4 rows per lane), rows padded to
+// 144 bytes in shared memory; an mbarrier pair per stage, kStages deep.
+template <int kStages>
+__global__ void __launch_bounds__(256) bulk_kernel(const uint8_t* w, int tiles, unsigned* sink) {
+  constexpr int kKs = kK / kTileK, kRowPitch = 144, kStageBytes = kTileRows * kRowPitch;
+  extern __shared__ __align__(128) uint8_t ring_b[];
+  __shared__ __align__(8) uint64_t full[kStages], empty[kStages];
+  const int tid = int(threadIdx.x), lane = tid & 31;
+  const int t0 = int(int64_t(blockIdx.x) * tiles / gridDim.x);
+  const int n = int(int64_t(blockIdx.x + 1) * tiles / gridDim.x) - t0;
+  init_ring(full, empty);
   auto issue = [&](int i) {  // warp 0
     const int t = t0 + i, s = i % kStages;
     const uint32_t bar = smem_u32(&full[s]);
@@ -192,19 +205,13 @@ __global__ void __launch_bounds__(256) bulk_kernel(const uint8_t* w, int tiles, 
                    : "memory");
     }
   };
-  auto wait = [](uint64_t* b, uint32_t parity) {
-    asm volatile("{\n .reg .pred p;\n W: mbarrier.try_wait.parity.shared.b64 p, [%0], %1;\n @!p bra W;\n}\n" ::"r"(
-                     smem_u32(b)),
-                 "r"(parity)
-                 : "memory");
-  };
   if (tid < 32) {
     for (int i = 0; i < kStages && i < n; ++i) issue(i);
   }
   unsigned acc = 0;
   for (int i = 0; i < n; ++i) {
     const int s = i % kStages;
-    wait(&full[s], uint32_t((i / kStages) & 1));
+    ring_wait(&full[s], uint32_t((i / kStages) & 1));
 #pragma unroll
     for (int j = 0; j < 4; ++j) {  // thread reads 16 bytes of rows tid / 8 + 32 j
       const uint4 v = *reinterpret_cast<const uint4*>(ring_b + s * kStageBytes + (tid / 8 + 32 * j) * kRowPitch + (tid % 8) * 16);
@@ -212,7 +219,7 @@ __global__ void __launch_bounds__(256) bulk_kernel(const uint8_t* w, int tiles, 
     }
     asm volatile("mbarrier.arrive.shared.b64 _, [%0];\n" ::"r"(smem_u32(&empty[s])) : "memory");
     if (tid < 32 && i + kStages < n) {
-      wait(&empty[s], uint32_t((i / kStages) & 1));
+      ring_wait(&empty[s], uint32_t((i / kStages) & 1));
       issue(i + kStages);
     }
   }
@@ -225,16 +232,9 @@ __global__ void __launch_bounds__(256, 1) tma_kernel(const __grid_constant__ CUt
   extern __shared__ __align__(128) uint8_t ring_t[];
   __shared__ __align__(8) uint64_t full[kStages], empty[kStages];
   const int tid = int(threadIdx.x);
-  const int t0 = int(int64_t(blockIdx.x) * tiles / gridDim.x), t1 = int(int64_t(blockIdx.x + 1) * tiles / gridDim.x);
-  const int n = t1 - t0;
-  if (tid == 0) {
-    for (int s = 0; s < kStages; ++s) {
-      asm volatile("mbarrier.init.shared.b64 [%0], 1;\n" ::"r"(smem_u32(&full[s])));
-      asm volatile("mbarrier.init.shared.b64 [%0], 256;\n" ::"r"(smem_u32(&empty[s])));
-    }
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-  }
-  __syncthreads();
+  const int t0 = int(int64_t(blockIdx.x) * tiles / gridDim.x);
+  const int n = int(int64_t(blockIdx.x + 1) * tiles / gridDim.x) - t0;
+  init_ring(full, empty);
   auto issue = [&](int i) {
     const int t = t0 + i, s = i % kStages;
     const uint32_t bar = smem_u32(&full[s]);
@@ -245,19 +245,13 @@ __global__ void __launch_bounds__(256, 1) tma_kernel(const __grid_constant__ CUt
         "l"(&map), "r"((t % kKs) * kTileK), "r"((t / kKs) * kTileRows), "r"(bar)
         : "memory");
   };
-  auto wait = [](uint64_t* b, uint32_t parity) {
-    asm volatile("{\n .reg .pred p;\n W: mbarrier.try_wait.parity.shared.b64 p, [%0], %1;\n @!p bra W;\n}\n" ::"r"(
-                     smem_u32(b)),
-                 "r"(parity)
-                 : "memory");
-  };
   if (tid == 0) {
     for (int i = 0; i < kStages && i < n; ++i) issue(i);
   }
   unsigned acc = 0;
   for (int i = 0; i < n; ++i) {
     const int s = i % kStages;
-    wait(&full[s], uint32_t((i / kStages) & 1));
+    ring_wait(&full[s], uint32_t((i / kStages) & 1));
     const uint4* p = reinterpret_cast<const uint4*>(ring_t + s * kTile);
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
@@ -266,7 +260,7 @@ __global__ void __launch_bounds__(256, 1) tma_kernel(const __grid_constant__ CUt
     }
     asm volatile("mbarrier.arrive.shared.b64 _, [%0];\n" ::"r"(smem_u32(&empty[s])) : "memory");
     if (tid == 0 && i + kStages < n) {
-      wait(&empty[s], uint32_t((i / kStages) & 1));
+      ring_wait(&empty[s], uint32_t((i / kStages) & 1));
       issue(i + kStages);
     }
   }
