@@ -2,7 +2,7 @@
 // bit-identical to mma.sync m16n8k16 chains on the same operands, with fp32 accumulation?
 // They are on the H200 (0 of 138,240 outputs differ), which is what lets the batch-invariant
 // paths run on wgmma (the W8A16 MoE GEMM, the MSA block-major prefill) with the decode kernels'
-// bits. Standalone (CMake target wgmma_identity_probe, or nvcc -O3 -std=c++17
+// bits. Standalone (CMake target wgmma_identity_probe, or nvcc -O3 -std=c++17 -Isrc
 // -gencode=arch=compute_90a,code=sm_90a). Prints, per (type, N, input distribution), the count
 // of differing outputs out of 64 x N; exit status 0 only when none differs and the control (the
 // mma.sync chain in reversed step order) does.
@@ -15,6 +15,10 @@
 #include <cstring>
 #include <random>
 #include <vector>
+
+#include "backend/cuda/wgmma.cuh"  // the helpers the kernels use: the probe checks those very forms
+
+namespace wgmma = m3::cuda::wgmma;
 
 #define CK(x)                                                                          \
   do {                                                                                 \
@@ -63,48 +67,6 @@ __global__ void mma_chain(const uint16_t* A, const uint16_t* B, int K, int N, fl
   }
 }
 
-__device__ __forceinline__ uint64_t desc_sw128(uint32_t addr) {
-  return uint64_t((addr & 0x3ffffu) >> 4) | (uint64_t(1) << 16) | (uint64_t(1024 >> 4) << 32) | (uint64_t(1) << 62);
-}
-
-template <bool kBf16, int N>
-struct WgRS;
-#define WG_REGS_8 "{%0,%1,%2,%3}"
-template <bool kBf16>
-struct WgRS<kBf16, 8> {
-  __device__ static void run(float (&d)[4], const uint32_t (&a)[4], uint64_t db) {
-    if constexpr (kBf16)
-      asm volatile(
-          "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\nwgmma.mma_async.sync.aligned.m64n8k16.f32.bf16.bf16 {%0,%1,%2,%3}, {%4,%5,%6,%7}, %8, p, 1, 1, 0;\n}\n"
-          : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-          : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));
-    else
-      asm volatile(
-          "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\nwgmma.mma_async.sync.aligned.m64n8k16.f32.f16.f16 {%0,%1,%2,%3}, {%4,%5,%6,%7}, %8, p, 1, 1, 0;\n}\n"
-          : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-          : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));
-  }
-};
-template <bool kBf16>
-struct WgRS<kBf16, 32> {
-  __device__ static void run(float (&d)[16], const uint32_t (&a)[4], uint64_t db) {
-    if constexpr (kBf16)
-      asm volatile(
-          "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\nwgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}, "
-          "{%16,%17,%18,%19}, %20, p, 1, 1, 0;\n}\n"
-          : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),
-            "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
-          : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));
-    else
-      asm volatile(
-          "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\nwgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}, "
-          "{%16,%17,%18,%19}, %20, p, 1, 1, 0;\n}\n"
-          : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),
-            "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
-          : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));
-  }
-};
-
 // One warpgroup; B staged per 64-wide K chunk into a 128B-swizzled tile of N rows; A fragments
 // from global into registers with the m16n8k16 layout (warp w: rows 16w..16w+15).
 template <bool kBf16, int N>
@@ -121,18 +83,18 @@ __global__ void wgmma_chain(const uint16_t* A, const uint16_t* B, int K, float* 
       const uint4 v = *reinterpret_cast<const uint4*>(B + r * K + k0 + 8 * ch);
       *reinterpret_cast<uint4*>(reinterpret_cast<char*>(bs) + r * 128 + 16 * (ch ^ (r & 7))) = v;
     }
-    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+    wgmma::fence_proxy_async();
     __syncthreads();
     for (int s = 0; s < 4; ++s) {
       auto ld = [&](const uint16_t* p) { return *reinterpret_cast<const uint32_t*>(p); };
       const uint16_t* ar = A + (16 * warp + g) * K + k0 + 16 * s + 2 * t;
       const uint32_t a[4] = {ld(ar), ld(ar + 8 * K), ld(ar + 8), ld(ar + 8 * K + 8)};
-      for (int i = 0; i < N / 2; ++i) asm volatile("" : "+f"(d[i])::"memory");
-      asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
-      WgRS<kBf16, N>::run(d, a, desc_sw128(bs_addr + 32 * s));
-      asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-      asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
-      for (int i = 0; i < N / 2; ++i) asm volatile("" : "+f"(d[i])::"memory");
+      wgmma::fence_regs(d);
+      wgmma::fence();
+      wgmma::WgmmaRS<kBf16, N>::run(d, a, wgmma::desc_sw128(bs_addr + 32 * s));
+      wgmma::commit();
+      wgmma::wait<0>();
+      wgmma::fence_regs(d);
     }
   }
   for (int j = 0; j < N / 8; ++j) {
