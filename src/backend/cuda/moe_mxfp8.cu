@@ -974,12 +974,6 @@ __device__ __forceinline__ void w8_produce(const W8Args& a, const W8Smem& sm, co
   }
 }
 
-// The first 1024-byte aligned shared-memory address of a kernel's dynamic buffer (the 128-byte
-// swizzle repeats every 1024 bytes; both wgmma kernels allocate 1 KB extra for the alignment).
-__device__ __forceinline__ uint32_t smem_base_1024(const unsigned char* buf) {
-  return smem_u32(reinterpret_cast<const void*>((reinterpret_cast<uintptr_t>(buf) + 1023) & ~uintptr_t(1023)));
-}
-
 // The warp-specialised persistent loop both wgmma kernels run (384 threads): the stage ring's
 // barriers (full: one cp.async arrival per producer thread; empty: one per consumer warp), then
 // warpgroup 0 produces and warpgroups 1-2 consume the tiles blockIdx.x, + gridDim.x, ... < total.
@@ -1026,7 +1020,7 @@ template <bool kFused>
 __global__ void __launch_bounds__(kW8Threads, 1) w8a8_kernel(const __grid_constant__ W8Args a) {
   extern __shared__ unsigned char w8_smem[];
   W8Smem sm;
-  sm.a = smem_base_1024(w8_smem);
+  sm.a = smem_u32(wgmma::align_1024(w8_smem));
   sm.b = sm.a + uint32_t(kW8Stages * kATile);
   sm.s = sm.b + uint32_t(kW8Stages * kBTile);
   sm.full = sm.s + uint32_t(kW8Stages * kSTile);
@@ -1315,7 +1309,7 @@ template <bool kFused>
 __global__ void __launch_bounds__(kWgThreads, 1) w16wg_kernel(const __grid_constant__ WgArgs a) {
   extern __shared__ unsigned char wg_smem[];
   WgSmem sm;
-  sm.b = smem_base_1024(wg_smem);
+  sm.b = smem_u32(wgmma::align_1024(wg_smem));
   sm.w = sm.b + uint32_t(kWgStages * kWgBTile);
   sm.full = sm.w + uint32_t(kWgWStages * kWgWStage);
   sm.empty = sm.full + 8u * kWgStages;

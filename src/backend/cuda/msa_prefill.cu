@@ -283,12 +283,9 @@ __device__ __forceinline__ int64_t bm_pidx(const BmArgs& a, const BmItem& w, con
 // gathered by cp.async) land in the warp's stage as soon as S is done with it, while P.V runs.
 // 128 registers per thread: P is kept as packed bf16 (hi, lo) pairs and P.V runs over the
 // dims in two halves (four quarters measured slower on the fast variant).
-// kHiLo: the canonical numerics (Q and P as bf16 hi + lo halves, split from the same fp32 values
-// in registers); false: the fast variant (Q and P rounded to bf16, half the MMAs; not
-// batch-invariant with the other entries). Only the fast variant is launched: the canonical one
-// runs on bm_block_wg_kernel below (same bits, 10-12 % faster); kHiLo = true stays as the
-// mma.sync statement of those numerics, the one the decode kernels share.
-template <bool kHiLo>
+// This is the fast variant (Q and P rounded to bf16: the hi halves alone, half the MMAs of the
+// canonical chain; not batch-invariant with the other entries). The canonical numerics (hi then
+// lo per step, as the decode kernels) run on bm_block_wg_kernel below.
 __global__ void __launch_bounds__(kThreads, 1) bm_block_kernel(BmArgs a) {
   extern __shared__ __align__(128) unsigned char smem[];
   int* const tok_s = reinterpret_cast<int*>(smem + kTokOff);
@@ -347,9 +344,7 @@ __global__ void __launch_bounds__(kThreads, 1) bm_block_kernel(BmArgs a) {
         uint32_t kf[4];
         msa::ldmatrix_x4(kf, k_tile + tile_off(nt * 8 + (lane & 7), ks2 * 4 + (lane >> 3)));
         msa::mma_bf16(sv[nt], qh[0], kf[0], kf[1]);
-        if (kHiLo) msa::mma_bf16(sv[nt], ql[0], kf[0], kf[1]);
         msa::mma_bf16(sv[nt], qh[1], kf[2], kf[3]);
-        if (kHiLo) msa::mma_bf16(sv[nt], ql[1], kf[2], kf[3]);
       }
     }
     __syncwarp();  // every lane is done reading the stage
@@ -377,13 +372,10 @@ __global__ void __launch_bounds__(kThreads, 1) bm_block_kernel(BmArgs a) {
           msa::ldmatrix_x4_trans(
               vf, v_tile + tile_off(kk * 16 + ((lane >> 3) & 1) * 8 + (lane & 7), (kDT / 2 * dq + dp) * 2 + (lane >> 4)));
           msa::mma_bf16(ov[2 * dp], ph[kk], vf[0], vf[1]);
-          if (kHiLo) msa::mma_bf16(ov[2 * dp], pl[kk], vf[0], vf[1]);
           msa::mma_bf16(ov[2 * dp + 1], ph[kk], vf[2], vf[3]);
-          if (kHiLo) msa::mma_bf16(ov[2 * dp + 1], pl[kk], vf[2], vf[3]);
         }
         if (dq == 0) {
           msa::mma_bf16(lv, ph[kk], msa::kBf16OnePair, msa::kBf16OnePair);
-          if (kHiLo) msa::mma_bf16(lv, pl[kk], msa::kBf16OnePair, msa::kBf16OnePair);
         }
       }
 #pragma unroll
@@ -404,10 +396,11 @@ __global__ void __launch_bounds__(kThreads, 1) bm_block_kernel(BmArgs a) {
   }
 }
 
-// The canonical block kernel on wgmma (sm_90a). Same work items, unit partials and bits as
-// bm_block_kernel<true>: a wgmma m64nNk16 chain with A from registers gives the fp32 bits of the
-// mma.sync m16n8k16 chain over the same operands in the same order (tools/wgmma_probe/wgmma_identity_probe.cu),
-// so each warp keeps its 16-row m-tile and its fragments (Q and P split into bf16 hi + lo in
+// The canonical block kernel on wgmma (sm_90a). Same work items and unit partials as
+// bm_block_kernel, and the bits of the mma.sync hi-then-lo chain (the query-major and decode
+// kernels' numerics): a wgmma m64nNk16 chain with A from registers gives the fp32 bits of the
+// mma.sync m16n8k16 chain over the same operands in the same order
+// (tools/wgmma_probe/wgmma_identity_probe.cu), so each warp keeps its 16-row m-tile and its fragments (Q and P split into bf16 hi + lo in
 // registers exactly as there), and a warpgroup's four m-tiles run as one m64 wgmma per step:
 //   S   = per 16-dim step, hi then lo, over all 128 keys (N = 128) from K in shared memory;
 //   O   = per 16-key step, hi then lo, over 64 dims at a time (N = 64) from V transposed in shared
@@ -424,8 +417,7 @@ static_assert(size_t(kUnitKeys) * 256 <= size_t(kWarps) * kQStage, "raw V rows f
 
 __global__ void __launch_bounds__(kThreads, 1) bm_block_wg_kernel(BmArgs a) {
   extern __shared__ unsigned char smem_raw[];
-  unsigned char* const smem =
-      reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  unsigned char* const smem = wgmma::align_1024(smem_raw);
   int* const tok_s = reinterpret_cast<int*>(smem + kWgTokOff);
   int* const slot_s = tok_s + kItemRows;
   int* const pos_s = slot_s + kItemRows;
@@ -658,7 +650,7 @@ void block_major(const TensorView& q, const TensorView& k_cache, const TensorVie
   const cudaStream_t stream = current_stream();
   // The canonical variant runs on wgmma; the fast one (bf16 Q and P) on the mma.sync kernel.
   const bool wg = hilo;
-  const auto block_kernel = hilo ? bm_block_wg_kernel : bm_block_kernel<false>;
+  const auto block_kernel = hilo ? bm_block_wg_kernel : bm_block_kernel;
   const size_t block_smem = wg ? kWgBlockSmem : kBlockSmem;
   M3_CUDA_CHECK(cudaFuncSetAttribute(block_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(block_smem)));
   for (int64_t c0 = 0; c0 < tokens; c0 += chunk) {

@@ -15,6 +15,11 @@ namespace m3::cuda::wgmma {
 __device__ __forceinline__ uint64_t desc_sw128(uint32_t addr) {
   return uint64_t((addr & 0x3ffffu) >> 4) | (uint64_t(1) << 16) | (uint64_t(1024 >> 4) << 32) | (uint64_t(1) << 62);
 }
+// The first 1024-byte aligned byte of a dynamic shared-memory buffer: 128-byte swizzled tiles
+// repeat every 1024 bytes, so the kernels allocate 1 KB extra and start there.
+__device__ __forceinline__ unsigned char* align_1024(unsigned char* buf) {
+  return reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(buf) + 1023) & ~uintptr_t(1023));
+}
 // cp.async and st.shared writes are generic-proxy; wgmma reads through the async proxy.
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 __device__ __forceinline__ void fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
