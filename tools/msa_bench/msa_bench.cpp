@@ -205,13 +205,15 @@ nlohmann::json bench_prefill(int ctx, const std::string& idt, Tables& tables, cu
   const double flops = sparse_flops(host_sel, pos, ctx, kQHeads / kKvHeads);
   row["step_us"] = step.median_us;
   row["indexer_us"] = ti.median_us;
-  // The indexer's two layouts on the same prefill (the dispatch takes the warp-streamed one).
+  // The indexer's three layouts on the same prefill (the dispatch takes the prefill groups).
   auto time_layout = [&](cuda::MsaIndexerLayout layout) {
     return time_graph([&] { cuda::launch_msa_indexer_layout(iqv, ikv, meta, ip, sv, layout); }, stream, flush, it);
   };
-  const Timing t_warp = time_layout(cuda::MsaIndexerLayout::kAuto), t_tiles = time_layout(cuda::MsaIndexerLayout::kTiles);
+  const Timing t_warp = time_layout(cuda::MsaIndexerLayout::kStreamed), t_tiles = time_layout(cuda::MsaIndexerLayout::kTiles);
+  const Timing t_groups = time_layout(cuda::MsaIndexerLayout::kPrefill);
   row["indexer_warp_us"] = t_warp.median_us;
   row["indexer_tiles_us"] = t_tiles.median_us;
+  row["indexer_prefill_us"] = t_groups.median_us;
   row["attention_flops"] = flops;
   row["gemm_tflops"] = gemm_tflops;
   struct Variant {
@@ -238,7 +240,8 @@ nlohmann::json bench_prefill(int ctx, const std::string& idt, Tables& tables, cu
   row["target"] = target;
   std::printf("%-5s %7d | %9.1f %8.1f |%s | %6.0f %s\n", idt.c_str(), ctx, step.median_us, ti.median_us, line.c_str(),
               gemm_tflops, target.c_str());
-  std::printf("      indexer layouts: warp-streamed %.1f us, 128-row tiles %.1f us\n", t_warp.median_us, t_tiles.median_us);
+  std::printf("      indexer layouts: prefill groups %.1f us, warp-streamed %.1f us, 128-row tiles %.1f us\n", t_groups.median_us,
+              t_warp.median_us, t_tiles.median_us);
   std::fflush(stdout);
   return row;
 }

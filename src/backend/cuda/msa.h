@@ -17,8 +17,12 @@ void launch_generic_indexer_topk(const TensorView& index_q, const TensorView& in
 // Tuned entries, callable directly (the benchmark and the parity test time and check them
 // without the dispatch table).
 enum class MsaIndexerLayout {
-  kAuto,   // the warp-streamed kernel where it takes the shape (blocks of 16..128 keys), else the tiles
+  kAuto,   // prefill-shaped batches with blocks of 128 keys: kPrefill; else the warp-streamed
+           // kernel where it takes the shape (blocks of 16..128 keys), else the tiles
   kTiles,  // the 128-row tiles (also what blocks of 8 keys always run)
+  kStreamed,  // the warp-streamed kernel where it takes the shape, else the tiles
+  kPrefill,  // 256-row groups, a warp per 16 rows and whole 128-key blocks (blocks of 128 keys only;
+             // other shapes fall back to kAuto's choice)
 };
 void launch_msa_indexer(const TensorView& index_q, const TensorView& index_k_cache, const ops::AttentionMetadata& meta,
                         const ops::IndexerParams& params, const TensorView& selected);

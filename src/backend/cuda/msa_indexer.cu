@@ -1,7 +1,8 @@
 // MSA lightning indexer, tuned for Hopper: BF16 or FP8 (e4m3) index-K, dim 128, exact
-// selections. This file holds the prefill tiles and the launcher, which sends decode and
-// speculative verification to the warp-streamed kernel of msa_indexer_decode.cu (blocks of
-// 16..128 keys; 8-key blocks run the tiles here too).
+// selections. This file holds the 128-row tiles and the launcher, which sends prefills with
+// 128-key blocks to msa_indexer_prefill.cu and decode and speculative verification to the
+// warp-streamed kernel of msa_indexer_decode.cu (blocks of 16..128 keys; 8-key blocks run the
+// tiles here).
 //
 // One launch. A CTA owns a query group of one sequence (rows = (token, index head) pairs:
 // 128) and one chunk of that sequence's earlier blocks (chunks spread a long context over all
@@ -421,10 +422,14 @@ void launch_msa_indexer_layout(const TensorView& index_q, const TensorView& inde
                      (index_k_cache.dtype == DType::kBF16 || index_k_cache.dtype == DType::kF8E4M3);
   if (!tuned) return launch_generic_indexer_topk(index_q, index_k_cache, meta, params, selected);
 
-  // The warp-streamed kernel wherever it takes the shape, prefills included (groups of 16 rows
+  // Prefills (sequences averaging at least half a 256-row group) with blocks of 128 keys: the
+  // prefill kernel. Else the warp-streamed kernel wherever it takes the shape (groups of 16 rows
   // re-read a sequence's keys per 4 tokens, from L2 mostly, and still beat the 128-row tiles:
   // docs/msa_kernels.md); blocks of 8 keys (a 16-key tile would span two) run the tiles.
-  const bool tiles = layout == MsaIndexerLayout::kTiles || !decode_kernel_takes(bs, meta.max_blocks_per_seq);
+  const bool prefill_shaped = 2 * tokens >= int64_t(meta.num_seqs) * prefill_group_tokens(int(heads));
+  const bool prefill = prefill_kernel_takes(bs, int(heads)) &&
+                       (layout == MsaIndexerLayout::kPrefill || (layout == MsaIndexerLayout::kAuto && prefill_shaped));
+  const bool tiles = !prefill && (layout == MsaIndexerLayout::kTiles || !decode_kernel_takes(bs, meta.max_blocks_per_seq));
   // Warp-kernel groups: 8 rows (one MMA n-tile) when every sequence may have one token, else 16.
   const bool narrow = tokens == meta.num_seqs && heads <= 8;
   IndexerArgs a{};
@@ -441,16 +446,17 @@ void launch_msa_indexer_layout(const TensorView& index_q, const TensorView& inde
   a.bs_shift = ilog2(bs);
   a.heads = int(heads);
   a.top_k = params.top_k;
-  a.group_tokens = std::max(1, (tiles ? 128 : narrow ? 8 : 16) / int(heads));
+  a.group_tokens = prefill ? prefill_group_tokens(int(heads)) : std::max(1, (tiles ? 128 : narrow ? 8 : 16) / int(heads));
   a.defer = int64_t(a.max_blocks) * bs <= (int64_t(1) << 24) ? 1 : 0;
   // Chunks per query group: enough CTAs for the SMs (the tiles run one CTA per SM, the warp
-  // kernel one or two) over the groups there are (the host does not know the contexts: chunks
+  // kernel one or two; the prefill kernel four waves, so that its groups of unequal causal
+  // lengths balance) over the groups there are (the host does not know the contexts: chunks
   // past a sequence's blocks exit).
   const int64_t groups = tokens == meta.num_seqs ? tokens : (tokens + a.group_tokens - 1) / a.group_tokens + meta.num_seqs;
   const int64_t max_scored = std::max(1, a.max_blocks - 1);
   const bool fp8 = index_k_cache.dtype == DType::kF8E4M3;
   const int64_t target =
-      current_sm_count() * (tiles ? 1 : decode_ctas_per_sm(fp8, a.group_tokens * int(heads)));
+      current_sm_count() * (prefill ? 4 : tiles ? 1 : decode_ctas_per_sm(fp8, a.group_tokens * int(heads)));
   a.chunks = int(std::clamp<int64_t>(target / std::max<int64_t>(1, groups), 1, std::min<int64_t>(max_scored, 1024)));
   if (tokens > msa::kMaxCounters) a.chunks = 1;
   if (a.chunks > 1) {
@@ -459,7 +465,7 @@ void launch_msa_indexer_layout(const TensorView& index_q, const TensorView& inde
     M3_CUDA_CHECK(cudaGetDevice(&dev));
     unsigned*& counters = counters_of[dev & 63];
     if (!counters) M3_CUDA_CHECK(cudaGetSymbolAddress(reinterpret_cast<void**>(&counters), g_indexer_counters));
-    a.counters = counters;
+    a.counters = prefill ? prefill_counters() : counters;
   }
   // Score scratch for a slice of the tokens (long prefills run in several launches).
   const size_t row_bytes = size_t(heads) * size_t(a.max_blocks) * 4;
@@ -474,7 +480,8 @@ void launch_msa_indexer_layout(const TensorView& index_q, const TensorView& inde
   for (int64_t tb = 0; tb < tokens; tb += slice) {
     a.tok_begin = int(tb);
     a.tok_end = int(std::min<int64_t>(tokens, tb + slice));
-    if (!tiles) launch_indexer_decode(a, fp8, a.group_tokens * a.heads);
+    if (prefill) launch_indexer_prefill(a, fp8);
+    else if (!tiles) launch_indexer_decode(a, fp8, a.group_tokens * a.heads);
     else if (fp8) launch_tiles(msa_indexer_kernel<__nv_fp8_e4m3, 4, 2>, Cfg<__nv_fp8_e4m3, 4, 2>::kBytes);
     else launch_tiles(msa_indexer_kernel<__nv_bfloat16, 4, 2>, Cfg<__nv_bfloat16, 4, 2>::kBytes);
   }

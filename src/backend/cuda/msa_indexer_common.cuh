@@ -99,7 +99,8 @@ struct IndexerArgs {
 // The reference's dot of one query row (fp32, global) with one key row: a sequential fp32 sum
 // over d of separately rounded products (no FMA contraction, no reassociation). The row is a
 // swizzled shared-memory stage row (kGlobal false) or the cache's row in global memory.
-template <class IK, bool kGlobal = false>
+// kQShared: q is a shared-memory row (plain loads instead of the read-only global path).
+template <class IK, bool kGlobal = false, bool kQShared = false>
 __device__ __forceinline__ float exact_dot(const float* q, const unsigned char* row, int key) {
   using Tr = IkTraits<IK>;
   constexpr int kE = Tr::kPerChunk, kChunks = kDim / kE;
@@ -108,7 +109,8 @@ __device__ __forceinline__ float exact_dot(const float* q, const unsigned char* 
     Tr::unpack(raw, kf);
 #pragma unroll
     for (int e = 0; e < kE; e += 4) {
-      const float4 x = __ldg(reinterpret_cast<const float4*>(q + ch * kE + e));
+      const float4* qp = reinterpret_cast<const float4*>(q + ch * kE + e);
+      const float4 x = kQShared ? *qp : __ldg(qp);
       s = __fadd_rn(s, __fmul_rn(x.x, kf[e]));
       s = __fadd_rn(s, __fmul_rn(x.y, kf[e + 1]));
       s = __fadd_rn(s, __fmul_rn(x.z, kf[e + 2]));
@@ -384,5 +386,12 @@ void launch_indexer_decode(const IndexerArgs& a, bool fp8, int rows_max);
 bool decode_kernel_takes(int bs, int max_blocks);
 // CTAs of the warp-streamed kernel resident per SM for this key type and group width.
 int decode_ctas_per_sm(bool fp8, int rows_max);
+
+// The prefill kernel (msa_indexer_prefill.cu): 256-row groups, a warp per 16 rows and whole
+// 128-key blocks, for prefills with blocks of 128 keys and at most 16 index heads.
+bool prefill_kernel_takes(int bs, int heads);
+int prefill_group_tokens(int heads);
+unsigned* prefill_counters();  // its arrival counters (per device)
+void launch_indexer_prefill(const IndexerArgs& a, bool fp8);
 
 }  // namespace m3::cuda::msa_index

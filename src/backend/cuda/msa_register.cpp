@@ -38,9 +38,10 @@ void register_msa(ops::KernelTable& table) {
        "device BF16 or F8E4M3 index-K cache, index dim 128, <= 16 index heads, 1 <= top_k <= 64 (page size a power "
        "of two in 8..128, else the generic kernel runs); decode: query groups of 8 or 16 (token, head) rows, pages "
        "split over CTAs, each warp streaming whole 128-key units through its own cp.async ring (blocks of 16..128 "
-       "keys; 8-key blocks take the prefill tiles); prefill tiles of 128 rows; tensor-core approximate dots with a "
-       "rigorous error bound, the reference's exact dot for the keys that can be a block's maximum, listed and run "
-       "in batches (block scores bit-identical to the CPU), warp selection by ranks of the blocks that can make the "
+       "keys; 8-key blocks take the 128-row tiles); prefills with 128-key blocks: 256-row groups, a warp per 16 rows "
+       "and whole blocks, candidates within twice the block's bound of its approximate maximum; tensor-core "
+       "approximate dots with a rigorous error bound, the reference's exact dot for the keys that can be a block's "
+       "maximum (block scores bit-identical to the CPU), warp selection by ranks of the blocks that can make the "
        "top k (a threshold from each lane's two largest scores; radix passes under heavy ties), ties to the lower id",
        [](const ops::Problem& p) -> std::string {
          if (p.device != Device::kCuda) return "tensors are not in device memory";

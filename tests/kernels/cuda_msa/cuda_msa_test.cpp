@@ -244,6 +244,19 @@ Result run_case(Harness& h, const Case& c, std::mt19937& rng) {
       r.sel_exact = false;
       r.sel_error = sel_mismatch(gsel, sel, batch, T, sh.top_k, "128-row tiles");
     }
+    // And the other two layouts, whichever the dispatch took (the prefill kernel takes blocks of
+    // 128 keys only; other shapes fall back to the warp-streamed kernel).
+    for (const auto& [layout, name] : {std::pair{cuda::MsaIndexerLayout::kStreamed, "warp-streamed"},
+                                       std::pair{cuda::MsaIndexerLayout::kPrefill, "prefill groups"}}) {
+      dsel.poison();
+      cuda::launch_msa_indexer_layout(dev(diq, DType::kF32, iqs), dev(*dik, c.index_dtype, iks), batch.dev_meta, ip,
+                                      dev(dsel, DType::kI32, sel_shape), layout);
+      gsel = dsel.get<int32_t>(sel_n);
+      if (gsel != sel && r.sel_exact) {
+        r.sel_exact = false;
+        r.sel_error = sel_mismatch(gsel, sel, batch, T, sh.top_k, name);
+      }
+    }
     auto check_paths = [&](const char* want) {
       for (const auto& p : h.gpu_paths()) {
         if (!r.entries.empty()) r.entries += ',';

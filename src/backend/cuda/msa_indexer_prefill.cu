@@ -1,0 +1,431 @@
+// MSA lightning indexer for prefills with blocks of 128 keys: a warp owns 16 (token, head) rows
+// and every key of the stage's block, so the per-(row, block) work needs no other warp.
+//
+// The other two layouts spend most of their instructions per (row, key) element: the tiles of
+// msa_indexer.cu split a block's keys over two warps (shared-memory atomics and four barriers
+// per stage, ~72 instructions per element, 255 registers: 2 warps per scheduler), and the
+// warp-streamed kernel re-reads a prefill's keys per 4 tokens (~34 GB of L2 reads at 32K).
+// Here, per element: one max (the row's block maximum of the approximate dots) and one compare.
+//
+// Exactness. a = approximate dot (Q sigma rounded to bf16 / f16, fp32 tensor-core accumulation)
+// is within e_k = c |q sigma| |k| of sigma x (x = the reference's exact dot; c and the zeroed-
+// element term as in msa_indexer_common.cuh). With E >= every e_k of the block (the block's
+// largest |k|), the exact block maximum is >= max_k a_k - E, and a key can reach it only if
+// a_k + E >= max a - E: so the keys with a_k >= max a - 2E (rounded down) are a superset of the
+// block's possible maxima, and the block score is the maximum of their exact dots (bit-identical
+// to the reference's). Rows or blocks whose bound could overflow or is not finite (non-finite
+// or huge Q or keys) list every key of the block.
+//
+// CTA: 16 warps, 256 rows (64 tokens at 4 index heads), one CTA per SM; keys through a 2-stage
+// (BF16; FP8 4-stage) cp.async ring of whole blocks in XOR-swizzled shared memory, the rows' fp32
+// q in shared memory for the exact dots (through L1 they stalled the scan: 28 M dots of 512-byte
+// rows at 32K, one row per lane); the blocks'
+// |k| from a Gram MMA (each warp one 8-key n-tile). Candidates are listed per warp (a bitmask
+// per thread and row, compacted with a warp scan) and their exact dots run one per lane from the
+// stage still in shared memory. Groups are enumerated on the device (no host sync); long
+// contexts with few groups split their blocks over chunks, and the last chunk's CTA selects
+// (arrival counter), as in the other layouts.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/cuda_internal.h"
+#include "backend/cuda/msa_indexer_common.cuh"
+
+namespace m3::cuda::msa_index {
+namespace {
+
+using msa::cp_async16;
+using msa::cp_async_commit;
+using msa::cp_async_wait;
+using msa::kKeyMinusInf;
+using msa::smem_u32;
+
+constexpr int kPThreads = 512, kPWarps = kPThreads / 32, kPRows = 16 * kPWarps;
+constexpr int kPBlockKeys = 128;        // the only block size this kernel takes
+constexpr int kPBufBytes = 64 * 1024;   // the key ring; reused by the selection
+constexpr int kPQStride = 132;          // floats per shared q row: rows 16 B apart in the banks
+constexpr int kPCandCap = 128;          // listed exact dots per warp and stage (more run in place)
+// Bound inputs below these cannot overflow the approximate dots, the bound or max a - 2E.
+constexpr float kMaxRowFactor = 17179869184.0f;  // 2^34 >= c |q sigma| + zero term (|q sigma| < 2^37)
+constexpr float kMaxKeyNorm = 1.2089258e24f;     // 2^80
+
+__device__ unsigned g_prefill_counters[msa::kMaxCounters];
+
+template <class IK>
+struct PCfg {
+  static constexpr int kRowBytes = IkTraits<IK>::kRowBytes;
+  static constexpr int kStageBytes = kPBlockKeys * kRowBytes;
+  static constexpr int kStages = kPBufBytes / kStageBytes;  // 2 (BF16), 4 (FP8)
+  static constexpr size_t kQOff = kPBufBytes;                                       // [rows][kPQStride] f32
+  static constexpr size_t kCandOff = kQOff + size_t(kPRows) * kPQStride * 4;        // [warps][cap] u32
+  static constexpr size_t kBestOff = kCandOff + size_t(kPWarps) * kPCandCap * 4;    // [rows] order keys
+  static constexpr size_t kNkOff = kBestOff + size_t(kPRows) * 4;                   // [warps] f32
+  static constexpr size_t kSigOff = kNkOff + size_t(kPWarps) * 4;                   // [rows]
+  static constexpr size_t kAOff = kSigOff + size_t(kPRows) * 4;                     // [rows]
+  static constexpr size_t kPosOff = kAOff + size_t(kPRows) * 4;                     // [tokens <= rows]
+  static constexpr size_t kBytes = kPosOff + size_t(kPRows) * 4;
+  static constexpr int kSelectCap = kPBufBytes / 4 / kPWarps - 256;  // words per warp: cache, then hist
+  static_assert(kStages >= 2, "a ring of at least two blocks");
+};
+
+// Block-wide exclusive scan step: returns this thread's exclusive prefix of v and the total.
+__device__ __forceinline__ int block_excl_scan(int v, int* warp_tot, int& total) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int incl = msa::warp_inclusive_scan(v);
+  if (lane == 31) warp_tot[warp] = incl;
+  __syncthreads();
+  int before = 0;
+  total = 0;
+#pragma unroll
+  for (int w = 0; w < kPWarps; ++w) {
+    const int t = warp_tot[w];
+    before += w < warp ? t : 0;
+    total += t;
+  }
+  __syncthreads();
+  return before + incl - v;
+}
+
+// The query groups of the slice, in token order: sequence s contributes the groups whose first
+// token q_begin + m G lies in [tok_begin, tok_end). CTA x takes group (total - 1 - x): longest
+// causal prefixes first. Returns false when x is past the last group.
+__device__ bool find_group(const IndexerArgs& a, int* warp_tot, int* found, int& seq, int& t0) {
+  const int G = a.group_tokens;
+  auto count = [&](int s, int& first) {
+    const int qb = a.query_start[s], qe = a.query_start[s + 1];
+    const int lo = max(qb, a.tok_begin), hi = min(qe, a.tok_end);
+    first = 0;
+    if (lo >= hi) return 0;
+    const int m0 = (lo - qb + G - 1) / G, m1 = (hi - qb + G - 1) / G;
+    first = qb + m0 * G;
+    return max(0, m1 - m0);
+  };
+  int total = 0;
+  for (int base = 0; base < a.num_seqs; base += kPThreads) {
+    const int s = base + int(threadIdx.x);
+    int first = 0;
+    const int c = s < a.num_seqs ? count(s, first) : 0;
+    int t = 0;
+    block_excl_scan(c, warp_tot, t);
+    total += t;
+  }
+  const int g = total - 1 - int(blockIdx.x);
+  if (g < 0) return false;
+  if (threadIdx.x == 0) found[0] = found[1] = -1;
+  int done = 0;
+  for (int base = 0; base < a.num_seqs; base += kPThreads) {
+    const int s = base + int(threadIdx.x);
+    int first = 0;
+    const int c = s < a.num_seqs ? count(s, first) : 0;
+    int t = 0;
+    const int excl = done + block_excl_scan(c, warp_tot, t);
+    if (c > 0 && g >= excl && g < excl + c) {
+      found[0] = s;
+      found[1] = first + (g - excl) * G;
+    }
+    done += t;
+  }
+  __syncthreads();
+  seq = found[0];
+  t0 = found[1];
+  return t0 >= 0;
+}
+
+template <class IK>
+__global__ void __launch_bounds__(kPThreads, 1) msa_indexer_prefill_kernel(IndexerArgs a) {
+  using Cf = PCfg<IK>;
+  using Tr = IkTraits<IK>;
+  constexpr int kStages = Cf::kStages, kRowBytes = Cf::kRowBytes, kStageBytes = Cf::kStageBytes;
+  extern __shared__ __align__(128) unsigned char smem[];
+  unsigned char* const stage_buf = smem;
+  float* const q_s = reinterpret_cast<float*>(smem + Cf::kQOff);
+  uint32_t* const cand_s = reinterpret_cast<uint32_t*>(smem + Cf::kCandOff);
+  uint32_t* const best_s = reinterpret_cast<uint32_t*>(smem + Cf::kBestOff);
+  float* const nk_s = reinterpret_cast<float*>(smem + Cf::kNkOff);
+  float* const sig_s = reinterpret_cast<float*>(smem + Cf::kSigOff);
+  float* const a_s = reinterpret_cast<float*>(smem + Cf::kAOff);
+  int* const s_pos = reinterpret_cast<int*>(smem + Cf::kPosOff);
+  __shared__ int s_scan[kPWarps];
+  __shared__ int s_found[2];
+  __shared__ int s_last;
+
+  int s = 0, t0 = 0;
+  if (!find_group(a, s_scan, s_found, s, t0)) return;
+  const int q_end = a.query_start[s + 1];
+  const int T = min(a.group_tokens, q_end - t0), H = a.heads, P = T * H;
+  const int tid = int(threadIdx.x), warp = tid >> 5, lane = tid & 31, gq = lane >> 2, cq = lane & 3;
+  for (int i = tid; i < T; i += kPThreads) s_pos[i] = a.positions[t0 + i];
+  for (int i = tid; i < kPRows; i += kPThreads) best_s[i] = kKeyMinusInf;
+  __syncthreads();
+  const GroupScan gs = group_scan(a, T, s_pos);
+  if (gs.nb == 0) {  // every row takes all its blocks
+    if (blockIdx.y == 0) {
+      for (int p = warp; p < P; p += kPWarps) write_all_blocks(a, t0, p, s_pos[p / H] >> a.bs_shift);
+    }
+    return;
+  }
+  auto local_of = [&](int r) { return s_pos[r / H] >> a.bs_shift; };
+  const int64_t score_row0 = int64_t(t0 - a.tok_begin) * H;
+  const int b0 = gs.b0, b1 = gs.b1;
+  if (b0 < b1) {
+    const int nstage = b1 - b0;
+    const int32_t* table = a.block_tables + int64_t(s) * a.max_blocks;
+    const unsigned char* keys = static_cast<const unsigned char*>(a.keys);
+    // Stage i = block b0 + i: thread = (16-byte column, row group), rows XOR-swizzled by row % 8.
+    auto load_stage = [&](int i) {
+      unsigned char* buf = stage_buf + (i % kStages) * kStageBytes;
+      const uint64_t base = uint64_t(uint32_t(__ldg(table + b0 + i))) * kPBlockKeys;
+      constexpr int kChunks = kRowBytes / 16, kRowsPerPass = kPThreads / kChunks;
+      const int ch = tid % kChunks, row0 = tid / kChunks;
+#pragma unroll
+      for (int pss = 0; pss < kPBlockKeys / kRowsPerPass; ++pss) {
+        const int row = row0 + pss * kRowsPerPass;
+        cp_async16(smem_u32(buf + row * kRowBytes + ((ch ^ (row & 7)) << 4)), keys + (base + row) * kRowBytes + ch * 16,
+                   true);
+      }
+    };
+#pragma unroll 1
+    for (int i = 0; i < kStages - 1; ++i) {
+      if (i < nstage) load_stage(i);
+      cp_async_commit();
+    }
+    // Per row: sigma and the bound's row factor c |q sigma| + zero term (rounded up).
+    for (int r = warp; r < kPRows; r += kPWarps) {
+      float sig = 0.0f, fac = 0.0f;
+      if (r < P) {
+        const float4 v = *reinterpret_cast<const float4*>(group_q_row(a, t0, r) + lane * 4);
+        *reinterpret_cast<float4*>(q_s + r * kPQStride + lane * 4) = v;  // the exact dots' operand
+        sig = warp_row_sigma(v, Tr::kSigmaExp);
+        const float x0 = v.x * sig, x1 = v.y * sig, x2 = v.z * sig, x3 = v.w * sig;
+        float ss = x0 * x0 + x1 * x1 + x2 * x2 + x3 * x3;
+#pragma unroll
+        for (int off = 16; off > 0; off >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, off);
+        fac = __fmaf_ru(Tr::kErr, __fmul_ru(sqrtf(ss), 1.001f), Tr::kZeroTerm);
+      }
+      if (lane == 0) {
+        sig_s[r] = sig;
+        a_s[r] = fac;
+      }
+    }
+    __syncthreads();
+    // A fragments (Q sigma) of this warp's 16 rows, in the key layout's k order.
+    const int ra = 16 * warp + gq, rb = ra + 8;
+    uint32_t af[8][4];
+    {
+      const float sa = sig_s[ra], sb = sig_s[rb];
+      const float* qa = group_q_row(a, t0, ra < P ? ra : 0);
+      const float* qb = group_q_row(a, t0, rb < P ? rb : 0);
+#pragma unroll
+      for (int ks = 0; ks < 8; ++ks) {
+        // bf16: dims (16ks + 2c, +1) and (+8, +9); f16 (FP8 keys): dims 16ks + 4c + 0..3.
+        const int d0 = sizeof(IK) == 2 ? 16 * ks + 2 * cq : 16 * ks + 4 * cq;
+        const int d1 = sizeof(IK) == 2 ? d0 + 8 : d0 + 2;
+        const float2 x0 = *reinterpret_cast<const float2*>(qa + d0), x1 = *reinterpret_cast<const float2*>(qa + d1);
+        const float2 y0 = *reinterpret_cast<const float2*>(qb + d0), y1 = *reinterpret_cast<const float2*>(qb + d1);
+        af[ks][0] = Tr::pack(x0.x * sa, x0.y * sa);
+        af[ks][1] = Tr::pack(y0.x * sb, y0.y * sb);
+        af[ks][2] = Tr::pack(x1.x * sa, x1.y * sa);
+        af[ks][3] = Tr::pack(y1.x * sb, y1.y * sb);
+      }
+    }
+    const float fac_h[2] = {a_s[ra], a_s[rb]};
+    const int loc_h[2] = {ra < P ? local_of(ra) : -1, rb < P ? local_of(rb) : -1};
+    uint32_t* const list = cand_s + warp * kPCandCap;
+    uint32_t* const best = best_s + 16 * warp;
+    auto exact_into_best = [&](uint32_t entry, const unsigned char* buf) {
+      const int rw = int(entry >> 8), key = int(entry & 255u);
+      const float x = exact_dot<IK, false, true>(q_s + (16 * warp + rw) * kPQStride, buf + key * kRowBytes, key);
+      if (x == x) atomicMax(&best[rw], msa::order_key(x));  // the reference skips NaN
+    };
+
+#pragma unroll 1
+    for (int i = 0; i < nstage; ++i) {
+      cp_async_wait<kStages - 2>();
+      __syncthreads();  // stage i visible; every warp is done with stage i - 1 (and nk_s)
+      if (i + kStages - 1 < nstage) load_stage(i + kStages - 1);
+      cp_async_commit();
+      const unsigned char* buf = stage_buf + (i % kStages) * kStageBytes;
+      const uint32_t buf_u32 = smem_u32(buf);
+      const int blk = b0 + i;
+      // B fragments of n-tile nt (keys 8 nt .. + 7), k-steps 4 q .. 4 q + 3 (FP8) or 2 q, 2 q + 1 (BF16).
+      auto frags = [&](int nt, int q, uint32_t (&bf)[4][2]) {
+        const int krow = 8 * nt + (lane & 7);
+        uint32_t r4[4];
+        if constexpr (sizeof(IK) == 2) {
+          msa::ldmatrix_x4(r4, buf_u32 + krow * kRowBytes + ((((2 * q) * 4 + (lane >> 3)) ^ (krow & 7)) << 4));
+          uint32_t r5[4];
+          msa::ldmatrix_x4(r5, buf_u32 + krow * kRowBytes + ((((2 * q + 1) * 4 + (lane >> 3)) ^ (krow & 7)) << 4));
+          bf[0][0] = r4[0];
+          bf[0][1] = r4[1];
+          bf[1][0] = r4[2];
+          bf[1][1] = r4[3];
+          bf[2][0] = r5[0];
+          bf[2][1] = r5[1];
+          bf[3][0] = r5[2];
+          bf[3][1] = r5[3];
+        } else {
+          msa::ldmatrix_x4(r4, buf_u32 + krow * kRowBytes + (((q * 4 + (lane >> 3)) ^ (krow & 7)) << 4));
+#pragma unroll
+          for (int j = 0; j < 4; ++j) {
+            bf[j][0] = e4m3x2_lo_f16x2(r4[j]);
+            bf[j][1] = e4m3x2_hi_f16x2(r4[j]);
+          }
+        }
+      };
+      // |k| of the keys of n-tile `warp`: the Gram diagonal (A rows 0..7 = the keys themselves).
+      {
+        float gr[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+        for (int q = 0; q < 2; ++q) {
+          uint32_t bf[4][2];
+          frags(warp, q, bf);
+#pragma unroll
+          for (int j = 0; j < 4; ++j) {
+            const uint32_t ga[4] = {bf[j][0], 0u, bf[j][1], 0u};
+            Tr::mma(gr, ga, bf[j][0], bf[j][1]);
+          }
+        }
+        // Lane (gq, cq) holds (key gq, key 2 cq + {0, 1}): the diagonal where gq / 2 == cq.
+        const float d = (gq >> 1) == cq ? ((gq & 1) ? gr[1] : gr[0]) : 0.0f;
+        const bool bad = !(d <= 3.0e38f);  // NaN or inf
+        float mx = bad ? 0.0f : d;
+#pragma unroll
+        for (int off = 16; off > 0; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
+        const bool any_bad = __any_sync(0xffffffffu, bad);
+        if (lane == 0) nk_s[warp] = any_bad ? INFINITY : __fmul_ru(sqrtf(mx), 1.001f);
+        __syncwarp();
+      }
+      const bool need0 = loc_h[0] > blk, need1 = loc_h[1] > blk;
+      const bool any = __any_sync(0xffffffffu, need0 || need1);  // warp-uniform
+      float acc[16][4];
+      if (any) {
+#pragma unroll
+        for (int nt = 0; nt < 16; ++nt) {
+          acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.0f;
+#pragma unroll
+          for (int q = 0; q < (sizeof(IK) == 2 ? 4 : 2); ++q) {
+            if constexpr (sizeof(IK) == 2) {
+              // Two k-steps per ldmatrix pair is 4 registers live; load per pair of k-steps.
+              const int krow = 8 * nt + (lane & 7);
+              uint32_t r4[4];
+              msa::ldmatrix_x4(r4, buf_u32 + krow * kRowBytes + (((q * 4 + (lane >> 3)) ^ (krow & 7)) << 4));
+              Tr::mma(acc[nt], af[2 * q], r4[0], r4[1]);
+              Tr::mma(acc[nt], af[2 * q + 1], r4[2], r4[3]);
+            } else {
+              uint32_t bf[4][2];
+              frags(nt, q, bf);
+#pragma unroll
+              for (int j = 0; j < 4; ++j) {
+                Tr::mma(acc[nt], af[4 * q + j], bf[j][0], bf[j][1]);
+              }
+            }
+          }
+        }
+      }
+      __syncthreads();  // every warp's |k| part
+      float nkmax = 0.0f;
+#pragma unroll
+      for (int w = 0; w < kPWarps; w += 4) {
+        const float4 v = *reinterpret_cast<const float4*>(nk_s + w);
+        nkmax = fmaxf(nkmax, fmaxf(fmaxf(v.x, v.y), fmaxf(v.z, v.w)));  // inf stays inf
+      }
+      unsigned mask[2] = {0u, 0u};  // element 2 nt + e: key 8 nt + 2 cq + e
+      if (any) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const bool need = h == 0 ? need0 : need1;
+          float m = -INFINITY;
+#pragma unroll
+          for (int nt = 0; nt < 16; ++nt) m = fmaxf(m, fmaxf(acc[nt][2 * h], acc[nt][2 * h + 1]));
+          m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
+          m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
+          const float e2 = __fmul_ru(2.0f, __fmaf_ru(fac_h[h], nkmax, 5.96046448e-08f));
+          const float thr = __fsub_rd(m, e2);
+          const bool safe = fac_h[h] <= kMaxRowFactor && nkmax <= kMaxKeyNorm && thr > -INFINITY && thr < INFINITY;
+          if (!need) continue;
+          if (!safe) {
+            mask[h] = 0xffffffffu;
+            continue;
+          }
+#pragma unroll
+          for (int nt = 0; nt < 16; ++nt) {
+            mask[h] |= (acc[nt][2 * h] >= thr ? 1u : 0u) << (2 * nt);
+            mask[h] |= (acc[nt][2 * h + 1] >= thr ? 1u : 0u) << (2 * nt + 1);
+          }
+        }
+      }
+      // List the candidates (row in warp << 8 | key), warp-compacted; overflow runs in place.
+      const int mine = __popc(mask[0]) + __popc(mask[1]);
+      const int incl = msa::warp_inclusive_scan(mine);
+      const int listed = __shfl_sync(0xffffffffu, incl, 31);
+      int pos = incl - mine;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        unsigned m = mask[h];
+        while (m) {
+          const int idx = __ffs(m) - 1;
+          m &= m - 1;
+          const uint32_t entry = (uint32_t(gq + 8 * h) << 8) | uint32_t(8 * (idx >> 1) + 2 * cq + (idx & 1));
+          if (pos < kPCandCap) list[pos] = entry;
+          else exact_into_best(entry, buf);
+          ++pos;
+        }
+      }
+      __syncwarp();
+      const int n = min(listed, kPCandCap);
+      for (int c = lane; c < n; c += 32) exact_into_best(list[c], buf);
+      __syncwarp();
+      if (lane < 16) {
+        const int r = 16 * warp + lane;
+        if (r < P && local_of(r) > blk) a.scores[(score_row0 + r) * a.max_blocks + blk] = best[lane];
+        best[lane] = kKeyMinusInf;
+      }
+      __syncwarp();
+    }
+    cp_async_wait<0>();
+  }
+
+  pdl_launch_dependents();  // the attention kernel may start its setup while the selection runs
+  if (a.chunks > 1) {
+    if (!msa::arrive_last(&a.counters[t0], unsigned(a.chunks), &s_last)) return;
+  } else {
+    __syncthreads();  // this CTA's score writes (and the ring's last reads) are done
+  }
+  uint32_t* const cache = reinterpret_cast<uint32_t*>(stage_buf) + warp * (Cf::kSelectCap + 256);
+  select_group(a, t0, P, s_pos, cache, Cf::kSelectCap, cache + Cf::kSelectCap);
+}
+
+template <class IK>
+void launch_prefill_one(const IndexerArgs& a) {
+  auto kernel = msa_indexer_prefill_kernel<IK>;
+  constexpr size_t smem = PCfg<IK>::kBytes;
+  M3_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+  const int G = a.group_tokens;
+  // Groups of the slice: at most one partial group per sequence beyond the full ones.
+  const int64_t groups = (int64_t(a.tok_end - a.tok_begin) + G - 1) / G + a.num_seqs;
+  kernel<<<dim3{unsigned(groups), unsigned(a.chunks)}, kPThreads, smem, current_stream()>>>(a);
+}
+
+}  // namespace
+
+bool prefill_kernel_takes(int bs, int heads) { return bs == kPBlockKeys && heads >= 1 && heads <= 16; }
+
+int prefill_group_tokens(int heads) { return kPRows / heads; }
+
+unsigned* prefill_counters() {
+  static unsigned* counters_of[64] = {};  // per device
+  int dev = 0;
+  M3_CUDA_CHECK(cudaGetDevice(&dev));
+  unsigned*& c = counters_of[dev & 63];
+  if (!c) M3_CUDA_CHECK(cudaGetSymbolAddress(reinterpret_cast<void**>(&c), g_prefill_counters));
+  return c;
+}
+
+void launch_indexer_prefill(const IndexerArgs& a, bool fp8) {
+  if (fp8) launch_prefill_one<__nv_fp8_e4m3>(a);
+  else launch_prefill_one<__nv_bfloat16>(a);
+}
+
+}  // namespace m3::cuda::msa_index
