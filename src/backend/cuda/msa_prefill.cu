@@ -82,36 +82,50 @@ __device__ __forceinline__ int key_of(const BmArgs& a, int g, int s, int b) {
   return (g * a.num_seqs + s) * a.max_blocks + b;
 }
 
-// Per (token, group): the valid distinct blocks, their rank (ascending block id) and counts.
-__global__ void bm_rank_count(BmArgs a) {
-  const int i = int(blockIdx.x * blockDim.x + threadIdx.x);
-  if (i >= a.n_tok * a.kv_heads) return;
+// Per (token, group), one warp (lane l holds selections l and l + 32): the valid distinct
+// blocks, their rank (ascending block id) and counts. (A thread per pair, re-reading its ids in
+// O(top_k^3) loops, took 76 us per chunk of 4000 tokens in 63 CTAs.)
+constexpr int kRankThreads = 256;
+__global__ void __launch_bounds__(kRankThreads) bm_rank_count(BmArgs a) {
+  const int i = int((blockIdx.x * blockDim.x + threadIdx.x) >> 5), lane = int(threadIdx.x) & 31;
+  if (i >= a.n_tok * a.kv_heads) return;  // warp-uniform
   const int tr = i / a.kv_heads, g = i % a.kv_heads, t = a.c0 + tr;
   const int s = msa::seq_of_token(a.query_start, a.num_seqs, t);
   const int local = a.positions[t] / a.bs;
   const int32_t* ids = a.sel + (int64_t(g) * a.num_tokens + t) * a.top_k;
-  int* slot = a.slot_of + int64_t(i) * a.top_k;
-  int nvalid = 0;
-  for (int j = 0; j < a.top_k; ++j) {
-    const int b = ids[j];
-    bool ok = b >= 0 && b <= local;
-    for (int jj = 0; jj < j && ok; ++jj) ok = ids[jj] != b;
-    int rank = -1;
-    if (ok) {
-      rank = 0;
-      for (int jj = 0; jj < a.top_k; ++jj) {
-        const int c = ids[jj];
-        if (c < 0 || c >= b) continue;  // only valid ids below b (c <= local holds: c < b)
-        bool first = true;
-        for (int x = 0; x < jj && first; ++x) first = ids[x] != c;
-        rank += first ? 1 : 0;
-      }
-      ++nvalid;
-      atomicAdd(&a.count[key_of(a, g, s, b)], 1);
-    }
-    slot[j] = rank;
+  const int k = a.top_k;
+  int b[2];
+  bool first[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    b[h] = lane + 32 * h < k ? ids[lane + 32 * h] : -1;
+    first[h] = true;
   }
-  a.n_valid[i] = nvalid;
+  // First occurrences: no earlier position holds the same id.
+  for (int j = 0; j < k; ++j) {
+    const int v = __shfl_sync(0xffffffffu, b[j >> 5], j & 31);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) first[h] = first[h] && !(j < lane + 32 * h && v == b[h]);
+  }
+  // Rank: the distinct ids in [0, b) (each below b <= local, so valid).
+  int rank[2] = {0, 0};
+  for (int j = 0; j < k; ++j) {
+    const int v = __shfl_sync(0xffffffffu, b[j >> 5], j & 31);
+    const bool f = __shfl_sync(0xffffffffu, first[j >> 5], j & 31);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) rank[h] += (f && v >= 0 && v < b[h]) ? 1 : 0;
+  }
+  int* slot = a.slot_of + int64_t(i) * k;
+  int nvalid = 0;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int j = lane + 32 * h;
+    const bool ok = j < k && first[h] && b[h] >= 0 && b[h] <= local;
+    if (ok) atomicAdd(&a.count[key_of(a, g, s, b[h])], 1);
+    if (j < k) slot[j] = ok ? rank[h] : -1;
+    nvalid += __popc(__ballot_sync(0xffffffffu, ok));
+  }
+  if (lane == 0) a.n_valid[i] = nvalid;
 }
 
 // One CTA: entry offsets (exclusive scan of the counts) and the work list (per key,
@@ -158,21 +172,20 @@ __global__ void __launch_bounds__(kScanThreads) bm_scan(BmArgs a) {
   }
 }
 
-// Each (token, group, selected block) into its key's range of entries (order within a key
-// does not matter: every row's partial is computed the same way wherever it lands).
+// Each (token, group, selected block) into its key's range of entries, a thread per selection
+// (order within a key does not matter: every row's partial is computed the same way wherever
+// it lands; a thread per (token, group) ran its top_k atomics in sequence: 31 us per chunk).
 __global__ void bm_scatter(BmArgs a) {
-  const int i = int(blockIdx.x * blockDim.x + threadIdx.x);
-  if (i >= a.n_tok * a.kv_heads) return;
+  const int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (e >= int64_t(a.n_tok) * a.kv_heads * a.top_k) return;
+  const int i = int(e / a.top_k), j = int(e % a.top_k);
+  const int slot = a.slot_of[e];
+  if (slot < 0) return;
   const int tr = i / a.kv_heads, g = i % a.kv_heads, t = a.c0 + tr;
   const int s = msa::seq_of_token(a.query_start, a.num_seqs, t);
-  const int32_t* ids = a.sel + (int64_t(g) * a.num_tokens + t) * a.top_k;
-  const int* slot = a.slot_of + int64_t(i) * a.top_k;
-  for (int j = 0; j < a.top_k; ++j) {
-    if (slot[j] < 0) continue;
-    const int key = key_of(a, g, s, ids[j]);
-    const int idx = a.entry_off[key] + atomicSub(&a.count[key], 1) - 1;
-    a.entries[idx] = (tr << 6) | slot[j];
-  }
+  const int key = key_of(a, g, s, a.sel[(int64_t(g) * a.num_tokens + t) * a.top_k + j]);
+  const int idx = a.entry_off[key] + atomicSub(&a.count[key], 1) - 1;
+  a.entries[idx] = (tr << 6) | slot;
 }
 
 // Shared memory: the block's K and V (swizzled bf16 tiles), the item's token list, and per warp
@@ -658,9 +671,9 @@ void block_major(const TensorView& q, const TensorView& k_cache, const TensorVie
     a.n_tok = int(std::min<int64_t>(chunk, tokens - c0));
     const int n_sel = a.n_tok * a.kv_heads;
     M3_CUDA_CHECK(cudaMemsetAsync(a.count, 0, size_t(n_keys) * 4, stream));
-    bm_rank_count<<<unsigned((n_sel + 255) / 256), 256, 0, stream>>>(a);
+    bm_rank_count<<<unsigned((int64_t(n_sel) * 32 + kRankThreads - 1) / kRankThreads), kRankThreads, 0, stream>>>(a);
     bm_scan<<<1, kScanThreads, 0, stream>>>(a);
-    bm_scatter<<<unsigned((n_sel + 255) / 256), 256, 0, stream>>>(a);
+    bm_scatter<<<unsigned((int64_t(n_sel) * top_k + 255) / 256), 256, 0, stream>>>(a);
     const int64_t items = (int64_t(a.n_tok) * kv_heads * top_k) / (int64_t(a.tile_tokens) * kTilesPerCta) + n_keys + 1;
     block_kernel<<<unsigned(items), kThreads, block_smem, stream>>>(a);
     const int64_t merge_threads = int64_t(a.n_tok) * kv_heads * a.group * 32;
