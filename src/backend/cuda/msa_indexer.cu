@@ -43,11 +43,6 @@ namespace m3::cuda {
 namespace {
 
 using namespace msa_index;
-using msa::cp_async16;
-using msa::cp_async_commit;
-using msa::cp_async_wait;
-using msa::order_key;
-using msa::smem_u32;
 
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
@@ -156,15 +151,7 @@ __global__ void __launch_bounds__(kThreads, 1) msa_indexer_kernel(IndexerArgs a)
     // Per row: sigma and |q sigma| (an upper bound).
     for (int r = warp; r < kRows; r += kWarps) {
       float sig = 0.0f, nq = 0.0f;
-      if (r < P) {
-        const float4 v = *reinterpret_cast<const float4*>(q_row(r) + lane * 4);
-        sig = warp_row_sigma(v, Tr::kSigmaExp);
-        const float x0 = v.x * sig, x1 = v.y * sig, x2 = v.z * sig, x3 = v.w * sig;
-        float ss = x0 * x0 + x1 * x1 + x2 * x2 + x3 * x3;
-#pragma unroll
-        for (int off = 16; off > 0; off >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, off);
-        nq = __fmul_ru(sqrtf(ss), 1.001f);
-      }
+      if (r < P) warp_row_scale<IK>(*reinterpret_cast<const float4*>(q_row(r) + lane * 4), sig, nq);
       if (lane == 0) {
         sig_s[r] = sig;
         nq_s[r] = nq;
@@ -177,20 +164,7 @@ __global__ void __launch_bounds__(kThreads, 1) msa_indexer_kernel(IndexerArgs a)
     for (int mt = 0; mt < kMTiles; ++mt) {
       const int ra = (wm * kMTiles + mt) * 16 + gq, rb = ra + 8;
       const float sa = sig_s[ra], sb = sig_s[rb];
-      const float* qa = q_row(ra < P ? ra : 0);
-      const float* qb = q_row(rb < P ? rb : 0);
-#pragma unroll
-      for (int ks = 0; ks < 8; ++ks) {
-        // bf16: dims (16ks + 2c, +1) and (+8, +9); f16 (FP8 keys): dims 16ks + 4c + 0..3.
-        const int d0 = sizeof(IK) == 2 ? 16 * ks + 2 * cq : 16 * ks + 4 * cq;
-        const int d1 = sizeof(IK) == 2 ? d0 + 8 : d0 + 2;
-        const float2 x0 = *reinterpret_cast<const float2*>(qa + d0), x1 = *reinterpret_cast<const float2*>(qa + d1);
-        const float2 y0 = *reinterpret_cast<const float2*>(qb + d0), y1 = *reinterpret_cast<const float2*>(qb + d1);
-        af[mt][ks][0] = Tr::pack(x0.x * sa, x0.y * sa);
-        af[mt][ks][1] = Tr::pack(y0.x * sb, y0.y * sb);
-        af[mt][ks][2] = Tr::pack(x1.x * sa, x1.y * sa);
-        af[mt][ks][3] = Tr::pack(y1.x * sb, y1.y * sb);
-      }
+      q_frags<IK>(q_row(ra < P ? ra : 0), q_row(rb < P ? rb : 0), sa, sb, cq, af[mt]);
     }
 
     // Error bound of (row, key), scaled units, rounded up.

@@ -21,7 +21,12 @@ namespace m3::cuda::msa_index {
 using mma_ops::e4m3x2_hi_f16x2;
 using mma_ops::e4m3x2_lo_f16x2;
 
+using msa::cp_async16;
+using msa::cp_async_commit;
+using msa::cp_async_wait;
+using msa::kKeyMinusInf;
 using msa::order_key;
+using msa::smem_u32;
 
 constexpr int kDim = 128;    // index head dim
 constexpr int kMaxTopK = 64;
@@ -146,6 +151,38 @@ __device__ __forceinline__ float warp_row_sigma(const float4& v, int e) {
 #pragma unroll
   for (int off = 16; off > 0; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
   return sigma_for(mx, e);
+}
+
+// A query row held by a warp (lane l: elements 4l..4l+3): sigma and |q sigma| rounded up (an
+// upper bound of the scaled row's norm).
+template <class IK>
+__device__ __forceinline__ void warp_row_scale(const float4& v, float& sig, float& nq) {
+  sig = warp_row_sigma(v, IkTraits<IK>::kSigmaExp);
+  const float x0 = v.x * sig, x1 = v.y * sig, x2 = v.z * sig, x3 = v.w * sig;
+  float ss = x0 * x0 + x1 * x1 + x2 * x2 + x3 * x3;
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, off);
+  nq = __fmul_ru(sqrtf(ss), 1.001f);
+}
+
+// A fragments (m16n8k16, rows g and g + 8 of an m-tile: qa, qb scaled by sa, sb) of Q sigma in
+// the key layout's k order: bf16 keys, dims (16 ks + 2 c, +1) and (+8, +9); f16 (FP8 keys
+// converted), dims 16 ks + 4 c + 0..3.
+template <class IK>
+__device__ __forceinline__ void q_frags(const float* qa, const float* qb, float sa, float sb, int cq,
+                                        uint32_t (&af)[8][4]) {
+  using Tr = IkTraits<IK>;
+#pragma unroll
+  for (int ks = 0; ks < 8; ++ks) {
+    const int d0 = sizeof(IK) == 2 ? 16 * ks + 2 * cq : 16 * ks + 4 * cq;
+    const int d1 = sizeof(IK) == 2 ? d0 + 8 : d0 + 2;
+    const float2 x0 = *reinterpret_cast<const float2*>(qa + d0), x1 = *reinterpret_cast<const float2*>(qa + d1);
+    const float2 y0 = *reinterpret_cast<const float2*>(qb + d0), y1 = *reinterpret_cast<const float2*>(qb + d1);
+    af[ks][0] = Tr::pack(x0.x * sa, x0.y * sa);
+    af[ks][1] = Tr::pack(y0.x * sb, y0.y * sb);
+    af[ks][2] = Tr::pack(x1.x * sa, x1.y * sa);
+    af[ks][3] = Tr::pack(y1.x * sb, y1.y * sb);
+  }
 }
 
 // Ranks of a warp's first m <= 64 values, two per lane (lane l: positions l and l + 32, values

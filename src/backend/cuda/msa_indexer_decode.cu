@@ -34,12 +34,6 @@
 namespace m3::cuda::msa_index {
 namespace {
 
-using msa::cp_async16;
-using msa::cp_async_commit;
-using msa::cp_async_wait;
-using msa::kKeyMinusInf;
-using msa::smem_u32;
-
 constexpr int kWarpsD = 8, kThreadsD = kWarpsD * 32;
 constexpr int kTileKeys = 16, kUnitTiles = 8, kUnitKeys = kTileKeys * kUnitTiles;
 constexpr int kMaxRows = 16;     // (token, head) rows of a decode query group

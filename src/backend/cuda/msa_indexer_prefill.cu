@@ -36,12 +36,6 @@
 namespace m3::cuda::msa_index {
 namespace {
 
-using msa::cp_async16;
-using msa::cp_async_commit;
-using msa::cp_async_wait;
-using msa::kKeyMinusInf;
-using msa::smem_u32;
-
 constexpr int kPThreads = 512, kPWarps = kPThreads / 32, kPRows = 16 * kPWarps;
 constexpr int kPBlockKeys = 128;        // the only block size this kernel takes
 constexpr int kPBufBytes = 64 * 1024;   // the key ring; reused by the selection
@@ -197,12 +191,9 @@ __global__ void __launch_bounds__(kPThreads, 1) msa_indexer_prefill_kernel(Index
       if (r < P) {
         const float4 v = *reinterpret_cast<const float4*>(group_q_row(a, t0, r) + lane * 4);
         *reinterpret_cast<float4*>(q_s + r * kPQStride + lane * 4) = v;  // the exact dots' operand
-        sig = warp_row_sigma(v, Tr::kSigmaExp);
-        const float x0 = v.x * sig, x1 = v.y * sig, x2 = v.z * sig, x3 = v.w * sig;
-        float ss = x0 * x0 + x1 * x1 + x2 * x2 + x3 * x3;
-#pragma unroll
-        for (int off = 16; off > 0; off >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, off);
-        fac = __fmaf_ru(Tr::kErr, __fmul_ru(sqrtf(ss), 1.001f), Tr::kZeroTerm);
+        float nq;
+        warp_row_scale<IK>(v, sig, nq);
+        fac = __fmaf_ru(Tr::kErr, nq, Tr::kZeroTerm);
       }
       if (lane == 0) {
         sig_s[r] = sig;
@@ -213,23 +204,7 @@ __global__ void __launch_bounds__(kPThreads, 1) msa_indexer_prefill_kernel(Index
     // A fragments (Q sigma) of this warp's 16 rows, in the key layout's k order.
     const int ra = 16 * warp + gq, rb = ra + 8;
     uint32_t af[8][4];
-    {
-      const float sa = sig_s[ra], sb = sig_s[rb];
-      const float* qa = group_q_row(a, t0, ra < P ? ra : 0);
-      const float* qb = group_q_row(a, t0, rb < P ? rb : 0);
-#pragma unroll
-      for (int ks = 0; ks < 8; ++ks) {
-        // bf16: dims (16ks + 2c, +1) and (+8, +9); f16 (FP8 keys): dims 16ks + 4c + 0..3.
-        const int d0 = sizeof(IK) == 2 ? 16 * ks + 2 * cq : 16 * ks + 4 * cq;
-        const int d1 = sizeof(IK) == 2 ? d0 + 8 : d0 + 2;
-        const float2 x0 = *reinterpret_cast<const float2*>(qa + d0), x1 = *reinterpret_cast<const float2*>(qa + d1);
-        const float2 y0 = *reinterpret_cast<const float2*>(qb + d0), y1 = *reinterpret_cast<const float2*>(qb + d1);
-        af[ks][0] = Tr::pack(x0.x * sa, x0.y * sa);
-        af[ks][1] = Tr::pack(y0.x * sb, y0.y * sb);
-        af[ks][2] = Tr::pack(x1.x * sa, x1.y * sa);
-        af[ks][3] = Tr::pack(y1.x * sb, y1.y * sb);
-      }
-    }
+    q_frags<IK>(group_q_row(a, t0, ra < P ? ra : 0), group_q_row(a, t0, rb < P ? rb : 0), sig_s[ra], sig_s[rb], cq, af);
     const float fac_h[2] = {a_s[ra], a_s[rb]};
     const int loc_h[2] = {ra < P ? local_of(ra) : -1, rb < P ? local_of(rb) : -1};
     uint32_t* const list = cand_s + warp * kPCandCap;
