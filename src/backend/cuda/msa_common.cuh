@@ -73,8 +73,8 @@ __device__ __forceinline__ bool arrive_last(unsigned* counter, unsigned expected
 }
 
 // Counters live in a static device array (zero at module load, re-armed by each group's last
-// CTA), so no memset node is needed per launch. Consequence: launches of one kernel must not
-// overlap in time on one device (the engine drives one stream per device).
+// CTA), so no memset node is needed per launch. Consequence: launches of the kernels sharing an
+// array must not overlap in time on one device (the engine drives one stream per device).
 constexpr int kMaxCounters = 1 << 16;
 
 // ---- tensor-core fragments (mma.sync m16n8k16, fp32 accumulation) ----

@@ -439,7 +439,7 @@ void launch_msa_indexer_layout(const TensorView& index_q, const TensorView& inde
     M3_CUDA_CHECK(cudaGetDevice(&dev));
     unsigned*& counters = counters_of[dev & 63];
     if (!counters) M3_CUDA_CHECK(cudaGetSymbolAddress(reinterpret_cast<void**>(&counters), g_indexer_counters));
-    a.counters = prefill ? prefill_counters() : counters;
+    a.counters = counters;  // shared by the three layouts: their launches never overlap on a stream
   }
   // Score scratch for a slice of the tokens (long prefills run in several launches).
   const size_t row_bytes = size_t(heads) * size_t(a.max_blocks) * 4;

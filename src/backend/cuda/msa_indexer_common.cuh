@@ -428,7 +428,6 @@ int decode_ctas_per_sm(bool fp8, int rows_max);
 // 128-key blocks, for prefills with blocks of 128 keys and at most 16 index heads.
 bool prefill_kernel_takes(int bs, int heads);
 int prefill_group_tokens(int heads);
-unsigned* prefill_counters();  // its arrival counters (per device)
 void launch_indexer_prefill(const IndexerArgs& a, bool fp8);
 
 }  // namespace m3::cuda::msa_index

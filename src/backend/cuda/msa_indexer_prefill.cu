@@ -45,8 +45,6 @@ constexpr int kPCandCap = 128;          // listed exact dots per warp and stage 
 constexpr float kMaxRowFactor = 17179869184.0f;  // 2^34 >= c |q sigma| + zero term (|q sigma| < 2^37)
 constexpr float kMaxKeyNorm = 1.2089258e24f;     // 2^80
 
-__device__ unsigned g_prefill_counters[msa::kMaxCounters];
-
 template <class IK>
 struct PCfg {
   static constexpr int kRowBytes = IkTraits<IK>::kRowBytes;
@@ -96,31 +94,30 @@ __device__ bool find_group(const IndexerArgs& a, int* warp_tot, int* found, int&
     first = qb + m0 * G;
     return max(0, m1 - m0);
   };
-  int total = 0;
-  for (int base = 0; base < a.num_seqs; base += kPThreads) {
-    const int s = base + int(threadIdx.x);
-    int first = 0;
-    const int c = s < a.num_seqs ? count(s, first) : 0;
-    int t = 0;
-    block_excl_scan(c, warp_tot, t);
-    total += t;
-  }
-  const int g = total - 1 - int(blockIdx.x);
+  // One pass over the sequences, kPThreads at a time: visit(s, groups, first token, groups before s);
+  // returns the slice's total.
+  auto scan = [&](auto&& visit) {
+    int done = 0;
+    for (int base = 0; base < a.num_seqs; base += kPThreads) {
+      const int s = base + int(threadIdx.x);
+      int first = 0;
+      const int c = s < a.num_seqs ? count(s, first) : 0;
+      int t = 0;
+      const int excl = done + block_excl_scan(c, warp_tot, t);
+      visit(s, c, first, excl);
+      done += t;
+    }
+    return done;
+  };
+  const int g = scan([](int, int, int, int) {}) - 1 - int(blockIdx.x);
   if (g < 0) return false;
   if (threadIdx.x == 0) found[0] = found[1] = -1;
-  int done = 0;
-  for (int base = 0; base < a.num_seqs; base += kPThreads) {
-    const int s = base + int(threadIdx.x);
-    int first = 0;
-    const int c = s < a.num_seqs ? count(s, first) : 0;
-    int t = 0;
-    const int excl = done + block_excl_scan(c, warp_tot, t);
+  scan([&](int s, int c, int first, int excl) {
     if (c > 0 && g >= excl && g < excl + c) {
       found[0] = s;
       found[1] = first + (g - excl) * G;
     }
-    done += t;
-  }
+  });
   __syncthreads();
   seq = found[0];
   t0 = found[1];
@@ -388,15 +385,6 @@ void launch_prefill_one(const IndexerArgs& a) {
 bool prefill_kernel_takes(int bs, int heads) { return bs == kPBlockKeys && heads >= 1 && heads <= 16; }
 
 int prefill_group_tokens(int heads) { return kPRows / heads; }
-
-unsigned* prefill_counters() {
-  static unsigned* counters_of[64] = {};  // per device
-  int dev = 0;
-  M3_CUDA_CHECK(cudaGetDevice(&dev));
-  unsigned*& c = counters_of[dev & 63];
-  if (!c) M3_CUDA_CHECK(cudaGetSymbolAddress(reinterpret_cast<void**>(&c), g_prefill_counters));
-  return c;
-}
 
 void launch_indexer_prefill(const IndexerArgs& a, bool fp8) {
   if (fp8) launch_prefill_one<__nv_fp8_e4m3>(a);
