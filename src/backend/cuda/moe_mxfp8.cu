@@ -402,7 +402,7 @@ __device__ __forceinline__ void mma_16816(float (&d)[4], const uint32_t (&a)[4],
 // kDeep = 0: weights global -> registers, kRing - 1 stages ahead (fewer with the wide token
 // tile, whose accumulators need the registers). kDeep = D > 0: weights and scales go through a
 // D-stage cp.async ring in shared memory (weights copied as whole lines, each thread reading its
-// fragment bytes back; scales in each thread's own slots), D - 1 stages ahead, with the
+// fragment bytes back; scales through a ring of their own, 2 or 4 stages per copy), D - 1 stages ahead, with the
 // activations in the same commit groups: more bytes in flight per SM than registers allow, for
 // the narrow tile.
 template <bool kFused, int kTMT, int kDeep>
@@ -412,7 +412,8 @@ __device__ __forceinline__ void w8a16_body(const W16Args& a) {
   constexpr int kXStages = kDeep > 0 ? kDeep : kW16Stages;
   extern __shared__ __align__(16) unsigned char w16_smem[];
   uint4* const wq_s = reinterpret_cast<uint4*>(w16_smem);  // kDeep: [kDeep][128 rows][8 chunks]
-  uint2* const ws_s = reinterpret_cast<uint2*>(w16_smem + size_t(kDeep) * 4 * kW16Threads * 16);  // [kDeep][threads]
+  // kDeep: the scale ring, [kDeep slots][128 rows][16 bytes] (the same 8 KB as kDeep x 256 x 8).
+  unsigned char* const sc_s = w16_smem + size_t(kDeep) * 4 * kW16Threads * 16;
   __half* xs = reinterpret_cast<__half*>(w16_smem + size_t(kDeep) * kW16Threads * (4 * 16 + 8));  // [kXStages][kBT][..]
   pdl_launch_dependents();  // the down projection may start streaming its weights meanwhile
   if (int(blockIdx.x) >= __ldg(a.num_items)) return;
@@ -479,15 +480,35 @@ __device__ __forceinline__ void w8a16_body(const W16Args& a) {
     }
   }
   const int r_lo = kFused ? 8 * warp + g : 16 * warp + g, r_hi = kFused ? 64 + r_lo : r_lo + 8;
+  // The ring's scale words: thread rr < 128 copies the words of 2^sw_log consecutive stages of
+  // the CTA's row rr (16, 8 or 4 bytes: the widest that K and the scales' alignment allow) into
+  // slot (st >> sw_log) % kDeep every 2^sw_log stages. A 4-byte copy per (thread, row, stage) put
+  // 2 x 256 requests per stage beside the weights' 1024; now at most 128 every 4 stages. kDeep
+  // slots: a slot is rewritten kDeep - 1 stages ahead only after every thread is past its last
+  // stage (slots * 2^sw_log > 2^sw_log + kDeep - 2).
+  constexpr int kScSlots = kDeep > 0 ? kDeep : 1;
+  const uint8_t* sc_src = nullptr;
+  int sw_log = 0;
+  if constexpr (kDeep > 0) {
+    const uintptr_t al = reinterpret_cast<uintptr_t>(m_lo.s) | reinterpret_cast<uintptr_t>(m_hi.s);
+    sw_log = (al & 15) == 0 && K % 512 == 0 ? 2 : (al & 7) == 0 && K % 256 == 0 ? 1 : 0;
+    if (tid < 128) {
+      const Mat& m = (kFused && tid >= 64) ? m_hi : m_lo;
+      sc_src = m.s + int64_t(col0 + (kFused ? tid % 64 : tid)) * (K / 32);
+    }
+  }
   auto w_frag_off = [&](int rr, int ch) { return rr * 128 + ((ch ^ ((rr & 1) << 2)) * 16); };
   auto load_w_smem = [&](int st, int buf) {
     const int k0 = st * kW16Kc;
     const uint32_t base = smem_u32(wq_s + size_t(buf) * 8 * 128);
 #pragma unroll
     for (int j = 0; j < 4; ++j) cp_async16_w(base + w_dst[j], w_src[j] + k0);
-    const uint32_t s0 = smem_u32(ws_s + size_t(buf) * kW16Threads + tid);
-    cp_async4(s0, s_lo + st);
-    cp_async4(s0 + 4, s_hi + st);
+    if (tid < 128 && (st & ((1 << sw_log) - 1)) == 0) {
+      const uint32_t d = smem_u32(sc_s) + uint32_t(((st >> sw_log) % kScSlots) * 2048 + tid * 16);
+      if (sw_log == 2) cp_async16(d, sc_src + 4 * st, 16u);
+      else if (sw_log == 1) cp_async8(d, sc_src + 4 * st);
+      else cp_async4(d, sc_src + 4 * st);
+    }
   };
 
   auto compute = [&](int buf, const uint4 (&q)[4], const uint32_t (&s)[2]) {
@@ -566,8 +587,8 @@ __device__ __forceinline__ void w8a16_body(const W16Args& a) {
         const unsigned char* stage = reinterpret_cast<const unsigned char*>(wq_s + size_t(b) * 8 * 128);
         q[c] = *reinterpret_cast<const uint4*>(stage + w_frag_off(c < 2 ? r_lo : r_hi, 4 * (c & 1) + tig));
       }
-      const uint2 sv = ws_s[size_t(b) * kW16Threads + tid];
-      const uint32_t sc[2] = {sv.x, sv.y};
+      const uint32_t* sl = reinterpret_cast<const uint32_t*>(sc_s + ((st >> sw_log) % kScSlots) * 2048) + (st & ((1 << sw_log) - 1));
+      const uint32_t sc[2] = {sl[4 * r_lo], sl[4 * r_hi]};
       compute(b, q, sc);
     }
   } else {
@@ -657,8 +678,15 @@ constexpr int kW8ARows = 128;
 constexpr int kW8MaxTok = 128;
 constexpr int kATile = kW8ARows * kW8Bk;    // bytes per stage
 constexpr int kBTile = kW8MaxTok * kW8Bk;
-constexpr int kSTile = kW8ARows * 4;        // 4 e8m0 bytes (the stage's 32-wide blocks) per A row
-constexpr size_t kW8SmemBytes = size_t(kW8Stages) * (kATile + kBTile + kSTile) + 2 * kW8Stages * 8 + 1024;
+// A-row scale words: a ring of kW8ScSlots slots of 16 bytes per A row; the producer copies the
+// words of 2^s_log consecutive stages of a row at once (16, 8 or 4 bytes, W8Args::s_log), so the
+// scales add 128 requests per 4 stages, not per stage. A slot is rewritten (producing global
+// stage n) only after the consumers released stage n - kW8Stages, past its last reader:
+// kW8ScSlots 2^s_log >= kW8Stages + 2^s_log - 1.
+constexpr int kW8ScSlots = 4;
+constexpr int kW8ScSlot = kW8ARows * 16;
+static_assert(kW8ScSlots >= kW8Stages, "the scale ring at one word per copy");
+constexpr size_t kW8SmemBytes = size_t(kW8Stages) * (kATile + kBTile) + size_t(kW8ScSlots) * kW8ScSlot + 2 * kW8Stages * 8 + 1024;
 constexpr int kProducerRegs = 56, kConsumerRegs = 224;  // 128 * 56 + 256 * 224 <= 65536
 
 struct W8Args {
@@ -672,6 +700,7 @@ struct W8Args {
   const int4* items;
   const int* num_items;
   int col_tiles;            // column tiles of the widest expert
+  int s_log;                // log2 of the scale words per copy (every expert's K / 128 a multiple of 2^s_log)
   Act act;
   Group g;
 };
@@ -776,7 +805,9 @@ __device__ __forceinline__ uint32_t lds_u32(uint32_t addr) {
 struct Pipe {
   int stage = 0;
   uint32_t phase = 0;
+  uint32_t n = 0;  // stages passed (the W8A8 scale ring's position)
   __device__ __forceinline__ void advance() {
+    ++n;
     if (++stage == kW8Stages) {
       stage = 0;
       phase ^= 1u;
@@ -848,8 +879,9 @@ __device__ __forceinline__ void w8_consume(const W8Args& a, const W8Smem& sm, Pi
     mbar_wait(sm.full + 8u * uint32_t(st), pipe.phase);
     wgmma::fence_proxy_async();  // the copies were generic-proxy writes; wgmma reads through the async proxy
     stage_desc(st, da, db);
-    lo = lds_u32(sm.s + uint32_t(st * kSTile + rlo * 4));
-    hi = lds_u32(sm.s + uint32_t(st * kSTile + rhi * 4));
+    const uint32_t sw = sm.s + ((pipe.n >> a.s_log) % kW8ScSlots) * kW8ScSlot + (pipe.n & ((1u << a.s_log) - 1u)) * 4u;
+    lo = lds_u32(sw + uint32_t(rlo * 16));
+    hi = lds_u32(sw + uint32_t(rhi * 16));
     return st;
   };
   auto issue = [&](float(&p)[R], uint64_t da, uint64_t db) {  // +2 on a descriptor: +32 bytes along K
@@ -968,7 +1000,12 @@ __device__ __forceinline__ void w8_produce(const W8Args& a, const W8Smem& sm, co
     for (int i = 0; i < 8; ++i) {
       if (i < nb) cp_async16(b_dst + uint32_t(16 * i * kW8Bk), bsrc[i] + k0, 16u);
     }
-    cp_async4(sm.s + uint32_t(st * kSTile + tid * 4), s_src + k0 / 32);
+    if ((pipe.n & ((1u << a.s_log) - 1u)) == 0) {  // this row's words of stages n .. n + 2^s_log - 1
+      const uint32_t d = sm.s + ((pipe.n >> a.s_log) % kW8ScSlots) * kW8ScSlot + uint32_t(tid * 16);
+      if (a.s_log == 2) cp_async16(d, s_src + k0 / 32, 16u);
+      else if (a.s_log == 1) cp_async8(d, s_src + k0 / 32);
+      else cp_async4(d, s_src + k0 / 32);
+    }
     cp_async_arrive_noinc(sm.full + 8u * uint32_t(st));
     pipe.advance();
   }
@@ -1023,7 +1060,7 @@ __global__ void __launch_bounds__(kW8Threads, 1) w8a8_kernel(const __grid_consta
   sm.a = smem_u32(wgmma::align_1024(w8_smem));
   sm.b = sm.a + uint32_t(kW8Stages * kATile);
   sm.s = sm.b + uint32_t(kW8Stages * kBTile);
-  sm.full = sm.s + uint32_t(kW8Stages * kSTile);
+  sm.full = sm.s + uint32_t(kW8ScSlots * kW8ScSlot);
   sm.empty = sm.full + 8u * kW8Stages;
   ws_persistent(
       sm.full, sm.empty, kW8Stages, __ldg(a.num_items) * a.col_tiles,
@@ -1391,6 +1428,17 @@ Group make_group(const ops::ExpertWeights& ex, bool gate_up, int64_t hidden) {
   return g;
 }
 
+// W8A8's scale words per copy (log2): 4 (16 bytes) when every expert's K is a multiple of 512 and
+// its scale arrays 16-byte aligned, 2 at 256 and 8 bytes, else 1.
+int scale_words_log(const Group& g, int experts) {
+  int lg = 2;
+  for (int e = 0; e < experts; ++e) {
+    const uintptr_t al = reinterpret_cast<uintptr_t>(g.a[e].s) | reinterpret_cast<uintptr_t>(g.b[e].s);
+    while (lg > 0 && (g.k[e] % (128 << lg) != 0 || (al % (4u << lg)) != 0)) --lg;
+  }
+  return lg;
+}
+
 // The fields the W8A16 and W8A8 argument structs share (gate_up: x rows gathered through perm,
 // h out; down: h rows in, y out).
 template <class Args, class In>
@@ -1585,6 +1633,8 @@ void run(const TensorView& x, const TensorView& expert_ids, const TensorView& ex
       W8Args gu = grouped_args<W8Args>(reinterpret_cast<const uint8_t*>(ws + l.xc), perm, hidden, xs, hscale, h16,
                                        l.inter, items, meta, a, g_gu);
       gu.col_tiles = int(l.inter / (kW8ARows / 2));
+      const int n_experts = experts.num_routed + (experts.has_shared ? 1 : 0);
+      gu.s_log = scale_words_log(g_gu, n_experts);
       // Row scales come from each row's amax over the widest intermediate: experts narrower than
       // that must leave zeros (not stale bytes) in the columns past their own width.
       bool uniform = true;
@@ -1606,6 +1656,7 @@ void run(const TensorView& x, const TensorView& expert_ids, const TensorView& ex
       M3_CUDA_CHECK_LAUNCH();
       W8Args dn = grouped_args<W8Args>(hq, nullptr, l.inter, hs, 1.0f / hscale, y, hidden, items, meta, a, g_dn);
       dn.col_tiles = int(hidden / kW8ARows);
+      dn.s_log = scale_words_log(g_dn, n_experts);
       launch_w8<false>(dn);
     }
   }
