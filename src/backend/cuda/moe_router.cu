@@ -302,7 +302,7 @@ __global__ void __launch_bounds__(256, 2) router_tile_kernel(LogitsArgs a) {
     for (int r = 0; r < kWv; ++r) put_kmajor(ws, (tid + 256 * r) % 8, (tid + 256 * r) / 8, wr[r]);
     __syncthreads();
     if (kt + kTileK < k_end) load(kt + kTileK);  // in flight during this stage's FMAs
-#pragma unroll 8
+#pragma unroll
     for (int kk = 0; kk < kTileK; ++kk) {
       float xv[TT];
 #pragma unroll
