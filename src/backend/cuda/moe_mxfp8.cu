@@ -300,6 +300,7 @@ __global__ void __launch_bounds__(kRouteThreads) route_prep_kernel(const int32_t
 // from 0 (the CPU reference's order).
 constexpr int kCombineThreads = 256;
 constexpr int64_t kCombineWholeRow = 256;
+constexpr int kCombineBatch = 8;  // y rows loaded together (top_k + 1 <= 8 for M3: one batch)
 
 __global__ void __launch_bounds__(kCombineThreads) combine_kernel(const float* y, const float* w, const int32_t* ids,
                                                                    const int32_t* pos, int top_k, const int* meta,
@@ -318,13 +319,23 @@ __global__ void __launch_bounds__(kCombineThreads) combine_kernel(const float* y
   for (int d = 4 * (int(blockIdx.y) * kCombineThreads + int(threadIdx.x)); d < hidden;
        d += 4 * kCombineThreads * int(gridDim.y)) {
     float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    for (int i = 0; i < n; ++i) {
-      const float wi = s_w[i];
-      const float4 v = *reinterpret_cast<const float4*>(y + int64_t(s_row[i]) * hidden + d);
-      acc.x = __fadd_rn(acc.x, __fmul_rn(wi, v.x));
-      acc.y = __fadd_rn(acc.y, __fmul_rn(wi, v.y));
-      acc.z = __fadd_rn(acc.z, __fmul_rn(wi, v.z));
-      acc.w = __fadd_rn(acc.w, __fmul_rn(wi, v.w));
+    // The rows' loads of a batch are all issued before the first add (one memory round trip per
+    // batch; a load per add made the combine a chain of n round trips per 4 columns).
+    for (int i0 = 0; i0 < n; i0 += kCombineBatch) {
+      float4 v[kCombineBatch];
+#pragma unroll
+      for (int j = 0; j < kCombineBatch; ++j) {
+        if (i0 + j < n) v[j] = __ldcg(reinterpret_cast<const float4*>(y + int64_t(s_row[i0 + j]) * hidden + d));
+      }
+#pragma unroll
+      for (int j = 0; j < kCombineBatch; ++j) {
+        if (i0 + j >= n) break;
+        const float wi = s_w[i0 + j];
+        acc.x = __fadd_rn(acc.x, __fmul_rn(wi, v[j].x));
+        acc.y = __fadd_rn(acc.y, __fmul_rn(wi, v[j].y));
+        acc.z = __fadd_rn(acc.z, __fmul_rn(wi, v[j].z));
+        acc.w = __fadd_rn(acc.w, __fmul_rn(wi, v[j].w));
+      }
     }
     *reinterpret_cast<float4*>(out + t * hidden + d) = acc;
   }
