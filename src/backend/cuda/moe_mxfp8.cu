@@ -185,21 +185,37 @@ __device__ __forceinline__ int row_scale_exp(float amax) {
 }
 
 // One row by the whole CTA (any multiple of 32 threads up to 1024). kPerm (f16 only): columns in
-// the wgmma W8A16 operand order (wg_col).
+// the wgmma W8A16 operand order (wg_col). Rows of up to kQuantCache float4 per thread are loaded
+// once, all before the amax (one memory round trip), and converted from registers; longer rows
+// are read twice.
+constexpr int kQuantCache = 8;
 template <class In, bool kFp8, bool kPerm = false>
 __device__ __forceinline__ void quant_row(const In* xr, int cols, void* out_row, float* scale) {
-  const int nt = int(blockDim.x);
+  const int nt = int(blockDim.x), tid = int(threadIdx.x);
+  const bool cached = cols <= 4 * nt * kQuantCache;
+  auto amax4 = [](float a, const float4& v) {
+    return fmaxf(a, fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w))));
+  };
   float amax = 0.0f;
-  for (int c = 4 * int(threadIdx.x); c < cols; c += 4 * nt) {
-    const float4 v = load4(xr + c);
-    amax = fmaxf(amax, fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w))));
+  float4 cache[kQuantCache];
+  if (cached) {
+#pragma unroll
+    for (int i = 0; i < kQuantCache; ++i) {
+      const int c = 4 * (tid + i * nt);
+      if (c < cols) cache[i] = load4(xr + c);
+    }
+#pragma unroll
+    for (int i = 0; i < kQuantCache; ++i) {
+      if (4 * (tid + i * nt) < cols) amax = amax4(amax, cache[i]);
+    }
+  } else {
+    for (int c = 4 * tid; c < cols; c += 4 * nt) amax = amax4(amax, load4(xr + c));
   }
   amax = cta_amax(amax, nt / 32);
   const int k = row_scale_exp<kFp8>(amax);
   const float mul = ldexpf(1.0f, k);
-  if (threadIdx.x == 0) *scale = ldexpf(1.0f, -k);
-  for (int c = 4 * int(threadIdx.x); c < cols; c += 4 * nt) {
-    const float4 v = load4(xr + c);
+  if (tid == 0) *scale = ldexpf(1.0f, -k);
+  auto put = [&](int c, const float4& v) {
     if constexpr (kFp8) {
       const __nv_fp8x2_storage_t lo = __nv_cvt_float2_to_fp8x2(make_float2(v.x * mul, v.y * mul), __NV_SATFINITE, __NV_E4M3);
       const __nv_fp8x2_storage_t hi = __nv_cvt_float2_to_fp8x2(make_float2(v.z * mul, v.w * mul), __NV_SATFINITE, __NV_E4M3);
@@ -216,6 +232,15 @@ __device__ __forceinline__ void quant_row(const In* xr, int cols, void* out_row,
         *reinterpret_cast<uint2*>(static_cast<__half*>(out_row) + c) = u;
       }
     }
+  };
+  if (cached) {
+#pragma unroll
+    for (int i = 0; i < kQuantCache; ++i) {
+      const int c = 4 * (tid + i * nt);
+      if (c < cols) put(c, cache[i]);
+    }
+  } else {
+    for (int c = 4 * tid; c < cols; c += 4 * nt) put(c, load4(xr + c));
   }
 }
 

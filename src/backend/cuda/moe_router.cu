@@ -87,6 +87,11 @@ __global__ void __launch_bounds__(kSelThreads) router_select_kernel(SelectArgs a
   constexpr int kPer = kMaxExperts / 32;
   static_assert(kTPC <= kSelThreads / 32, "a warp per token");
   __shared__ float logit_s[kTPC][kMaxExperts];
+  const int lane = int(threadIdx.x) & 31, tt = int(threadIdx.x) >> 5;
+  // The correction bias is a weight: loaded before the wait, off the selection's critical path.
+  float bias[kPer];
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) bias[i] = a.bias && lane + 32 * i < a.experts ? __ldg(a.bias + lane + 32 * i) : 0.0f;
   pdl_wait();  // the partials
   pdl_launch_dependents();
   const int t0 = int(blockIdx.x) * kTPC, nt = min(kTPC, a.tokens - t0);
@@ -119,7 +124,7 @@ __global__ void __launch_bounds__(kSelThreads) router_select_kernel(SelectArgs a
     logit_s[tt][e] = lg;
   }
   __syncthreads();
-  const int lane = int(threadIdx.x) & 31, tt = int(threadIdx.x) >> 5, t = t0 + tt;
+  const int t = t0 + tt;
   if (tt >= nt) return;
   float prob[kPer], choice[kPer];
   unsigned taken = 0;
@@ -129,7 +134,7 @@ __global__ void __launch_bounds__(kSelThreads) router_select_kernel(SelectArgs a
     prob[i] = choice[i] = 0.0f;
     if (e >= experts) continue;
     prob[i] = 1.0f / (1.0f + expf(-logit_s[tt][e]));
-    choice[i] = prob[i] + (a.bias ? a.bias[e] : 0.0f);
+    choice[i] = prob[i] + bias[i];
   }
   float sum = 0.0f, picked_p = 0.0f;
   int picked_id = -1;
