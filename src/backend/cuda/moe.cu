@@ -89,7 +89,8 @@ __global__ void __launch_bounds__(kRouteThreads) moe_route_kernel(const int32_t*
     }
   }
   __syncthreads();
-  scan_and_emit_items(cnt, start, item_start, routed, has_shared, tokens, kRowsPerItem, items, num_items, shared_base);
+  scan_and_emit_items(cnt, start, item_start, routed, has_shared, tokens, kRowsPerItem, items, num_items, shared_base,
+                      false);
   // Routed rows: an assignment's rank within its expert = earlier assignments with that id.
   for (int base = 0; base < n_assign; base += 32) {
     const int a = base + lane;

@@ -10,12 +10,15 @@ namespace m3::cuda {
 
 // Called by every thread of one CTA after cnt[0, routed) holds the routed counts (the shared
 // expert, index routed when has_shared, takes all `tokens` rows). Warp 0 scans; then every
-// warp writes its experts' items as (expert, row_begin, row_end, 0). On return (after a
-// barrier) cnt/start/item_start hold counts, first rows and first items per expert;
-// *num_items and *shared_base (first row of the shared expert) are written by thread 0.
+// warp writes its experts' items as (expert, row_begin, row_end, 0). Rows are expert-major with
+// the shared expert's last; with shared_first its items come first (they hold the most rows, so
+// a grid of a CTA per item starts the heaviest ones first instead of ending on them). On return
+// (after a barrier) cnt/start hold counts and first rows per expert, item_start the first items
+// in expert-major order; *num_items and *shared_base (first row of the shared expert) are
+// written by thread 0.
 __device__ __forceinline__ void scan_and_emit_items(int* cnt, int* start, int* item_start, int routed, int has_shared,
                                                     int tokens, int rows_per_item, int4* items, int* num_items,
-                                                    int* shared_base) {
+                                                    int* shared_base, bool shared_first) {
   const int warp = int(threadIdx.x) >> 5, lane = int(threadIdx.x) & 31, nwarps = int(blockDim.x) >> 5;
   const int total = routed + has_shared;
   if (warp == 0) {
@@ -47,8 +50,9 @@ __device__ __forceinline__ void scan_and_emit_items(int* cnt, int* start, int* i
     }
   }
   __syncthreads();
+  const int shared_items = has_shared && shared_first ? (tokens + rows_per_item - 1) / rows_per_item : 0;
   for (int e = warp; e < total; e += nwarps) {
-    const int c = cnt[e], s = start[e], i0 = item_start[e];
+    const int c = cnt[e], s = start[e], i0 = e < routed ? item_start[e] + shared_items : shared_first ? 0 : item_start[e];
     for (int g = lane; g * rows_per_item < c; g += 32) {
       items[i0 + g] = make_int4(e, s + g * rows_per_item, s + min(c, (g + 1) * rows_per_item), 0);
     }

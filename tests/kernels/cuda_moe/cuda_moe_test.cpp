@@ -175,6 +175,9 @@ HostRoute host_route(const std::vector<int32_t>& ids, int tokens, int top_k, int
     for (int t = 0; t < tokens; ++t) rows[size_t(routed)].push_back(t);
   }
   r.pos.assign(size_t(tokens) * top_k, -1);
+  // The mma.sync W8A16 path (items of <= 64 rows) lists the shared expert's items first.
+  const bool shared_first = rpi <= 64;
+  std::vector<int32_t> routed_items;
   for (int e = 0; e <= routed; ++e) {
     const int begin = int(r.perm.size()), c = int(rows[size_t(e)].size());
     if (e == routed) r.shared_base = begin;
@@ -183,10 +186,12 @@ HostRoute host_route(const std::vector<int32_t>& ids, int tokens, int top_k, int
       r.perm.push_back(rows[size_t(e)][size_t(i)]);
     }
     for (int g = 0; g * rpi < c; ++g) {
-      r.items.insert(r.items.end(), {e, begin + g * rpi, begin + std::min(c, (g + 1) * rpi), 0});
+      auto& dst = e < routed || !shared_first ? routed_items : r.items;
+      dst.insert(dst.end(), {e, begin + g * rpi, begin + std::min(c, (g + 1) * rpi), 0});
       ++r.num_items;
     }
   }
+  r.items.insert(r.items.end(), routed_items.begin(), routed_items.end());
   return r;
 }
 
