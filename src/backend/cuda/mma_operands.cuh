@@ -29,6 +29,16 @@ __device__ __forceinline__ void cp_async8(uint32_t dst, const void* src) {
 __device__ __forceinline__ void cp_async4(uint32_t dst, const void* src) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(dst), "l"(src) : "memory");
 }
+// MXFP8 scale words of 2^lg consecutive 128-K stages of one weight row (4 << lg bytes, lg 0..2)
+// in one copy, and the widest lg that K and the scale arrays' address bits allow.
+__device__ __forceinline__ void cp_async_words(uint32_t dst, const void* src, int lg) {
+  if (lg == 2) cp_async16(dst, src, 16u);
+  else if (lg == 1) cp_async8(dst, src);
+  else cp_async4(dst, src);
+}
+__host__ __device__ constexpr int scale_copy_log(uintptr_t addr_bits, int k) {
+  return addr_bits % 16 == 0 && k % 512 == 0 ? 2 : addr_bits % 8 == 0 && k % 256 == 0 ? 1 : 0;
+}
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 template <int N>
 __device__ __forceinline__ void cp_async_wait() {

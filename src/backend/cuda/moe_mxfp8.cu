@@ -442,9 +442,9 @@ __device__ __forceinline__ void mma_16816(float (&d)[4], const uint32_t (&a)[4],
 // kDeep = 0: weights global -> registers, kRing - 1 stages ahead (fewer with the wide token
 // tile, whose accumulators need the registers). kDeep = D > 0: weights and scales go through a
 // D-stage cp.async ring in shared memory (weights copied as whole lines, each thread reading its
-// fragment bytes back; scales through a ring of their own, 2 or 4 stages per copy), D - 1 stages ahead, with the
-// activations in the same commit groups: more bytes in flight per SM than registers allow, for
-// the narrow tile.
+// fragment bytes back; scales through a ring of their own, up to 4 stages per copy), D - 1
+// stages ahead, with the activations in the same commit groups: more bytes in flight per SM than
+// registers allow, for the narrow tile.
 template <bool kFused, int kTMT, int kDeep>
 __device__ __forceinline__ void w8a16_body(const W16Args& a) {
   constexpr int kBT = 8 * kTMT;
@@ -530,8 +530,7 @@ __device__ __forceinline__ void w8a16_body(const W16Args& a) {
   const uint8_t* sc_src = nullptr;
   int sw_log = 0;
   if constexpr (kDeep > 0) {
-    const uintptr_t al = reinterpret_cast<uintptr_t>(m_lo.s) | reinterpret_cast<uintptr_t>(m_hi.s);
-    sw_log = (al & 15) == 0 && K % 512 == 0 ? 2 : (al & 7) == 0 && K % 256 == 0 ? 1 : 0;
+    sw_log = scale_copy_log(reinterpret_cast<uintptr_t>(m_lo.s) | reinterpret_cast<uintptr_t>(m_hi.s), K);
     if (tid < 128) {
       const Mat& m = (kFused && tid >= 64) ? m_hi : m_lo;
       sc_src = m.s + int64_t(col0 + (kFused ? tid % 64 : tid)) * (K / 32);
@@ -544,10 +543,7 @@ __device__ __forceinline__ void w8a16_body(const W16Args& a) {
 #pragma unroll
     for (int j = 0; j < 4; ++j) cp_async16_w(base + w_dst[j], w_src[j] + k0);
     if (tid < 128 && (st & ((1 << sw_log) - 1)) == 0) {
-      const uint32_t d = smem_u32(sc_s) + uint32_t(((st >> sw_log) % kScSlots) * 2048 + tid * 16);
-      if (sw_log == 2) cp_async16(d, sc_src + 4 * st, 16u);
-      else if (sw_log == 1) cp_async8(d, sc_src + 4 * st);
-      else cp_async4(d, sc_src + 4 * st);
+      cp_async_words(smem_u32(sc_s) + uint32_t(((st >> sw_log) % kScSlots) * 2048 + tid * 16), sc_src + 4 * st, sw_log);
     }
   };
 
@@ -1041,10 +1037,7 @@ __device__ __forceinline__ void w8_produce(const W8Args& a, const W8Smem& sm, co
       if (i < nb) cp_async16(b_dst + uint32_t(16 * i * kW8Bk), bsrc[i] + k0, 16u);
     }
     if ((pipe.n & ((1u << a.s_log) - 1u)) == 0) {  // this row's words of stages n .. n + 2^s_log - 1
-      const uint32_t d = sm.s + ((pipe.n >> a.s_log) % kW8ScSlots) * kW8ScSlot + uint32_t(tid * 16);
-      if (a.s_log == 2) cp_async16(d, s_src + k0 / 32, 16u);
-      else if (a.s_log == 1) cp_async8(d, s_src + k0 / 32);
-      else cp_async4(d, s_src + k0 / 32);
+      cp_async_words(sm.s + ((pipe.n >> a.s_log) % kW8ScSlots) * kW8ScSlot + uint32_t(tid * 16), s_src + k0 / 32, a.s_log);
     }
     cp_async_arrive_noinc(sm.full + 8u * uint32_t(st));
     pipe.advance();
@@ -1468,13 +1461,11 @@ Group make_group(const ops::ExpertWeights& ex, bool gate_up, int64_t hidden) {
   return g;
 }
 
-// W8A8's scale words per copy (log2): 4 (16 bytes) when every expert's K is a multiple of 512 and
-// its scale arrays 16-byte aligned, 2 at 256 and 8 bytes, else 1.
+// W8A8's scale words per copy (log2), one for the whole launch: the widest every expert allows.
 int scale_words_log(const Group& g, int experts) {
   int lg = 2;
   for (int e = 0; e < experts; ++e) {
-    const uintptr_t al = reinterpret_cast<uintptr_t>(g.a[e].s) | reinterpret_cast<uintptr_t>(g.b[e].s);
-    while (lg > 0 && (g.k[e] % (128 << lg) != 0 || (al % (4u << lg)) != 0)) --lg;
+    lg = std::min(lg, scale_copy_log(reinterpret_cast<uintptr_t>(g.a[e].s) | reinterpret_cast<uintptr_t>(g.b[e].s), g.k[e]));
   }
   return lg;
 }
