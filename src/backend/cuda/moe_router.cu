@@ -9,8 +9,8 @@
 //   - decode (T <= kWideMin): router_seg_kernel, a CTA per (32 experts, segment, 8 or 32
 //     tokens) stages its rows in shared memory and writes every segment's partial (M3: 128 CTAs
 //     at one token);
-//   - wide batches: router_tile_kernel, register-tiled SIMT (a thread holds 4 tokens x 4
-//     experts, operands staged k-major in shared memory), a CTA per (token tile, 128 experts,
+//   - wide batches: router_tile_kernel, register-tiled SIMT (a thread holds 8 tokens x 8
+//     experts, k-contiguous operand rows staged by cp.async), a CTA per (64 tokens, 128 experts,
 //     group) folds its group's segments itself and writes the group's partial (up to
 //     kSegPartialsMax tokens a CTA per segment, writing the segment's partial). It replaced a
 //     warp-per-expert kernel that re-read the router weight per 8 tokens (1.2 ms at 4096 tokens).
@@ -25,6 +25,7 @@
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/cuda_internal.h"
 #include "backend/cuda/moe_router.h"
+#include "backend/cuda/mma_operands.cuh"
 #include "backend/cuda/pdl.cuh"
 
 namespace m3::cuda {
@@ -37,8 +38,7 @@ constexpr int kWideMin = 256;     // above this many tokens, the tiled kernel
 // Up to this many tokens the tiled kernel stores per-segment partials (H200, M3 router, T = 512:
 // 51 -> 45 us; at 1024 the group partials are faster, 81 vs 89 us).
 constexpr int kSegPartialsMax = 512;
-constexpr int kTileK = 32;        // k per shared-memory stage of the tiled kernel
-constexpr int kTileE = 128;       // experts per tiled CTA (32 threads x 4)
+constexpr int kTileE = 128;       // experts per tiled CTA (16 threads x 8)
 
 struct Order {
   int nseg, spg, ngroups;  // segments, segments per group, groups
@@ -81,7 +81,7 @@ struct LogitsArgs {
 // trip per pair, and at most one pair per thread with 2 tokens per CTA: 8 tokens in one CTA took
 // 8 dependent round trips); then warp tt < kTPC selects for token tt. Wide batches (<= 8 group
 // partials per pair) take 8 tokens per CTA.
-constexpr int kSelThreads = 256, kFoldBatch = 32;
+constexpr int kSelThreads = 256, kFoldBatch = 32, kWideTPC = 8;
 template <int kTPC>
 __global__ void __launch_bounds__(kSelThreads) router_select_kernel(SelectArgs a) {
   constexpr int kPer = kMaxExperts / 32;
@@ -96,32 +96,59 @@ __global__ void __launch_bounds__(kSelThreads) router_select_kernel(SelectArgs a
   pdl_launch_dependents();
   const int t0 = int(blockIdx.x) * kTPC, nt = min(kTPC, a.tokens - t0);
   const int experts = a.experts, top_k = a.top_k;
-  for (int i = int(threadIdx.x); i < nt * experts; i += kSelThreads) {
-    const int tt = i / experts, e = i % experts;
-    const float* src = a.partial + int64_t(t0 + tt) * experts + e;
-    const int64_t stride = int64_t(a.tokens) * experts;
-    // Partials fold in order within groups of spg (position `in_group`), then the groups (a
-    // counter, not idx % spg: 32 unrolled integer divisions made this the block's slowest launch).
-    float lg = 0.0f, gs = 0.0f;
-    int in_group = 0;
-    bool first_group = true;
-    for (int c0 = 0; c0 < a.nstored; c0 += kFoldBatch) {
-      float v[kFoldBatch];
+  const int64_t stride = int64_t(a.tokens) * experts;
+  if constexpr (kTPC == kWideTPC) {
+    // Group partials (at most kGroups; the host passes spg 1 with them): all of a thread's pairs' partials in flight at
+    // once, then each pair folded in order (a batch per pair, 4 at M3, was 4 round trips and
+    // 32 predicated slots per pair: 31 us at 4096 tokens).
+    constexpr int kQ = kWideTPC * kMaxExperts / kSelThreads;
+    float v[kQ][kGroups];
 #pragma unroll
-      for (int j = 0; j < kFoldBatch; ++j) v[j] = c0 + j < a.nstored ? __ldcg(src + int64_t(c0 + j) * stride) : 0.0f;
+    for (int q = 0; q < kQ; ++q) {
+      const int i = int(threadIdx.x) + kSelThreads * q;
+      const bool ok = i < nt * experts;
+      const float* src = a.partial + (int64_t(t0) * experts + i);  // (t0 + i / experts) * experts + i % experts
 #pragma unroll
-      for (int j = 0; j < kFoldBatch; ++j) {
-        const int idx = c0 + j;
-        if (idx >= a.nstored) break;
-        gs = in_group == 0 ? v[j] : gs + v[j];
-        if (++in_group == a.spg || idx == a.nstored - 1) {
-          lg = first_group ? gs : lg + gs;
-          first_group = false;
-          in_group = 0;
+      for (int g = 0; g < kGroups; ++g) v[q][g] = ok && g < a.nstored ? __ldcg(src + g * stride) : 0.0f;
+    }
+#pragma unroll
+    for (int q = 0; q < kQ; ++q) {
+      const int i = int(threadIdx.x) + kSelThreads * q;
+      if (i >= nt * experts) break;
+      float lg = v[q][0];
+#pragma unroll
+      for (int g = 1; g < kGroups; ++g) {
+        if (g < a.nstored) lg = lg + v[q][g];
+      }
+      logit_s[i / experts][i % experts] = lg;
+    }
+  } else {
+    for (int i = int(threadIdx.x); i < nt * experts; i += kSelThreads) {
+      const int tt = i / experts, e = i % experts;
+      const float* src = a.partial + int64_t(t0 + tt) * experts + e;
+      // Partials fold in order within groups of spg (position `in_group`), then the groups (a
+      // counter, not idx % spg: 32 unrolled integer divisions made this the block's slowest launch).
+      float lg = 0.0f, gs = 0.0f;
+      int in_group = 0;
+      bool first_group = true;
+      for (int c0 = 0; c0 < a.nstored; c0 += kFoldBatch) {
+        float v[kFoldBatch];
+#pragma unroll
+        for (int j = 0; j < kFoldBatch; ++j) v[j] = c0 + j < a.nstored ? __ldcg(src + int64_t(c0 + j) * stride) : 0.0f;
+#pragma unroll
+        for (int j = 0; j < kFoldBatch; ++j) {
+          const int idx = c0 + j;
+          if (idx >= a.nstored) break;
+          gs = in_group == 0 ? v[j] : gs + v[j];
+          if (++in_group == a.spg || idx == a.nstored - 1) {
+            lg = first_group ? gs : lg + gs;
+            first_group = false;
+            in_group = 0;
+          }
         }
       }
+      logit_s[tt][e] = lg;
     }
-    logit_s[tt][e] = lg;
   }
   __syncthreads();
   const int t = t0 + tt;
@@ -238,118 +265,142 @@ __global__ void __launch_bounds__(kSegThreads) router_seg_kernel(LogitsArgs a) {
   }
 }
 
-// CTA (token tile blockIdx.x of 8 TT tokens, experts 128 blockIdx.y .., group blockIdx.z); thread
-// (ty, tx) holds tokens ty TT .. + TT - 1 and experts 4 tx .. + 3. Elements past
-// hidden are zero-filled: fma(0, 0, acc) == acc, as a chain from +0 never holds -0.
-__device__ __forceinline__ float4 ld4_or_zero(bool ok, const float* p) {
-  return ok ? __ldg(reinterpret_cast<const float4*>(p)) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-}
-// The k-major tiles hold 4-column (16-byte) groups; row k stores group g at g ^ ((k / 4) % 8), so
-// that the transposing stores of a warp (4 rows x 8 consecutive k-quads) hit 32 banks.
-__device__ __forceinline__ int swz(int k, int g) { return (g ^ ((k >> 2) & 7)) * 4; }
-// Four consecutive k (k-quad kq) of column `col` into rows 4 kq .. 4 kq + 3 of a k-major tile.
-template <int kCols>
-__device__ __forceinline__ void put_kmajor(float (*tile)[kCols], int kq, int col, const float4& v) {
-  const int c = swz(4 * kq, col >> 2) + (col & 3);
-  tile[4 * kq][c] = v.x;
-  tile[4 * kq + 1][c] = v.y;
-  tile[4 * kq + 2][c] = v.z;
-  tile[4 * kq + 3][c] = v.w;
-}
+// The tiled kernel (T > kWideMin): a CTA of 128 threads owns 64 tokens x 128 experts over one
+// group of segments (or one segment); thread (ty, tx) holds tokens ty + 8 i and experts
+// tx + 16 j (i, j < 8): 64 chains, each fed by 16 float4 shared-memory reads per 4 k (256 FMAs),
+// so the FMAs, not the reads, set the pace. x and W rows stay k-contiguous (no transposing
+// stores): 16-k stages of both come in by cp.async (kTileStages deep, zero-filled past the
+// group's end and the last token / expert: fma(0, 0, acc) == acc, as a chain from +0 never
+// holds -0), rows padded to 20 floats so that a warp's 4 token rows and 8 expert rows hit
+// distinct banks. (The previous kernel, 256 threads of 4 x 4 chains with register-staged,
+// transposed k-major stages, ran at ~40 % of the FMA rate: 31 us at 512 tokens.)
+constexpr int kTileThreads = 128;
+constexpr int kTileT = 64;     // tokens per CTA (8 per thread)
+constexpr int kTileK = 16;     // k per stage (a divisor of kSeg)
+constexpr int kTileRow = kTileK + 4;
+constexpr int kTileStages = 4;
+constexpr int kTileStageFloats = (kTileT + kTileE) * kTileRow;
+static_assert(kSeg % kTileK == 0, "stages never straddle a segment");
+// Stages, then the group's running sum of segment chains ([64 chains][128 threads]): 92 KB, two
+// CTAs per SM. (8-k stages in 68 KB, three CTAs per SM, measured slower: 1.29 waves of CTAs at
+// 4096 tokens instead of 1.94, and 0.65 at 512.)
+constexpr size_t kTileSmemBytes = size_t(kTileStages) * kTileStageFloats * 4 + size_t(64) * kTileThreads * 4;
 
-constexpr int TT = 4;  // 8 tokens per thread measured slower: 195 registers, one CTA per SM
-__global__ void __launch_bounds__(256, 2) router_tile_kernel(LogitsArgs a) {
-  constexpr int kBT = 8 * TT;
+__global__ void __launch_bounds__(kTileThreads, 2) router_tile_kernel(LogitsArgs a) {
+  using mma_ops::cp_async16;
   pdl_launch_dependents();
-  __shared__ __align__(16) float xs[kTileK][kBT];
-  __shared__ __align__(16) float ws[kTileK][kTileE];
-  // The group's running sum of segment chains, one column per thread (conflict-free): in
-  // registers it took 16 of the 128, which ptxas now spends on loading the next k's operands
-  // two k ahead.
-  __shared__ float totals[TT * 4][256];
-  // Thread (ty, tx): tokens ty TT .., experts 4 tx ..; a warp is 4 token groups x 8 expert
-  // groups, so each k's operand reads are 4 and 8 distinct 16-byte words, one shared-memory
-  // wavefront each (a warp of 32 expert groups needed four for its 512 bytes of weights).
+  extern __shared__ __align__(16) float tile_smem[];
+  float* const totals = tile_smem + kTileStages * kTileStageFloats;
   const int tid = int(threadIdx.x), warp = tid >> 5, lane = tid & 31;
-  const int ty = 4 * (warp >> 2) + (lane >> 3), tx = 8 * (warp & 3) + (lane & 7);
-  const int t0 = int(blockIdx.x) * kBT, e0 = int(blockIdx.y) * kTileE, grp = int(blockIdx.z);
+  // A warp: 4 token rows x 8 expert rows per read.
+  const int ty = 4 * (warp >> 1) + (lane >> 3), tx = 8 * (warp & 1) + (lane & 7);
+  const int t0 = int(blockIdx.x) * kTileT, e0 = int(blockIdx.y) * kTileE, grp = int(blockIdx.z);
   const int k_begin = grp * a.spg * kSeg, k_end = min(a.k, k_begin + a.spg * kSeg);
-  constexpr int kXv = kBT * kTileK / 4 / 256;  // float4 of x per thread per stage (TT / 4)
-  constexpr int kWv = kTileE * kTileK / 4 / 256;
-  float4 xr[kXv], wr[kWv];
-  // Stage loads: 8 threads per row, 128 contiguous bytes. (One 16-byte word from each of 32 rows
-  // per warp put a line per lane into every request; those loads, not the FMAs, set the kernel's
-  // pace: 349 -> 238 us at 4096 tokens.)
-  auto load = [&](int kt) {
+  const int nst = (k_end - k_begin + kTileK - 1) / kTileK;
+  // A stage: 64 x rows and 128 W rows of kTileK / 4 16-byte chunks; a thread copies chunk c of
+  // rows r0 + (kTileThreads / kChunks) i, the same every stage (sources found once).
+  constexpr int kChunks = kTileK / 4, kRowStep = kTileThreads / kChunks;
+  constexpr int kXCopies = kTileT / kRowStep, kWCopies = kTileE / kRowStep;
+  const int c = tid % kChunks, r0 = tid / kChunks;
+  const float* xsrc[kXCopies];
+  const float* wsrc[kWCopies];
+  bool xok[kXCopies], wok[kWCopies];
 #pragma unroll
-    for (int r = 0; r < kXv; ++r) {
-      const int f = tid + 256 * r, tok = f / 8, k = kt + 4 * (f % 8);
-      xr[r] = ld4_or_zero(t0 + tok < a.tokens && k < k_end, a.x + int64_t(t0 + tok) * a.ldx + k);
-    }
+  for (int i = 0; i < kXCopies; ++i) {
+    xok[i] = t0 + r0 + kRowStep * i < a.tokens;
+    xsrc[i] = a.x + (xok[i] ? int64_t(t0 + r0 + kRowStep * i) * a.ldx + k_begin + 4 * c : 0);
+  }
 #pragma unroll
-    for (int r = 0; r < kWv; ++r) {
-      const int f = tid + 256 * r, e = f / 8, k = kt + 4 * (f % 8);
-      wr[r] = ld4_or_zero(e0 + e < a.experts && k < k_end, a.w + int64_t(e0 + e) * a.k + k);
-    }
-  };
-  float acc[TT][4];
+  for (int i = 0; i < kWCopies; ++i) {
+    wok[i] = e0 + r0 + kRowStep * i < a.experts;
+    wsrc[i] = a.w + (wok[i] ? int64_t(e0 + r0 + kRowStep * i) * a.k + k_begin + 4 * c : 0);
+  }
+  const uint32_t dst0 = mma_ops::smem_u32(tile_smem + r0 * kTileRow + 4 * c);
+  auto load = [&](int st) {
+    if (st < nst) {
+      const uint32_t dst = dst0 + uint32_t((st % kTileStages) * kTileStageFloats * 4);
+      const int dk = st * kTileK;
+      const bool kok = k_begin + dk + 4 * c < k_end;
 #pragma unroll
-  for (int i = 0; i < TT; ++i)
-#pragma unroll
-    for (int j = 0; j < 4; ++j) acc[i][j] = 0.0f;
-  bool first = true;
-  load(k_begin);
-  for (int kt = k_begin; kt < k_end; kt += kTileK) {
-    __syncthreads();  // everyone is done reading the previous stage
-#pragma unroll
-    for (int r = 0; r < kXv; ++r) put_kmajor(xs, (tid + 256 * r) % 8, (tid + 256 * r) / 8, xr[r]);
-#pragma unroll
-    for (int r = 0; r < kWv; ++r) put_kmajor(ws, (tid + 256 * r) % 8, (tid + 256 * r) / 8, wr[r]);
-    __syncthreads();
-    if (kt + kTileK < k_end) load(kt + kTileK);  // in flight during this stage's FMAs
-#pragma unroll
-    for (int kk = 0; kk < kTileK; ++kk) {
-      float xv[TT];
-#pragma unroll
-      for (int q = 0; q < TT / 4; ++q) {
-        const float4 v = *reinterpret_cast<const float4*>(&xs[kk][swz(kk, ty * (TT / 4) + q)]);
-        xv[4 * q] = v.x;
-        xv[4 * q + 1] = v.y;
-        xv[4 * q + 2] = v.z;
-        xv[4 * q + 3] = v.w;
+      for (int i = 0; i < kXCopies; ++i) {
+        const bool ok = xok[i] && kok;
+        cp_async16(dst + uint32_t(kRowStep * i * kTileRow * 4), ok ? xsrc[i] + dk : a.x, ok ? 16u : 0u);
       }
-      const float4 wv4 = *reinterpret_cast<const float4*>(&ws[kk][swz(kk, tx)]);
-      const float wv[4] = {wv4.x, wv4.y, wv4.z, wv4.w};
 #pragma unroll
-      for (int i = 0; i < TT; ++i)
-#pragma unroll
-        for (int j = 0; j < 4; ++j) acc[i][j] = fmaf(wv[j], xv[i], acc[i][j]);
+      for (int i = 0; i < kWCopies; ++i) {
+        const bool ok = wok[i] && kok;
+        cp_async16(dst + uint32_t((kTileT + kRowStep * i) * kTileRow * 4), ok ? wsrc[i] + dk : a.w, ok ? 16u : 0u);
+      }
     }
-    // Segment boundary (or the group's end): fold the segment's chain into the group's sum.
-    if ((kt + kTileK - k_begin) % kSeg == 0 || kt + kTileK >= k_end) {
+    mma_ops::cp_async_commit();  // empty groups keep the wait count uniform
+  };
+  float acc[8][8];
 #pragma unroll
-      for (int i = 0; i < TT; ++i)
+  for (int i = 0; i < 8; ++i)
 #pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          float& t = totals[4 * i + j][tid];
+    for (int j = 0; j < 8; ++j) acc[i][j] = 0.0f;
+#pragma unroll
+  for (int s = 0; s < kTileStages - 1; ++s) load(s);
+  bool first = true;
+  for (int st = 0; st < nst; ++st) {
+    mma_ops::cp_async_wait<kTileStages - 2>();
+    __syncthreads();  // stage st landed for all; everyone is past stage st - 1, whose slot refills now
+    load(st + kTileStages - 1);
+    const float* const xs = tile_smem + (st % kTileStages) * kTileStageFloats;
+    const float* const ws = xs + kTileT * kTileRow;
+#pragma unroll
+    for (int kq = 0; kq < kTileK / 4; ++kq) {
+      float4 xv[8], wv[8];
+#pragma unroll
+      for (int i = 0; i < 8; ++i) xv[i] = *reinterpret_cast<const float4*>(xs + (ty + 8 * i) * kTileRow + 4 * kq);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) wv[j] = *reinterpret_cast<const float4*>(ws + (tx + 16 * j) * kTileRow + 4 * kq);
+#pragma unroll
+      for (int i = 0; i < 8; ++i)
+#pragma unroll
+        for (int j = 0; j < 8; ++j) acc[i][j] = fmaf(wv[j].x, xv[i].x, acc[i][j]);
+#pragma unroll
+      for (int i = 0; i < 8; ++i)
+#pragma unroll
+        for (int j = 0; j < 8; ++j) acc[i][j] = fmaf(wv[j].y, xv[i].y, acc[i][j]);
+#pragma unroll
+      for (int i = 0; i < 8; ++i)
+#pragma unroll
+        for (int j = 0; j < 8; ++j) acc[i][j] = fmaf(wv[j].z, xv[i].z, acc[i][j]);
+#pragma unroll
+      for (int i = 0; i < 8; ++i)
+#pragma unroll
+        for (int j = 0; j < 8; ++j) acc[i][j] = fmaf(wv[j].w, xv[i].w, acc[i][j]);
+    }
+    // Segment boundary (or the group's end): fold the segment's chains into the group's sums
+    // (one segment per CTA: the chains are the partials).
+    const int done = (st + 1) * kTileK;
+    if (a.spg > 1 && (done % kSeg == 0 || k_begin + done >= k_end)) {
+#pragma unroll
+      for (int i = 0; i < 8; ++i)
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          float& t = totals[(8 * i + j) * kTileThreads + tid];
           t = first ? acc[i][j] : t + acc[i][j];
           acc[i][j] = 0.0f;
         }
       first = false;
     }
   }
+  mma_ops::cp_async_wait<0>();
 #pragma unroll
-  for (int i = 0; i < TT; ++i) {
-    const int t = t0 + ty * TT + i;
+  for (int i = 0; i < 8; ++i) {
+    const int t = t0 + ty + 8 * i;
     if (t >= a.tokens) break;
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const int e = e0 + 4 * tx + j;
-      if (e < a.experts) a.partial[(int64_t(grp) * a.tokens + t) * a.experts + e] = totals[4 * i + j][tid];
+    for (int j = 0; j < 8; ++j) {
+      const int e = e0 + tx + 16 * j;
+      if (e < a.experts) {
+        a.partial[(int64_t(grp) * a.tokens + t) * a.experts + e] = a.spg > 1 ? totals[(8 * i + j) * kTileThreads + tid] : acc[i][j];
+      }
     }
   }
 }
-
 
 }  // namespace
 
@@ -388,14 +439,16 @@ void launch_fused_router(const float* x, int64_t ldx, int64_t tokens, const floa
       router_seg_kernel<32><<<grid, kSegThreads, 0, current_stream()>>>(a);
     }
   } else {
-    const dim3 grid(unsigned((tokens + 8 * TT - 1) / (8 * TT)), unsigned((experts + kTileE - 1) / kTileE),
+    const dim3 grid(unsigned((tokens + kTileT - 1) / kTileT), unsigned((experts + kTileE - 1) / kTileE),
                     unsigned(nstored));
-    router_tile_kernel<<<grid, 256, 0, current_stream()>>>(a);
+    allow_dynamic_smem(reinterpret_cast<const void*>(router_tile_kernel), kTileSmemBytes);
+    router_tile_kernel<<<grid, kTileThreads, kTileSmemBytes, current_stream()>>>(a);
   }
   M3_CUDA_CHECK_LAUNCH();
   // The selection is launched while the logits drain (it waits before reading them).
   if (!per_seg) {
-    launch_kernel(router_select_kernel<8>, dim3(unsigned((tokens + 7) / 8)), dim3(kSelThreads), 0, true, sel);
+    launch_kernel(router_select_kernel<kWideTPC>, dim3(unsigned((tokens + kWideTPC - 1) / kWideTPC)), dim3(kSelThreads), 0, true,
+                  sel);
   } else {
     launch_kernel(router_select_kernel<2>, dim3(unsigned((tokens + 1) / 2)), dim3(kSelThreads), 0, true, sel);
   }

@@ -267,7 +267,10 @@ void check_router(Harness& h, std::mt19937& rng) {
                         // several segments, a width not a multiple of 32, experts not a multiple of 4;
                         // small integers (exact logits, ties) at the wide widths.
                         Case{300, 128, 6144, 4, true, true}, Case{520, 30, 200, 3, true, false},
-                        Case{4100, 40, 2112, 4, true, true}, Case{260, 16, 64, 4, true, true}}) {
+                        Case{4100, 40, 2112, 4, true, true}, Case{260, 16, 64, 4, true, true},
+                        // 256 experts (two expert tiles; eight pairs per selecting thread) and a
+                        // width that is a multiple of 4 but not of the tiled kernel's 16-k stage.
+                        Case{600, 256, 1540, 8, true, false}}) {
     h.guarded("moe_router", [&] {
       std::vector<float> x, w, bias;
       if (c.crafted) {
