@@ -36,7 +36,9 @@ constexpr int kGroups = 8;        // at most this many groups of segments (part 
 constexpr int kMaxExperts = 256;  // 8 per lane in the select kernel
 constexpr int kWideMin = 256;     // above this many tokens, the tiled kernel
 // Up to this many tokens the tiled kernel stores per-segment partials (H200, M3 router, T = 512:
-// 51 -> 45 us; at 1024 the group partials are faster, 81 vs 89 us).
+// 51 -> 45 us; at 1024 the group partials are faster, 81 vs 89 us). With the 8 x 8 tiles, per
+// segment up to 2048 tokens measured 600: 62.6 -> 59.0 us, 1024: 63.2 -> 65.3, 1536: 101 -> 93,
+// 2048: 101.5 -> 120.6: no single rule wins, so 512 stays.
 constexpr int kSegPartialsMax = 512;
 constexpr int kTileE = 128;       // experts per tiled CTA (16 threads x 8)
 
@@ -98,9 +100,9 @@ __global__ void __launch_bounds__(kSelThreads) router_select_kernel(SelectArgs a
   const int experts = a.experts, top_k = a.top_k;
   const int64_t stride = int64_t(a.tokens) * experts;
   if constexpr (kTPC == kWideTPC) {
-    // Group partials (at most kGroups; the host passes spg 1 with them): all of a thread's pairs' partials in flight at
-    // once, then each pair folded in order (a batch per pair, 4 at M3, was 4 round trips and
-    // 32 predicated slots per pair: 31 us at 4096 tokens).
+    // Group partials (at most kGroups; the host passes spg 1 with them): all of a thread's
+    // pairs' partials in flight at once, then each pair folded in order (a batch per pair, 4 at
+    // M3, was 4 round trips and 32 predicated slots per pair: 31 us at 4096 tokens).
     constexpr int kQ = kWideTPC * kMaxExperts / kSelThreads;
     float v[kQ][kGroups];
 #pragma unroll
