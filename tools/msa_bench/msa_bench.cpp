@@ -13,7 +13,8 @@
 // tiles), the KV-block-major and query-major attention alone, and the step (indexer + the
 // attention the dispatch picks); TFLOP/s of the attention core from the FLOPs the selections
 // require (4 * head_dim per visible (query head, key)), against a cuBLAS BF16 GEMM ceiling
-// measured in the same run. Prints tables, writes JSON.
+// measured in the same run; and dense causal attention over the same cache (M3's dense layers):
+// the wgmma dense prefill kernel, and the query-major kernel up to 8K. Prints tables, writes JSON.
 //   msa_bench [--contexts 2048,8192,32768,131072,524288] [--batches 1,8,64,128]
 //             [--index-dtypes bf16,fp8] [--prefill 8192,32768] [--no-decode] [--dense] [--iters 30]
 //             [--max-gb 100] [--no-baseline] [--json F]
@@ -234,6 +235,22 @@ nlohmann::json bench_prefill(int ctx, const std::string& idt, Tables& tables, cu
     std::snprintf(buf, sizeof buf, " %9.1f %6.0f", t.median_us, flops / (t.median_us * 1e-6) / 1e12);
     line += buf;
   }
+  // Dense causal attention over the same cache (M3's dense layers): the wgmma prefill kernel, and
+  // the query-major kernel it replaces where that finishes in reasonable time (<= 8K).
+  const TensorView none{};
+  const double dense_flops = double(ctx) * (ctx + 1) / 2 * kQHeads * 4.0 * kHeadDim;
+  const Timing td = time_graph([&] { cuda::launch_msa_attention_dense_prefill(qv, kv_, vv, meta, ov); }, stream, flush, it);
+  row["dense_prefill_us"] = td.median_us;
+  row["dense_prefill_tflops"] = dense_flops / (td.median_us * 1e-6) / 1e12;
+  std::string dense_line = "      dense causal attention: wgmma prefill " + std::to_string(td.median_us) + " us (" +
+                           std::to_string(int(row["dense_prefill_tflops"].get<double>())) + " TFLOP/s)";
+  if (ctx <= 8192) {
+    const Timing tq = time_graph([&] { cuda::launch_msa_attention(qv, kv_, vv, meta, none, 0, ov); }, stream, flush, it);
+    row["dense_query_major_us"] = tq.median_us;
+    row["dense_query_major_tflops"] = dense_flops / (tq.median_us * 1e-6) / 1e12;
+    dense_line += ", query-major " + std::to_string(tq.median_us) + " us (" +
+                  std::to_string(int(row["dense_query_major_tflops"].get<double>())) + " TFLOP/s)";
+  }
   const double lim = ctx == 8192 ? 1000 : ctx == 32768 ? 5000 : 0;
   std::string target;
   if (lim > 0) target = (step.median_us <= lim ? "MET <= " : "MISSED <= ") + std::to_string(int(lim)) + " us";
@@ -242,6 +259,7 @@ nlohmann::json bench_prefill(int ctx, const std::string& idt, Tables& tables, cu
               gemm_tflops, target.c_str());
   std::printf("      indexer layouts: prefill groups %.1f us, warp-streamed %.1f us, 128-row tiles %.1f us\n", t_groups.median_us,
               t_warp.median_us, t_tiles.median_us);
+  std::printf("%s\n", dense_line.c_str());
   std::fflush(stdout);
   return row;
 }

@@ -53,6 +53,18 @@ void launch_msa_attention_prefill_fast(const TensorView& q, const TensorView& k_
                                        const ops::AttentionMetadata& meta, const TensorView& selected, int top_k,
                                        const TensorView& out);
 
+// Dense causal prefill on wgmma (msa_dense_prefill.cu): 128 rows (query heads x consecutive
+// tokens) of one (sequence, KV group) per CTA, bit-identical to the query-major kernel's dense
+// result. Shapes it does not take (query heads per KV head > 64, page size not a power of two)
+// run launch_msa_attention.
+void launch_msa_attention_dense_prefill(const TensorView& q, const TensorView& k_cache, const TensorView& v_cache,
+                                        const ops::AttentionMetadata& meta, const TensorView& out);
+// The dispatch entry: dense batches averaging >= 64 tokens per sequence take the kernel above,
+// everything else the query-major one.
+void launch_msa_attention_dense(const TensorView& q, const TensorView& k_cache, const TensorView& v_cache,
+                                const ops::AttentionMetadata& meta, const TensorView& selected, int top_k,
+                                const TensorView& out);
+
 // Multiprocessor count of the current device (cached per device).
 int current_sm_count();
 

@@ -82,11 +82,12 @@ constexpr int kMaxCounters = 1 << 16;
 __device__ __forceinline__ uint32_t bf16x2_bits(__nv_bfloat162 v) { return *reinterpret_cast<uint32_t*>(&v); }
 
 // (x0, x1) = hi + lo with hi, lo bf16 pairs (element 0 in the low half).
+// (The halves go back to fp32 by bit placement: __bfloat1622float2 made ptxas unpack and repack
+// the pair with byte permutes, two extra instructions per pair.)
 __device__ __forceinline__ void split_bf16(float x0, float x1, uint32_t& hi, uint32_t& lo) {
-  const __nv_bfloat162 h = __floats2bfloat162_rn(x0, x1);
-  const float2 hf = __bfloat1622float2(h);
-  hi = bf16x2_bits(h);
-  lo = bf16x2_bits(__floats2bfloat162_rn(__fsub_rn(x0, hf.x), __fsub_rn(x1, hf.y)));
+  hi = bf16x2_bits(__floats2bfloat162_rn(x0, x1));
+  const float h0 = __uint_as_float(hi << 16), h1 = __uint_as_float(hi & 0xffff0000u);
+  lo = bf16x2_bits(__floats2bfloat162_rn(__fsub_rn(x0, h0), __fsub_rn(x1, h1)));
 }
 
 constexpr uint32_t kBf16OnePair = 0x3f803f80u;  // (1.0, 1.0) as bf16x2
@@ -141,6 +142,43 @@ __device__ __forceinline__ float finish(float o, float l) { return l > 0.0f ? __
 // Probability of a score relative to the unit's max (scaled), the canonical expression.
 __device__ __forceinline__ float unit_prob(float s, float mb, float sl2) { return exp2f(__fmaf_rn(s, sl2, -mb)); }
 __device__ __forceinline__ float unit_mb(float m, float sl2) { return m == -INFINITY ? 0.0f : __fmul_rn(m, sl2); }
+
+// A unit's canonical probabilities (the prefill kernels of msa_prefill.cu and
+// msa_dense_prefill.cu) for rows r0 = 16 mt + gq and r1 = r0 + 8 over its 128 keys: S (sv(nt, e): element e of
+// the thread's fragment of n8 key tile nt) masked to the visible keys at or before each row's
+// position, the rows' maxima, and P as the bf16 hi / lo A fragments of the 8 key steps.
+template <class Frag>
+__device__ __forceinline__ void unit_probs(Frag&& sv, int kvis, int kb, int cq, int pos0, int pos1, float sl2, float& m0,
+                                          float& m1, uint32_t (&ph)[8][4], uint32_t (&pl)[8][4]) {
+  m0 = -INFINITY;
+  m1 = -INFINITY;
+#pragma unroll
+  for (int nt = 0; nt < 16; ++nt) {
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const int kk = nt * 8 + 2 * cq + e;
+      const bool in = kk < kvis;
+      sv(nt, e) = (in && kb + kk <= pos0) ? sv(nt, e) : -INFINITY;
+      sv(nt, 2 + e) = (in && kb + kk <= pos1) ? sv(nt, 2 + e) : -INFINITY;
+      m0 = fmaxf(m0, sv(nt, e));
+      m1 = fmaxf(m1, sv(nt, 2 + e));
+    }
+  }
+  m0 = fmaxf(m0, __shfl_xor_sync(0xffffffffu, m0, 1));
+  m0 = fmaxf(m0, __shfl_xor_sync(0xffffffffu, m0, 2));
+  m1 = fmaxf(m1, __shfl_xor_sync(0xffffffffu, m1, 1));
+  m1 = fmaxf(m1, __shfl_xor_sync(0xffffffffu, m1, 2));
+  const float mb0 = unit_mb(m0, sl2), mb1 = unit_mb(m1, sl2);
+#pragma unroll
+  for (int kk = 0; kk < 8; ++kk) {
+#pragma unroll
+    for (int f = 0; f < 4; ++f) {
+      const int nt = 2 * kk + (f >> 1), o = 2 * (f & 1);
+      const float mb = f & 1 ? mb1 : mb0;
+      split_bf16(unit_prob(sv(nt, o), mb, sl2), unit_prob(sv(nt, o + 1), mb, sl2), ph[kk][f], pl[kk][f]);
+    }
+  }
+}
 
 // ---- warp scans ----
 __device__ __forceinline__ int warp_inclusive_scan(int v) {

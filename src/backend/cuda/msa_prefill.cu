@@ -249,41 +249,6 @@ __device__ __forceinline__ void bm_fetch_q(const BmArgs& a, const BmItem& w, con
   }
   cp_async_commit();
 }
-// The unit's probabilities for rows r0 = 16 mt + gq and r1 = r0 + 8: S (sv(nt, e): element e of
-// the thread's fragment of n8 key tile nt) masked to the visible keys at or before each row's
-// position, the rows' maxima, and P as the bf16 hi / lo A fragments of the 8 key steps.
-template <class Frag>
-__device__ __forceinline__ void bm_unit_p(Frag&& sv, int kvis, int kb, int cq, int pos0, int pos1, float sl2, float& m0,
-                                          float& m1, uint32_t (&ph)[8][4], uint32_t (&pl)[8][4]) {
-  m0 = -INFINITY;
-  m1 = -INFINITY;
-#pragma unroll
-  for (int nt = 0; nt < 16; ++nt) {
-#pragma unroll
-    for (int e = 0; e < 2; ++e) {
-      const int kk = nt * 8 + 2 * cq + e;
-      const bool in = kk < kvis;
-      sv(nt, e) = (in && kb + kk <= pos0) ? sv(nt, e) : -INFINITY;
-      sv(nt, 2 + e) = (in && kb + kk <= pos1) ? sv(nt, 2 + e) : -INFINITY;
-      m0 = fmaxf(m0, sv(nt, e));
-      m1 = fmaxf(m1, sv(nt, 2 + e));
-    }
-  }
-  m0 = fmaxf(m0, __shfl_xor_sync(0xffffffffu, m0, 1));
-  m0 = fmaxf(m0, __shfl_xor_sync(0xffffffffu, m0, 2));
-  m1 = fmaxf(m1, __shfl_xor_sync(0xffffffffu, m1, 1));
-  m1 = fmaxf(m1, __shfl_xor_sync(0xffffffffu, m1, 2));
-  const float mb0 = msa::unit_mb(m0, sl2), mb1 = msa::unit_mb(m1, sl2);
-#pragma unroll
-  for (int kk = 0; kk < 8; ++kk) {
-#pragma unroll
-    for (int f = 0; f < 4; ++f) {
-      const int nt = 2 * kk + (f >> 1), o = 2 * (f & 1);
-      const float mb = f & 1 ? mb1 : mb0;
-      msa::split_bf16(msa::unit_prob(sv(nt, o), mb, sl2), msa::unit_prob(sv(nt, o + 1), mb, sl2), ph[kk][f], pl[kk][f]);
-    }
-  }
-}
 // Row r's partial index: [group, token in chunk, slot, head].
 __device__ __forceinline__ int64_t bm_pidx(const BmArgs& a, const BmItem& w, const int* tok_s, const int* slot_s, int r) {
   const int ti = r / a.group;
@@ -366,7 +331,7 @@ __global__ void __launch_bounds__(kThreads, 1) bm_block_kernel(BmArgs a) {
     const int pos0 = r0 < rows ? pos_s[r0 / a.group] : -1, pos1 = r1 < rows ? pos_s[r1 / a.group] : -1;
     float m0, m1;
     uint32_t ph[8][4], pl[8][4];
-    bm_unit_p([&](int nt, int e) -> float& { return sv[nt][e]; }, kvis, kb, cq, pos0, pos1, sl2, m0, m1, ph, pl);
+    msa::unit_probs([&](int nt, int e) -> float& { return sv[nt][e]; }, kvis, kb, cq, pos0, pos1, sl2, m0, m1, ph, pl);
     // P.V over the dims in kDimParts parts and the row sums (canonical chain: key steps ascending,
     // hi then lo).
     auto pidx = [&](int r) { return bm_pidx(a, w, tok_s, slot_s, r); };
@@ -511,7 +476,7 @@ __global__ void __launch_bounds__(kThreads, 1) bm_block_wg_kernel(BmArgs a) {
     const int pos0 = r0 < rows ? pos_s[r0 / a.group] : -1, pos1 = r1 < rows ? pos_s[r1 / a.group] : -1;
     float m0, m1;
     uint32_t ph[8][4], pl[8][4];
-    bm_unit_p([&](int nt, int e) -> float& { return sa[4 * nt + e]; }, kvis, kb, cq, pos0, pos1, sl2, m0, m1, ph, pl);
+    msa::unit_probs([&](int nt, int e) -> float& { return sa[4 * nt + e]; }, kvis, kb, cq, pos0, pos1, sl2, m0, m1, ph, pl);
     auto pidx = [&](int r) { return bm_pidx(a, w, tok_s, slot_s, r); };
     float lv[4] = {0, 0, 0, 0};
 #pragma unroll

@@ -11,6 +11,8 @@ namespace {
 
 // Query tokens from which a sparse attention call is a prefill for the KV-block-major entry.
 constexpr int64_t kBlockMajorMinTokens = 1024;
+// Query tokens from which a dense attention call is a prefill for the wgmma dense entry.
+constexpr int64_t kDensePrefillMinTokens = 64;
 
 // What every tuned attention entry needs: device BF16 K/V, head_dim 128, top_k <= 64.
 std::string need_bf16_head128(const ops::Problem& p) {
@@ -68,6 +70,21 @@ void register_msa(ops::KernelTable& table) {
        "selections inverted to {block -> tokens}, each selected block loaded once for all the tokens that chose it, "
        "canonical unit partials merged in block order (bit-identical to the query-major entry: batch-invariant)",
        need_block_major, launch_msa_attention_prefill});
+  table.attention.add(
+      {"attention.msa_dense_prefill.sm90",
+       "device BF16 KV cache, head_dim 128, dense (causal), >= 64 query tokens (batches averaging fewer per sequence, "
+       "> 64 query heads per KV head or pages that are not a power of two run the query-major entry); 128 rows "
+       "(the query heads of a KV group x consecutive tokens) per CTA share each 128-key K/V unit, two warpgroups on "
+       "wgmma (S over all 128 keys, P.V per half of the dims, V transposed in shared memory while S runs), "
+       "canonical unit partials folded in registers (bit-identical to the query-major entry: batch-invariant)",
+       [](const ops::Problem& p) -> std::string {
+         std::string why = need_bf16_head128(p);
+         if (!why.empty()) return why;
+         if (p.extra >= 1) return "block-sparse attention";
+         if (p.m < kDensePrefillMinTokens) return "fewer than 64 query tokens (not a prefill)";
+         return "";
+       },
+       launch_msa_attention_dense});
   table.attention.add(
       {"attention.msa_query_major.sm90",
        "device BF16 KV cache, head_dim 128, dense or block-sparse with top_k <= 64 (query heads per KV head <= 64, "

@@ -82,6 +82,7 @@ struct Result {
   double sparse_rel = 0, dense_rel = 0, random_rel = 0, bm_rel = 0;
   double bm_fast_rel = 0;     // the non-invariant block-major variant (bf16 Q and P), vs the CPU
   bool bm_same = true;        // block-major == query-major, bit for bit (CPU and random selections)
+  bool dense_same = true;     // dense: the wgmma prefill kernel == query-major == dispatch, bit for bit
   bool alone_same = true;     // one sequence alone == its rows in the batch, bit for bit
   std::string invariance_error;
   bool entries_ok = true;
@@ -89,7 +90,7 @@ struct Result {
   std::string error;
   bool pass() const {
     return error.empty() && sel_exact && entries_ok && sparse_rel <= kAttnTol && dense_rel <= kAttnTol &&
-           random_rel <= kAttnTol && bm_rel <= kAttnTol && bm_fast_rel <= kAttnFastTol && bm_same && alone_same;
+           random_rel <= kAttnTol && bm_rel <= kAttnTol && bm_fast_rel <= kAttnFastTol && bm_same && dense_same && alone_same;
   }
 };
 
@@ -277,7 +278,7 @@ Result run_case(Harness& h, const Case& c, std::mt19937& rng) {
                      host(ref.data(), DType::kF32, qs));
       return ref;
     };
-    enum class Via { kDispatch, kQueryMajor, kBlockMajor, kBlockMajorFast };
+    enum class Via { kDispatch, kQueryMajor, kBlockMajor, kBlockMajorFast, kDensePrefill };
     auto gpu_attend = [&](const std::vector<int32_t>* s, Via via) {
       TensorView ds;
       std::unique_ptr<DevBuf> dsv;
@@ -292,6 +293,8 @@ Result run_case(Harness& h, const Case& c, std::mt19937& rng) {
         cuda::launch_msa_attention_block_major(qv, kv, vv, batch.dev_meta, ds, sh.top_k, ov);
       } else if (via == Via::kBlockMajorFast) {
         cuda::launch_msa_attention_block_major_fast(qv, kv, vv, batch.dev_meta, ds, sh.top_k, ov);
+      } else if (via == Via::kDensePrefill) {
+        cuda::launch_msa_attention_dense_prefill(qv, kv, vv, batch.dev_meta, ov);
       } else if (via == Via::kQueryMajor) {
         cuda::launch_msa_attention(qv, kv, vv, batch.dev_meta, ds, s ? sh.top_k : 0, ov);
       } else {
@@ -307,7 +310,22 @@ Result run_case(Harness& h, const Case& c, std::mt19937& rng) {
     const auto out_sparse = gpu_attend(&sel, Via::kDispatch), out_random = gpu_attend(&random_sel, Via::kDispatch);
     r.sparse_rel = rel_err(out_sparse, ref_sparse);
     r.random_rel = rel_err(out_random, ref_random);
-    if (c.dense) r.dense_rel = rel_err(gpu_attend(nullptr, Via::kDispatch), cpu_attend(nullptr));
+    if (c.dense) {
+      // Dense: the dispatch (the wgmma prefill kernel for prefill-shaped batches), the wgmma kernel
+      // called directly on every shape, and the query-major kernel agree bit for bit.
+      const auto out_dense = gpu_attend(nullptr, Via::kDispatch);
+      r.dense_rel = rel_err(out_dense, cpu_attend(nullptr));
+      const auto qm_dense = gpu_attend(nullptr, Via::kQueryMajor), wg_dense = gpu_attend(nullptr, Via::kDensePrefill);
+      r.dense_same = same_bits(wg_dense, qm_dense) && same_bits(out_dense, qm_dense);
+      if (!r.dense_same) {
+        size_t bad = 0;
+        while (bad < qm_dense.size() && std::memcmp(&wg_dense[bad], &qm_dense[bad], 4) == 0) ++bad;
+        r.invariance_error = "dense: wgmma prefill / query-major / dispatch differ";
+        if (bad < qm_dense.size())
+          r.invariance_error += " (wgmma vs query-major first at element " + std::to_string(bad) + ": " +
+                                std::to_string(wg_dense[bad]) + " vs " + std::to_string(qm_dense[bad]) + ")";
+      }
+    }
     if (c.block_major) {
       const auto bm_sparse = gpu_attend(&sel, Via::kBlockMajor), bm_random = gpu_attend(&random_sel, Via::kBlockMajor);
       const auto qm_sparse = gpu_attend(&sel, Via::kQueryMajor), qm_random = gpu_attend(&random_sel, Via::kQueryMajor);
@@ -315,7 +333,7 @@ Result run_case(Harness& h, const Case& c, std::mt19937& rng) {
       r.bm_fast_rel = std::max(rel_err(gpu_attend(&sel, Via::kBlockMajorFast), ref_sparse),
                                rel_err(gpu_attend(&random_sel, Via::kBlockMajorFast), ref_random));
       r.bm_same = same_bits(bm_sparse, qm_sparse) && same_bits(bm_random, qm_random) && same_bits(qm_sparse, out_sparse);
-      if (!r.bm_same) r.invariance_error = "block-major / query-major / dispatch differ";
+      if (!r.bm_same) r.invariance_error += (r.invariance_error.empty() ? "" : "; ") + std::string("block-major / query-major / dispatch differ");
     }
 
     // Batch invariance: the sequence with the longest context alone, through the dispatch.
@@ -406,6 +424,11 @@ std::vector<Case> cases() {
   out.push_back({"tp1_prefill_fp8", kTp1, {{4000, 100}}, Keys::kRandom, DType::kF8E4M3, false});
   out.push_back({"tp1_prefill_dup_blocks", kTp1, {{3000, 64}}, Keys::kDupBlocks, DType::kBF16, false});
   out.push_back({"bs32_g16_prefill_1800", {32, 2, 2, 32, 4}, {{0, 1500}, {700, 300}}, Keys::kRandom, DType::kBF16, false});
+  // Dense prefills (the wgmma dense kernel through the dispatch): ragged runs of tokens that are
+  // and are not multiples of its 8-token tiles, chunks after a cached context, a 1-token tail.
+  out.push_back({"tp1_dense_prefill", kTp1, {{0, 300}, {1000, 129}, {250, 65}}, Keys::kRandom, DType::kBF16, true, false});
+  out.push_back({"tp4_dense_prefill_long", kTp4, {{0, 1100}, {3000, 77}}, Keys::kRandom, DType::kBF16, true, false});
+  out.push_back({"bs16_g4_dense_prefill", {16, 4, 4, 16, 16}, {{0, 200}, {130, 70}, {1, 1}}, Keys::kRandom, DType::kBF16, true, false});
   return out;
 }
 
@@ -516,14 +539,14 @@ TEST(CudaMsa, TunedEntriesMatchTheCpuReference) {
   for (const Result& r : results) {
     std::printf("%-24s %-6d %-9s %-10.3g %-10.3g %-10.3g %-10.3g %-10.3g %-9s %-6s\n", r.name.c_str(), r.tokens,
                 r.sel_exact ? "yes" : "NO", r.sparse_rel, r.random_rel, r.dense_rel, r.bm_rel, r.bm_fast_rel,
-                r.bm_same && r.alone_same ? "yes" : "NO", r.pass() ? "PASS" : "FAIL");
+                r.bm_same && r.dense_same && r.alone_same ? "yes" : "NO", r.pass() ? "PASS" : "FAIL");
     if (!r.sel_error.empty()) std::printf("    first selection mismatch: %s\n", r.sel_error.c_str());
     if (!r.invariance_error.empty()) std::printf("    invariance: %s\n", r.invariance_error.c_str());
     if (!r.error.empty()) std::printf("    error: %s\n", r.error.c_str());
     if (!r.entries_ok) std::printf("    entries: %s\n", r.entries.c_str());
     js.push_back({{"case", r.name}, {"tokens", r.tokens}, {"selected_exact", r.sel_exact}, {"sparse_rel_err", r.sparse_rel},
                   {"random_sel_rel_err", r.random_rel}, {"dense_rel_err", r.dense_rel}, {"block_major_rel_err", r.bm_rel},
-                  {"block_major_fast_rel_err", r.bm_fast_rel}, {"block_major_bitwise", r.bm_same}, {"alone_bitwise", r.alone_same}, {"tolerance", kAttnTol},
+                  {"block_major_fast_rel_err", r.bm_fast_rel}, {"block_major_bitwise", r.bm_same}, {"dense_bitwise", r.dense_same}, {"alone_bitwise", r.alone_same}, {"tolerance", kAttnTol},
                   {"entries", r.entries}, {"pass", r.pass()}, {"error", r.error + r.sel_error + r.invariance_error}});
     EXPECT_TRUE(r.pass()) << r.name << ": " << r.error << r.sel_error << r.invariance_error << " sparse " << r.sparse_rel
                           << " random " << r.random_rel << " dense " << r.dense_rel << " block-major " << r.bm_rel
