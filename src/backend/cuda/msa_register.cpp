@@ -75,7 +75,8 @@ void register_msa(ops::KernelTable& table) {
        "device BF16 KV cache, head_dim 128, dense (causal), >= 64 query tokens (batches averaging fewer per sequence, "
        "> 64 query heads per KV head or pages that are not a power of two run the query-major entry); 128 rows "
        "(the query heads of a KV group x consecutive tokens) per CTA share each 128-key K/V unit, two warpgroups on "
-       "wgmma (S over all 128 keys, P.V per half of the dims, V transposed in shared memory while S runs), "
+       "wgmma (S over all 128 keys with Q from shared memory, P.V per half of the dims with V read transposed by its "
+       "descriptor; one warpgroup's softmax under the other's S), "
        "canonical unit partials folded in registers (bit-identical to the query-major entry: batch-invariant)",
        [](const ops::Problem& p) -> std::string {
          std::string why = need_bf16_head128(p);

@@ -1,8 +1,9 @@
 // GPU parity of the tuned MSA entries (indexer_topk.msa_tc_exact.sm90,
-// attention.msa_query_major.sm90, attention.msa_block_major_prefill.sm90) against the CPU
-// reference on the same BF16 / FP8 caches: selected blocks must be identical (exact
-// integers) in both indexer layouts (decode tiles, prefill tiles), attention within 2e-3 of
-// max|ref|; the KV-block-major prefill must equal the query-major result bit for bit, and a
+// attention.msa_query_major.sm90, attention.msa_block_major_prefill.sm90,
+// attention.msa_dense_prefill.sm90) against the CPU reference on the same BF16 / FP8 caches:
+// selected blocks must be identical (exact integers) in both indexer layouts (decode tiles,
+// prefill tiles), attention within 2e-3 of max|ref|; the KV-block-major prefill and the wgmma
+// dense prefill must equal the query-major result bit for bit, and a
 // sequence run alone must equal its rows in the batch bit for bit (batch invariance: other
 // cluster splits, other row groups). Cases: M3 TP1 (64/4 heads, 4 index heads) and TP4
 // (16/1, 1) shapes, ragged batches with pages shuffled across the pool, contexts on and off
