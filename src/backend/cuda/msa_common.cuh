@@ -150,9 +150,9 @@ __device__ __forceinline__ float unit_prob(float s, float mb, float sl2) {
 }
 __device__ __forceinline__ float unit_mb(float m, float sl2) { return m == -INFINITY ? 0.0f : __fmul_rn(m, sl2); }
 
-// A unit's canonical probabilities (the prefill kernels of msa_prefill.cu and
-// msa_dense_prefill.cu) for rows r0 = 16 mt + gq and r1 = r0 + 8 over its 128 keys: S (sv(nt, e): element e of
-// the thread's fragment of n8 key tile nt) masked to the visible keys at or before each row's
+// A unit's canonical probabilities (the prefill kernels of msa_prefill.cu and msa_dense_prefill.cu)
+// for rows r0 = 16 mt + gq and r1 = r0 + 8 over its 128 keys: S (sv(nt, e): element e of the
+// thread's fragment of n8 key tile nt) masked to the visible keys at or before each row's
 // position, the rows' maxima, and P as the bf16 hi / lo A fragments of the 8 key steps.
 template <class Frag>
 __device__ __forceinline__ void unit_probs(Frag&& sv, int kvis, int kb, int cq, int pos0, int pos1, float sl2, float& m0,
