@@ -132,6 +132,8 @@ __global__ void __launch_bounds__(kThreads, 1) msa_dense_prefill_kernel(DenseArg
 
   // Q rows as bf16 hi / lo tiles (rows past the tile are zero), the positions, the ones tile.
   // Q and positions were written before the previous kernel started (programmatic launch).
+  // (The query-major kernel stages its Q the same way; a shared helper changed that kernel's
+  // SASS, so it waits until the decode kernels are measured again with it.)
   for (int i = tid; i < kRows * (kHeadDim / 8); i += kThreads) {
     const int row = i / (kHeadDim / 8), ch = i % (kHeadDim / 8);
     float x[8] = {0, 0, 0, 0, 0, 0, 0, 0};
