@@ -364,8 +364,8 @@ void launch_msa_attention_dense_prefill(const TensorView& q, const TensorView& k
 void launch_msa_attention_dense(const TensorView& q, const TensorView& k_cache, const TensorView& v_cache,
                                 const ops::AttentionMetadata& meta, const TensorView& selected, int top_k,
                                 const TensorView& out) {
-  if (selected.data == nullptr && q.shape[0] >= 64 * int64_t(std::max(1, meta.num_seqs)) &&
-      dense_prefill_takes(q, k_cache, v_cache, meta))
+  // (launch_msa_attention_dense_prefill hands the shapes it does not take to query-major itself.)
+  if (selected.data == nullptr && q.shape[0] >= 64 * int64_t(std::max(1, meta.num_seqs)))
     return launch_msa_attention_dense_prefill(q, k_cache, v_cache, meta, out);
   launch_msa_attention(q, k_cache, v_cache, meta, selected, top_k, out);
 }
