@@ -210,12 +210,13 @@ __global__ void __launch_bounds__(kThreads, kSplit ? 2 : 1) msa_attention_kernel
     // barrier (the CTA-wide version put three barriers and a serial scan per id on the setup path).
     const int n_ids = T * top_k;
     if (warp == 0) {
-      int b = -1;
+      int b = -1, page = 0;
       if (lane < n_ids) {
         const int tt = lane / top_k;
         b = a.sel[(int64_t(g) * a.num_tokens + t0 + tt) * top_k + lane % top_k];
         if (b < 0 || b > s_pos[tt] / bs) b = -1;
       }
+      if (b >= 0) page = __ldg(table + b);  // requested before the union's shuffles, not after
       const unsigned peers = __match_any_sync(0xffffffffu, b);
       const bool first = b >= 0 && (peers & ((1u << lane) - 1u)) == 0;
       const unsigned firsts_mask = __ballot_sync(0xffffffffu, first);
@@ -229,7 +230,7 @@ __global__ void __launch_bounds__(kThreads, kSplit ? 2 : 1) msa_attention_kernel
       if (first) {
         list[rank] = b;
         masks[rank] = tokens;
-        pages[rank] = table[b];
+        pages[rank] = page;
       }
       if (lane == 0) s_count = __popc(firsts_mask);
     }

@@ -298,8 +298,12 @@ inline __device__ void warp_select(const uint32_t* keys, int n, int k, uint32_t*
   }
   __syncwarp();
   M3_TL_MARK(indexer, blockIdx.x == 0 ? int(blockIdx.y) : -1, 8);
+  // The listing reads a row's keys from one place: the choice is made once, not per key (a
+  // per-key choice compiled to a branch and a reconvergence point around every load).
+  const bool few = cached ? warp_select_few([&](int i) { return cache[i]; }, n, k, t1, t2, hist, dst)
+                          : warp_select_few([&](int i) { return __ldcg(keys + i); }, n, k, t1, t2, hist, dst);
+  if (few) return;
   auto key_at = [&](int i) { return cached ? cache[i] : __ldcg(keys + i); };
-  if (warp_select_few(key_at, n, k, t1, t2, hist, dst)) return;
   uint32_t prefix = 0, mask = 0;
   int need = k;
 #pragma unroll 1
