@@ -3,9 +3,11 @@
 
 Each call of a decode MSA kernel prints a header line ("[timeline indexer] ctas 63 entry ... ns,
 SM clock 1.90 GHz") and one line per mark reached ("mark 3: 63 ctas, first 10112 last 10176").
-Calls are grouped by (kernel, CTA count), which tells the contexts of one msa_bench run apart
-(8K and 128K at B = 1 launch 63 and 132 indexer CTAs); per mark the median over calls of the first
-and the last CTA's time is printed, in µs after the kernel's first CTA started, in time order.
+Calls are grouped by the msa_bench table row printed after them (index dtype, context, batch;
+the timelines of a step come before its row) and by (kernel, CTA count); per mark the median
+over calls of the first and the last CTA's time is printed, in µs after the kernel's first CTA
+started, in time order. (Grouping by CTA count alone mixed contexts: 128K and 512K at B = 1 both
+launch 132 BF16 indexer CTAs.)
 
     msa_bench_tl --contexts 8192,131072 --batches 1 --index-dtypes bf16 --no-baseline \\
         --prefill none --iters 3 > tl.log
@@ -31,33 +33,48 @@ MARKS = {
 
 HEADER = re.compile(r"\[timeline (\w+)\] ctas (\d+) entry \d+ ns(?:, SM clock ([\d.]+) GHz)?")
 MARK = re.compile(r"\[timeline (\w+)\] mark (\d+): (\d+) ctas, first (\d+) last (\d+)")
+ROW = re.compile(r"^(bf16|fp8)\s+(\d+)\s+(\d+) \|")
 
 
 def parse(lines):
-    """{(kernel, ctas): [ {mark: (first_ns, last_ns)}, ... ]} and the clocks seen."""
+    """{(row, kernel, ctas): [ {mark: (first_ns, last_ns)}, ... ]} and the clocks seen; row is the
+    msa_bench table row printed after the calls ("" when none follows)."""
     calls = defaultdict(list)
     clocks = defaultdict(list)
+    pending = []  # (kernel, ctas, marks, clock) not yet followed by a table row
     current = None
     for line in lines:
         m = HEADER.search(line)
         if m:
-            key = (m.group(1), int(m.group(2)))
             current = {}
-            calls[key].append(current)
-            if m.group(3):
-                clocks[key].append(float(m.group(3)))
+            pending.append((m.group(1), int(m.group(2)), current, float(m.group(3)) if m.group(3) else None))
             continue
         m = MARK.search(line)
         if m and current is not None:
             current[int(m.group(2))] = (int(m.group(4)), int(m.group(5)))
+            continue
+        m = ROW.match(line)
+        if m:
+            label = f"{m.group(1)} {m.group(2)} B={m.group(3)}"
+            for kernel, ctas, marks, clock in pending:
+                calls[(label, kernel, ctas)].append(marks)
+                if clock is not None:
+                    clocks[(label, kernel, ctas)].append(clock)
+            pending = []
+            current = None
+    for kernel, ctas, marks, clock in pending:
+        calls[("", kernel, ctas)].append(marks)
+        if clock is not None:
+            clocks[("", kernel, ctas)].append(clock)
     return calls, clocks
 
 
 def summarise(calls, clocks):
     out = []
-    for (kernel, ctas), runs in sorted(calls.items()):
-        clock = f", SM clock {statistics.median(clocks[(kernel, ctas)]):.2f} GHz" if clocks[(kernel, ctas)] else ""
-        out.append(f"{kernel}, {ctas} CTAs: {len(runs)} calls{clock}")
+    for (label, kernel, ctas), runs in sorted(calls.items()):
+        key = (label, kernel, ctas)
+        clock = f", SM clock {statistics.median(clocks[key]):.2f} GHz" if clocks[key] else ""
+        out.append(f"{label + ': ' if label else ''}{kernel}, {ctas} CTAs: {len(runs)} calls{clock}")
         marks = sorted({m for run in runs for m in run})
         rows = []
         for mark in marks:
