@@ -17,6 +17,7 @@
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/cuda_internal.h"
 #include "backend/cuda/graph_capture.h"
+#include "gpu_bench_flush.h"
 
 namespace m3::gpu_bench {
 
@@ -83,15 +84,11 @@ struct Timing {
   double median_us = 0, min_us = 0;
 };
 
-// GPU time of one graph replay, L2 flushed before each (events bracket the replay only).
-// M3_BENCH_WARM_L2=1 skips the flush: a diagnostic of how much of a small step is cold misses
-// (data and instructions), never for reported figures.
+// GPU time of one graph replay, L2 flushed before each (events bracket the replay only), by
+// the mode of gpu_bench_flush.h (a 256 MB read by default; M3_BENCH_FLUSH=memset, or
+// M3_BENCH_WARM_L2=1 for no flush: a diagnostic of how much of a small step is cold misses).
 inline Timing time_graph(const std::function<void()>& step, cudaStream_t stream, const Dev& flush, int iters) {
-  static const bool flush_l2 = [] {
-    const bool warm = std::getenv("M3_BENCH_WARM_L2") != nullptr;
-    if (warm) std::fprintf(stderr, "M3_BENCH_WARM_L2: L2 not flushed between replays (diagnostic figures)\n");
-    return !warm;
-  }();
+  const Flush mode = flush_mode();
   step();  // eager warm-up (module loads, pool growth)
   M3_CUDA_CHECK(cudaStreamSynchronize(stream));
   cudaGraphExec_t exec = m3::cuda::capture_graph(stream, step);
@@ -100,7 +97,7 @@ inline Timing time_graph(const std::function<void()>& step, cudaStream_t stream,
   M3_CUDA_CHECK(cudaEventCreate(&e1));
   std::vector<double> us;
   for (int i = 0; i < iters + 2; ++i) {
-    if (flush_l2) M3_CUDA_CHECK(cudaMemsetAsync(flush.as<void>(), i & 0xff, flush.bytes(), stream));
+    flush_l2(mode, flush.as<void>(), flush.bytes(), i, stream);
     M3_CUDA_CHECK(cudaEventRecord(e0, stream));
     M3_CUDA_CHECK(cudaGraphLaunch(exec, stream));
     M3_CUDA_CHECK(cudaEventRecord(e1, stream));
@@ -151,7 +148,7 @@ inline double copy_bandwidth(cudaStream_t stream) {
 }
 
 // Device 0, a non-blocking stream made the stream every entry launches on (current_stream()),
-// the buffer time_graph() memsets to flush L2 (256 MB), and the copy bandwidth of this run.
+// the buffer time_graph() flushes L2 with (256 MB), and the copy bandwidth of this run.
 struct BenchDevice {
   cudaDeviceProp prop{};
   cudaStream_t stream = nullptr;

@@ -8,11 +8,13 @@ fused as one [hidden, 2*inter] weight, then down) with the SwiGLU-OAI between th
   - torch._grouped_mm, BF16 weights and activations;
   - torch._scaled_grouped_mm, FP8 e4m3 weights and activations with rowwise (per row / per
     output column) fp32 scales.
-GPU time per step from CUDA events, L2 flushed (256 MB write) before each, median of --iters.
+GPU time per step from CUDA events, L2 flushed before each as moe_bench does (a 256 MB read;
+M3_BENCH_FLUSH=memset for a 256 MB write), median of --iters.
 Whatever is unavailable (no torch, no GPU, an op missing or rejecting the layout) is reported in
 the JSON instead of failing.
 """
 import argparse
+import os
 import json
 import sys
 import time
@@ -52,7 +54,16 @@ def main():
     H, I, E, K = args.hidden, args.inter, args.experts, args.top_k
     G = E + 1
     torch.manual_seed(0)
-    flush = torch.empty(256 << 20, dtype=torch.uint8, device=dev)
+    flush = torch.zeros(256 << 20, dtype=torch.uint8, device=dev)
+    flush_mode = os.environ.get("M3_BENCH_FLUSH", "read")
+    doc["l2_flush"] = flush_mode
+
+    def flush_l2():
+        # A read leaves L2 holding clean lines (tools/gpu_bench_flush.h); a write leaves them dirty.
+        if flush_mode == "memset":
+            flush.zero_()
+        else:
+            flush.view(torch.int64).sum()
 
     # Copy bandwidth (read + write bytes per second), as moe_bench measures it.
     a = torch.empty(1 << 30, dtype=torch.uint8, device=dev)
@@ -74,7 +85,7 @@ def main():
         torch.cuda.synchronize()
         us = []
         for _ in range(iters + 1):
-            flush.zero_()
+            flush_l2()
             s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             s.record()
             fn()

@@ -5,13 +5,15 @@ M3 TP1 shapes: 64 query heads, 4 KV heads (GQA), head_dim 128, BF16. Decode: B s
 `context` cached tokens, one query each. Prefill: one sequence of `context` tokens, causal.
 Each backend (flash, cuDNN, memory-efficient) is tried alone; shapes it refuses are reported
 as such. GPU time per call from CUDA events around a CUDA-graph replay (eager when capture
-fails), L2 flushed (256 MB write) before each, median of --iters. Prints a table, writes JSON.
+fails), L2 flushed before each as msa_bench does (a 256 MB read; M3_BENCH_FLUSH=memset for a
+256 MB write), median of --iters. Prints a table, writes JSON.
 Never fails the caller: without torch or a GPU it says so and exits 0.
 
   tools/msa_torch_dense.py [--contexts 2048,8192,32768,131072] [--batches 1,8,64]
                            [--prefill 8192,32768] [--iters 20] [--max-gb 60] [--json F]
 """
 import argparse
+import os
 import json
 import statistics
 import sys
@@ -43,7 +45,15 @@ def main():
 
     dev = torch.device("cuda")
     hq, hkv, d = 64, 4, 128
-    flush = torch.empty(256 << 20, dtype=torch.uint8, device=dev)
+    flush = torch.zeros(256 << 20, dtype=torch.uint8, device=dev)
+    flush_mode = os.environ.get("M3_BENCH_FLUSH", "read")
+
+    def flush_l2(i):
+        # A read leaves L2 holding clean lines (tools/gpu_bench_flush.h); a write leaves them dirty.
+        if flush_mode == "memset":
+            flush.fill_(i & 0xFF)
+        else:
+            flush.view(torch.int64).sum()
     backends = [("flash", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION),
                 ("efficient", SDPBackend.EFFICIENT_ATTENTION)]
 
@@ -64,7 +74,7 @@ def main():
             torch.cuda.synchronize()
         times = []
         for i in range(iters + 2):
-            flush.fill_(i & 0xFF)
+            flush_l2(i)
             e0 = torch.cuda.Event(enable_timing=True)
             e1 = torch.cuda.Event(enable_timing=True)
             e0.record()
@@ -136,6 +146,7 @@ def main():
         json.dump({"device": torch.cuda.get_device_name(0), "torch": torch.__version__,
                    "shapes": {"q_heads": hq, "kv_heads": hkv, "head_dim": d, "dtype": "bf16"},
                    "timing": "median GPU time (events) of a CUDA-graph replay, L2 flushed before each",
+                   "l2_flush": flush_mode,
                    "rows": rows}, f, indent=2)
     print(f"wrote {args.json}")
     return 0

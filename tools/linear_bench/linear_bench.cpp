@@ -125,8 +125,8 @@ int run(int argc, char** argv) {
   const double bf16_tf = bf16_gemm_tflops(stream, [&](void* p, size_t count, unsigned seed) {
     moe_bench::fill_bytes(static_cast<uint8_t*>(p), count * 2, 0, 0x3f, seed, stream);
   });
-  std::printf("device %s, %d SMs; copy bandwidth %.0f GB/s (read + write); cuBLAS BF16 8192^3 %.0f TFLOP/s\n", prop.name,
-              prop.multiProcessorCount, copy_bw / 1e9, bf16_tf);
+  std::printf("device %s, %d SMs; copy bandwidth %.0f GB/s (read + write); cuBLAS BF16 8192^3 %.0f TFLOP/s; L2 flush: %s\n",
+              prop.name, prop.multiProcessorCount, copy_bw / 1e9, bf16_tf, flush_name(flush_mode()));
 
   ops::KernelTable full, old;
   cuda::register_cuda_kernels(full);
@@ -257,6 +257,7 @@ int run(int argc, char** argv) {
     }
   }
   nlohmann::json doc = {{"device", prop.name},          {"sms", prop.multiProcessorCount}, {"copy_gbps", copy_bw / 1e9},
+                        {"l2_flush", m3::gpu_bench::flush_name(m3::gpu_bench::flush_mode())},
                         {"bf16_gemm_tflops", bf16_tf}, {"rows", rows}};
   finish_bench(json_path, doc, bench_device);
   return 0;

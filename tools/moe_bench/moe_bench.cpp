@@ -12,7 +12,7 @@
 //   shared_*        the fused shared expert against the routed experts plus the shared expert run
 //                   separately (our kernels as a one-expert group, and the dense_mlp entry) + add.
 // Every timing is GPU time of one CUDA-graph replay (events around it), median of `iters`, with
-// L2 flushed before each replay (a 256 MB memset). Bytes that must be read: e4m3 data + e8m0
+// L2 flushed before each replay (gpu_bench_flush.h: a 256 MB read unless M3_BENCH_FLUSH=memset). Bytes that must be read: e4m3 data + e8m0
 // scales of the experts the routing touches (shared included) + x in + out (+ the router's
 // weight for block rows); the ratio to the device-to-device copy bandwidth measured in the same
 // run (read + write bytes per second, as msa_bench). TFLOP/s on the expert FLOPs (2 * rows * 3 *
@@ -209,9 +209,9 @@ int run(int argc, char** argv) {
     lt_error = e.what();
     cudaGetLastError();
   }
-  std::printf("device %s, %d SMs, L2 %.0f MB; copy bandwidth %.0f GB/s (read + write); cuBLASLt FP8 8192^3 %.0f TFLOP/s%s\n",
+  std::printf("device %s, %d SMs, L2 %.0f MB; copy bandwidth %.0f GB/s (read + write); cuBLASLt FP8 8192^3 %.0f TFLOP/s%s; L2 flush: %s\n",
               prop.name, prop.multiProcessorCount, prop.l2CacheSize / 1e6, copy_bw / 1e9, lt_tflops,
-              lt_error.empty() ? "" : (" (" + lt_error + ")").c_str());
+              lt_error.empty() ? "" : (" (" + lt_error + ")").c_str(), flush_name(flush_mode()));
 
   LayerWeights L(routed, hidden, inter, stream);
   std::printf("layer: %d routed + 1 shared experts, hidden %d, intermediate %d, top-%d: %.2f GB of MXFP8 weights\n",
@@ -416,7 +416,8 @@ int run(int argc, char** argv) {
                         {"cublaslt_error", lt_error},
                         {"own_w8a8_dense_tflops", own_dense_tflops},
                         {"shapes", {{"hidden", hidden}, {"inter", inter}, {"routed", routed}, {"shared", 1}, {"top_k", top_k}}},
-                        {"timing", "median GPU time of a CUDA graph replay (events), L2 flushed by a 256 MB memset before each"},
+                        {"timing", "median GPU time of a CUDA graph replay (events), L2 flushed before each (see l2_flush)"},
+                        {"l2_flush", m3::gpu_bench::flush_name(m3::gpu_bench::flush_mode())},
                         {"rows", rows}};
   finish_bench(json_path, doc, bench_device);
   return 0;

@@ -3,7 +3,7 @@
 // Decode: for each context and batch, B sequences of `context` cached tokens decode one token
 // each; one layer's whole MSA step (indexer + selection + attention: every launch it needs)
 // runs as a CUDA graph, timed on the GPU with events around each replay and L2 flushed before
-// it (a 256 MB memset). Reports the bytes that must move (index-K scanned + the selected K/V
+// it (gpu_bench_flush.h: a 256 MB read unless M3_BENCH_FLUSH=memset). Reports the bytes that must move (index-K scanned + the selected K/V
 // keys + queries/outputs/metadata), the achieved bandwidth and its ratio to the
 // device-to-device copy bandwidth measured in the same run, the indexer and attention alone,
 // and the same for the old simple entries (F32 caches, as the engine ran before) as the
@@ -295,8 +295,8 @@ int run(int argc, char** argv) {
   }
   BenchDevice bench_device = open_bench_device();
   auto& [prop, stream, flush, copy_bw] = bench_device;
-  std::printf("device %s, %d SMs, L2 %.0f MB; copy bandwidth %.0f GB/s (read + write)\n", prop.name,
-              prop.multiProcessorCount, prop.l2CacheSize / 1e6, copy_bw / 1e9);
+  std::printf("device %s, %d SMs, L2 %.0f MB; copy bandwidth %.0f GB/s (read + write); L2 flush: %s\n", prop.name,
+              prop.multiProcessorCount, prop.l2CacheSize / 1e6, copy_bw / 1e9, flush_name(flush_mode()));
   Tables tables;
   std::mt19937 rng(1234);
   nlohmann::json rows = nlohmann::json::array();
@@ -465,7 +465,8 @@ int run(int argc, char** argv) {
                         {"shapes", {{"q_heads", kQHeads}, {"kv_heads", kKvHeads}, {"head_dim", kHeadDim},
                                     {"index_heads", kIndexHeads}, {"index_dim", kIndexDim}, {"block", kBlock},
                                     {"top_k", kTopK}}},
-                        {"timing", "median GPU time of a CUDA graph replay (events), L2 flushed by a 256 MB memset before each"},
+                        {"timing", "median GPU time of a CUDA graph replay (events), L2 flushed before each (see l2_flush)"},
+                        {"l2_flush", m3::gpu_bench::flush_name(m3::gpu_bench::flush_mode())},
                         {"rows", rows}};
   finish_bench(json_path, doc, bench_device);
   return 0;
