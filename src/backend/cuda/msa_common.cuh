@@ -92,6 +92,23 @@ __device__ __forceinline__ void split_bf16(float x0, float x1, uint32_t& hi, uin
 
 constexpr uint32_t kBf16OnePair = 0x3f803f80u;  // (1.0, 1.0) as bf16x2
 
+// Dims [8 ch, 8 ch + 8) of row `row` of a query group (row = token (row / G) of the group from t0,
+// head g * G + row % G of q [tokens, q_heads, 128]) as bf16 hi / lo halves; zeros for rows past
+// `rows`. The decode and the dense prefill kernels stage their Q tiles with it.
+__device__ __forceinline__ void q_chunk_hilo(const float* q, int q_heads, int t0, int g, int G, int row, int rows,
+                                             int ch, uint4& hi, uint4& lo) {
+  float x[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  if (row < rows) {
+    const float* src = q + (int64_t(t0 + row / G) * q_heads + g * G + row % G) * 128 + ch * 8;
+    const float4 u = *reinterpret_cast<const float4*>(src), w = *reinterpret_cast<const float4*>(src + 4);
+    x[0] = u.x, x[1] = u.y, x[2] = u.z, x[3] = u.w, x[4] = w.x, x[5] = w.y, x[6] = w.z, x[7] = w.w;
+  }
+  split_bf16(x[0], x[1], hi.x, lo.x);
+  split_bf16(x[2], x[3], hi.y, lo.y);
+  split_bf16(x[4], x[5], hi.z, lo.z);
+  split_bf16(x[6], x[7], hi.w, lo.w);
+}
+
 __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])

@@ -132,21 +132,10 @@ __global__ void __launch_bounds__(kThreads, 1) msa_dense_prefill_kernel(DenseArg
 
   // Q rows as bf16 hi / lo tiles (rows past the tile are zero), the positions, the ones tile.
   // Q and positions were written before the previous kernel started (programmatic launch).
-  // (The query-major kernel stages its Q the same way; a shared helper changed that kernel's
-  // SASS, so it waits until the decode kernels are measured again with it.)
   for (int i = tid; i < kRows * (kHeadDim / 8); i += kThreads) {
     const int row = i / (kHeadDim / 8), ch = i % (kHeadDim / 8);
-    float x[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-    if (row < rows) {
-      const float* src = a.q + (int64_t(t0 + row / G) * a.q_heads + g * G + row % G) * kHeadDim + ch * 8;
-      const float4 u = *reinterpret_cast<const float4*>(src), w = *reinterpret_cast<const float4*>(src + 4);
-      x[0] = u.x, x[1] = u.y, x[2] = u.z, x[3] = u.w, x[4] = w.x, x[5] = w.y, x[6] = w.z, x[7] = w.w;
-    }
     uint4 hi, lo;
-    msa::split_bf16(x[0], x[1], hi.x, lo.x);
-    msa::split_bf16(x[2], x[3], hi.y, lo.y);
-    msa::split_bf16(x[4], x[5], hi.z, lo.z);
-    msa::split_bf16(x[6], x[7], hi.w, lo.w);
+    msa::q_chunk_hilo(a.q, a.q_heads, t0, g, G, row, rows, ch, hi, lo);
     *reinterpret_cast<uint4*>(smem + kQhOff + sw_off(row, ch, kRows)) = hi;
     *reinterpret_cast<uint4*>(smem + kQlOff + sw_off(row, ch, kRows)) = lo;
   }
