@@ -373,12 +373,12 @@ __global__ void __launch_bounds__(kCombineThreads) combine_kernel(const float* y
 // ---------------------------------------------------------------------------------------------
 // W8A16 grouped GEMM (decode and any batch-invariant call).
 //
-// CTA = 8 warps over one (work item, column tile). Weights are the MMA's A operand (16 weight
-// rows per warp), tokens its N (8 per m16n8k16, kTMT sub-tiles = up to 8 * kTMT rows). Each
-// weight element is used by one warp only: the wide tile loads weights global -> registers with
-// 16-byte streaming loads ahead of use, the narrow tile through a shared-memory ring copied as
-// whole lines (see w8a16_body); the item's activation rows (f16) go through a cp.async ring
-// shared by the 8 warps.
+// CTA = 8 warps (4 in the launches of < 64 tokens: kW16NarrowWarps) over one (work item, column
+// tile). Weights are the MMA's A operand (16 weight rows per warp), tokens its N (8 per m16n8k16,
+// kTMT sub-tiles = up to 8 * kTMT rows). Each weight element is used by one warp only: the wide
+// tile loads weights global -> registers with 16-byte streaming loads ahead of use, the narrow
+// tile through a shared-memory ring copied as whole lines (see w8a16_body); the item's activation
+// rows (f16) go through a cp.async ring shared by the CTA's warps.
 //
 // K order inside a 64-wide chunk: lane (g, tig) loads bytes [16 tig, 16 tig + 16) of weight
 // rows g and g + 8; MMA step s (0..3) takes its bytes 4s..4s+3 as the fragment's k = 2tig,
@@ -400,11 +400,17 @@ constexpr int kW16Stages = 3;   // activation stages in shared memory
 constexpr int kW16Kc = 128;     // K per stage (two 64-wide chunks)
 constexpr int kXRowHalves = kW16Kc + 8;  // 272-byte smem rows: conflict-free 16-byte reads
 constexpr int kW16Deep = 4;     // shared-memory weight stages of the narrow tile
+// Warps of the narrow-tile kernel (batches of < 64 tokens): 4 warps over 64 weight rows, four
+// CTAs per SM, so that a launch's last partial wave of CTAs is half as long as with 8 warps over
+// 128 rows (M3 at 4 tokens: 17 experts x 48 tiles = 816 CTAs of 8 warps, 3.09 waves of 264).
+// The batches of >= 64 tokens choose between the narrow and the wide tile per item in one
+// 8-warp kernel.
+constexpr int kW16NarrowWarps = 4;
 
 // Dynamic shared memory of a W8A16 body: token tile 8 * tmt rows, weights in registers (deep 0)
 // or through the shared-memory ring (deep > 0).
-constexpr size_t w16_body_smem(int tmt, int deep) {
-  return deep > 0 ? size_t(deep) * kW16Threads * (4 * 16 + 8) + size_t(deep) * 8 * tmt * kXRowHalves * 2
+constexpr size_t w16_body_smem(int tmt, int deep, int warps = kW16Warps) {
+  return deep > 0 ? size_t(deep) * 32 * warps * (4 * 16 + 8) + size_t(deep) * 8 * tmt * kXRowHalves * 2
                   : size_t(kW16Stages) * 8 * tmt * kXRowHalves * 2;
 }
 // Of the kernel for a token tile (2, 8, or 0 = chosen per item between 2 and 8). (A third,
@@ -412,9 +418,12 @@ constexpr size_t w16_body_smem(int tmt, int deep) {
 // memory per CTA leaves almost no L1 for the activation gathers.)
 constexpr size_t w16_smem_bytes(int tmt) {
   const size_t narrow = w16_body_smem(2, kW16Deep), wide = w16_body_smem(8, 0);
-  return tmt == 2 ? narrow : tmt == 8 ? wide : (narrow > wide ? narrow : wide);
+  return tmt == 2 ? w16_body_smem(2, kW16Deep, kW16NarrowWarps) : tmt == 8 ? wide : (narrow > wide ? narrow : wide);
 }
 static_assert(2 * (w16_smem_bytes(0) + 1024) <= 233472, "two W8A16 CTAs per SM");
+static_assert(8 / kW16NarrowWarps * 2 * (w16_smem_bytes(2) + 1024) <= 233472, "narrow CTAs per SM");
+// Threads of the kernel for a token tile (w8a16_kernel's kTMT).
+constexpr int w16_threads(int tmt) { return tmt == 2 ? 32 * kW16NarrowWarps : kW16Threads; }
 
 struct W16Args {
   const __half* x;         // activation rows (gate_up: x16 [tokens, hidden]; down: h16 [rows, ldx])
@@ -445,22 +454,25 @@ __device__ __forceinline__ void mma_16816(float (&d)[4], const uint32_t (&a)[4],
 // fragment bytes back; scales through a ring of their own, up to 4 stages per copy), D - 1
 // stages ahead, with the activations in the same commit groups: more bytes in flight per SM than
 // registers allow, for the narrow tile.
-template <bool kFused, int kTMT, int kDeep>
+template <bool kFused, int kTMT, int kDeep, int kWarps = kW16Warps>
 __device__ __forceinline__ void w8a16_body(const W16Args& a) {
+  static_assert(kDeep > 0 || kWarps == kW16Warps, "the register-ring tiles run 8 warps");
+  constexpr int kThreads = 32 * kWarps;
+  constexpr int kRows = 16 * kWarps;  // weight rows of the CTA (fused: kRows / 2 gate, then the same up rows)
   constexpr int kBT = 8 * kTMT;
   constexpr int kW16Ring = kTMT >= 8 ? 2 : 3;
   constexpr int kXStages = kDeep > 0 ? kDeep : kW16Stages;
   extern __shared__ __align__(16) unsigned char w16_smem[];
-  uint4* const wq_s = reinterpret_cast<uint4*>(w16_smem);  // kDeep: [kDeep][128 rows][8 chunks]
-  // kDeep: the scale ring, [kDeep slots][128 rows][16 bytes] (the same 8 KB as kDeep x 256 x 8).
-  unsigned char* const sc_s = w16_smem + size_t(kDeep) * 4 * kW16Threads * 16;
-  __half* xs = reinterpret_cast<__half*>(w16_smem + size_t(kDeep) * kW16Threads * (4 * 16 + 8));  // [kXStages][kBT][..]
+  uint4* const wq_s = reinterpret_cast<uint4*>(w16_smem);  // kDeep: [kDeep][kRows][8 chunks]
+  // kDeep: the scale ring, [kDeep slots][kRows][16 bytes].
+  unsigned char* const sc_s = w16_smem + size_t(kDeep) * kRows * 128;
+  __half* xs = reinterpret_cast<__half*>(w16_smem + size_t(kDeep) * kThreads * (4 * 16 + 8));  // [kXStages][kBT][..]
   pdl_launch_dependents();  // the down projection may start streaming its weights meanwhile
   if (int(blockIdx.x) >= __ldg(a.num_items)) return;
   const int4 item = a.items[blockIdx.x];
   const int e = item.x, r0 = item.y, nrows = item.z - item.y;
   const int n = a.g.n[e], K = a.g.k[e];
-  const int col0 = int(blockIdx.y) * (kFused ? 8 * kW16Warps : 16 * kW16Warps);
+  const int col0 = int(blockIdx.y) * (kFused ? 8 * kWarps : 16 * kWarps);
   if (col0 >= n) return;  // whole CTA: this expert is narrower than the widest one
   const int tid = int(threadIdx.x), warp = tid >> 5, lane = tid & 31, g = lane >> 2, tig = lane & 3;
   const int row_lo = kFused ? col0 + 8 * warp + g : col0 + 16 * warp + g;
@@ -480,7 +492,7 @@ __device__ __forceinline__ void w8a16_body(const W16Args& a) {
   auto load_x = [&](int st, int buf) {
     __half* dst = xs + buf * kBT * kXRowHalves;
     const int k0 = st * kW16Kc;
-    for (int c = tid; c < rows_alloc * (kW16Kc / 8); c += kW16Threads) {
+    for (int c = tid; c < rows_alloc * (kW16Kc / 8); c += kThreads) {
       const int r = c / (kW16Kc / 8), ch = c % (kW16Kc / 8);
       const bool live = r < nrows;
       const int src_row = live ? (a.gather ? __ldg(a.gather + r0 + r) : r0 + r) : 0;
@@ -502,25 +514,26 @@ __device__ __forceinline__ void w8a16_body(const W16Args& a) {
 #pragma unroll
   for (int j = 0; j < kTMT; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
 
-  // The ring's weight stage: the CTA's 128 rows (fused: 64 gate rows, then the same 64 up rows) x
-  // 128 bytes, copied as whole lines (8 lanes per row, 4 rows per warp and copy: fragment-order
-  // copies, 64 bytes of 8 rows each, streamed 1.6-2.2 % slower in tools/mem_bench) into rows of 8
-  // 16-byte chunks, chunk ^ 4 on odd rows so that the fragment reads (rows g, g + 1 of a phase at
-  // one chunk) fall in distinct banks. Thread tid copies chunk tid % 8 of rows tid / 8 + 32 j.
+  // The ring's weight stage: the CTA's kRows rows (fused: kRows / 2 gate rows, then the same up
+  // rows) x 128 bytes, copied as whole lines (8 lanes per row, 4 rows per warp and copy:
+  // fragment-order copies, 64 bytes of 8 rows each, streamed 1.6-2.2 % slower in tools/mem_bench)
+  // into rows of 8 16-byte chunks, chunk ^ 4 on odd rows so that the fragment reads (rows g, g + 1
+  // of a phase at one chunk) fall in distinct banks. Thread tid copies chunk tid % 8 of rows
+  // tid / 8 + (kThreads / 8) j.
   const uint8_t* w_src[4];
   uint32_t w_dst[4];
   if constexpr (kDeep > 0) {
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
-      const int rr = tid / 8 + 32 * j, ch = tid % 8;
-      const Mat& m = (kFused && rr >= 64) ? m_hi : m_lo;
-      const int row = col0 + (kFused ? rr % 64 : rr);
+      const int rr = tid / 8 + kThreads / 8 * j, ch = tid % 8;
+      const Mat& m = (kFused && rr >= kRows / 2) ? m_hi : m_lo;
+      const int row = col0 + (kFused ? rr % (kRows / 2) : rr);
       w_src[j] = m.w + int64_t(row) * K + 16 * ch;
       w_dst[j] = uint32_t(rr * 128 + ((ch ^ ((rr & 1) << 2)) * 16));
     }
   }
-  const int r_lo = kFused ? 8 * warp + g : 16 * warp + g, r_hi = kFused ? 64 + r_lo : r_lo + 8;
-  // The ring's scale words: thread rr < 128 copies the words of 2^sw_log consecutive stages of
+  const int r_lo = kFused ? 8 * warp + g : 16 * warp + g, r_hi = kFused ? kRows / 2 + r_lo : r_lo + 8;
+  // The ring's scale words: thread rr < kRows copies the words of 2^sw_log consecutive stages of
   // the CTA's row rr (16, 8 or 4 bytes: the widest that K and the scales' alignment allow) into
   // slot (st >> sw_log) % kDeep every 2^sw_log stages. A 4-byte copy per (thread, row, stage) put
   // 2 x 256 requests per stage beside the weights' 1024; now at most 128 every 4 stages. kDeep
@@ -531,19 +544,19 @@ __device__ __forceinline__ void w8a16_body(const W16Args& a) {
   int sw_log = 0;
   if constexpr (kDeep > 0) {
     sw_log = scale_copy_log(reinterpret_cast<uintptr_t>(m_lo.s) | reinterpret_cast<uintptr_t>(m_hi.s), K);
-    if (tid < 128) {
-      const Mat& m = (kFused && tid >= 64) ? m_hi : m_lo;
-      sc_src = m.s + int64_t(col0 + (kFused ? tid % 64 : tid)) * (K / 32);
+    if (tid < kRows) {
+      const Mat& m = (kFused && tid >= kRows / 2) ? m_hi : m_lo;
+      sc_src = m.s + int64_t(col0 + (kFused ? tid % (kRows / 2) : tid)) * (K / 32);
     }
   }
   auto w_frag_off = [&](int rr, int ch) { return rr * 128 + ((ch ^ ((rr & 1) << 2)) * 16); };
   auto load_w_smem = [&](int st, int buf) {
     const int k0 = st * kW16Kc;
-    const uint32_t base = smem_u32(wq_s + size_t(buf) * 8 * 128);
+    const uint32_t base = smem_u32(wq_s + size_t(buf) * 8 * kRows);
 #pragma unroll
     for (int j = 0; j < 4; ++j) cp_async16_w(base + w_dst[j], w_src[j] + k0);
-    if (tid < 128 && (st & ((1 << sw_log) - 1)) == 0) {
-      cp_async_words(smem_u32(sc_s) + uint32_t(((st >> sw_log) % kScSlots) * 2048 + tid * 16), sc_src + 4 * st, sw_log);
+    if (tid < kRows && (st & ((1 << sw_log) - 1)) == 0) {
+      cp_async_words(smem_u32(sc_s) + uint32_t(((st >> sw_log) % kScSlots) * kRows * 16 + tid * 16), sc_src + 4 * st, sw_log);
     }
   };
 
@@ -620,10 +633,10 @@ __device__ __forceinline__ void w8a16_body(const W16Args& a) {
       uint4 q[4];
 #pragma unroll
       for (int c = 0; c < 4; ++c) {
-        const unsigned char* stage = reinterpret_cast<const unsigned char*>(wq_s + size_t(b) * 8 * 128);
+        const unsigned char* stage = reinterpret_cast<const unsigned char*>(wq_s + size_t(b) * 8 * kRows);
         q[c] = *reinterpret_cast<const uint4*>(stage + w_frag_off(c < 2 ? r_lo : r_hi, 4 * (c & 1) + tig));
       }
-      const uint32_t* sl = reinterpret_cast<const uint32_t*>(sc_s + ((st >> sw_log) % kScSlots) * 2048) + (st & ((1 << sw_log) - 1));
+      const uint32_t* sl = reinterpret_cast<const uint32_t*>(sc_s + ((st >> sw_log) % kScSlots) * kRows * 16) + (st & ((1 << sw_log) - 1));
       const uint32_t sc[2] = {sl[4 * r_lo], sl[4 * r_hi]};
       compute(b, q, sc);
     }
@@ -673,8 +686,11 @@ __device__ __forceinline__ void w8a16_body(const W16Args& a) {
 // as most routed experts do, and the 64-row register tile for the rest (the shared expert).
 // A row's MMA sequence is the same in every tile, so the choice changes no bit.
 template <bool kFused, int kTMT>
-__global__ void __launch_bounds__(kW16Threads, 2) w8a16_kernel(const __grid_constant__ W16Args a) {
-  if constexpr (kTMT == 0) {
+__global__ void __launch_bounds__(w16_threads(kTMT), 2 * kW16Threads / w16_threads(kTMT))
+    w8a16_kernel(const __grid_constant__ W16Args a) {
+  if constexpr (kTMT == 2) {
+    w8a16_body<kFused, 2, kW16Deep, kW16NarrowWarps>(a);
+  } else if constexpr (kTMT == 0) {
     if (int(blockIdx.x) < __ldg(a.num_items)) {
       const int4 item = a.items[blockIdx.x];
       if (item.z - item.y <= 16) {
@@ -684,7 +700,7 @@ __global__ void __launch_bounds__(kW16Threads, 2) w8a16_kernel(const __grid_cons
     }
     w8a16_body<kFused, 8, 0>(a);
   } else {
-    w8a16_body<kFused, kTMT, kTMT == 2 ? kW16Deep : 0>(a);
+    w8a16_body<kFused, 8, 0>(a);
   }
 }
 
@@ -1498,7 +1514,7 @@ void launch_w16(int tmt, dim3 grid, const W16Args& a) {
   const size_t smem = w16_smem_bytes(tmt);
   auto kernel = tmt == 2 ? w8a16_kernel<kFused, 2> : tmt == 0 ? w8a16_kernel<kFused, 0> : w8a16_kernel<kFused, 8>;
   allow_dynamic_smem(reinterpret_cast<const void*>(kernel), smem);
-  launch_kernel(kernel, grid, dim3(kW16Threads), smem, !kFused, a);
+  launch_kernel(kernel, grid, dim3(unsigned(w16_threads(tmt))), smem, !kFused, a);
 }
 
 template <bool kFused>
@@ -1602,7 +1618,7 @@ void run(const TensorView& x, const TensorView& expert_ids, const TensorView& ex
   if (!aligned(x.data, 16) || !aligned(out.data, 16)) fail("x and out must be 16-byte aligned");
   if (tokens * (top_k + 1) > (int64_t(1) << 30)) fail("too many tokens");
   const Layout l = plan(tokens, top_k, experts, hidden, path);
-  if (l.items > 65535 * 64 || hidden / 128 > 65535) fail("problem too large for the grid");
+  if (l.items > 65535 * 64 || hidden / 64 > 65535 || l.inter / 32 > 65535) fail("problem too large for the grid");
   char* ws = static_cast<char*>(workspace);
   int32_t* perm = reinterpret_cast<int32_t*>(ws + l.perm);
   int32_t* pos = reinterpret_cast<int32_t*>(ws + l.pos);
@@ -1654,10 +1670,11 @@ void run(const TensorView& x, const TensorView& expert_ids, const TensorView& ex
       const int tmt = l.bt == 16 ? 2 : 0;  // 64-row items: the tile follows each item's rows
       const W16Args gu = grouped_args<W16Args>(reinterpret_cast<const __half*>(ws + l.xc), perm, hidden, xs, hscale, h16,
                                                l.inter, items, meta, a, g_gu);
-      launch_w16<true>(tmt, dim3(unsigned(l.items), unsigned((l.inter + 8 * kW16Warps - 1) / (8 * kW16Warps))), gu);
+      const int warps = w16_threads(tmt) / 32;  // a CTA's columns: 8 per warp (gate_up), 16 (down)
+      launch_w16<true>(tmt, dim3(unsigned(l.items), unsigned((l.inter + 8 * warps - 1) / (8 * warps))), gu);
       const W16Args dn =
           grouped_args<W16Args>(h16, nullptr, l.inter, nullptr, 1.0f / hscale, y, hidden, items, meta, a, g_dn);
-      launch_w16<false>(tmt, dim3(unsigned(l.items), unsigned(hidden / (16 * kW16Warps))), dn);
+      launch_w16<false>(tmt, dim3(unsigned(l.items), unsigned(hidden / (16 * warps))), dn);
     } else {
       uint8_t* hq = reinterpret_cast<uint8_t*>(ws + l.hq);
       float* hs = reinterpret_cast<float*>(ws + l.hs);
