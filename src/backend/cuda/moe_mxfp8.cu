@@ -607,7 +607,7 @@ __device__ __forceinline__ void w8a16_body(const W16Args& a) {
   {
     const uint32_t* const rows[2] = {s_lo, s_hi};
     int r[2];
-    rows_max_byte<2, kTMT == 2 ? 16 : 1>(rows, K / 128, tig, r);  // the 64-row tiles have no registers to spare
+    rows_max_byte<2, kTMT <= 2 ? 16 : 1>(rows, K / 128, tig, r);  // the 64-row tiles have no registers to spare
     ref_lo = r[0];
     ref_hi = r[1];
   }
@@ -681,7 +681,8 @@ __device__ __forceinline__ void w8a16_body(const W16Args& a) {
   }
 }
 
-// kTMT 2 or 8: one token tile for every item. kTMT 0 (batches of >= 64 tokens, items of up to
+// kTMT 2 (4 warps; items of <= 8 rows take one 8-row sub-tile) or 8: one token tile for every
+// item. kTMT 0 (batches of >= 64 tokens, items of up to
 // 64 rows): per item, the 16-row tile with the shared-memory weight ring when it has <= 16 rows,
 // as most routed experts do, and the 64-row register tile for the rest (the shared expert).
 // A row's MMA sequence is the same in every tile, so the choice changes no bit.
@@ -689,6 +690,15 @@ template <bool kFused, int kTMT>
 __global__ void __launch_bounds__(w16_threads(kTMT), 2 * kW16Threads / w16_threads(kTMT))
     w8a16_kernel(const __grid_constant__ W16Args a) {
   if constexpr (kTMT == 2) {
+    // Items of <= 8 rows (most at these sizes) take one 8-row token sub-tile: the second
+    // sub-tile's MMAs and loads were issued predicated off at every stage.
+    if (int(blockIdx.x) < __ldg(a.num_items)) {
+      const int4 item = a.items[blockIdx.x];
+      if (item.z - item.y <= 8) {
+        w8a16_body<kFused, 1, kW16Deep, kW16NarrowWarps>(a);
+        return;
+      }
+    }
     w8a16_body<kFused, 2, kW16Deep, kW16NarrowWarps>(a);
   } else if constexpr (kTMT == 0) {
     if (int(blockIdx.x) < __ldg(a.num_items)) {
