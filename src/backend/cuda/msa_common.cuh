@@ -92,14 +92,17 @@ __device__ __forceinline__ void split_bf16(float x0, float x1, uint32_t& hi, uin
 
 constexpr uint32_t kBf16OnePair = 0x3f803f80u;  // (1.0, 1.0) as bf16x2
 
+constexpr int kHeadDim = 128;   // query / key / value head dim the attention kernels take
+constexpr int kUnitKeys = 128;  // keys of an attention unit (one KV block of M3)
+
 // Dims [8 ch, 8 ch + 8) of row `row` of a query group (row = token (row / G) of the group from t0,
-// head g * G + row % G of q [tokens, q_heads, 128]) as bf16 hi / lo halves; zeros for rows past
+// head g * G + row % G of q [tokens, q_heads, kHeadDim]) as bf16 hi / lo halves; zeros for rows past
 // `rows`. The decode and the dense prefill kernels stage their Q tiles with it.
 __device__ __forceinline__ void q_chunk_hilo(const float* q, int q_heads, int t0, int g, int G, int row, int rows,
                                              int ch, uint4& hi, uint4& lo) {
   float x[8] = {0, 0, 0, 0, 0, 0, 0, 0};
   if (row < rows) {
-    const float* src = q + (int64_t(t0 + row / G) * q_heads + g * G + row % G) * 128 + ch * 8;
+    const float* src = q + (int64_t(t0 + row / G) * q_heads + g * G + row % G) * kHeadDim + ch * 8;
     const float4 u = *reinterpret_cast<const float4*>(src), w = *reinterpret_cast<const float4*>(src + 4);
     x[0] = u.x, x[1] = u.y, x[2] = u.z, x[3] = u.w, x[4] = w.x, x[5] = w.y, x[6] = w.z, x[7] = w.w;
   }

@@ -44,11 +44,11 @@ using msa::cp_async16;
 using msa::cp_async_commit;
 using msa::cp_async_wait;
 using msa::FoldScale;
+using msa::kHeadDim;
+using msa::kUnitKeys;
 using msa::smem_u32;
 using msa::tile_off;
 
-constexpr int kHeadDim = 128;
-constexpr int kUnitKeys = 128;
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
 static_assert(kWarps * 16 == kUnitKeys && kWarps * 16 == kHeadDim, "warp w: keys [16w, 16w+16) in S, dims [16w, 16w+16) in P.V");

@@ -39,10 +39,10 @@ using msa::cp_async16;
 using msa::cp_async_commit;
 using msa::cp_async_wait;
 using msa::FoldScale;
+using msa::kHeadDim;
+using msa::kUnitKeys;
 using msa::smem_u32;
 
-constexpr int kHeadDim = 128;
-constexpr int kUnitKeys = 128;
 constexpr int kThreads = 256;  // two warpgroups
 constexpr int kRows = 128;     // (token, head) rows of a CTA
 constexpr int kMaxGroup = 64;  // the query-major kernel's limit (same numerics for decode)

@@ -37,11 +37,11 @@ namespace {
 using msa::cp_async16;
 using msa::cp_async_commit;
 using msa::cp_async_wait;
+using msa::kHeadDim;
+using msa::kUnitKeys;
 using msa::smem_u32;
 using msa::tile_off;
 
-constexpr int kHeadDim = 128;
-constexpr int kUnitKeys = 128;
 constexpr int kWarps = 16;  // of the block kernel: 128 registers per thread
 constexpr int kThreads = kWarps * 32;
 constexpr int kTileRows = 128;  // rows (token x head) of a tile: the unit of the work list
