@@ -11,8 +11,9 @@
 //   gate_up grouped GEMM over the items, h = swiglu_oai(gate, up) * hscale written as f16
 //           (hscale: a power of two from the SwiGLU clamp, so |h| stays < 2^15);
 //   [W8A8]  h -> e4m3 with a power-of-two scale per row;
-//   down    grouped GEMM, y[row] (F32, permuted order);
+//   down    grouped GEMM, y[row] (F32; bf16 on W8A8; permuted order);
 //   combine one CTA per token: out[t] = sum of w * y over t's rows, ascending expert, shared last.
+#include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
@@ -331,7 +332,17 @@ constexpr int kCombineThreads = 256;
 constexpr int64_t kCombineWholeRow = 256;
 constexpr int kCombineBatch = 8;  // y rows loaded together (top_k + 1 <= 8 for M3: one batch)
 
-__global__ void __launch_bounds__(kCombineThreads) combine_kernel(const float* y, const float* w, const int32_t* ids,
+__device__ __forceinline__ float4 load_y4(const float* p) { return __ldcg(reinterpret_cast<const float4*>(p)); }
+__device__ __forceinline__ float4 load_y4(const __nv_bfloat16* p) {
+  const uint2 u = __ldcg(reinterpret_cast<const uint2*>(p));
+  const float2 lo = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&u.x));
+  const float2 hi = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&u.y));
+  return make_float4(lo.x, lo.y, hi.x, hi.y);
+}
+
+// Y: float (the W8A16 paths) or bf16 (W8A8's down projection).
+template <class Y>
+__global__ void __launch_bounds__(kCombineThreads) combine_kernel(const Y* y, const float* w, const int32_t* ids,
                                                                    const int32_t* pos, int top_k, const int* meta,
                                                                    int has_shared, float* out, int hidden) {
   __shared__ int s_row[kMaxTopK + 1];
@@ -354,7 +365,7 @@ __global__ void __launch_bounds__(kCombineThreads) combine_kernel(const float* y
       float4 v[kCombineBatch];
 #pragma unroll
       for (int j = 0; j < kCombineBatch; ++j) {
-        if (i0 + j < n) v[j] = __ldcg(reinterpret_cast<const float4*>(y + int64_t(s_row[i0 + j]) * hidden + d));
+        if (i0 + j < n) v[j] = load_y4(y + int64_t(s_row[i0 + j]) * hidden + d);
       }
 #pragma unroll
       for (int j = 0; j < kCombineBatch; ++j) {
@@ -757,7 +768,7 @@ struct W8Args {
   int64_t ldx;
   const float* row_scale;   // per x row: the activation's power-of-two scale
   float out_mul;            // gate_up: hscale; down: 1 / hscale
-  void* out;                // gate_up: __half h [rows, ldo]; down: float y [rows, ldo]
+  void* out;                // gate_up: __half h [rows, ldo]; down: bf16 y [rows, ldo]
   int64_t ldo;
   const int4* items;
   const int* num_items;
@@ -1013,10 +1024,10 @@ __device__ __forceinline__ void w8_consume(const W8Args& a, const W8Smem& sm, Pi
       if constexpr (kFused) {
         const float h = swiglu(acc[4 * j + cc] * tok, acc[4 * j + 2 + cc] * tok, a.act) * a.out_mul;
         static_cast<__half*>(a.out)[p * a.ldo + t.n0 + 32 * cw + 8 * w4 + g] = __float2half_rn(h);
-      } else {
-        float* y = static_cast<float*>(a.out) + p * a.ldo + t.n0 + rlo;
-        y[0] = acc[4 * j + cc] * tok * a.out_mul;
-        y[8] = acc[4 * j + 2 + cc] * tok * a.out_mul;
+      } else {  // y as bf16: the e4m3 activations already bound its precision; half the bytes
+        __nv_bfloat16* y = static_cast<__nv_bfloat16*>(a.out) + p * a.ldo + t.n0 + rlo;
+        y[0] = __float2bfloat16_rn(acc[4 * j + cc] * tok * a.out_mul);
+        y[8] = __float2bfloat16_rn(acc[4 * j + 2 + cc] * tok * a.out_mul);
       }
     }
   }
@@ -1463,7 +1474,7 @@ Layout plan(int64_t tokens, int64_t top_k, const ops::ExpertWeights& ex, int64_t
     l.hq = take(size_t(l.rows) * size_t(l.inter));
     l.hs = take(size_t(l.rows) * 4);
   }
-  l.y = take(size_t(l.rows) * size_t(hidden) * 4);
+  l.y = take(size_t(l.rows) * size_t(hidden) * (w8 ? 2 : 4));  // W8A8: bf16 y
   l.bytes = off;
   return l;
 }
@@ -1727,10 +1738,19 @@ void run(const TensorView& x, const TensorView& expert_ids, const TensorView& ex
     const dim3 grid(unsigned(tokens), split);
     // A programmatic dependent of the down projection when the GEMMs ran in this call (the
     // routing finished before they began); alone, a plain launch.
-    launch_kernel(combine_kernel, grid, dim3(kCombineThreads), 0, (stages & kGemms) != 0,
-                  static_cast<const float*>(y), expert_weights.as<const float>(), expert_ids.as<const int32_t>(),
-                  static_cast<const int32_t*>(pos), int(top_k), static_cast<const int*>(meta),
-                  experts.has_shared ? 1 : 0, out.as<float>(), int(hidden));
+    const bool dep = (stages & kGemms) != 0;
+    const int32_t* ids = expert_ids.as<const int32_t>();
+    const float* wts = expert_weights.as<const float>();
+    const int shared = experts.has_shared ? 1 : 0;
+    if (w8) {
+      launch_kernel(combine_kernel<__nv_bfloat16>, grid, dim3(kCombineThreads), 0, dep,
+                    reinterpret_cast<const __nv_bfloat16*>(y), wts, ids, static_cast<const int32_t*>(pos), int(top_k),
+                    static_cast<const int*>(meta), shared, out.as<float>(), int(hidden));
+    } else {
+      launch_kernel(combine_kernel<float>, grid, dim3(kCombineThreads), 0, dep, static_cast<const float*>(y), wts, ids,
+                    static_cast<const int32_t*>(pos), int(top_k), static_cast<const int*>(meta), shared,
+                    out.as<float>(), int(hidden));
+    }
   }
 }
 
