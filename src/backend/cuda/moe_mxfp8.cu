@@ -745,7 +745,12 @@ __global__ void __launch_bounds__(w16_threads(kTMT), 2 * kW16Threads / w16_threa
 // K order per output is fixed (ascending 32-wide steps), so a token's result does not depend on
 // the tile it ran in; but the W8A16/W8A8 choice depends on the token count.
 constexpr int kW8Threads = 384;
-constexpr int kW8Stages = 4;
+// Pipeline depth: 6 stages while the weight stream bounds the call (few tokens per expert: more
+// bytes in flight per SM), 4 once the MMAs and promotions do (kW8DeepMaxTokens).
+// H200, GEMMs alone, 4 -> 6 stages: T = 256 1889 -> 1827 us, 512 1954 -> 1908, 1024 2291 -> 2210;
+// 2048 2928 -> 3031, 4096 5190 -> 5364.
+constexpr int kW8StagesDeep = 6, kW8StagesShallow = 4;
+constexpr int64_t kW8DeepMaxTokens = 1024;
 constexpr int kW8Bk = 128;
 constexpr int kW8ARows = 128;
 constexpr int kW8MaxTok = 128;
@@ -754,12 +759,14 @@ constexpr int kBTile = kW8MaxTok * kW8Bk;
 // A-row scale words: a ring of kW8ScSlots slots of 16 bytes per A row; the producer copies the
 // words of 2^s_log consecutive stages of a row at once (16, 8 or 4 bytes, W8Args::s_log), so the
 // scales add 128 requests per 4 stages, not per stage. A slot is rewritten (producing global
-// stage n) only after the consumers released stage n - kW8Stages, past its last reader:
-// kW8ScSlots 2^s_log >= kW8Stages + 2^s_log - 1.
-constexpr int kW8ScSlots = 4;
+// stage n) only after the consumers released stage n - stages, past its last reader:
+// kW8ScSlots 2^s_log >= stages + 2^s_log - 1.
+constexpr int kW8ScSlots = 8;
 constexpr int kW8ScSlot = kW8ARows * 16;
-static_assert(kW8ScSlots >= kW8Stages, "the scale ring at one word per copy");
-constexpr size_t kW8SmemBytes = size_t(kW8Stages) * (kATile + kBTile) + size_t(kW8ScSlots) * kW8ScSlot + 2 * kW8Stages * 8 + 1024;
+static_assert(kW8ScSlots >= kW8StagesDeep && kW8ScSlots >= kW8StagesShallow, "the scale ring at one word per copy");
+constexpr size_t w8_smem_bytes(int stages) {
+  return size_t(stages) * (kATile + kBTile) + size_t(kW8ScSlots) * kW8ScSlot + 2 * size_t(stages) * 8 + 1024;
+}
 constexpr int kProducerRegs = 56, kConsumerRegs = 224;  // 128 * 56 + 256 * 224 <= 65536
 
 struct W8Args {
@@ -875,13 +882,14 @@ __device__ __forceinline__ uint32_t lds_u32(uint32_t addr) {
   return v;
 }
 
+template <int kStages>
 struct Pipe {
   int stage = 0;
   uint32_t phase = 0;
   uint32_t n = 0;  // stages passed (the W8A8 scale ring's position)
   __device__ __forceinline__ void advance() {
     ++n;
-    if (++stage == kW8Stages) {
+    if (++stage == kStages) {
       stage = 0;
       phase ^= 1u;
     }
@@ -924,8 +932,8 @@ __device__ __forceinline__ void tile_token_rows(const T* x, const int32_t* gathe
 }
 
 // Consumer warpgroup cw (0, 1): A rows 64 cw .. 64 cw + 63 of the tile, all N tokens.
-template <bool kFused, int N>
-__device__ __forceinline__ void w8_consume(const W8Args& a, const W8Smem& sm, Pipe& pipe, const GemmTile& t, int cw,
+template <bool kFused, int N, class P>
+__device__ __forceinline__ void w8_consume(const W8Args& a, const W8Smem& sm, P& pipe, const GemmTile& t, int cw,
                                            int tw) {
   constexpr int R = N / 2;
   const int w4 = tw >> 5, lane = tw & 31, g = lane >> 2, tig = lane & 3;
@@ -1033,8 +1041,8 @@ __device__ __forceinline__ void w8_consume(const W8Args& a, const W8Smem& sm, Pi
   }
 }
 
-template <bool kFused>
-__device__ __forceinline__ void w8_produce(const W8Args& a, const W8Smem& sm, const GemmTile& t, Pipe& pipe, int tid) {
+template <bool kFused, class P>
+__device__ __forceinline__ void w8_produce(const W8Args& a, const W8Smem& sm, const GemmTile& t, P& pipe, int tid) {
   const int c8 = tid & 7, rb = tid >> 3;  // this thread's 16-byte chunk and first row (0..15)
   const int ntok = min(kW8MaxTok, (t.nrows + 31) & ~31);
   // A rows rb + 16 i (i < 8). Fused: row r holds gate (r % 16 < 8) or up row n0 + 32 (r / 64) +
@@ -1087,19 +1095,19 @@ __device__ __forceinline__ void w8_produce(const W8Args& a, const W8Smem& sm, co
 // tile(i, t) fills t and is false for a tile past a narrower expert; produce(t, pipe, tid);
 // consume(t, pipe, cw, tw, n) with n a std::integral_constant of the token tile (the item's rows
 // rounded up to 32, at most kW8MaxTok = 128).
-template <class TileOf, class Produce, class Consume>
-__device__ __forceinline__ void ws_persistent(uint32_t full, uint32_t empty, int stages, int total, TileOf&& tile_of,
+template <int kStages, class TileOf, class Produce, class Consume>
+__device__ __forceinline__ void ws_persistent(uint32_t full, uint32_t empty, int total, TileOf&& tile_of,
                                               Produce&& produce, Consume&& consume) {
   const int tid = int(threadIdx.x), wg = tid >> 7;
   if (tid == 0) {
-    for (int s = 0; s < stages; ++s) {
+    for (int s = 0; s < kStages; ++s) {
       mbar_init(full + 8u * uint32_t(s), 128);
       mbar_init(empty + 8u * uint32_t(s), 8);
     }
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
   __syncthreads();
-  Pipe pipe;
+  Pipe<kStages> pipe;
   if (wg == 0) {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegs));
     for (int tile = int(blockIdx.x); tile < total; tile += int(gridDim.x)) {
@@ -1123,20 +1131,20 @@ __device__ __forceinline__ void ws_persistent(uint32_t full, uint32_t empty, int
   }
 }
 
-template <bool kFused>
+template <bool kFused, int kStages>
 __global__ void __launch_bounds__(kW8Threads, 1) w8a8_kernel(const __grid_constant__ W8Args a) {
   extern __shared__ unsigned char w8_smem[];
   W8Smem sm;
   sm.a = smem_u32(wgmma::align_1024(w8_smem));
-  sm.b = sm.a + uint32_t(kW8Stages * kATile);
-  sm.s = sm.b + uint32_t(kW8Stages * kBTile);
+  sm.b = sm.a + uint32_t(kStages * kATile);
+  sm.s = sm.b + uint32_t(kStages * kBTile);
   sm.full = sm.s + uint32_t(kW8ScSlots * kW8ScSlot);
-  sm.empty = sm.full + 8u * kW8Stages;
-  ws_persistent(
-      sm.full, sm.empty, kW8Stages, __ldg(a.num_items) * a.col_tiles,
+  sm.empty = sm.full + 8u * kStages;
+  ws_persistent<kStages>(
+      sm.full, sm.empty, __ldg(a.num_items) * a.col_tiles,
       [&](int tile, GemmTile& t) { return item_tile(a, tile, kFused ? kW8ARows / 2 : kW8ARows, t); },
-      [&](const GemmTile& t, Pipe& pipe, int tid) { w8_produce<kFused>(a, sm, t, pipe, tid); },
-      [&](const GemmTile& t, Pipe& pipe, int cw, int tw, auto n) { w8_consume<kFused, decltype(n)::value>(a, sm, pipe, t, cw, tw); });
+      [&](const GemmTile& t, auto& pipe, int tid) { w8_produce<kFused>(a, sm, t, pipe, tid); },
+      [&](const GemmTile& t, auto& pipe, int cw, int tw, auto n) { w8_consume<kFused, decltype(n)::value>(a, sm, pipe, t, cw, tw); });
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1185,7 +1193,8 @@ struct WgSmem {
   uint32_t b, w, full, empty;  // token ring, weight ring, barriers
 };
 
-__device__ __forceinline__ void wg_produce(const WgArgs& a, const WgSmem& sm, const GemmTile& t, Pipe& pipe, int tid) {
+__device__ __forceinline__ void wg_produce(const WgArgs& a, const WgSmem& sm, const GemmTile& t, Pipe<kWgStages>& pipe,
+                                           int tid) {
   const int c8 = tid & 7, rb = tid >> 3;  // 16-byte chunk and first row (0..15)
   const int ntok = min(kWgMaxTok, (t.nrows + 31) & ~31);
   const int nb = ntok >> 4;
@@ -1222,7 +1231,7 @@ constexpr size_t kWgSmemBytes = size_t(kWgStages) * kWgBTile + size_t(kWgWStages
 static_assert(kWgSmemBytes <= 232448, "W8A16 wgmma kernel: shared memory per CTA");
 
 template <bool kFused, int N>
-__device__ __forceinline__ void wg_consume(const WgArgs& a, const WgSmem& sm, Pipe& pipe, const GemmTile& t, int cw,
+__device__ __forceinline__ void wg_consume(const WgArgs& a, const WgSmem& sm, Pipe<kWgStages>& pipe, const GemmTile& t, int cw,
                                            int tw) {
   constexpr int R = N / 2;
   const int w4 = tw >> 5, lane = tw & 31, g = lane >> 2, tig = lane & 3;
@@ -1420,11 +1429,11 @@ __global__ void __launch_bounds__(kWgThreads, 1) w16wg_kernel(const __grid_const
   sm.w = sm.b + uint32_t(kWgStages * kWgBTile);
   sm.full = sm.w + uint32_t(kWgWStages * kWgWStage);
   sm.empty = sm.full + 8u * kWgStages;
-  ws_persistent(
-      sm.full, sm.empty, kWgStages, __ldg(a.num_items) * a.col_tiles,
+  ws_persistent<kWgStages>(
+      sm.full, sm.empty, __ldg(a.num_items) * a.col_tiles,
       [&](int tile, GemmTile& t) { return item_tile(a, tile, kFused ? 128 : 256, t); },
-      [&](const GemmTile& t, Pipe& pipe, int tid) { wg_produce(a, sm, t, pipe, tid); },
-      [&](const GemmTile& t, Pipe& pipe, int cw, int tw, auto n) { wg_consume<kFused, decltype(n)::value>(a, sm, pipe, t, cw, tw); });
+      [&](const GemmTile& t, Pipe<kWgStages>& pipe, int tid) { wg_produce(a, sm, t, pipe, tid); },
+      [&](const GemmTile& t, Pipe<kWgStages>& pipe, int cw, int tw, auto n) { wg_consume<kFused, decltype(n)::value>(a, sm, pipe, t, cw, tw); });
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1546,11 +1555,14 @@ void launch_wg(const WgArgs& a) {
 }
 
 template <bool kFused>
-void launch_w8(const W8Args& a) {
-  const int sms = allow_dynamic_smem(reinterpret_cast<const void*>(w8a8_kernel<kFused>), kW8SmemBytes);
-  w8a8_kernel<kFused><<<unsigned(sms), kW8Threads, kW8SmemBytes, current_stream()>>>(a);
+void launch_w8(const W8Args& a, bool deep) {
+  auto kernel = deep ? w8a8_kernel<kFused, kW8StagesDeep> : w8a8_kernel<kFused, kW8StagesShallow>;
+  const size_t smem = w8_smem_bytes(deep ? kW8StagesDeep : kW8StagesShallow);
+  const int sms = allow_dynamic_smem(reinterpret_cast<const void*>(kernel), smem);
+  kernel<<<unsigned(sms), kW8Threads, smem, current_stream()>>>(a);
   M3_CUDA_CHECK_LAUNCH();
 }
+
 
 [[noreturn]] void fail(const std::string& why) { throw std::runtime_error("moe_mxfp8: " + why); }
 
@@ -1711,7 +1723,8 @@ void run(const TensorView& x, const TensorView& expert_ids, const TensorView& ex
         uniform = uniform && experts.gate[e].out_features() == l.inter;
       }
       if (!uniform) M3_CUDA_CHECK(cudaMemsetAsync(h16, 0, size_t(l.rows) * size_t(l.inter) * 2, stream));
-      launch_w8<true>(gu);
+      const bool deep = tokens <= kW8DeepMaxTokens;
+      launch_w8<true>(gu, deep);
       // Rows past the routed ones (ids outside [0, routed)) are never written: their quantised
       // copies are never read either.
       if (l.inter % 256 == 0 && l.inter <= 256 * kWarpRowChunks) {
@@ -1726,7 +1739,7 @@ void run(const TensorView& x, const TensorView& expert_ids, const TensorView& ex
       W8Args dn = grouped_args<W8Args>(hq, nullptr, l.inter, hs, 1.0f / hscale, y, hidden, items, meta, a, g_dn);
       dn.col_tiles = int(hidden / kW8ARows);
       dn.s_log = scale_words_log(g_dn, n_experts);
-      launch_w8<false>(dn);
+      launch_w8<false>(dn, deep);
     }
   }
   if (stages & kCombine) {
