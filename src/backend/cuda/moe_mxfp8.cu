@@ -86,6 +86,59 @@ __device__ __forceinline__ uint4 ld_stream16(const void* p) {
 constexpr int kRouteThreads = 1024;
 constexpr int kRouteWarps = kRouteThreads / 32;
 
+// route_body's result for at most 32 assignments (decode: tokens * top_k <= 32), by one warp
+// with lane a holding assignment a: no shared memory and no CTA barrier (the general path's scan,
+// item pass and rank round are ~10 barriers of 1024 threads, a few microseconds on the critical
+// path of every small decode step). Same perm, pos, items and meta as the general path.
+__device__ __forceinline__ void route_warp(const int32_t* ids, int tokens, int top_k, int routed, int has_shared,
+                                           int rows_per_item, int32_t* perm, int32_t* pos, int4* items, int* meta) {
+  const int lane = int(threadIdx.x) & 31, n_assign = tokens * top_k;
+  const int e0 = lane < n_assign ? ids[lane] : -1;
+  const bool valid = e0 >= 0 && e0 < routed;
+  const int e = valid ? e0 : -1;
+  const unsigned peers = __match_any_sync(0xffffffffu, e);
+  const int rank = __popc(peers & ((1u << lane) - 1u)), count = __popc(peers);
+  const bool leader = valid && rank == 0;
+  const int ni = leader ? (count + rows_per_item - 1) / rows_per_item : 0;  // this expert's items
+  // Rows and items of the experts below e: sums over the other lanes (leaders for the items).
+  int below_rows = 0, below_items = 0, n_valid = 0;
+  for (int j = 0; j < 32; ++j) {
+    const int ej = __shfl_sync(0xffffffffu, e, j), nij = __shfl_sync(0xffffffffu, ni, j);
+    n_valid += ej >= 0;
+    below_rows += (ej >= 0 && ej < e);
+    below_items += (ej >= 0 && ej < e) ? nij : 0;
+  }
+  int routed_items = ni;
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) routed_items += __shfl_xor_sync(0xffffffffu, routed_items, off);
+  const int shared_items = has_shared ? (tokens + rows_per_item - 1) / rows_per_item : 0;
+  const bool shared_first = rows_per_item <= 64;  // as scan_and_emit_items is called below
+  if (valid) {
+    const int p = below_rows + rank;
+    perm[p] = lane / top_k;
+    pos[lane] = p;
+    if (leader) {
+      const int i0 = below_items + (shared_first ? shared_items : 0);
+      for (int g = 0; g < ni; ++g) {
+        items[i0 + g] = make_int4(e, below_rows + g * rows_per_item, below_rows + min(count, (g + 1) * rows_per_item), 0);
+      }
+    }
+  } else if (lane < n_assign) {
+    pos[lane] = -1;
+  }
+  if (has_shared) {
+    const int i0 = shared_first ? 0 : routed_items;
+    for (int g = lane; g < shared_items; g += 32) {
+      items[i0 + g] = make_int4(routed, n_valid + g * rows_per_item, n_valid + min(tokens, (g + 1) * rows_per_item), 0);
+    }
+    for (int t = lane; t < tokens; t += 32) perm[n_valid + t] = t;
+  }
+  if (lane == 0) {
+    meta[0] = routed_items + shared_items;
+    meta[1] = n_valid;
+  }
+}
+
 // Needs exactly kRouteThreads threads.
 __device__ __forceinline__ void route_body(const int32_t* ids, int tokens, int top_k, int routed, int has_shared,
                                            int rows_per_item, int32_t* perm, int32_t* pos, int4* items, int* meta) {
@@ -93,6 +146,10 @@ __device__ __forceinline__ void route_body(const int32_t* ids, int tokens, int t
   __shared__ int wtab[kRouteWarps][kMaxExperts];  // per chunk: count, then exclusive offset, per (warp, expert)
   const int tid = int(threadIdx.x), warp = tid >> 5, lane = tid & 31;
   const int n_assign = tokens * top_k;
+  if (n_assign <= 32) {
+    if (warp == 0) route_warp(ids, tokens, top_k, routed, has_shared, rows_per_item, perm, pos, items, meta);
+    return;
+  }
   for (int e = tid; e < kMaxExperts; e += kRouteThreads) cnt[e] = run[e] = 0;
   __syncthreads();
   for (int a = tid; a < n_assign; a += kRouteThreads) {

@@ -1,6 +1,6 @@
 // GPU parity of the MXFP8 MoE paths (src/backend/cuda/moe_mxfp8.cu) against the CPU reference
 // run on the dequantised weights: device routing exact (permutation, positions, work items;
-// router ids through the dispatch), W8A16 outputs within BF16 tolerance, W8A8 outputs against
+// router ids through the dispatch; masked assignments), W8A16 outputs within BF16 tolerance, W8A8 outputs against
 // the CPU reference (FP8-activation tolerance) and against a host emulation of its quantisation
 // (tight), bit-exact batch invariance of W8A16, the wgmma W8A16 kernel bit-identical to the
 // mma.sync one in every case, the dispatch choice, and CUDA-graph capture +
@@ -25,6 +25,7 @@
 #include <random>
 #include <set>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "backend/cpu/cpu_backend.h"
@@ -50,7 +51,8 @@ using mx::Path;
 // flips of h (one e4m3 step is 6-12%), which at K = 6144, T = 1024 reached 1.4e-2 on the H200.
 const std::map<std::string, double> kTolerance = {
     {"w8a16", 4e-3}, {"w8a8_vs_cpu", 8e-2}, {"w8a8_vs_emulated", 3e-2},
-    {"route_w8a16", 0.0}, {"route_w8a8", 0.0}, {"route_w8a16_wgmma", 0.0}, {"w8a16_wgmma_bits", 0.0}, {"router_ids", 0.0}, {"dispatch", 0.0},
+    {"route_w8a16", 0.0}, {"route_w8a8", 0.0}, {"route_w8a16_wgmma", 0.0}, {"route_masked", 0.0},
+    {"w8a16_wgmma_bits", 0.0}, {"router_ids", 0.0}, {"dispatch", 0.0},
     {"w8a16_invariance", 0.0}, {"w8a8_invariance", 0.0}, {"graph", 0.0},
 };
 // Rows reported but not required (a property the design expects, not one the issue demands).
@@ -406,6 +408,50 @@ void check_case(Harness& h, const Layer& L, const Case& c, std::mt19937& rng, Rn
 
 // The table picks W8A8 only from kW8A8MinTokens (256) without batch invariance, W8A16 otherwise (for
 // hidden >= 1024; smaller layers stay on the grouped row-dot); the router's ids equal the CPU's.
+// Routing alone with assignments the experts do not take (ids -1 and >= routed, which get pos
+// -1 and no row), on both sides of the one-warp path (<= 32 assignments) and with an expert that
+// holds more rows than one item (top-1, 32 tokens, skewed).
+void check_route_masked(Harness& h, std::mt19937& rng) {
+  const int routed = 32;
+  for (const bool shared : {true, false}) {
+    for (const auto& [tokens, top_k, skew] : std::vector<std::tuple<int, int, double>>{
+             {1, 4, 0.0}, {2, 4, 0.0}, {7, 4, 0.0}, {8, 4, 1.6}, {32, 1, 3.0}, {33, 4, 0.0}, {130, 4, 1.2}}) {
+      std::vector<int32_t> ids;
+      std::vector<float> wts;
+      make_routing(tokens, routed, top_k, skew, false, rng, ids, wts);
+      for (size_t a = 1; a < ids.size(); a += 3) ids[a] = a % 2 ? -1 : routed + int32_t(a % 5);
+      const DevBuf dids(ids);
+      const std::string what = "T=" + std::to_string(tokens) + " top" + std::to_string(top_k) + " masked" +
+                               (shared ? " shared" : "");
+      for (Path path : {Path::kW8A16, Path::kW8A8, Path::kW8A16Wg}) {
+        h.guarded("route_masked", [&] {
+          const int rpi = mx::rows_per_item(path, tokens);
+          const int64_t bound = mx::item_bound(tokens, top_k, routed + (shared ? 1 : 0), rpi);
+          const size_t rows = size_t(tokens) * (top_k + (shared ? 1 : 0));
+          DevBuf perm(rows * 4), pos(size_t(tokens) * top_k * 4), items(size_t(bound) * 16), meta(16);
+          perm.fill(0x7f), pos.fill(0x7f), items.fill(0x7f), meta.fill(0x7f);
+          mx::route(dids.as<int32_t>(), tokens, top_k, routed, shared, rpi, perm.as<int32_t>(), pos.as<int32_t>(),
+                    items.as<void>(), meta.as<int>());
+          const HostRoute want = host_route(ids, tokens, top_k, routed, shared, rpi);
+          const auto m = meta.get<int32_t>(2);
+          std::vector<int32_t> got = perm.get<int32_t>(want.perm.size());
+          const auto gpos = pos.get<int32_t>(want.pos.size());
+          got.insert(got.end(), gpos.begin(), gpos.end());
+          const auto gitems = items.get<int32_t>(size_t(std::max(0, std::min<int32_t>(m[0], int32_t(bound)))) * 4);
+          got.insert(got.end(), gitems.begin(), gitems.end());
+          got.insert(got.end(), m.begin(), m.end());
+          std::vector<int32_t> exp = want.perm;
+          exp.insert(exp.end(), want.pos.begin(), want.pos.end());
+          exp.insert(exp.end(), want.items.begin(), want.items.end());
+          exp.push_back(want.num_items);
+          exp.push_back(want.shared_base);
+          h.compare_ints("route_masked", got, exp, what + " " + path_name(path));
+        });
+      }
+    }
+  }
+}
+
 void check_dispatch(Harness& h, const Layer& L, std::mt19937& rng, Rng& noise) {
   h.guarded("dispatch", [&] {
     std::vector<int32_t> got, want;
@@ -579,6 +625,7 @@ TEST(CudaMoeMxfp8, MatchesTheCpuReference) {
       check_case(h, L, Case{t, 2, 0.0, false}, rng, noise, "h6144/i768/E8 no shared");
     }
   }
+  check_route_masked(h, rng);
   M3_CUDA_CHECK(cudaDeviceSynchronize());
   report(h);
   for (const Row& r : h.rows()) {
