@@ -824,6 +824,7 @@ static_assert(kW8ScSlots >= kW8StagesDeep && kW8ScSlots >= kW8StagesShallow, "th
 constexpr size_t w8_smem_bytes(int stages) {
   return size_t(stages) * (kATile + kBTile) + size_t(kW8ScSlots) * kW8ScSlot + 2 * size_t(stages) * 8 + 1024;
 }
+static_assert(w8_smem_bytes(kW8StagesDeep) <= 232448, "W8A8 kernel: shared memory per CTA");
 constexpr int kProducerRegs = 56, kConsumerRegs = 224;  // 128 * 56 + 256 * 224 <= 65536
 
 struct W8Args {
@@ -1903,8 +1904,8 @@ void register_moe_mxfp8(ops::KernelTable& table) {
                  "<= 256 experts incl. the shared one; tokens >= 256 and batch invariance NOT requested (not batch-invariant: "
                  "the path depends on the token count): activations e4m3 with a power-of-two scale per token, "
                  "wgmma m64nNk32 e4m3 with the weight's e8m0 block scale applied per 32-wide K step in fp32, "
-                 "persistent warp-specialised CTAs, fused gate+up SwiGLU-OAI, device routing, combine in the "
-                 "CPU's order; no host sync",
+                 "persistent warp-specialised CTAs (6 pipeline stages up to 1024 tokens, 4 above), fused gate+up "
+                 "SwiGLU-OAI, device routing, expert outputs in bf16, combine in the CPU's order; no host sync",
                  need_w8a8, w8a8_entry});
   table.moe.add({"moe_experts.mxfp8_w8a16_wgmma.sm90",
                  "device MXFP8 experts, hidden >= 1024, hidden and intermediate sizes multiples of 128, top_k <= 64, "
