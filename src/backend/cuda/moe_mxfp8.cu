@@ -567,6 +567,39 @@ __device__ __forceinline__ void w8a16_body(const W16Args& a) {
       cp_async16(smem_u32(dst + r * kXRowHalves + ch * 8), a.x + int64_t(src_row) * a.ldx + k0 + ch * 8, live ? 16u : 0u);
     }
   };
+  // The ring (kDeep > 0): this thread's activation chunks are the same every stage (chunk c = tid +
+  // kThreads i of the tile's rows_alloc x 16), so their sources and shared-memory offsets are found
+  // once, and only live rows are copied per stage: the rows past the item (7 of 8 at one token)
+  // are zeroed in every slot once, here, and never rewritten. Same bytes in shared memory as
+  // load_x, without its per-stage division, gather load and address arithmetic.
+  constexpr int kXPer = kDeep > 0 ? (kBT * (kW16Kc / 8) + kThreads - 1) / kThreads : 1;
+  const __half* x_src[kXPer];
+  uint32_t x_dst[kXPer];
+  bool x_live[kXPer];
+  if constexpr (kDeep > 0) {
+#pragma unroll
+    for (int i = 0; i < kXPer; ++i) {
+      const int c = tid + kThreads * i, r = c / (kW16Kc / 8), ch = c % (kW16Kc / 8);
+      x_live[i] = c < rows_alloc * (kW16Kc / 8) && r < nrows;
+      const int src_row = x_live[i] ? (a.gather ? __ldg(a.gather + r0 + r) : r0 + r) : 0;
+      x_src[i] = a.x + int64_t(src_row) * a.ldx + ch * 8;
+      x_dst[i] = uint32_t((r * kXRowHalves + ch * 8) * 2);
+      if (c < rows_alloc * (kW16Kc / 8) && !x_live[i]) {
+        for (int b = 0; b < kXStages; ++b) {
+          *reinterpret_cast<uint4*>(reinterpret_cast<unsigned char*>(xs + b * kBT * kXRowHalves) + x_dst[i]) =
+              make_uint4(0u, 0u, 0u, 0u);
+        }
+      }
+    }
+  }
+  auto load_x_live = [&](int st, int buf) {
+    const uint32_t base = smem_u32(xs + buf * kBT * kXRowHalves);
+    const int k0 = st * kW16Kc;
+#pragma unroll
+    for (int i = 0; i < kXPer; ++i) {
+      if (x_live[i]) cp_async16(base + x_dst[i], x_src[i] + k0, 16u);
+    }
+  };
   // Weight stage st: per row, bytes [16 tig, +16) of both 64-wide chunks, and the 4 scale bytes.
   auto load_w = [&](int st, uint4 (&q)[4], uint32_t (&s)[2]) {
     const int k0 = st * kW16Kc;
@@ -684,7 +717,13 @@ __device__ __forceinline__ void w8a16_body(const W16Args& a) {
   // rows, for the down projection) only after this.
   pdl_wait();
   for (int s = 0; s < kXStages - 1; ++s) {
-    if (s < nst) load_x(s, s);
+    if (s < nst) {
+      if constexpr (kDeep > 0) {
+        load_x_live(s, s);
+      } else {
+        load_x(s, s);
+      }
+    }
     cp_async_commit();
   }
   if constexpr (kDeep > 0) {
@@ -694,7 +733,7 @@ __device__ __forceinline__ void w8a16_body(const W16Args& a) {
       const int nx = st + kDeep - 1;
       if (nx < nst) {
         load_w_smem(nx, nx % kDeep);
-        load_x(nx, nx % kDeep);
+        load_x_live(nx, nx % kDeep);
       }
       cp_async_commit();
       const int b = st % kDeep;
