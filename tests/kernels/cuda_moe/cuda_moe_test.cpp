@@ -304,6 +304,34 @@ std::vector<float> run_gpu(const DevBuf& dx, const DevBuf& dids, const DevBuf& d
   return dy.get<float>(size_t(tokens) * L.hidden);
 }
 
+// Device routing (perm, pos, items, meta) of `ids` for `path`'s item size against host_route, exact.
+void check_route(Harness& h, const std::string& row, const std::vector<int32_t>& ids, const DevBuf& dids, int tokens,
+                 int top_k, int routed, bool shared, Path path, const std::string& what) {
+  h.guarded(row, [&] {
+    const int rpi = mx::rows_per_item(path, tokens);
+    const int64_t bound = mx::item_bound(tokens, top_k, routed + (shared ? 1 : 0), rpi);
+    const size_t rows = size_t(tokens) * (top_k + (shared ? 1 : 0));
+    DevBuf perm(rows * 4), pos(size_t(tokens) * top_k * 4), items(size_t(bound) * 16), meta(16);
+    perm.fill(0x7f), pos.fill(0x7f), items.fill(0x7f), meta.fill(0x7f);
+    mx::route(dids.as<int32_t>(), tokens, top_k, routed, shared, rpi, perm.as<int32_t>(), pos.as<int32_t>(),
+              items.as<void>(), meta.as<int>());
+    const HostRoute want = host_route(ids, tokens, top_k, routed, shared, rpi);
+    const auto m = meta.get<int32_t>(2);
+    std::vector<int32_t> got = perm.get<int32_t>(want.perm.size());
+    const auto gpos = pos.get<int32_t>(want.pos.size());
+    got.insert(got.end(), gpos.begin(), gpos.end());
+    const auto gitems = items.get<int32_t>(size_t(std::max(0, std::min<int32_t>(m[0], int32_t(bound)))) * 4);
+    got.insert(got.end(), gitems.begin(), gitems.end());
+    got.insert(got.end(), m.begin(), m.end());
+    std::vector<int32_t> exp = want.perm;
+    exp.insert(exp.end(), want.pos.begin(), want.pos.end());
+    exp.insert(exp.end(), want.items.begin(), want.items.end());
+    exp.push_back(want.num_items);
+    exp.push_back(want.shared_base);
+    h.compare_ints(row, got, exp, what);
+  });
+}
+
 void check_case(Harness& h, const Layer& L, const Case& c, std::mt19937& rng, Rng& noise, const std::string& shape) {
   const int tokens = c.tokens, top_k = c.top_k, hidden = L.hidden;
   const std::string what = shape + " T=" + std::to_string(tokens) + " skew=" + std::to_string(c.skew).substr(0, 3) +
@@ -338,31 +366,7 @@ void check_case(Harness& h, const Layer& L, const Case& c, std::mt19937& rng, Rn
   } restore{L, poisoned};
 
   for (Path path : {Path::kW8A16, Path::kW8A8, Path::kW8A16Wg}) {
-    const std::string route_row = std::string("route_") + path_name(path);
-    h.guarded(route_row, [&] {
-      const int rpi = mx::rows_per_item(path, tokens);
-      const int total = L.routed + (L.shared ? 1 : 0);
-      const int64_t bound = mx::item_bound(tokens, top_k, total, rpi);
-      const size_t rows = size_t(tokens) * (top_k + (L.shared ? 1 : 0));
-      DevBuf perm(rows * 4), pos(size_t(tokens) * top_k * 4), items(size_t(bound) * 16), meta(16);
-      perm.fill(0x7f), pos.fill(0x7f), items.fill(0x7f), meta.fill(0x7f);
-      mx::route(dids.as<int32_t>(), tokens, top_k, L.routed, L.shared, rpi, perm.as<int32_t>(), pos.as<int32_t>(),
-                items.as<void>(), meta.as<int>());
-      const HostRoute want = host_route(ids, tokens, top_k, L.routed, L.shared, rpi);
-      auto m = meta.get<int32_t>(2);
-      std::vector<int32_t> got = perm.get<int32_t>(want.perm.size());
-      const auto gpos = pos.get<int32_t>(want.pos.size());
-      got.insert(got.end(), gpos.begin(), gpos.end());
-      const auto gitems = items.get<int32_t>(size_t(std::max(0, std::min<int32_t>(m[0], int32_t(bound)))) * 4);
-      got.insert(got.end(), gitems.begin(), gitems.end());
-      got.insert(got.end(), m.begin(), m.end());
-      std::vector<int32_t> exp = want.perm;
-      exp.insert(exp.end(), want.pos.begin(), want.pos.end());
-      exp.insert(exp.end(), want.items.begin(), want.items.end());
-      exp.push_back(want.num_items);
-      exp.push_back(want.shared_base);
-      h.compare_ints(route_row, got, exp, what);
-    });
+    check_route(h, std::string("route_") + path_name(path), ids, dids, tokens, top_k, L.routed, L.shared, path, what);
   }
   h.guarded("w8a16", [&] {
     const auto y = run_gpu(dx, dids, dwts, L, tokens, top_k, act, Path::kW8A16);
@@ -424,29 +428,7 @@ void check_route_masked(Harness& h, std::mt19937& rng) {
       const std::string what = "T=" + std::to_string(tokens) + " top" + std::to_string(top_k) + " masked" +
                                (shared ? " shared" : "");
       for (Path path : {Path::kW8A16, Path::kW8A8, Path::kW8A16Wg}) {
-        h.guarded("route_masked", [&] {
-          const int rpi = mx::rows_per_item(path, tokens);
-          const int64_t bound = mx::item_bound(tokens, top_k, routed + (shared ? 1 : 0), rpi);
-          const size_t rows = size_t(tokens) * (top_k + (shared ? 1 : 0));
-          DevBuf perm(rows * 4), pos(size_t(tokens) * top_k * 4), items(size_t(bound) * 16), meta(16);
-          perm.fill(0x7f), pos.fill(0x7f), items.fill(0x7f), meta.fill(0x7f);
-          mx::route(dids.as<int32_t>(), tokens, top_k, routed, shared, rpi, perm.as<int32_t>(), pos.as<int32_t>(),
-                    items.as<void>(), meta.as<int>());
-          const HostRoute want = host_route(ids, tokens, top_k, routed, shared, rpi);
-          const auto m = meta.get<int32_t>(2);
-          std::vector<int32_t> got = perm.get<int32_t>(want.perm.size());
-          const auto gpos = pos.get<int32_t>(want.pos.size());
-          got.insert(got.end(), gpos.begin(), gpos.end());
-          const auto gitems = items.get<int32_t>(size_t(std::max(0, std::min<int32_t>(m[0], int32_t(bound)))) * 4);
-          got.insert(got.end(), gitems.begin(), gitems.end());
-          got.insert(got.end(), m.begin(), m.end());
-          std::vector<int32_t> exp = want.perm;
-          exp.insert(exp.end(), want.pos.begin(), want.pos.end());
-          exp.insert(exp.end(), want.items.begin(), want.items.end());
-          exp.push_back(want.num_items);
-          exp.push_back(want.shared_base);
-          h.compare_ints("route_masked", got, exp, what + " " + path_name(path));
-        });
+        check_route(h, "route_masked", ids, dids, tokens, top_k, routed, shared, path, what + " " + path_name(path));
       }
     }
   }
