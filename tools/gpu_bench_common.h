@@ -168,9 +168,11 @@ inline BenchDevice open_bench_device() {
   return d;
 }
 
-// Writes the run's JSON, prints where, and hands the stream back (current_stream() unset first).
+// Writes the run's JSON with the L2 flush mode its timings used (`l2_flush`), prints where, and
+// hands the stream back (current_stream() unset first).
 template <class Json>
-inline void finish_bench(const std::string& json_path, const Json& doc, BenchDevice& d) {
+inline void finish_bench(const std::string& json_path, Json doc, BenchDevice& d) {
+  doc["l2_flush"] = flush_name(flush_mode());
   std::ofstream(json_path) << doc.dump(2) << "\n";
   std::printf("wrote %s\n", json_path.c_str());
   m3::cuda::set_current_stream(nullptr);

@@ -42,6 +42,13 @@ def parse(lines):
     calls = defaultdict(list)
     clocks = defaultdict(list)
     pending = []  # (kernel, ctas, marks, clock) not yet followed by a table row
+
+    def assign(label, runs):
+        for kernel, ctas, marks, clock in runs:
+            calls[(label, kernel, ctas)].append(marks)
+            if clock is not None:
+                clocks[(label, kernel, ctas)].append(clock)
+
     current = None
     for line in lines:
         m = HEADER.search(line)
@@ -55,17 +62,10 @@ def parse(lines):
             continue
         m = ROW.match(line)
         if m:
-            label = f"{m.group(1)} {m.group(2)} B={m.group(3)}"
-            for kernel, ctas, marks, clock in pending:
-                calls[(label, kernel, ctas)].append(marks)
-                if clock is not None:
-                    clocks[(label, kernel, ctas)].append(clock)
+            assign(f"{m.group(1)} {m.group(2)} B={m.group(3)}", pending)
             pending = []
             current = None
-    for kernel, ctas, marks, clock in pending:
-        calls[("", kernel, ctas)].append(marks)
-        if clock is not None:
-            clocks[("", kernel, ctas)].append(clock)
+    assign("", pending)
     return calls, clocks
 
 

@@ -257,7 +257,6 @@ int run(int argc, char** argv) {
     }
   }
   nlohmann::json doc = {{"device", prop.name},          {"sms", prop.multiProcessorCount}, {"copy_gbps", copy_bw / 1e9},
-                        {"l2_flush", m3::gpu_bench::flush_name(m3::gpu_bench::flush_mode())},
                         {"bf16_gemm_tflops", bf16_tf}, {"rows", rows}};
   finish_bench(json_path, doc, bench_device);
   return 0;

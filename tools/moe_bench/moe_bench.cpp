@@ -417,7 +417,6 @@ int run(int argc, char** argv) {
                         {"own_w8a8_dense_tflops", own_dense_tflops},
                         {"shapes", {{"hidden", hidden}, {"inter", inter}, {"routed", routed}, {"shared", 1}, {"top_k", top_k}}},
                         {"timing", "median GPU time of a CUDA graph replay (events), L2 flushed before each (see l2_flush)"},
-                        {"l2_flush", m3::gpu_bench::flush_name(m3::gpu_bench::flush_mode())},
                         {"rows", rows}};
   finish_bench(json_path, doc, bench_device);
   return 0;

@@ -466,7 +466,6 @@ int run(int argc, char** argv) {
                                     {"index_heads", kIndexHeads}, {"index_dim", kIndexDim}, {"block", kBlock},
                                     {"top_k", kTopK}}},
                         {"timing", "median GPU time of a CUDA graph replay (events), L2 flushed before each (see l2_flush)"},
-                        {"l2_flush", m3::gpu_bench::flush_name(m3::gpu_bench::flush_mode())},
                         {"rows", rows}};
   finish_bench(json_path, doc, bench_device);
   return 0;

@@ -86,6 +86,12 @@ __device__ __forceinline__ uint4 ld_stream16(const void* p) {
 constexpr int kRouteThreads = 1024;
 constexpr int kRouteWarps = kRouteThreads / 32;
 
+// The mma.sync W8A16 grid (items of <= 64 rows) lists the shared expert's items first: they hold
+// the most rows, so a grid of a CTA per item starts the heaviest ones first (T = 128: 1959-1962 ->
+// 1946-1951 us); the persistent wgmma kernels (128-row items) balance better with its heavy tiles
+// among the routed ones (W8A16 wgmma T = 512: 2240-2246 -> 2282-2292 us first).
+__device__ __forceinline__ bool shared_items_first(int rows_per_item) { return rows_per_item <= 64; }
+
 // route_body's result for at most 32 assignments (decode: tokens * top_k <= 32), by one warp
 // with lane a holding assignment a: no shared memory and no CTA barrier (the general path's scan,
 // item pass and rank round are ~10 barriers of 1024 threads, a few microseconds on the critical
@@ -112,7 +118,7 @@ __device__ __forceinline__ void route_warp(const int32_t* ids, int tokens, int t
 #pragma unroll
   for (int off = 16; off > 0; off >>= 1) routed_items += __shfl_xor_sync(0xffffffffu, routed_items, off);
   const int shared_items = has_shared ? (tokens + rows_per_item - 1) / rows_per_item : 0;
-  const bool shared_first = rows_per_item <= 64;  // as scan_and_emit_items is called below
+  const bool shared_first = shared_items_first(rows_per_item);
   if (valid) {
     const int p = below_rows + rank;
     perm[p] = lane / top_k;
@@ -120,7 +126,7 @@ __device__ __forceinline__ void route_warp(const int32_t* ids, int tokens, int t
     if (leader) {
       const int i0 = below_items + (shared_first ? shared_items : 0);
       for (int g = 0; g < ni; ++g) {
-        items[i0 + g] = make_int4(e, below_rows + g * rows_per_item, below_rows + min(count, (g + 1) * rows_per_item), 0);
+        items[i0 + g] = expert_item(e, below_rows, count, g, rows_per_item);
       }
     }
   } else if (lane < n_assign) {
@@ -129,7 +135,7 @@ __device__ __forceinline__ void route_warp(const int32_t* ids, int tokens, int t
   if (has_shared) {
     const int i0 = shared_first ? 0 : routed_items;
     for (int g = lane; g < shared_items; g += 32) {
-      items[i0 + g] = make_int4(routed, n_valid + g * rows_per_item, n_valid + min(tokens, (g + 1) * rows_per_item), 0);
+      items[i0 + g] = expert_item(routed, n_valid, tokens, g, rows_per_item);
     }
     for (int t = lane; t < tokens; t += 32) perm[n_valid + t] = t;
   }
@@ -157,11 +163,8 @@ __device__ __forceinline__ void route_body(const int32_t* ids, int tokens, int t
     if (e >= 0 && e < routed) atomicAdd(&cnt[e], 1);  // counts only: order-independent
   }
   __syncthreads();
-  // The shared expert's items first for the mma.sync W8A16 grid (items of <= 64 rows; T = 128:
-  // 1959-1962 -> 1946-1951 us); the persistent wgmma kernels (128-row items) balance better with
-  // its heavy tiles among the routed ones (W8A16 wgmma T = 512: 2240-2246 -> 2282-2292 us first).
   scan_and_emit_items(cnt, start, item_start, routed, has_shared, tokens, rows_per_item, items, &meta[0], &meta[1],
-                      rows_per_item <= 64);
+                      shared_items_first(rows_per_item));
   // Ranks in assignment order, 1024 assignments per round: rank = rows of earlier rounds +
   // rows of earlier warps in this round + earlier lanes of this warp with the same expert.
   for (int base = 0; base < n_assign; base += kRouteThreads) {
@@ -571,7 +574,8 @@ __device__ __forceinline__ void w8a16_body(const W16Args& a) {
   // kThreads i of the tile's rows_alloc x 16), so their sources and shared-memory offsets are found
   // once, and only live rows are copied per stage: the rows past the item (7 of 8 at one token)
   // are zeroed in every slot once, here, and never rewritten. Same bytes in shared memory as
-  // load_x, without its per-stage division, gather load and address arithmetic.
+  // load_x, without its per-stage division, gather load and address arithmetic. (The 64-row
+  // register tile keeps load_x: its four chunks' pointers would not fit beside its accumulators.)
   constexpr int kXPer = kDeep > 0 ? (kBT * (kW16Kc / 8) + kThreads - 1) / kThreads : 1;
   const __half* x_src[kXPer];
   uint32_t x_dst[kXPer];

@@ -8,6 +8,11 @@
 
 namespace m3::cuda {
 
+// Work item g of an expert whose count rows start at row `start`: (expert, first row, end row, 0).
+__device__ __forceinline__ int4 expert_item(int e, int start, int count, int g, int rows_per_item) {
+  return make_int4(e, start + g * rows_per_item, start + min(count, (g + 1) * rows_per_item), 0);
+}
+
 // Called by every thread of one CTA after cnt[0, routed) holds the routed counts (the shared
 // expert, index routed when has_shared, takes all `tokens` rows). Warp 0 scans; then every
 // warp writes its experts' items as (expert, row_begin, row_end, 0). Rows are expert-major with
@@ -54,7 +59,7 @@ __device__ __forceinline__ void scan_and_emit_items(int* cnt, int* start, int* i
   for (int e = warp; e < total; e += nwarps) {
     const int c = cnt[e], s = start[e], i0 = e < routed ? item_start[e] + shared_items : shared_first ? 0 : item_start[e];
     for (int g = lane; g * rows_per_item < c; g += 32) {
-      items[i0 + g] = make_int4(e, s + g * rows_per_item, s + min(c, (g + 1) * rows_per_item), 0);
+      items[i0 + g] = expert_item(e, s, c, g, rows_per_item);
     }
   }
 }
