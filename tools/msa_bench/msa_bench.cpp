@@ -17,7 +17,7 @@
 // the wgmma dense prefill kernel, and the query-major kernel up to 8K. Prints tables, writes JSON.
 //   msa_bench [--contexts 2048,8192,32768,131072,524288] [--batches 1,8,64,128]
 //             [--index-dtypes bf16,fp8] [--prefill 8192,32768] [--no-decode] [--dense] [--iters 30]
-//             [--max-gb 100] [--no-baseline] [--json F]
+//             [--max-gb 100] [--no-baseline] [--no-layouts] [--json F]
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
@@ -275,7 +275,7 @@ int run(int argc, char** argv) {
   bool decode = true, dense = false;
   int iters = 30;
   double max_gb = 100;
-  bool baseline = true;
+  bool baseline = true, layouts = true;
   std::string json_path = "msa_bench.json";
   for (Options o(argc, argv); o.next();) {
     if (o.key() == "--contexts") contexts = parse_list(o.value());
@@ -284,6 +284,7 @@ int run(int argc, char** argv) {
     else if (o.key() == "--iters") iters = std::stoi(o.value());
     else if (o.key() == "--max-gb") max_gb = std::stod(o.value());
     else if (o.key() == "--no-baseline") baseline = false;
+    else if (o.key() == "--no-layouts") layouts = false;  // decode rows: no per-layout indexer timings
     else if (o.key() == "--prefill") {
       const std::string v = o.value();
       prefill = v == "none" ? std::vector<int>{} : parse_list(v);
@@ -357,6 +358,16 @@ int run(int argc, char** argv) {
           const Timing ti = time_graph(indexer, stream, flush, iters);
           const Timing ta = time_graph(attention, stream, flush, iters);
           entries_of(tables.tuned_stats);
+          if (layouts && batch <= 16) {  // small batches: the decode scans the dispatch chooses between per CTA
+            auto time_layout = [&](cuda::MsaIndexerLayout layout) {
+              return time_graph([&] { cuda::launch_msa_indexer_layout(iqv, ikv, p.meta, ip, sv, layout); }, stream, flush,
+                                iters);
+            };
+            const Timing tw = time_layout(cuda::MsaIndexerLayout::kStreamed), tx = time_layout(cuda::MsaIndexerLayout::kExact);
+            row["indexer_streamed_us"] = tw.median_us;
+            row["indexer_exact_us"] = tx.median_us;
+            std::printf("      indexer layouts: warp-streamed %.1f us, exact scan %.1f us\n", tw.median_us, tx.median_us);
+          }
           M3_CUDA_CHECK(cudaMemcpy(host_sel.data(), sel.as<void>(), host_sel.size() * 4, cudaMemcpyDeviceToHost));
           const double bytes = step_bytes(p, host_sel, Elem::kBF16, ik_elem);
           row["step_us"] = step.median_us;

@@ -18,12 +18,17 @@ void launch_generic_indexer_topk(const TensorView& index_q, const TensorView& in
 // without the dispatch table).
 enum class MsaIndexerLayout {
   kAuto,   // prefill-shaped batches with blocks of 128 keys: kPrefill; else the warp-streamed
-           // kernel where it takes the shape (blocks of 16..128 keys), else the tiles
+           // kernel where it takes the shape (blocks of 16..128 keys; its CTAs whose chunk holds at
+           // most kExactMaxRowBlocks (row, block) pairs scan them exactly), else the tiles
   kTiles,  // the 128-row tiles (also what blocks of 8 keys always run)
-  kStreamed,  // the warp-streamed kernel where it takes the shape, else the tiles
+  kStreamed,  // the warp-streamed kernel (approximate MMA pass in every CTA) where it takes the
+              // shape, else the tiles
   kPrefill,  // 256-row groups, a warp per 16 rows and whole 128-key blocks (blocks of 128 keys only;
              // other shapes fall back to kAuto's choice)
+  kExact,    // the warp-streamed kernel with every CTA scanning exactly (chunks of at most 64 blocks)
 };
+// kAuto's exact scan: a decode CTA's (row, block) pairs at most (M3 at B = 1: two blocks of 4 rows).
+constexpr int kExactMaxRowBlocks = 8;
 void launch_msa_indexer(const TensorView& index_q, const TensorView& index_k_cache, const ops::AttentionMetadata& meta,
                         const ops::IndexerParams& params, const TensorView& selected);
 void launch_msa_indexer_layout(const TensorView& index_q, const TensorView& index_k_cache,

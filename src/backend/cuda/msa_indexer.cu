@@ -403,9 +403,9 @@ void launch_msa_indexer_layout(const TensorView& index_q, const TensorView& inde
   const bool prefill_shaped = 2 * tokens >= int64_t(meta.num_seqs) * prefill_group_tokens(int(heads));
   const bool prefill = prefill_kernel_takes(bs, int(heads)) &&
                        (layout == MsaIndexerLayout::kPrefill || (layout == MsaIndexerLayout::kAuto && prefill_shaped));
-  const bool tiles = !prefill && (layout == MsaIndexerLayout::kTiles || !decode_kernel_takes(bs, meta.max_blocks_per_seq));
   // Warp-kernel groups: 8 rows (one MMA n-tile) when every sequence may have one token, else 16.
   const bool narrow = tokens == meta.num_seqs && heads <= 8;
+  const bool tiles = !prefill && (layout == MsaIndexerLayout::kTiles || !decode_kernel_takes(bs, meta.max_blocks_per_seq));
   IndexerArgs a{};
   a.q = index_q.as<const float>();
   a.keys = index_k_cache.data;
@@ -421,6 +421,7 @@ void launch_msa_indexer_layout(const TensorView& index_q, const TensorView& inde
   a.heads = int(heads);
   a.top_k = params.top_k;
   a.group_tokens = prefill ? prefill_group_tokens(int(heads)) : std::max(1, (tiles ? 128 : narrow ? 8 : 16) / int(heads));
+  a.exact_max = layout == MsaIndexerLayout::kExact ? INT_MAX : layout == MsaIndexerLayout::kAuto ? kExactMaxRowBlocks : 0;
   a.defer = int64_t(a.max_blocks) * bs <= (int64_t(1) << 24) ? 1 : 0;
   // Chunks per query group: enough CTAs for the SMs (the tiles run one CTA per SM, the warp
   // kernel one or two; the prefill kernel four waves, so that its groups of unequal causal

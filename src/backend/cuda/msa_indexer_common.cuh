@@ -99,6 +99,9 @@ struct IndexerArgs {
   unsigned* counters;
   int num_seqs, num_tokens, max_blocks, bs, bs_shift, heads, top_k, group_tokens, chunks, tok_begin, tok_end;
   int defer;  // exact dots listed and run in batches (key ids < 2^24, rows < 256)
+  // Decode kernel: a CTA whose chunk holds at most this many (row, block) pairs scans them with
+  // exact dots (msa_indexer_exact.cuh) instead of the approximate MMA pass.
+  int exact_max;
 };
 
 // The reference's dot of one query row (fp32, global) with one key row: a sequential fp32 sum
@@ -135,6 +138,34 @@ __device__ __forceinline__ float exact_dot(const float* q, const unsigned char* 
     for (int ch = 0; ch < kChunks; ++ch) s = step(s, *reinterpret_cast<const uint4*>(row + ((ch ^ (key & 7)) << 4)), ch);
   }
   return s;
+}
+
+// exact_dot for kR query rows at once (shared-memory rows q[r]) against one swizzled
+// shared-memory key row: each row's chain is the reference's, the key's chunks are read and
+// converted once for all rows.
+template <class IK, int kR>
+__device__ __forceinline__ void exact_dots(const float* const (&q)[kR], const unsigned char* row, int key,
+                                           float (&s)[kR]) {
+  using Tr = IkTraits<IK>;
+  constexpr int kE = Tr::kPerChunk, kChunks = kDim / kE;
+#pragma unroll
+  for (int r = 0; r < kR; ++r) s[r] = 0.0f;
+#pragma unroll 4
+  for (int ch = 0; ch < kChunks; ++ch) {
+    float kf[kE];
+    Tr::unpack(*reinterpret_cast<const uint4*>(row + ((ch ^ (key & 7)) << 4)), kf);
+#pragma unroll
+    for (int e = 0; e < kE; e += 4) {
+#pragma unroll
+      for (int r = 0; r < kR; ++r) {
+        const float4 x = *reinterpret_cast<const float4*>(q[r] + ch * kE + e);
+        s[r] = __fadd_rn(s[r], __fmul_rn(x.x, kf[e]));
+        s[r] = __fadd_rn(s[r], __fmul_rn(x.y, kf[e + 1]));
+        s[r] = __fadd_rn(s[r], __fmul_rn(x.z, kf[e + 2]));
+        s[r] = __fadd_rn(s[r], __fmul_rn(x.w, kf[e + 3]));
+      }
+    }
+  }
 }
 
 // Power of two sigma putting max |q| in [2^e, 2^(e+1)) (clamped to the normal range).

@@ -29,6 +29,7 @@
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/cuda_internal.h"
 #include "backend/cuda/msa_indexer_common.cuh"
+#include "backend/cuda/msa_indexer_exact.cuh"
 #include "backend/cuda/msa_timeline.cuh"
 
 namespace m3::cuda::msa_index {
@@ -83,7 +84,9 @@ struct DecCfg {
   static constexpr size_t kPosOff = kSigOff + kMaxRows * 4;
   static constexpr size_t kBytes = kPosOff + kMaxRows * 4;
   static_assert(kCandCap >= 256, "a warp's candidate list doubles as its selection histogram");
+  static_assert(size_t(kWarpsD) * kRingBytes >= ExactLayout<IK>::kBytes, "the exact scan fits the rings");
 };
+static_assert(kThreadsD == kExactThreads, "the exact scan runs on the decode kernel's threads");
 
 template <class IK, int kNN>
 __global__ void __launch_bounds__(kThreadsD, DecCfg<IK, kNN>::kCtasPerSm) msa_indexer_decode_kernel(IndexerArgs a) {
@@ -119,7 +122,10 @@ __global__ void __launch_bounds__(kThreadsD, DecCfg<IK, kNN>::kCtasPerSm) msa_in
   auto q_row = [&](int r) { return group_q_row(a, t0, r); };
   const int64_t score_row0 = int64_t(t0 - a.tok_begin) * H;
   const int b0 = gs.b0, b1 = gs.b1;
-  if (b0 < b1) {
+  // A chunk of few (row, block) pairs: every dot exact, all warps on each block (CTA-uniform).
+  const bool exact = b0 < b1 && b1 - b0 <= kExactMaxChunkBlocks && P * (b1 - b0) <= a.exact_max;
+  if (exact) exact_scan<IK>(a, t0, s, P, s_pos, b0, b1 - b0, smem);
+  if (b0 < b1 && !exact) {
     const int key_begin = b0 << bs_shift, key_end = b1 << bs_shift;
     const int units = (key_end - key_begin + kUnitKeys - 1) / kUnitKeys;
     const int my_units = units > warp ? (units - warp + kWarpsD - 1) / kWarpsD : 0;
