@@ -454,6 +454,16 @@ __global__ void __launch_bounds__(kThreadsD, DecCfg<IK, kNN>::kCtasPerSm) msa_in
     if (lane < cnt) exact_round(cand[lane]);
     cp_async_wait<0>();
   }
+  // The selection reads each row's block scores [0, local) from L2 in 32-byte sectors; the
+  // sector holding a row's last score would be only partly written (one 4-byte score per block,
+  // from many CTAs), and L2 completes such a sector from DRAM on the read. The last chunk fills
+  // the rest of that sector (blocks no CTA scores for the row) with -inf keys.
+  if (b0 < b1 && int(blockIdx.y) == a.chunks - 1 && tid < P * 8) {
+    const int r = tid >> 3, j = tid & 7, local = s_pos[r / H] >> bs_shift;
+    const int64_t first = (score_row0 + r) * a.max_blocks + local;  // the row's first unscored entry
+    const int fill = int((8 - (first & 7)) & 7);                       // entries to its sector's end
+    if (j < fill && local + j < a.max_blocks) a.scores[first + j] = kKeyMinusInf;
+  }
   M3_TL_MARK(indexer, tl_cta, 3);
 
   pdl_launch_dependents();  // the attention kernel may start its setup while the selection runs
