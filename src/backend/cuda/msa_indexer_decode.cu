@@ -18,7 +18,9 @@
 //     a + e >= lo (typically one or two per block) are listed, and once 32 are listed (across
 //     units) their exact dots (the reference's sequential chain) run one per lane and raise the
 //     block scores with atomicMax: the block score is their maximum.
-// The last CTA of a query group selects, as in the tile kernel.
+// The last CTA of a query group selects, as in the tile kernel. A CTA whose chunk holds few (row,
+// block) pairs (small batches, short contexts) skips the stream and scans its blocks with exact
+// dots on all its threads (msa_indexer_exact.cuh).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
