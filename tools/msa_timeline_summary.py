@@ -20,7 +20,8 @@ from collections import defaultdict
 
 MARKS = {
     "indexer": {
-        0: "entry", 1: "group range known", 2: "setup done", 6: "first unit's MMAs",
+        0: "entry", 1: "group range known", 2: "setup done (exact scan: first block's keys in)",
+        6: "first unit's MMAs (exact scan: first block scored)",
         7: "candidates listed", 3: "scan and exact dots done", 4: "last CTA arrived",
         8: "selection: scores loaded", 9: "selection: threshold", 10: "selection: listed",
         11: "selection: ranked", 5: "selection written",
