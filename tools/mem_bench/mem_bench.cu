@@ -308,11 +308,11 @@ int main(int argc, char** argv) {
   M3_CUDA_CHECK(cudaEventCreate(&e0));
   M3_CUDA_CHECK(cudaEventCreate(&e1));
   // One launch (not a graph replay: the kernel alone), L2 flushed before it, median of 30.
-  const m3::gpu_bench::Flush flush_mode = m3::gpu_bench::flush_mode();
+  const m3::gpu_bench::Flush l2_mode = m3::gpu_bench::flush_mode();
   auto time_us = [&](auto&& launch) {
     std::vector<float> ts;
     for (int it = 0; it < 30; ++it) {
-      m3::gpu_bench::flush_l2(flush_mode, flush.as<void>(), flush.bytes(), it, nullptr);
+      m3::gpu_bench::flush_l2(l2_mode, flush.as<void>(), flush.bytes(), it, nullptr);
       M3_CUDA_CHECK(cudaEventRecord(e0));
       launch();
       M3_CUDA_CHECK(cudaEventRecord(e1));
@@ -328,7 +328,7 @@ int main(int argc, char** argv) {
   const double copy_bw = m3::gpu_bench::copy_bandwidth(nullptr);  // the yardstick of moe_bench and msa_bench
   const double floor_us = time_us([&] { empty_kernel<<<1, 32>>>(); });
   std::printf("device %s, %d SMs; copy bandwidth %.0f GB/s (read + write); empty kernel %.1f us; L2 flush: %s\n\n", prop.name,
-              sms, copy_bw / 1e9, floor_us, m3::gpu_bench::flush_name(flush_mode));
+              sms, copy_bw / 1e9, floor_us, m3::gpu_bench::flush_name(l2_mode));
   std::printf("%8s %-24s | %9s %8s %7s\n", "MB", "method", "us", "GB/s", "%copy");
   const EncodeTiled encode = encode_tiled();
   constexpr size_t kCpSmem = 4 * size_t(kTile), kTmaSmem = 8 * size_t(kTile);
@@ -346,7 +346,7 @@ int main(int argc, char** argv) {
   M3_CUDA_CHECK(cudaFuncSetAttribute(cprows_kernel<64, 256>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kRowsSmem)));
   M3_CUDA_CHECK(cudaFuncSetAttribute(cprows_kernel<32, 512>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kRowsSmem)));
   std::string json = "{\"device\": \"" + std::string(prop.name) + "\", \"l2_flush\": \"" +
-                     m3::gpu_bench::flush_name(flush_mode) + "\", \"copy_gbps\": " + std::to_string(copy_bw / 1e9) +
+                     m3::gpu_bench::flush_name(l2_mode) + "\", \"copy_gbps\": " + std::to_string(copy_bw / 1e9) +
                      ", \"empty_kernel_us\": " + std::to_string(floor_us) + ", \"rows\": [";
   bool first = true;
   for (const int mb : sizes_mb) {

@@ -156,6 +156,13 @@ std::string entries_of(ops::DispatchStats& st) {
   return out;
 }
 
+// The indexer alone in one layout (the parity test's forced layouts: what the dispatch chooses between).
+Timing time_indexer_layout(const TensorView& iq, const TensorView& ik, const ops::AttentionMetadata& meta,
+                           const ops::IndexerParams& ip, const TensorView& sel, cuda::MsaIndexerLayout layout,
+                           cudaStream_t stream, const Dev& flush, int iters) {
+  return time_graph([&] { cuda::launch_msa_indexer_layout(iq, ik, meta, ip, sel, layout); }, stream, flush, iters);
+}
+
 // Prefill of one sequence of `ctx` tokens from position 0 (pages shuffled over the pool).
 nlohmann::json bench_prefill(int ctx, const std::string& idt, Tables& tables, cudaStream_t stream, const Dev& flush,
                              int iters, double gemm_tflops, std::mt19937& rng) {
@@ -208,7 +215,7 @@ nlohmann::json bench_prefill(int ctx, const std::string& idt, Tables& tables, cu
   row["indexer_us"] = ti.median_us;
   // The indexer's three layouts on the same prefill (the dispatch takes the prefill groups).
   auto time_layout = [&](cuda::MsaIndexerLayout layout) {
-    return time_graph([&] { cuda::launch_msa_indexer_layout(iqv, ikv, meta, ip, sv, layout); }, stream, flush, it);
+    return time_indexer_layout(iqv, ikv, meta, ip, sv, layout, stream, flush, it);
   };
   const Timing t_warp = time_layout(cuda::MsaIndexerLayout::kStreamed), t_tiles = time_layout(cuda::MsaIndexerLayout::kTiles);
   const Timing t_groups = time_layout(cuda::MsaIndexerLayout::kPrefill);
@@ -359,11 +366,10 @@ int run(int argc, char** argv) {
           const Timing ta = time_graph(attention, stream, flush, iters);
           entries_of(tables.tuned_stats);
           if (layouts && batch <= 16) {  // small batches: the decode scans the dispatch chooses between per CTA
-            auto time_layout = [&](cuda::MsaIndexerLayout layout) {
-              return time_graph([&] { cuda::launch_msa_indexer_layout(iqv, ikv, p.meta, ip, sv, layout); }, stream, flush,
-                                iters);
-            };
-            const Timing tw = time_layout(cuda::MsaIndexerLayout::kStreamed), tx = time_layout(cuda::MsaIndexerLayout::kExact);
+            const Timing tw = time_indexer_layout(iqv, ikv, p.meta, ip, sv, cuda::MsaIndexerLayout::kStreamed, stream,
+                                                  flush, iters);
+            const Timing tx = time_indexer_layout(iqv, ikv, p.meta, ip, sv, cuda::MsaIndexerLayout::kExact, stream,
+                                                  flush, iters);
             row["indexer_streamed_us"] = tw.median_us;
             row["indexer_exact_us"] = tx.median_us;
             std::printf("      indexer layouts: warp-streamed %.1f us, exact scan %.1f us\n", tw.median_us, tx.median_us);

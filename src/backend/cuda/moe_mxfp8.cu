@@ -1664,7 +1664,6 @@ void launch_w8(const W8Args& a, bool deep) {
   M3_CUDA_CHECK_LAUNCH();
 }
 
-
 [[noreturn]] void fail(const std::string& why) { throw std::runtime_error("moe_mxfp8: " + why); }
 
 }  // namespace
@@ -1852,19 +1851,14 @@ void run(const TensorView& x, const TensorView& expert_ids, const TensorView& ex
     const dim3 grid(unsigned(tokens), split);
     // A programmatic dependent of the down projection when the GEMMs ran in this call (the
     // routing finished before they began); alone, a plain launch.
-    const bool dep = (stages & kGemms) != 0;
-    const int32_t* ids = expert_ids.as<const int32_t>();
-    const float* wts = expert_weights.as<const float>();
-    const int shared = experts.has_shared ? 1 : 0;
-    if (w8) {
-      launch_kernel(combine_kernel<__nv_bfloat16>, grid, dim3(kCombineThreads), 0, dep,
-                    reinterpret_cast<const __nv_bfloat16*>(y), wts, ids, static_cast<const int32_t*>(pos), int(top_k),
-                    static_cast<const int*>(meta), shared, out.as<float>(), int(hidden));
-    } else {
-      launch_kernel(combine_kernel<float>, grid, dim3(kCombineThreads), 0, dep, static_cast<const float*>(y), wts, ids,
-                    static_cast<const int32_t*>(pos), int(top_k), static_cast<const int*>(meta), shared,
-                    out.as<float>(), int(hidden));
-    }
+    auto combine = [&](auto* yv) {  // y as written by the down projection: bf16 (W8A8) or float
+      using Y = std::remove_cv_t<std::remove_pointer_t<decltype(yv)>>;
+      launch_kernel(combine_kernel<Y>, grid, dim3(kCombineThreads), 0, (stages & kGemms) != 0, yv,
+                    expert_weights.as<const float>(), expert_ids.as<const int32_t>(), static_cast<const int32_t*>(pos),
+                    int(top_k), static_cast<const int*>(meta), experts.has_shared ? 1 : 0, out.as<float>(), int(hidden));
+    };
+    if (w8) combine(reinterpret_cast<const __nv_bfloat16*>(y));
+    else combine(static_cast<const float*>(y));
   }
 }
 
