@@ -14,9 +14,13 @@
 //              "frag": 128 x 128 with the W8A16 kernel's per-lane chunks (64 bytes of 8 rows per copy)
 //   ldg rows   the same row blocks read into registers the way MMA fragments are (a warp per 16 rows,
 //              32 bytes of two rows per lane and 128-byte window, 4 windows in flight)
+//   kv gather  the sparse decode attention's K/V reads at B = 64 (random pages, one KV head's 256 bytes
+//              per key) in the cache's layout and head-major by cp.async, and by TMA (--no-gather skips)
+//   balance    the largest size streamed by one CTA per SM, split evenly or in 256 KB pieces taken
+//              from a counter, with each CTA's end time: how unequally the SMs share the bandwidth
 // Each: one launch timed by events with L2 flushed before it (as the benchmarks do), median of
 // 30; an empty kernel gives the launch floor. Prints a table, writes JSON.
-//   mem_bench [--mb 189,292,1752] [--json F]   (copy bandwidth: gpu_bench::copy_bandwidth, as the other benches)
+//   mem_bench [--mb 189,292,1752] [--no-gather] [--json F]   (copy bandwidth: gpu_bench::copy_bandwidth, as the other benches)
 #include <cuda.h>
 #include <cuda_runtime.h>
 
@@ -267,6 +271,154 @@ __global__ void __launch_bounds__(256, 1) tma_kernel(const __grid_constant__ CUt
   if (acc == 0x9e3779b9u) *sink = acc;
 }
 
+// The sparse decode attention's K/V gather (msa_decode.cu at B = 64, 128K context, M3 shapes):
+// 256 CTAs (64 sequences x 4 KV groups, 2 per SM), each reading the K and then the V tile of 16
+// random pages (128 keys x 256 bytes of its group's head: 32 KB per tile) through a 3-slot ring,
+// two tiles in flight. kHeadMajor == false is the cache's [slot, kv_head, 128] layout (a key's
+// 256 bytes every 1 KB); true the same bytes with each page's head contiguous (32 KB runs).
+// What the attention kernel's 80 % of the copy bandwidth is measured against.
+constexpr int kGatherSeqs = 64, kGatherGroups = 4, kGatherTopK = 16, kGatherSeqPages = 1024;
+constexpr int kGatherTile = 128 * 256;
+template <bool kHeadMajor>
+__global__ void __launch_bounds__(256, 2) kvgather_kernel(const uint8_t* k, const uint8_t* v, const int* pages,
+                                                           unsigned* sink) {
+  extern __shared__ __align__(128) uint8_t ring_g[];
+  const int tid = int(threadIdx.x), g = int(blockIdx.x) % kGatherGroups;
+  const int* my = pages + blockIdx.x * kGatherTopK;
+  constexpr int kTiles = 2 * kGatherTopK;
+  auto issue = [&](int t) {
+    const size_t page = size_t(my[t / 2]);
+    const uint8_t* src = (t & 1) ? v : k;
+    const uint32_t d = smem_u32(ring_g + (t % 3) * kGatherTile);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const int c = tid + 256 * j, row = c / 16, ch = c % 16;
+      const size_t off = kHeadMajor ? ((page * kGatherGroups + g) * 128 + row) * 256 + ch * 16
+                                    : ((page * 128 + row) * kGatherGroups + g) * 256 + ch * 16;
+      asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d + c * 16), "l"(src + off) : "memory");
+    }
+  };
+  issue(0);
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+  issue(1);
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+  unsigned acc = 0;
+  for (int t = 0; t < kTiles; ++t) {
+    asm volatile("cp.async.wait_group 1;\n" ::: "memory");
+    __syncthreads();
+    if (t + 2 < kTiles) issue(t + 2);
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+    const uint4* p = reinterpret_cast<const uint4*>(ring_g + (t % 3) * kGatherTile);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const uint4 x = p[tid + 256 * j];
+      acc ^= x.x ^ x.y ^ x.z ^ x.w;
+    }
+  }
+  if (acc == 0x9e3779b9u) *sink = acc;
+}
+
+// The same gather by TMA (the cache's layout only): boxes of 64 dims x 1 head x kRows slots,
+// 128-byte swizzled, both halves of a key row in consecutive boxes; thread 0 issues, a full
+// mbarrier per slot, two tiles in flight as above.
+template <int kRows>
+__global__ void __launch_bounds__(256, 2) kvgather_tma_kernel(const __grid_constant__ CUtensorMap kmap,
+                                                               const __grid_constant__ CUtensorMap vmap, const int* pages,
+                                                               unsigned* sink) {
+  extern __shared__ __align__(1024) uint8_t ring_h[];
+  __shared__ __align__(8) uint64_t full[3];
+  const int tid = int(threadIdx.x), g = int(blockIdx.x) % kGatherGroups;
+  const int* my = pages + blockIdx.x * kGatherTopK;
+  constexpr int kTiles = 2 * kGatherTopK;
+  if (tid == 0) {
+    for (int s = 0; s < 3; ++s) asm volatile("mbarrier.init.shared.b64 [%0], 1;\n" ::"r"(smem_u32(&full[s])));
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncthreads();
+  auto issue = [&](int t) {
+    const int slot0 = my[t / 2] * 128;
+    const uint32_t bar = smem_u32(&full[t % 3]), d = smem_u32(ring_h + (t % 3) * kGatherTile);
+    const CUtensorMap* map = (t & 1) ? &vmap : &kmap;
+    asm volatile("mbarrier.arrive.expect_tx.shared.b64 _, [%0], %1;\n" ::"r"(bar), "r"(kGatherTile) : "memory");
+    for (int q = 0; q < 128 / kRows; ++q) {
+      for (int h = 0; h < 2; ++h) {
+        asm volatile(
+            "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];\n" ::"r"(
+                d + h * 16384 + q * kRows * 128),
+            "l"(reinterpret_cast<uint64_t>(map)), "r"(h * 64), "r"(g), "r"(slot0 + q * kRows), "r"(bar)
+            : "memory");
+      }
+    }
+  };
+  if (tid == 0) {
+    issue(0);
+    issue(1);
+  }
+  unsigned acc = 0;
+  for (int t = 0; t < kTiles; ++t) {
+    ring_wait(&full[t % 3], uint32_t((t / 3) & 1));
+    const uint4* p = reinterpret_cast<const uint4*>(ring_h + (t % 3) * kGatherTile);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const uint4 x = p[tid + 256 * j];
+      acc ^= x.x ^ x.y ^ x.z ^ x.w;
+    }
+    __syncthreads();
+    if (tid == 0 && t + 2 < kTiles) issue(t + 2);
+  }
+  if (acc == 0x9e3779b9u) *sink = acc;
+}
+
+// Per-SM balance of a pure stream: one CTA of 1024 threads per SM (128 KB in flight) reads `bytes` split evenly (static) or in
+// 256 KB pieces taken from an atomic counter (dynamic); each CTA records its start and end
+// (%globaltimer). How unequal the SMs' shares of the bandwidth are decides what a static split
+// of a stream over the SMs (the decode indexer's chunks) leaves idle at its end.
+constexpr size_t kPiece16 = (size_t(256) << 10) / 16;
+template <bool kDynamic>
+__global__ void __launch_bounds__(1024, 1) balance_kernel(const uint4* w, size_t n16, unsigned* counter,
+                                                        unsigned long long* times, unsigned* sink) {
+  __shared__ unsigned s_piece;
+  unsigned long long t0;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+  unsigned acc = 0;
+  auto stream = [&](size_t b, size_t e) {
+    size_t i = b + threadIdx.x;
+    for (; i + 7 * 1024 < e; i += 8 * 1024) {
+      uint4 v[8];
+#pragma unroll
+      for (int j = 0; j < 8; ++j) v[j] = __ldcs(w + i + j * 1024);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) acc ^= v[j].x ^ v[j].y ^ v[j].z ^ v[j].w;
+    }
+    for (; i < e; i += 1024) {
+      const uint4 v = __ldcs(w + i);
+      acc ^= v.x ^ v.y ^ v.z ^ v.w;
+    }
+  };
+  if (kDynamic) {
+    const unsigned pieces = unsigned((n16 + kPiece16 - 1) / kPiece16);
+    for (;;) {
+      __syncthreads();
+      if (threadIdx.x == 0) s_piece = atomicAdd(counter, 1u);
+      __syncthreads();
+      const unsigned p = s_piece;
+      if (p >= pieces) break;
+      stream(size_t(p) * kPiece16, min(n16, size_t(p + 1) * kPiece16));
+    }
+  } else {
+    const size_t per = (n16 + gridDim.x - 1) / gridDim.x;
+    stream(min(n16, blockIdx.x * per), min(n16, (blockIdx.x + 1) * per));
+  }
+  __syncthreads();
+  unsigned long long t1;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t1));
+  if (threadIdx.x == 0) {
+    times[2 * blockIdx.x] = t0;
+    times[2 * blockIdx.x + 1] = t1;
+  }
+  if (acc == 0x9e3779b9u) *sink = acc;
+}
+
 // cuTensorMapEncodeTiled through the runtime's driver entry point (no link against libcuda).
 using EncodeTiled = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
                                  const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
@@ -286,12 +438,14 @@ EncodeTiled encode_tiled() {
 int main(int argc, char** argv) {
   std::vector<int> sizes_mb = {189, 292, 1752};  // gate+up of 5 experts; T = 1 and T = 8 MoE weight bytes
   std::string json_path;
+  bool gather = true;
   for (int i = 1; i < argc; ++i) {
     const std::string k = argv[i];
     if (k == "--mb" && i + 1 < argc) sizes_mb = m3::gpu_bench::parse_list(argv[++i]);
+    else if (k == "--no-gather") gather = false;
     else if (k == "--json" && i + 1 < argc) json_path = argv[++i];
     else {
-      std::fprintf(stderr, "usage: mem_bench [--mb 189,292,1752] [--json F]\n");
+      std::fprintf(stderr, "usage: mem_bench [--mb 189,292,1752] [--no-gather] [--json F]\n");
       return 2;
     }
   }
@@ -339,6 +493,8 @@ int main(int argc, char** argv) {
   M3_CUDA_CHECK(cudaFuncSetAttribute(bulk_kernel<5>, cudaFuncAttributeMaxDynamicSharedMemorySize, 5 * kBulkStage));
   M3_CUDA_CHECK(cudaFuncSetAttribute(bulk_kernel<10>, cudaFuncAttributeMaxDynamicSharedMemorySize, 10 * kBulkStage));
   M3_CUDA_CHECK(cudaFuncSetAttribute(tma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kTmaSmem)));
+  M3_CUDA_CHECK(cudaFuncSetAttribute(balance_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, 120 << 10));
+  M3_CUDA_CHECK(cudaFuncSetAttribute(balance_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, 120 << 10));
   // 83 KB: two CTAs per SM, as the LM head's 8-token BF16 tile.
   constexpr size_t kRowsSmem = 83 * 1024;
   M3_CUDA_CHECK(cudaFuncSetAttribute(cprows_kernel<128, 128>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kRowsSmem)));
@@ -382,6 +538,93 @@ int main(int argc, char** argv) {
                  CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS) {
         emit("tma W8A16 tiles", time_us([&] { tma_kernel<<<sms, 256, kTmaSmem>>>(map, tiles, sink); }));
       }
+    }
+  }
+  if (gather) {
+    // The decode attention's gather (kvgather_kernel): B = 64 x 4 groups x 16 pages, K and V.
+    const size_t pool_pages = size_t(kGatherSeqs) * kGatherSeqPages, pool_bytes = pool_pages * 128 * kGatherGroups * 256;
+    const Dev kbuf(pool_bytes), vbuf(pool_bytes);
+    std::vector<int> perm(pool_pages), sel(size_t(kGatherSeqs) * kGatherGroups * kGatherTopK);
+    uint32_t st = 12345u;
+    auto rnd = [&] { return st = st * 1664525u + 1013904223u; };
+    for (size_t i = 0; i < pool_pages; ++i) perm[i] = int(i);
+    for (size_t i = pool_pages - 1; i > 0; --i) std::swap(perm[i], perm[rnd() % (i + 1)]);
+    for (int s = 0; s < kGatherSeqs; ++s) {
+      for (int g = 0; g < kGatherGroups; ++g) {
+        std::vector<int> blocks;
+        while (int(blocks.size()) < kGatherTopK) {
+          const int b = int(rnd() % kGatherSeqPages);
+          if (std::find(blocks.begin(), blocks.end(), b) == blocks.end()) blocks.push_back(b);
+        }
+        std::sort(blocks.begin(), blocks.end());
+        for (int i = 0; i < kGatherTopK; ++i) sel[(size_t(s) * kGatherGroups + g) * kGatherTopK + i] = perm[size_t(s) * kGatherSeqPages + blocks[i]];
+      }
+    }
+    const Dev dsel(sel.size() * 4);
+    M3_CUDA_CHECK(cudaMemcpy(dsel.as<void>(), sel.data(), sel.size() * 4, cudaMemcpyHostToDevice));
+    constexpr int kGatherSmem = 3 * kGatherTile;
+    M3_CUDA_CHECK(cudaFuncSetAttribute(kvgather_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, kGatherSmem));
+    M3_CUDA_CHECK(cudaFuncSetAttribute(kvgather_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, kGatherSmem));
+    const double bytes = double(kGatherSeqs) * kGatherGroups * kGatherTopK * 2 * kGatherTile;
+    const unsigned ctas = kGatherSeqs * kGatherGroups;
+    std::printf("\ndecode attention K/V gather (64 sequences x 4 groups x 16 pages of 128 keys, K and V: %.0f MB)\n", bytes / 1e6);
+    auto emit_g = [&](const char* method, double us) {
+      const double gbps = bytes / (us * 1e-6) / 1e9;
+      std::printf("%8.0f %-24s | %9.1f %8.0f %6.1f%%\n", bytes / 1e6, method, us, gbps, 100.0 * gbps * 1e9 / copy_bw);
+      json += std::string(first ? "" : ", ") + "{\"mb\": " + std::to_string(bytes / 1e6) + ", \"method\": \"" + method +
+              "\", \"us\": " + std::to_string(us) + ", \"gbps\": " + std::to_string(gbps) +
+              ", \"copy_ratio\": " + std::to_string(gbps * 1e9 / copy_bw) + "}";
+      first = false;
+    };
+    const uint8_t *kp = kbuf.as<uint8_t>(), *vp = vbuf.as<uint8_t>();
+    const int* sp = dsel.as<int>();
+    emit_g("kv gather [slot,head]", time_us([&] { kvgather_kernel<false><<<ctas, 256, kGatherSmem>>>(kp, vp, sp, sink); }));
+    emit_g("kv gather head-major", time_us([&] { kvgather_kernel<true><<<ctas, 256, kGatherSmem>>>(kp, vp, sp, sink); }));
+    const EncodeTiled enc = encode_tiled();
+    auto kv_map = [&](CUtensorMap& m, const uint8_t* base, int rows) {
+      const cuuint64_t dims[3] = {128, cuuint64_t(kGatherGroups), cuuint64_t(pool_pages) * 128};
+      const cuuint64_t strides[2] = {256, cuuint64_t(kGatherGroups) * 256};
+      const cuuint32_t box[3] = {64, 1, cuuint32_t(rows)}, es[3] = {1, 1, 1};
+      return enc && enc(&m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, const_cast<uint8_t*>(base), dims, strides, box, es,
+                        CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                        CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+    };
+    CUtensorMap km128, vm128, km32, vm32;
+    if (kv_map(km128, kp, 128) && kv_map(vm128, vp, 128) && kv_map(km32, kp, 32) && kv_map(vm32, vp, 32)) {
+      M3_CUDA_CHECK(cudaFuncSetAttribute(kvgather_tma_kernel<128>, cudaFuncAttributeMaxDynamicSharedMemorySize, kGatherSmem));
+      M3_CUDA_CHECK(cudaFuncSetAttribute(kvgather_tma_kernel<32>, cudaFuncAttributeMaxDynamicSharedMemorySize, kGatherSmem));
+      emit_g("kv gather tma 128-row", time_us([&] { kvgather_tma_kernel<128><<<ctas, 256, kGatherSmem>>>(km128, vm128, sp, sink); }));
+      emit_g("kv gather tma 32-row", time_us([&] { kvgather_tma_kernel<32><<<ctas, 256, kGatherSmem>>>(km32, vm32, sp, sink); }));
+    }
+  }
+  {
+    // Per-SM balance (balance_kernel) over the largest size: static split vs 256 KB pieces.
+    const size_t bytes = (size_t(max_mb) * 1000000 / 16) * 16, n16 = bytes / 16;
+    const Dev times_buf(size_t(sms) * 16), counter_buf(4);
+    auto* times = times_buf.as<unsigned long long>();
+    auto* counter = counter_buf.as<unsigned>();
+    std::printf("\nper-SM balance of a %.0f MB stream, one CTA per SM (durations: min / median / max)\n", bytes / 1e6);
+    for (const bool dyn : {false, true}) {
+      const double us = time_us([&] {
+        M3_CUDA_CHECK(cudaMemsetAsync(counter, 0, 4));
+        if (dyn) balance_kernel<true><<<sms, 1024, 120 << 10>>>(reinterpret_cast<const uint4*>(w), n16, counter, times, sink);
+        else balance_kernel<false><<<sms, 1024, 120 << 10>>>(reinterpret_cast<const uint4*>(w), n16, counter, times, sink);
+      });
+      std::vector<unsigned long long> t(size_t(2) * sms);
+      M3_CUDA_CHECK(cudaMemcpy(t.data(), times, t.size() * 8, cudaMemcpyDeviceToHost));
+      std::vector<double> d;
+      unsigned long long start = ~0ull;
+      for (int c = 0; c < sms; ++c) start = std::min(start, t[2 * size_t(c)]);
+      for (int c = 0; c < sms; ++c) d.push_back((t[2 * size_t(c) + 1] - start) / 1e3);
+      std::sort(d.begin(), d.end());
+      const double gbps = bytes / (us * 1e-6) / 1e9;
+      const char* name = dyn ? "balance dynamic 256 KB" : "balance static split";
+      std::printf("%8.0f %-24s | %9.1f %8.0f %6.1f%% | CTA end %.1f / %.1f / %.1f us\n", bytes / 1e6, name, us, gbps,
+                  100.0 * gbps * 1e9 / copy_bw, d.front(), d[d.size() / 2], d.back());
+      json += std::string(first ? "" : ", ") + "{\"mb\": " + std::to_string(bytes / 1e6) + ", \"method\": \"" + name +
+              "\", \"us\": " + std::to_string(us) + ", \"gbps\": " + std::to_string(gbps) +
+              ", \"cta_end_min_us\": " + std::to_string(d.front()) + ", \"cta_end_max_us\": " + std::to_string(d.back()) + "}";
+      first = false;
     }
   }
   json += "]}\n";

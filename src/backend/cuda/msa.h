@@ -26,9 +26,16 @@ enum class MsaIndexerLayout {
   kPrefill,  // 256-row groups, a warp per 16 rows and whole 128-key blocks (blocks of 128 keys only;
              // other shapes fall back to kAuto's choice)
   kExact,    // the warp-streamed kernel with every CTA scanning exactly (chunks of at most 64 blocks)
+  kDynamic,  // the warp-streamed kernel, two CTAs per group, its warps taking units from the group's
+             // counter wherever each has one (kAuto: where a warp's fixed share would be >=
+             // kDynamicMinUnits units)
 };
 // kAuto's exact scan: a decode CTA's (row, block) pairs at most (M3 at B = 1: two blocks of 4 rows).
 constexpr int kExactMaxRowBlocks = 8;
+// kAuto's shared unit counters: where a warp's fixed share of its group's units would be at least
+// this (H200, M3 shapes, 128K: BF16 B = 64 and 128, FP8 B = 64 and 128; at 8-16 units per warp,
+// B = 8 and 32K contexts, the counter's round trips cost more than the balance saves).
+constexpr int kDynamicMinUnits = 24;
 void launch_msa_indexer(const TensorView& index_q, const TensorView& index_k_cache, const ops::AttentionMetadata& meta,
                         const ops::IndexerParams& params, const TensorView& selected);
 void launch_msa_indexer_layout(const TensorView& index_q, const TensorView& index_k_cache,

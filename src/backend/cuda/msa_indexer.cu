@@ -50,6 +50,7 @@ constexpr int kStageBufBytes = 96 * 1024;
 constexpr size_t kMaxScoreBytes = size_t(512) << 20;
 
 __device__ unsigned g_indexer_counters[msa::kMaxCounters];
+__device__ unsigned g_indexer_unit_counters[msa::kMaxCounters];  // the decode kernel's per-group unit counters
 
 // Tiles: kWM warps along the rows (kMTiles m-tiles each), 8 / kWM along the keys.
 template <class IK, int kWM, int kMTiles>
@@ -433,6 +434,9 @@ void launch_msa_indexer_layout(const TensorView& index_q, const TensorView& inde
   const int64_t target =
       current_sm_count() * (prefill ? 4 : tiles ? 1 : decode_ctas_per_sm(fp8, a.group_tokens * int(heads)));
   a.chunks = int(std::clamp<int64_t>(target / std::max<int64_t>(1, groups), 1, std::min<int64_t>(max_scored, 1024)));
+  // kDynamic (the parity test's): two CTAs per group, so that the counters are shared across CTAs
+  // and every warp's share is at least one unit from 16 units up.
+  if (layout == MsaIndexerLayout::kDynamic) a.chunks = int(std::min<int64_t>(2, max_scored));
   if (tokens > msa::kMaxCounters) a.chunks = 1;
   if (a.chunks > 1) {
     static unsigned* counters_of[64] = {};  // per device
@@ -441,6 +445,19 @@ void launch_msa_indexer_layout(const TensorView& index_q, const TensorView& inde
     unsigned*& counters = counters_of[dev & 63];
     if (!counters) M3_CUDA_CHECK(cudaGetSymbolAddress(reinterpret_cast<void**>(&counters), g_indexer_counters));
     a.counters = counters;  // shared by the three layouts: their launches never overlap on a stream
+  }
+  // The warp-streamed kernel's warps take their units from a counter per query group where each
+  // would stream at least kDynamicMinUnits of a fixed split (kAuto; kDynamic: at least one; the
+  // forced kStreamed layout keeps the fixed split: the parity test checks all three).
+  const bool dynamic = layout == MsaIndexerLayout::kAuto || layout == MsaIndexerLayout::kDynamic;
+  a.dyn_min_units = layout == MsaIndexerLayout::kDynamic ? 1 : kDynamicMinUnits;
+  if (!prefill && !tiles && dynamic && tokens <= msa::kMaxCounters) {
+    static unsigned* unit_counters_of[64] = {};  // per device
+    int dev = 0;
+    M3_CUDA_CHECK(cudaGetDevice(&dev));
+    unsigned*& uc = unit_counters_of[dev & 63];
+    if (!uc) M3_CUDA_CHECK(cudaGetSymbolAddress(reinterpret_cast<void**>(&uc), g_indexer_unit_counters));
+    a.unit_counters = uc;
   }
   // Score scratch for a slice of the tokens (long prefills run in several launches).
   const size_t row_bytes = size_t(heads) * size_t(a.max_blocks) * 4;

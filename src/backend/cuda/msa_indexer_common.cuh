@@ -97,6 +97,11 @@ struct IndexerArgs {
   const int32_t* positions;
   const int32_t* block_tables;
   unsigned* counters;
+  // Decode kernel: per query group (indexed like counters) the next unit of its blocks a warp
+  // may take, used where a warp's fixed share would be at least dyn_min_units units. Null: each
+  // warp streams a fixed share of its CTA's chunk.
+  unsigned* unit_counters;
+  int dyn_min_units;
   int num_seqs, num_tokens, max_blocks, bs, bs_shift, heads, top_k, group_tokens, chunks, tok_begin, tok_end;
   int defer;  // exact dots listed and run in batches (key ids < 2^24, rows < 256)
   // Decode kernel: a CTA whose chunk holds at most this many (row, block) pairs scans them with

@@ -123,26 +123,46 @@ __global__ void __launch_bounds__(kThreadsD, DecCfg<IK, kNN>::kCtasPerSm) msa_in
   }
   auto q_row = [&](int r) { return group_q_row(a, t0, r); };
   const int64_t score_row0 = int64_t(t0 - a.tok_begin) * H;
-  const int b0 = gs.b0, b1 = gs.b1;
+  // Units taken from the group's counter (all of its CTAs share its blocks: the SMs' shares of
+  // the bandwidth differ, and a fixed split leaves the fast ones idle at the end), unless the
+  // group's chunks would scan exactly (small chunks: group-uniform, the smallest chunk decides).
+  const int group_units = ((gs.nb << bs_shift) + kUnitKeys - 1) / kUnitKeys;
+  const bool dyn = a.unit_counters != nullptr && gs.nb >= a.chunks && P * (gs.nb / a.chunks) > a.exact_max &&
+                   group_units / (a.chunks * kWarpsD) >= a.dyn_min_units;
+  const int b0 = dyn ? 0 : gs.b0, b1 = dyn ? gs.nb : gs.b1;
   // A chunk of few (row, block) pairs: every dot exact, all warps on each block (CTA-uniform).
-  const bool exact = b0 < b1 && b1 - b0 <= kExactMaxChunkBlocks && P * (b1 - b0) <= a.exact_max;
+  const bool exact = !dyn && b0 < b1 && b1 - b0 <= kExactMaxChunkBlocks && P * (b1 - b0) <= a.exact_max;
   if (exact) exact_scan<IK>(a, t0, s, P, s_pos, b0, b1 - b0, smem);
   if (b0 < b1 && !exact) {
     const int key_begin = b0 << bs_shift, key_end = b1 << bs_shift;
     const int units = (key_end - key_begin + kUnitKeys - 1) / kUnitKeys;
-    const int my_units = units > warp ? (units - warp + kWarpsD - 1) / kWarpsD : 0;
-    const int ntiles = my_units * kUnitTiles;
+    // The warp's units in order: unit warp + 8k of the chunk, or (dyn) the next of the group's
+    // counter; -1 past the end. uw[d] is the unit ui + d of the loop below (d <= 3: the ring
+    // loads up to kSlots - 1 <= 9 tiles ahead, and pages are requested a unit before that).
+    const int my_units = units > warp ? (units - warp + kWarpsD - 1) / kWarpsD : 0;  // (static)
+    unsigned* const unit_ctr = dyn ? a.unit_counters + t0 : nullptr;
+    int claims = 0;
+    auto claim = [&]() -> int {
+      int u = warp + claims++ * kWarpsD;
+      if (dyn) {
+        unsigned v = 0;
+        if (lane == 0) v = atomicAdd(unit_ctr, 1u);
+        u = int(__shfl_sync(0xffffffffu, v, 0));
+      }
+      return u < units ? u : -1;
+    };
+    int uw[4] = {claim(), claim(), -1, -1};
     const int32_t* table = a.block_tables + int64_t(s) * a.max_blocks;
     const unsigned char* keys = static_cast<const unsigned char*>(a.keys);
-    auto unit_key = [&](int ui) { return key_begin + (warp + ui * kWarpsD) * kUnitKeys; };
+    auto unit_key = [&](int u) { return key_begin + u * kUnitKeys; };
     // Page ids of a unit's blocks: lane i < 128 / bs holds block i's (0 past the chunk). The
     // tile loads take theirs by shuffle; the next unit's are requested a unit ahead, so no
     // load waits on a page-table read.
-    auto unit_pages = [&](int ui) {
-      const int blk = (unit_key(ui) >> bs_shift) + lane;
-      return lane < (kUnitKeys >> bs_shift) && blk < b1 ? __ldg(table + blk) : 0;
+    auto unit_pages = [&](int u) {
+      const int blk = (unit_key(u) >> bs_shift) + lane;
+      return u >= 0 && lane < (kUnitKeys >> bs_shift) && blk < b1 ? __ldg(table + blk) : 0;
     };
-    int pg_cur = unit_pages(0), pg_next = unit_pages(1);  // the units of the tiles being loaded
+    int pg_cur = unit_pages(uw[0]), pg_next = unit_pages(uw[1]);  // the units of the tiles being loaded
     // The rows' q for sigma (rows warp, warp + 8), requested before the tile loads queue up.
     float4 qv[kMaxRows / kWarpsD];
 #pragma unroll
@@ -164,11 +184,11 @@ __global__ void __launch_bounds__(kThreadsD, DecCfg<IK, kNN>::kCtasPerSm) msa_in
     }
     const uint32_t ring_u32 = smem_u32(ring);
     uint32_t wr_off = 0;  // ring offset of the next tile to load
-    // Tile g of this warp (16 keys of one page, unit g / 8 = pg_cur's) into the slot at wr_off.
-    auto load_tile = [&](int g) {
-      const int kt = unit_key(g / kUnitTiles) + (g % kUnitTiles) * kTileKeys;
-      if (kt < key_end) {  // warp-uniform
-        const int page = __shfl_sync(0xffffffffu, pg_cur, ((g % kUnitTiles) * kTileKeys) >> bs_shift);
+    // Tile t of unit u (16 keys of one page, pg_cur's unit) into the slot at wr_off.
+    auto load_tile = [&](int u, int t) {
+      const int kt = unit_key(u) + t * kTileKeys;
+      if (u >= 0 && kt < key_end) {  // warp-uniform
+        const int page = __shfl_sync(0xffffffffu, pg_cur, (t * kTileKeys) >> bs_shift);
         const unsigned char* src = keys + (uint64_t(uint32_t(page) * uint32_t(bs) + uint32_t(kt & (bs - 1))) * kRowBytes +
                                           uint32_t(lkey * kRowBytes + lcol * 16));
         const uint32_t dst = ring_u32 + wr_off;
@@ -181,13 +201,14 @@ __global__ void __launch_bounds__(kThreadsD, DecCfg<IK, kNN>::kCtasPerSm) msa_in
       }
       wr_off = wr_off + kTileBytes == uint32_t(Cf::kRingBytes) ? 0u : wr_off + kTileBytes;
     };
-#pragma unroll 1
+#pragma unroll
     for (int g = 0; g < kSlots - 1; ++g) {  // the first tiles' loads overlap the setup
       if (g > 0 && g % kUnitTiles == 0) {
         pg_cur = pg_next;
-        pg_next = unit_pages(g / kUnitTiles + 1);
+        uw[g / kUnitTiles + 1] = claim();
+        pg_next = unit_pages(uw[g / kUnitTiles + 1]);
       }
-      if (g < ntiles) load_tile(g);
+      load_tile(uw[g / kUnitTiles], g % kUnitTiles);
       cp_async_commit();
     }
     // sigma per row (a power of two putting max |q| in the operand's range).
@@ -257,7 +278,8 @@ __global__ void __launch_bounds__(kThreadsD, DecCfg<IK, kNN>::kCtasPerSm) msa_in
     constexpr bool kPrune = kBf16 && kNN == 1;
     constexpr int kPR = kPrune ? 8 : 1;
     const int kth = a.top_k - 1;  // pruning needs 1 <= kth <= 32
-    const bool prune = kPrune && kth >= 1 && kth <= 32 && my_units * (kUnitKeys >> bs_shift) >= 8 * kth;
+    const int share = dyn ? units / (a.chunks * kWarpsD) : my_units;  // the warp's units, about
+    const bool prune = kPrune && kth >= 1 && kth <= 32 && share * (kUnitKeys >> bs_shift) >= 8 * kth;
     float top[kPR];
 #pragma unroll
     for (int r = 0; r < kPR; ++r) top[r] = -INFINITY;
@@ -266,19 +288,19 @@ __global__ void __launch_bounds__(kThreadsD, DecCfg<IK, kNN>::kCtasPerSm) msa_in
     for (int nt = 0; nt < kNN; ++nt) lim_lo[nt][0] = lim_lo[nt][1] = -INFINITY;
 
 #pragma unroll 1
-    for (int ui = 0; ui < my_units; ++ui) {
-      const int unit_key0 = unit_key(ui);
+    for (int ui = 0; uw[0] >= 0; ++ui, uw[0] = uw[1], uw[1] = uw[2], uw[2] = uw[3], uw[3] = -1) {
+      const int unit_key0 = unit_key(uw[0]);
       float hi[kUnitTiles][kNN][4], lo[kUnitTiles][kNN][2];
 #pragma unroll
       for (int mt = 0; mt < kUnitTiles; ++mt) {
-        const int g = ui * kUnitTiles + mt;
         cp_async_wait<kSlots - 2>();
         __syncwarp();  // tile g visible to the warp; tile g - 1's slot free
         if ((mt + kSlots - 1) % kUnitTiles == 0) {  // the load below starts a unit (mt is unrolled)
           pg_cur = pg_next;
-          pg_next = unit_pages(ui + (mt + kSlots - 1) / kUnitTiles + 1);
+          uw[(mt + kSlots - 1) / kUnitTiles + 1] = claim();
+          pg_next = unit_pages(uw[(mt + kSlots - 1) / kUnitTiles + 1]);
         }
-        if (g + kSlots - 1 < ntiles) load_tile(g + kSlots - 1);
+        load_tile(uw[(mt + kSlots - 1) / kUnitTiles], (mt + kSlots - 1) % kUnitTiles);
         cp_async_commit();
         const int kt = unit_key0 + mt * kTileKeys;
         float c[kNN][4], u[kNN][4];
@@ -477,6 +499,7 @@ __global__ void __launch_bounds__(kThreadsD, DecCfg<IK, kNN>::kCtasPerSm) msa_in
   } else {
     __syncthreads();  // every warp's score writes and ring reads are done
   }
+  if (dyn && tid == 0) a.unit_counters[t0] = 0;  // every CTA of the group is done taking units: re-armed
   M3_TL_MARK(indexer, tl_cta, 4);
   // A row's selection caches its block scores in shared memory. Every warp's ring is free now,
   // so the selecting warps share all of them (at two CTAs per SM a warp's own ring holds 2048

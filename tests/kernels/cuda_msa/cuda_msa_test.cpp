@@ -248,10 +248,13 @@ Result run_case(Harness& h, const Case& c, std::mt19937& rng) {
     }
     // And the other layouts, whichever the dispatch took (the prefill kernel takes blocks of 128
     // keys only; other shapes fall back to the warp-streamed kernel; the exact scan takes any
-    // batch when asked, the dispatch only small decode batches).
+    // batch when asked, the dispatch only small decode batches; shared unit counters wherever the
+    // stream runs, twice: the counters must be re-armed for the next launch).
     for (const auto& [layout, name] : {std::pair{cuda::MsaIndexerLayout::kStreamed, "warp-streamed"},
                                        std::pair{cuda::MsaIndexerLayout::kPrefill, "prefill groups"},
-                                       std::pair{cuda::MsaIndexerLayout::kExact, "exact scan"}}) {
+                                       std::pair{cuda::MsaIndexerLayout::kExact, "exact scan"},
+                                       std::pair{cuda::MsaIndexerLayout::kDynamic, "shared unit counters"},
+                                       std::pair{cuda::MsaIndexerLayout::kDynamic, "shared unit counters, again"}}) {
       dsel.poison();
       cuda::launch_msa_indexer_layout(dev(diq, DType::kF32, iqs), dev(*dik, c.index_dtype, iks), batch.dev_meta, ip,
                                       dev(dsel, DType::kI32, sel_shape), layout);
