@@ -505,18 +505,23 @@ int main(int argc, char** argv) {
                      m3::gpu_bench::flush_name(l2_mode) + "\", \"copy_gbps\": " + std::to_string(copy_bw / 1e9) +
                      ", \"empty_kernel_us\": " + std::to_string(floor_us) + ", \"rows\": [";
   bool first = true;
+  // One table row and its JSON object: `bytes` read in `us` (extra: appended to the line; extra_json:
+  // more fields of the object).
+  auto emit_row = [&](double bytes, const char* method, double us, const std::string& extra = "",
+                      const std::string& extra_json = "") {
+    const double gbps = bytes / (us * 1e-6) / 1e9;
+    std::printf("%8.0f %-24s | %9.1f %8.0f %6.1f%%%s\n", bytes / 1e6, method, us, gbps, 100.0 * gbps * 1e9 / copy_bw,
+                extra.c_str());
+    json += std::string(first ? "" : ", ") + "{\"mb\": " + std::to_string(bytes / 1e6) + ", \"method\": \"" + method +
+            "\", \"us\": " + std::to_string(us) + ", \"gbps\": " + std::to_string(gbps) +
+            ", \"copy_ratio\": " + std::to_string(gbps * 1e9 / copy_bw) + extra_json + "}";
+    first = false;
+  };
   for (const int mb : sizes_mb) {
     const size_t rows = (size_t(mb) * 1000000 / kK + kTileRows - 1) / kTileRows * kTileRows;
     const size_t bytes = rows * kK;
     const int tiles = int(rows / kTileRows) * (kK / kTileK);
-    auto emit = [&](const char* method, double us) {
-      const double gbps = bytes / (us * 1e-6) / 1e9;
-      std::printf("%8.0f %-24s | %9.1f %8.0f %6.1f%%\n", bytes / 1e6, method, us, gbps, 100.0 * gbps * 1e9 / copy_bw);
-      json += std::string(first ? "" : ", ") + "{\"mb\": " + std::to_string(bytes / 1e6) + ", \"method\": \"" + method +
-              "\", \"us\": " + std::to_string(us) + ", \"gbps\": " + std::to_string(gbps) +
-              ", \"copy_ratio\": " + std::to_string(gbps * 1e9 / copy_bw) + "}";
-      first = false;
-    };
+    auto emit = [&](const char* method, double us) { emit_row(double(bytes), method, us); };
     emit("ldg grid-stride", time_us([&] { ldg_kernel<<<16 * sms, 256>>>(reinterpret_cast<const uint4*>(w), bytes / 16, sink); }));
     emit("cp.async W8A16 tiles", time_us([&] { cpasync_kernel<4><<<2 * sms, 256, kCpSmem>>>(w, tiles, sink); }));
     emit("cp.async 6 stages x2", time_us([&] { cpasync_kernel<6><<<2 * sms, 256, 6 * kTile>>>(w, tiles, sink); }));
@@ -568,14 +573,7 @@ int main(int argc, char** argv) {
     const double bytes = double(kGatherSeqs) * kGatherGroups * kGatherTopK * 2 * kGatherTile;
     const unsigned ctas = kGatherSeqs * kGatherGroups;
     std::printf("\ndecode attention K/V gather (64 sequences x 4 groups x 16 pages of 128 keys, K and V: %.0f MB)\n", bytes / 1e6);
-    auto emit_g = [&](const char* method, double us) {
-      const double gbps = bytes / (us * 1e-6) / 1e9;
-      std::printf("%8.0f %-24s | %9.1f %8.0f %6.1f%%\n", bytes / 1e6, method, us, gbps, 100.0 * gbps * 1e9 / copy_bw);
-      json += std::string(first ? "" : ", ") + "{\"mb\": " + std::to_string(bytes / 1e6) + ", \"method\": \"" + method +
-              "\", \"us\": " + std::to_string(us) + ", \"gbps\": " + std::to_string(gbps) +
-              ", \"copy_ratio\": " + std::to_string(gbps * 1e9 / copy_bw) + "}";
-      first = false;
-    };
+    auto emit_g = [&](const char* method, double us) { emit_row(bytes, method, us); };
     const uint8_t *kp = kbuf.as<uint8_t>(), *vp = vbuf.as<uint8_t>();
     const int* sp = dsel.as<int>();
     emit_g("kv gather [slot,head]", time_us([&] { kvgather_kernel<false><<<ctas, 256, kGatherSmem>>>(kp, vp, sp, sink); }));
@@ -617,14 +615,10 @@ int main(int argc, char** argv) {
       for (int c = 0; c < sms; ++c) start = std::min(start, t[2 * size_t(c)]);
       for (int c = 0; c < sms; ++c) d.push_back((t[2 * size_t(c) + 1] - start) / 1e3);
       std::sort(d.begin(), d.end());
-      const double gbps = bytes / (us * 1e-6) / 1e9;
-      const char* name = dyn ? "balance dynamic 256 KB" : "balance static split";
-      std::printf("%8.0f %-24s | %9.1f %8.0f %6.1f%% | CTA end %.1f / %.1f / %.1f us\n", bytes / 1e6, name, us, gbps,
-                  100.0 * gbps * 1e9 / copy_bw, d.front(), d[d.size() / 2], d.back());
-      json += std::string(first ? "" : ", ") + "{\"mb\": " + std::to_string(bytes / 1e6) + ", \"method\": \"" + name +
-              "\", \"us\": " + std::to_string(us) + ", \"gbps\": " + std::to_string(gbps) +
-              ", \"cta_end_min_us\": " + std::to_string(d.front()) + ", \"cta_end_max_us\": " + std::to_string(d.back()) + "}";
-      first = false;
+      char line[96];
+      std::snprintf(line, sizeof line, " | CTA end %.1f / %.1f / %.1f us", d.front(), d[d.size() / 2], d.back());
+      emit_row(double(bytes), dyn ? "balance dynamic 256 KB" : "balance static split", us, line,
+               ", \"cta_end_min_us\": " + std::to_string(d.front()) + ", \"cta_end_max_us\": " + std::to_string(d.back()));
     }
   }
   json += "]}\n";
