@@ -20,7 +20,8 @@
 //              from a counter, with each CTA's end time: how unequally the SMs share the bandwidth
 // Each: one launch timed by events with L2 flushed before it (as the benchmarks do), median of
 // 30; an empty kernel gives the launch floor. Prints a table, writes JSON.
-//   mem_bench [--mb 189,292,1752] [--no-gather] [--json F]   (copy bandwidth: gpu_bench::copy_bandwidth, as the other benches)
+//   mem_bench [--mb 189,292,1752] [--no-gather] [--json F]
+// (copy bandwidth: gpu_bench::copy_bandwidth, as the other benches)
 #include <cuda.h>
 #include <cuda_runtime.h>
 
@@ -369,10 +370,11 @@ __global__ void __launch_bounds__(256, 2) kvgather_tma_kernel(const __grid_const
   if (acc == 0x9e3779b9u) *sink = acc;
 }
 
-// Per-SM balance of a pure stream: one CTA of 1024 threads per SM (128 KB in flight) reads `bytes` split evenly (static) or in
-// 256 KB pieces taken from an atomic counter (dynamic); each CTA records its start and end
-// (%globaltimer). How unequal the SMs' shares of the bandwidth are decides what a static split
-// of a stream over the SMs (the decode indexer's chunks) leaves idle at its end.
+// Per-SM balance of a pure stream: one CTA of 1024 threads per SM (128 KB in flight) reads `bytes`
+// split evenly (static) or in 256 KB pieces taken from an atomic counter (dynamic); each CTA
+// records its start and end (%globaltimer). How unequal the SMs' shares of the bandwidth are
+// decides what a static split of a stream over the SMs (the decode indexer's chunks) leaves idle
+// at its end.
 constexpr size_t kPiece16 = (size_t(256) << 10) / 16;
 template <bool kDynamic>
 __global__ void __launch_bounds__(1024, 1) balance_kernel(const uint4* w, size_t n16, unsigned* counter,
@@ -562,7 +564,9 @@ int main(int argc, char** argv) {
           if (std::find(blocks.begin(), blocks.end(), b) == blocks.end()) blocks.push_back(b);
         }
         std::sort(blocks.begin(), blocks.end());
-        for (int i = 0; i < kGatherTopK; ++i) sel[(size_t(s) * kGatherGroups + g) * kGatherTopK + i] = perm[size_t(s) * kGatherSeqPages + blocks[i]];
+        for (int i = 0; i < kGatherTopK; ++i) {
+          sel[(size_t(s) * kGatherGroups + g) * kGatherTopK + i] = perm[size_t(s) * kGatherSeqPages + blocks[i]];
+        }
       }
     }
     const Dev dsel(sel.size() * 4);
@@ -572,7 +576,8 @@ int main(int argc, char** argv) {
     M3_CUDA_CHECK(cudaFuncSetAttribute(kvgather_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, kGatherSmem));
     const double bytes = double(kGatherSeqs) * kGatherGroups * kGatherTopK * 2 * kGatherTile;
     const unsigned ctas = kGatherSeqs * kGatherGroups;
-    std::printf("\ndecode attention K/V gather (64 sequences x 4 groups x 16 pages of 128 keys, K and V: %.0f MB)\n", bytes / 1e6);
+    std::printf("\ndecode attention K/V gather (64 sequences x 4 groups x 16 pages of 128 keys, K and V: %.0f MB)\n",
+                bytes / 1e6);
     auto emit_g = [&](const char* method, double us) { emit_row(bytes, method, us); };
     const uint8_t *kp = kbuf.as<uint8_t>(), *vp = vbuf.as<uint8_t>();
     const int* sp = dsel.as<int>();

@@ -52,6 +52,15 @@ constexpr size_t kMaxScoreBytes = size_t(512) << 20;
 __device__ unsigned g_indexer_counters[msa::kMaxCounters];
 __device__ unsigned g_indexer_unit_counters[msa::kMaxCounters];  // the decode kernel's per-group unit counters
 
+// The current device's address of one of the counter arrays above (cached per device).
+unsigned* counters_address(const unsigned (&symbol)[msa::kMaxCounters], unsigned* (&cache)[64]) {
+  int dev = 0;
+  M3_CUDA_CHECK(cudaGetDevice(&dev));
+  unsigned*& p = cache[dev & 63];
+  if (!p) M3_CUDA_CHECK(cudaGetSymbolAddress(reinterpret_cast<void**>(&p), symbol));
+  return p;
+}
+
 // Tiles: kWM warps along the rows (kMTiles m-tiles each), 8 / kWM along the keys.
 template <class IK, int kWM, int kMTiles>
 struct Cfg {
@@ -439,12 +448,8 @@ void launch_msa_indexer_layout(const TensorView& index_q, const TensorView& inde
   if (layout == MsaIndexerLayout::kDynamic) a.chunks = int(std::min<int64_t>(2, max_scored));
   if (tokens > msa::kMaxCounters) a.chunks = 1;
   if (a.chunks > 1) {
-    static unsigned* counters_of[64] = {};  // per device
-    int dev = 0;
-    M3_CUDA_CHECK(cudaGetDevice(&dev));
-    unsigned*& counters = counters_of[dev & 63];
-    if (!counters) M3_CUDA_CHECK(cudaGetSymbolAddress(reinterpret_cast<void**>(&counters), g_indexer_counters));
-    a.counters = counters;  // shared by the three layouts: their launches never overlap on a stream
+    static unsigned* counters_of[64] = {};  // per device; the layouts' launches never overlap on a stream
+    a.counters = counters_address(g_indexer_counters, counters_of);
   }
   // The warp-streamed kernel's warps take their units from a counter per query group where each
   // would stream at least kDynamicMinUnits of a fixed split (kAuto; kDynamic: at least one; the
@@ -453,11 +458,7 @@ void launch_msa_indexer_layout(const TensorView& index_q, const TensorView& inde
   a.dyn_min_units = layout == MsaIndexerLayout::kDynamic ? 1 : kDynamicMinUnits;
   if (!prefill && !tiles && dynamic && tokens <= msa::kMaxCounters) {
     static unsigned* unit_counters_of[64] = {};  // per device
-    int dev = 0;
-    M3_CUDA_CHECK(cudaGetDevice(&dev));
-    unsigned*& uc = unit_counters_of[dev & 63];
-    if (!uc) M3_CUDA_CHECK(cudaGetSymbolAddress(reinterpret_cast<void**>(&uc), g_indexer_unit_counters));
-    a.unit_counters = uc;
+    a.unit_counters = counters_address(g_indexer_unit_counters, unit_counters_of);
   }
   // Score scratch for a slice of the tokens (long prefills run in several launches).
   const size_t row_bytes = size_t(heads) * size_t(a.max_blocks) * 4;
