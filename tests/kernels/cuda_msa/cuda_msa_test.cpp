@@ -525,7 +525,8 @@ TEST(CudaMsa, TunedEntriesMatchTheCpuReference) {
   std::mt19937 rng(20261201);
   std::vector<Result> results;
   // M3_MSA_CASES=name,name runs only those cases (sanitizer runs of a few shapes).
-  const std::string only = std::getenv("M3_MSA_CASES") ? std::getenv("M3_MSA_CASES") : "";
+  const char* only_env = std::getenv("M3_MSA_CASES");
+  const std::string only = only_env ? only_env : "";
   for (const Case& c : cases()) {
     if (!only.empty() && ("," + only + ",").find("," + c.name + ",") == std::string::npos) continue;
     results.push_back(run_case(h, c, rng));
