@@ -14,8 +14,9 @@
 // Every timing is GPU time of one CUDA-graph replay (events around it), median of `iters`, with
 // L2 flushed before each replay (gpu_bench_flush.h: a 256 MB read unless M3_BENCH_FLUSH=memset).
 // Bytes that must be read: e4m3 data + e8m0 scales of the experts the routing touches (shared
-// included) + x in + out (+ the router's weight for block rows); the ratio to the device-to-device copy bandwidth measured in the same
-// run (read + write bytes per second, as msa_bench). TFLOP/s on the expert FLOPs (2 * rows * 3 *
+// included) + x in + out (+ the router's weight for block rows); the ratio to the
+// device-to-device copy bandwidth measured in the same run (read + write bytes per second, as
+// msa_bench). TFLOP/s on the expert FLOPs (2 * rows * 3 *
 // hidden * inter, rows = T * (top_k + 1)); the FP8 ceiling is cuBLASLt's e4m3 GEMM on 8192^3
 // (fast accumulation) and our W8A8 kernel on one dense 16384-token expert.
 //   moe_bench [--tokens 1,8,32,128,512,4096,16384] [--iters 20] [--hidden 6144] [--inter 3072]

@@ -7,9 +7,9 @@
 // Without the macro the marks are empty statements. Marks (docs/msa_kernels.md, ninth round):
 //   indexer: 0 entry, 1 group range known, 2 setup done (first tiles requested, fragments;
 //            exact scan: the first block's keys in shared memory), 6 first unit's MMAs (exact
-//            scan: the first block's scores written), 7 candidates listed, 3 scan and exact dots done, 4 last CTA
-//            arrived, 8-11 selection steps of row 0 (scores loaded, threshold, list, ranked),
-//            5 selection written;
+//            scan: the first block's scores written), 7 candidates listed, 3 scan and exact dots
+//            done, 4 last CTA arrived, 8-11 selection steps of row 0 (scores loaded, threshold,
+//            list, ranked), 5 selection written;
 //   attention: 0 entry, 1 Q staged, 2 past the PDL wait, 3 selection union and pages,
 //            4 units done, 5 cluster barrier, 6 output written.
 #pragma once
