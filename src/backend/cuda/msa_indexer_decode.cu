@@ -84,7 +84,9 @@ struct DecCfg {
   static constexpr size_t kCandOff = size_t(kWarpsD) * kRingBytes;
   static constexpr size_t kSigOff = kCandOff + size_t(kWarpsD) * kCandCap * 4;
   static constexpr size_t kPosOff = kSigOff + kMaxRows * 4;
-  static constexpr size_t kBytes = kPosOff + kMaxRows * 4;
+  static constexpr bool kPrune = sizeof(IK) == 2 && kNN == 1;  // pruning lists (BF16 decode groups)
+  static constexpr size_t kListOff = kPosOff + kMaxRows * 4;   // [8 rows][32]
+  static constexpr size_t kBytes = kListOff + (kPrune ? 8 * 32 * 4 : 0);
   static_assert(kCandCap >= 256, "a warp's candidate list doubles as its selection histogram");
   static_assert(size_t(kWarpsD) * kRingBytes >= ExactLayout<IK>::kBytes, "the exact scan fits the rings");
 };
@@ -99,11 +101,13 @@ __global__ void __launch_bounds__(kThreadsD, DecCfg<IK, kNN>::kCtasPerSm) msa_in
   constexpr bool kBf16 = sizeof(IK) == 2;
   extern __shared__ __align__(128) unsigned char smem[];
   __shared__ int s_last;
+  __shared__ int s_lock;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, gq = lane >> 2, cq = lane & 3;
   unsigned char* const ring = smem + warp * Cf::kRingBytes;
   uint32_t* const cand = reinterpret_cast<uint32_t*>(smem + Cf::kCandOff) + warp * Cf::kCandCap;
   float* const sig_s = reinterpret_cast<float*>(smem + Cf::kSigOff);
   int* const s_pos = reinterpret_cast<int*>(smem + Cf::kPosOff);
+  float* const s_list = reinterpret_cast<float*>(smem + Cf::kListOff);
 
   [[maybe_unused]] const int tl_cta = blockIdx.x == 0 ? int(blockIdx.y) : -1;
   M3_TL_MARK(indexer, tl_cta, 0);
@@ -139,7 +143,6 @@ __global__ void __launch_bounds__(kThreadsD, DecCfg<IK, kNN>::kCtasPerSm) msa_in
     // The warp's units in order: unit warp + 8k of the chunk, or (dyn) the next of the group's
     // counter; -1 past the end. uw[d] is the unit ui + d of the loop below (d <= 3: the ring
     // loads up to kSlots - 1 <= 9 tiles ahead, and pages are requested a unit before that).
-    const int my_units = units > warp ? (units - warp + kWarpsD - 1) / kWarpsD : 0;  // (static)
     unsigned* const unit_ctr = dyn ? a.unit_counters + t0 : nullptr;
     int claims = 0;
     auto claim = [&]() -> int {
@@ -218,6 +221,10 @@ __global__ void __launch_bounds__(kThreadsD, DecCfg<IK, kNN>::kCtasPerSm) msa_in
       const float sg = r < P ? warp_row_sigma(qv[i], Tr::kSigmaExp) : 0.0f;  // warp-uniform
       if (lane == 0) sig_s[r] = sg;
     }
+    if constexpr (Cf::kPrune) {
+      for (int i = tid; i < 8 * 32; i += kThreadsD) s_list[i] = -INFINITY;
+    }
+    if (tid == 0) s_lock = 0;
     __syncthreads();
     // B fragments of the rows (column gq of n-tile nt): Q sigma and its upper operand u, in
     // the key layout's k order (bf16: dims 16ks + 2c, +1 and +8, +9; f16 from FP8 keys:
@@ -267,22 +274,20 @@ __global__ void __launch_bounds__(kThreadsD, DecCfg<IK, kNN>::kCtasPerSm) msa_in
 #pragma unroll
     for (int x = 0; x < 4; ++x) aoff[x] = uint32_t(arow * kRowBytes + (((2 * x + ahalf) ^ (arow & 7)) << 4));
     uint32_t rd_off = 0;  // ring offset of the next tile to compute
-    // Pruning (decode groups): per row, lane l < 32 holds the (l+1)-th largest block lower bound
-    // this warp has seen (scaled by the row's sigma). At least k = top_k - 1 blocks score at
-    // least the k-th of them, so the row's selection threshold does too, and a key whose upper
-    // bound is below it cannot be a selected block's maximum: it is not listed. (A block whose
-    // maximum is skipped keeps a score below the threshold, so the selection is the same.)
-    // BF16 decode groups only (FP8's two-CTA kernel spills with the list), and only for warps
-    // whose units cover at least 8k blocks: with fewer the threshold rises late and its updates
-    // cost more than the dots they save (32K, B = 64: +2.6 % with "more than k").
-    constexpr bool kPrune = kBf16 && kNN == 1;
-    constexpr int kPR = kPrune ? 8 : 1;
+    // Pruning (BF16 decode groups): per row, the CTA keeps the 32 largest block lower bounds its
+    // warps have seen (scaled by the row's sigma), sorted, in shared memory. At least k = top_k - 1
+    // blocks score at least the k-th of them, so the row's selection threshold does too, and a key
+    // whose upper bound is below it cannot be a selected block's maximum: it is not listed. (A
+    // block whose maximum is skipped keeps a score below the threshold, so the selection is the
+    // same.) One list for the CTA, not one per warp: it sees eight times the blocks, so its k-th
+    // nears the row's threshold early. A warp inserts its unit's blocks under a try-lock and
+    // skips them when another warp holds it (a list missing some blocks is still a valid bound;
+    // spinning on the lock made 128K, B = 64 30 % slower). Only where the CTA's blocks are at
+    // least 16k: with fewer the threshold rises too late to pay for its updates (32K, B = 64: +1-3 %
+    // at 8k); FP8's two-CTA kernel lost 3-7 % with it at 128K (docs/msa_kernels.md).
     const int kth = a.top_k - 1;  // pruning needs 1 <= kth <= 32
-    const int share = dyn ? units / (a.chunks * kWarpsD) : my_units;  // the warp's units, about
-    const bool prune = kPrune && kth >= 1 && kth <= 32 && share * (kUnitKeys >> bs_shift) >= 8 * kth;
-    float top[kPR];
-#pragma unroll
-    for (int r = 0; r < kPR; ++r) top[r] = -INFINITY;
+    const int cta_units = dyn ? units / a.chunks : units;  // the CTA's units, about
+    const bool prune = Cf::kPrune && kth >= 1 && kth <= 32 && cta_units * (kUnitKeys >> bs_shift) >= 16 * kth;
     float lim_lo[kNN][2];  // the lane's rows' current threshold (-inf: none yet)
 #pragma unroll
     for (int nt = 0; nt < kNN; ++nt) lim_lo[nt][0] = lim_lo[nt][1] = -INFINITY;
@@ -394,27 +399,37 @@ __global__ void __launch_bounds__(kThreadsD, DecCfg<IK, kNN>::kCtasPerSm) msa_in
         }
       }
       blocks_max();
-      if constexpr (kPrune) {
-        if (prune) {  // warp-uniform
+      if (prune) {  // warp-uniform: the unit's blocks into the CTA's lists if the lock is free
+        int got = 0;
+        if (lane == 0) got = atomicCAS(&s_lock, 0, 1) == 0;
+        const bool held = __shfl_sync(0xffffffffu, got, 0) != 0;
+        if (held) __threadfence_block();
 #pragma unroll
-          for (int mt = 0; mt < kUnitTiles; ++mt) {
-            if ((mt & (mt_per_blk - 1)) != 0) continue;  // warp-uniform: a block's first m-tile
+        for (int r = 0; r < 8; ++r) {
+          if (r >= P) break;  // warp-uniform
+          float l;
+          if (held) {
+            float t = s_list[r * 32 + lane];
 #pragma unroll
-            for (int r = 0; r < kPR; ++r) {
-              if (r >= P) break;  // warp-uniform
-              // Row r's block lower bound (on lanes with cq = r / 2); -inf for blocks outside the
-              // row's range, which change nothing.
+            for (int mt = 0; mt < kUnitTiles; ++mt) {
+              if ((mt & (mt_per_blk - 1)) != 0) continue;  // warp-uniform: a block's first m-tile
+              // Row r's block lower bound (on lanes gq = 0, cq = r / 2); -inf for blocks outside
+              // the row's range, which change nothing.
               const float v = __shfl_sync(0xffffffffu, lo[mt][0][r & 1], r >> 1);
-              const float above = __shfl_up_sync(0xffffffffu, top[r], 1);
-              top[r] = fmaxf(top[r], lane == 0 ? v : fminf(above, v));  // sorted insert, descending
+              const float above = __shfl_up_sync(0xffffffffu, t, 1);
+              t = fmaxf(t, lane == 0 ? v : fminf(above, v));  // sorted insert, descending
             }
+            s_list[r * 32 + lane] = t;
+            l = __shfl_sync(0xffffffffu, t, kth - 1);
+          } else {
+            l = s_list[r * 32 + kth - 1];  // one word: the k-th before or after the holder's update
           }
-#pragma unroll
-          for (int r = 0; r < kPR; ++r) {
-            if (r >= P) break;  // warp-uniform
-            const float l = __shfl_sync(0xffffffffu, top[r], kth - 1);
-            if ((r >> 1) == cq) lim_lo[0][r & 1] = l;
-          }
+          if ((r >> 1) == cq) lim_lo[0][r & 1] = fmaxf(lim_lo[0][r & 1], l);
+        }
+        if (held) {
+          __threadfence_block();
+          __syncwarp();
+          if (lane == 0) atomicExch(&s_lock, 0);
         }
       }
       // The unit's block scores start at -inf (what they stay when no candidate has a number).
