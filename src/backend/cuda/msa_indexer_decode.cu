@@ -84,9 +84,12 @@ struct DecCfg {
   static constexpr size_t kCandOff = size_t(kWarpsD) * kRingBytes;
   static constexpr size_t kSigOff = kCandOff + size_t(kWarpsD) * kCandCap * 4;
   static constexpr size_t kPosOff = kSigOff + kMaxRows * 4;
-  static constexpr bool kPrune = sizeof(IK) == 2 && kNN == 1;  // pruning lists (BF16 decode groups)
-  static constexpr size_t kListOff = kPosOff + kMaxRows * 4;   // [8 rows][32]
-  static constexpr size_t kBytes = kListOff + (kPrune ? 8 * 32 * 4 : 0);
+  // Pruning lists (BF16 decode groups of one n-tile): per row, the CTA's kListLen largest block
+  // lower bounds, one per lane.
+  static constexpr bool kPrune = sizeof(IK) == 2 && kNN == 1;
+  static constexpr int kListRows = 8, kListLen = 32;
+  static constexpr size_t kListOff = kPosOff + kMaxRows * 4;  // [kListRows][kListLen]
+  static constexpr size_t kBytes = kListOff + (kPrune ? kListRows * kListLen * 4 : 0);
   static_assert(kCandCap >= 256, "a warp's candidate list doubles as its selection histogram");
   static_assert(size_t(kWarpsD) * kRingBytes >= ExactLayout<IK>::kBytes, "the exact scan fits the rings");
 };
@@ -222,7 +225,7 @@ __global__ void __launch_bounds__(kThreadsD, DecCfg<IK, kNN>::kCtasPerSm) msa_in
       if (lane == 0) sig_s[r] = sg;
     }
     if constexpr (Cf::kPrune) {
-      for (int i = tid; i < 8 * 32; i += kThreadsD) s_list[i] = -INFINITY;
+      for (int i = tid; i < Cf::kListRows * Cf::kListLen; i += kThreadsD) s_list[i] = -INFINITY;
     }
     if (tid == 0) s_lock = 0;
     __syncthreads();
@@ -285,9 +288,9 @@ __global__ void __launch_bounds__(kThreadsD, DecCfg<IK, kNN>::kCtasPerSm) msa_in
     // spinning on the lock made 128K, B = 64 30 % slower). Only where the CTA's blocks are at
     // least 16k: with fewer the threshold rises too late to pay for its updates (32K, B = 64: +1-3 %
     // at 8k); FP8's two-CTA kernel lost 3-7 % with it at 128K (docs/msa_kernels.md).
-    const int kth = a.top_k - 1;  // pruning needs 1 <= kth <= 32
+    const int kth = a.top_k - 1;  // pruning needs 1 <= kth <= kListLen
     const int cta_units = dyn ? units / a.chunks : units;  // the CTA's units, about
-    const bool prune = Cf::kPrune && kth >= 1 && kth <= 32 && cta_units * (kUnitKeys >> bs_shift) >= 16 * kth;
+    const bool prune = Cf::kPrune && kth >= 1 && kth <= Cf::kListLen && cta_units * (kUnitKeys >> bs_shift) >= 16 * kth;
     float lim_lo[kNN][2];  // the lane's rows' current threshold (-inf: none yet)
 #pragma unroll
     for (int nt = 0; nt < kNN; ++nt) lim_lo[nt][0] = lim_lo[nt][1] = -INFINITY;
@@ -405,11 +408,11 @@ __global__ void __launch_bounds__(kThreadsD, DecCfg<IK, kNN>::kCtasPerSm) msa_in
         const bool held = __shfl_sync(0xffffffffu, got, 0) != 0;
         if (held) __threadfence_block();
 #pragma unroll
-        for (int r = 0; r < 8; ++r) {
+        for (int r = 0; r < Cf::kListRows; ++r) {
           if (r >= P) break;  // warp-uniform
           float l;
           if (held) {
-            float t = s_list[r * 32 + lane];
+            float t = s_list[r * Cf::kListLen + lane];
 #pragma unroll
             for (int mt = 0; mt < kUnitTiles; ++mt) {
               if ((mt & (mt_per_blk - 1)) != 0) continue;  // warp-uniform: a block's first m-tile
@@ -419,10 +422,10 @@ __global__ void __launch_bounds__(kThreadsD, DecCfg<IK, kNN>::kCtasPerSm) msa_in
               const float above = __shfl_up_sync(0xffffffffu, t, 1);
               t = fmaxf(t, lane == 0 ? v : fminf(above, v));  // sorted insert, descending
             }
-            s_list[r * 32 + lane] = t;
+            s_list[r * Cf::kListLen + lane] = t;
             l = __shfl_sync(0xffffffffu, t, kth - 1);
           } else {
-            l = s_list[r * 32 + kth - 1];  // one word: the k-th before or after the holder's update
+            l = s_list[r * Cf::kListLen + kth - 1];  // one word: the k-th before or after the holder's update
           }
           if ((r >> 1) == cq) lim_lo[0][r & 1] = fmaxf(lim_lo[0][r & 1], l);
         }
