@@ -65,6 +65,14 @@ template <> struct UpperTraits<__nv_fp8_e4m3> {
   }
 };
 
+// x through an opaque move: ptxas keeps the value in a register instead of recomputing it from
+// the thread index where registers are tight.
+__device__ __forceinline__ uint32_t opaque(uint32_t x) {
+  uint32_t y;
+  asm volatile("mov.b32 %0, %1;" : "=r"(y) : "r"(x));
+  return y;
+}
+
 template <class IK, int kNN>
 struct DecCfg {
   static constexpr int kRowBytes = IkTraits<IK>::kRowBytes;
@@ -177,17 +185,17 @@ __global__ void __launch_bounds__(kThreadsD, DecCfg<IK, kNN>::kCtasPerSm) msa_in
       qv[i] = r < P ? *reinterpret_cast<const float4*>(q_row(r) + lane * 4) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     }
     // Tile loads: lane = (16-byte column, key); pass i copies keys i * kPerPass + lane / kChunks.
-    // The swizzled destinations repeat every 8 keys, so a lane's offsets are a few registers
-    // plus immediates, and the source is one 64-bit base plus immediates.
+    // The swizzled destinations repeat every 8 keys: pass i's offset is pass 0's with the key
+    // bits i kPerPass and the chunk bits (i kPerPass) & 7 flipped (lkey < kPerPass, so the sums
+    // are disjoint bit fields), an XOR with a constant; so one register holds a lane's offsets
+    // (the 128-register FP8 kernel recomputed four from the thread index at every tile), and
+    // the source is one 64-bit base plus immediates.
     constexpr int kChunks = kRowBytes / 16, kPerPass = 32 / kChunks, kPasses = kTileKeys / kPerPass;
     constexpr int kSwz = 8 / kPerPass;  // distinct swizzles over a lane's passes
     const int lcol = lane % kChunks, lkey = lane / kChunks;
-    uint32_t swz[kSwz];
-#pragma unroll
-    for (int i = 0; i < kSwz; ++i) {
-      const int key = i * kPerPass + lkey;
-      swz[i] = uint32_t(key * kRowBytes + ((lcol ^ (key & 7)) << 4));
-    }
+    const uint32_t swz0 = opaque(uint32_t(lkey * kRowBytes + ((lcol ^ lkey) << 4)));
+    const uint32_t lane_src = opaque(uint32_t(lkey * kRowBytes + lcol * 16));  // = 16 lane
+    auto swz = [&](int i) { return swz0 ^ uint32_t((i * kPerPass * kRowBytes) | ((i * kPerPass) << 4)); };
     const uint32_t ring_u32 = smem_u32(ring);
     uint32_t wr_off = 0;  // ring offset of the next tile to load
     // Tile t of unit u (16 keys of one page, pg_cur's unit) into the slot at wr_off.
@@ -196,12 +204,12 @@ __global__ void __launch_bounds__(kThreadsD, DecCfg<IK, kNN>::kCtasPerSm) msa_in
       if (u >= 0 && kt < key_end) {  // warp-uniform
         const int page = __shfl_sync(0xffffffffu, pg_cur, (t * kTileKeys) >> bs_shift);
         const unsigned char* src = keys + (uint64_t(uint32_t(page) * uint32_t(bs) + uint32_t(kt & (bs - 1))) * kRowBytes +
-                                          uint32_t(lkey * kRowBytes + lcol * 16));
+                                          lane_src);
         const uint32_t dst = ring_u32 + wr_off;
         const int rem = key_end - kt - lkey;  // keys of this lane's column left in the chunk
 #pragma unroll
         for (int i = 0; i < kPasses; ++i) {
-          cp_async16(dst + swz[i % kSwz] + (i / kSwz) * 8 * kRowBytes, src + i * kPerPass * kRowBytes,
+          cp_async16(dst + swz(i % kSwz) + (i / kSwz) * 8 * kRowBytes, src + i * kPerPass * kRowBytes,
                      i * kPerPass < rem);
         }
       }
@@ -271,11 +279,12 @@ __global__ void __launch_bounds__(kThreadsD, DecCfg<IK, kNN>::kCtasPerSm) msa_in
     };
     int cnt = 0;  // listed candidates (warp-uniform)
     // ldmatrix sources: lane gives row arow, 16-byte chunk 2x + ahalf of a tile (x = ks for
-    // bf16, the 32-dim step j for FP8); bf16 chunks 2ks + 8 lie 128 bytes after 2ks's.
+    // bf16, the 32-dim step j for FP8); bf16 chunks 2ks + 8 lie 128 bytes after 2ks's. Chunk
+    // (2x + ahalf) ^ (arow & 7) = (ahalf ^ (arow & 7)) ^ 2x: x's offset is x = 0's with bits 5-6
+    // flipped (one register, as for the loads).
     const int arow = (lane & 7) + ((lane >> 3) & 1) * 8, ahalf = lane >> 4;
-    uint32_t aoff[4];
-#pragma unroll
-    for (int x = 0; x < 4; ++x) aoff[x] = uint32_t(arow * kRowBytes + (((2 * x + ahalf) ^ (arow & 7)) << 4));
+    const uint32_t aoff0 = opaque(uint32_t(arow * kRowBytes + ((ahalf ^ (arow & 7)) << 4)));
+    auto aoff = [&](int x) { return aoff0 ^ uint32_t(x << 5); };
     uint32_t rd_off = 0;  // ring offset of the next tile to compute
     // Pruning (BF16 decode groups): per row, the CTA keeps the 32 largest block lower bounds its
     // warps have seen (scaled by the row's sigma), sorted, in shared memory. At least k = top_k - 1
@@ -333,14 +342,14 @@ __global__ void __launch_bounds__(kThreadsD, DecCfg<IK, kNN>::kCtasPerSm) msa_in
 #pragma unroll
             for (int ks = 0; ks < 8; ++ks) {
               uint32_t af[4];
-              msa::ldmatrix_x4(af, base + aoff[ks & 3] + (ks >> 2) * 128);
+              msa::ldmatrix_x4(af, base + aoff(ks & 3) + (ks >> 2) * 128);
               mma_pair(af, ks);
             }
           } else {
 #pragma unroll
             for (int j = 0; j < 4; ++j) {
               uint32_t r4[4];  // rows gq / gq + 8, dims 32j + 4cq + 0..3 (r4[0], r4[1]) and + 16 (r4[2], r4[3])
-              msa::ldmatrix_x4(r4, base + aoff[j]);
+              msa::ldmatrix_x4(r4, base + aoff(j));
 #pragma unroll
               for (int h = 0; h < 2; ++h) {
                 const int ks = 2 * j + h;
@@ -360,8 +369,11 @@ __global__ void __launch_bounds__(kThreadsD, DecCfg<IK, kNN>::kCtasPerSm) msa_in
           for (int v = 0; v < 4; ++v) {
             const int key = kt + gq + 8 * (v >> 1), j = v & 1;
             const float av = c[nt][v], ev = __fmaf_ru(Up::kErrU, u[nt][v], 5.96046448e-08f);
-            const bool valid = key < lim[nt][j], fin = isfinite(av) && isfinite(ev);
-            hi[mt][nt][v] = !valid ? __int_as_float(0x7fffffff) : fin ? __fadd_ru(av, ev) : INFINITY;
+            // a + e finite implies both are (one test instead of two); where only the sum
+            // overflows, the key is recomputed as before and lo just skips it (still a bound).
+            const float hr = __fadd_ru(av, ev);
+            const bool valid = key < lim[nt][j], fin = isfinite(hr);
+            hi[mt][nt][v] = !valid ? __int_as_float(0x7fffffff) : fin ? hr : INFINITY;
             if (valid && fin) lo[mt][nt][j] = fmaxf(lo[mt][nt][j], __fsub_rd(av, ev));
           }
         }
@@ -386,22 +398,38 @@ __global__ void __launch_bounds__(kThreadsD, DecCfg<IK, kNN>::kCtasPerSm) msa_in
           }
         }
       };
-      blocks_max();
-#pragma unroll
-      for (int mt = 0; mt < kUnitTiles; ++mt) {
-        if ((mt & (mt_per_blk - 1)) != 0) continue;  // warp-uniform
+      if (mt_per_blk == kUnitTiles) {  // warp-uniform: one block per unit (M3's 128), a plain reduction
 #pragma unroll
         for (int nt = 0; nt < kNN; ++nt) {
 #pragma unroll
           for (int j = 0; j < 2; ++j) {
+            float x = lo[0][nt][j];
 #pragma unroll
-            for (int off = 4; off < 32; off <<= 1) {
-              lo[mt][nt][j] = fmaxf(lo[mt][nt][j], __shfl_xor_sync(0xffffffffu, lo[mt][nt][j], off));
+            for (int mt = 1; mt < kUnitTiles; ++mt) x = fmaxf(x, lo[mt][nt][j]);
+#pragma unroll
+            for (int off = 4; off < 32; off <<= 1) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, off));
+#pragma unroll
+            for (int mt = 0; mt < kUnitTiles; ++mt) lo[mt][nt][j] = x;
+          }
+        }
+      } else {
+        blocks_max();
+#pragma unroll
+        for (int mt = 0; mt < kUnitTiles; ++mt) {
+          if ((mt & (mt_per_blk - 1)) != 0) continue;  // warp-uniform
+#pragma unroll
+          for (int nt = 0; nt < kNN; ++nt) {
+#pragma unroll
+            for (int j = 0; j < 2; ++j) {
+#pragma unroll
+              for (int off = 4; off < 32; off <<= 1) {
+                lo[mt][nt][j] = fmaxf(lo[mt][nt][j], __shfl_xor_sync(0xffffffffu, lo[mt][nt][j], off));
+              }
             }
           }
         }
+        blocks_max();
       }
-      blocks_max();
       if (prune) {  // warp-uniform: the unit's blocks into the CTA's lists if the lock is free
         int got = 0;
         if (lane == 0) got = atomicCAS(&s_lock, 0, 1) == 0;
@@ -435,12 +463,18 @@ __global__ void __launch_bounds__(kThreadsD, DecCfg<IK, kNN>::kCtasPerSm) msa_in
           if (lane == 0) atomicExch(&s_lock, 0);
         }
       }
-      // The unit's block scores start at -inf (what they stay when no candidate has a number).
+      // The unit's block scores start at -inf (what they stay when no candidate has a number):
+      // lane (gq, cq) writes block gq of its rows 8nt + 2cq + j, those before the row's limit
+      // (lim: the chunk's end and the row's local block; none for rows past P).
       const int ublk0 = unit_key0 >> bs_shift, nbu = kUnitKeys >> bs_shift;
-      for (int e = lane; e < kMaxRows * kUnitBlocks; e += 32) {
-        const int r = e / kUnitBlocks, bi = e % kUnitBlocks, blk = ublk0 + bi;
-        if (r < P && bi < nbu && (blk << bs_shift) < key_end && blk < (s_pos[r / H] >> bs_shift)) {
-          a.scores[(score_row0 + r) * a.max_blocks + blk] = kKeyMinusInf;
+      static_assert(kUnitBlocks == 8, "a unit's blocks are the lanes' gq");
+#pragma unroll
+      for (int nt = 0; nt < kNN; ++nt) {
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+          if (gq < nbu && ((ublk0 + gq) << bs_shift) < lim[nt][j]) {
+            a.scores[(score_row0 + 8 * nt + 2 * cq + j) * a.max_blocks + ublk0 + gq] = kKeyMinusInf;
+          }
         }
       }
       // Keys that can be their block's maximum (bit (mt kNN + nt) 4 + v of the lane's mask),
