@@ -18,9 +18,13 @@
 //              per key) in the cache's layout and head-major by cp.async, and by TMA (--no-gather skips)
 //   balance    the largest size streamed by one CTA per SM, split evenly or in 256 KB pieces taken
 //              from a counter, with each CTA's end time: how unequally the SMs share the bandwidth
+//   key pages  the decode indexer's scan without its arithmetic: pages of 128 index keys (16 KB
+//              FP8, 32 KB BF16) in shuffled or sequential order, each warp taking the next page
+//              from a counter and streaming it through its own cp.async ring of 16-key tiles, at
+//              the indexer's rings and CTAs per SM (2150 MB BF16 / 1075 MB FP8: 128K, B = 64)
 // Each: one launch timed by events with L2 flushed before it (as the benchmarks do), median of
 // 30; an empty kernel gives the launch floor. Prints a table, writes JSON.
-//   mem_bench [--mb 189,292,1752] [--no-gather] [--json F]
+//   mem_bench [--mb 189,292,1752] [--no-gather] [--no-key-pages] [--json F]
 // (copy bandwidth: gpu_bench::copy_bandwidth, as the other benches)
 #include <cuda.h>
 #include <cuda_runtime.h>
@@ -376,6 +380,59 @@ __global__ void __launch_bounds__(256, 2) kvgather_tma_kernel(const __grid_const
 // decides what a static split of a stream over the SMs (the decode indexer's chunks) leaves idle
 // at its end.
 constexpr size_t kPiece16 = (size_t(256) << 10) / 16;
+// The decode indexer's key stream (msa_indexer_decode.cu) without its arithmetic: 8 warps per
+// CTA, each claiming whole pages from a counter (lane 0's atomicAdd, a page ahead of its loads'
+// need, as the indexer's units) and copying them kTile bytes at a time through its own kSlots-deep
+// cp.async ring, reading each tile back. `order` lists the pages (shuffled: msa_bench's tables).
+template <int kTile, int kSlots, int kCtas>
+__global__ void __launch_bounds__(256, kCtas) keypages_kernel(const uint8_t* base, const int* order, int n_pages,
+                                                                int page_bytes, unsigned* counter, unsigned* sink) {
+  extern __shared__ __align__(128) uint8_t ring_k[];
+  const int warp = int(threadIdx.x) >> 5, lane = int(threadIdx.x) & 31;
+  uint8_t* const ring = ring_k + warp * kSlots * kTile;
+  const int tiles_per_page = page_bytes / kTile;
+  auto claim = [&]() {
+    unsigned v = 0;
+    if (lane == 0) v = atomicAdd(counter, 1u);
+    return int(__shfl_sync(0xffffffffu, v, 0));
+  };
+  int pg = claim(), next = claim(), t_in = 0, loaded = 0, used = 0;
+  auto issue = [&]() {  // the next tile of the warp's pages into slot loaded % kSlots (if any)
+    if (pg < n_pages) {
+      const uint8_t* src = base + size_t(order[pg]) * page_bytes + size_t(t_in) * kTile;
+      const uint32_t d = smem_u32(ring + (loaded % kSlots) * kTile);
+#pragma unroll
+      for (int j = 0; j < kTile / 512; ++j) {
+        const int c = lane + 32 * j;
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d + c * 16), "l"(src + c * 16) : "memory");
+      }
+      ++loaded;
+      if (++t_in == tiles_per_page) {
+        t_in = 0;
+        pg = next;
+        next = next < n_pages ? claim() : next;
+      }
+    }
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+  };
+  for (int s = 0; s < kSlots - 1; ++s) issue();
+  unsigned acc = 0;
+  while (used < loaded) {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(kSlots - 2) : "memory");
+    __syncwarp();
+    const uint4* p = reinterpret_cast<const uint4*>(ring + (used % kSlots) * kTile);
+#pragma unroll
+    for (int j = 0; j < kTile / 512; ++j) {
+      const uint4 x = p[lane + 32 * j];
+      acc ^= x.x ^ x.y ^ x.z ^ x.w;
+    }
+    ++used;
+    __syncwarp();
+    issue();
+  }
+  if (acc == 0x9e3779b9u) *sink = acc;
+}
+
 template <bool kDynamic>
 __global__ void __launch_bounds__(1024, 1) balance_kernel(const uint4* w, size_t n16, unsigned* counter,
                                                         unsigned long long* times, unsigned* sink) {
@@ -440,14 +497,15 @@ EncodeTiled encode_tiled() {
 int main(int argc, char** argv) {
   std::vector<int> sizes_mb = {189, 292, 1752};  // gate+up of 5 experts; T = 1 and T = 8 MoE weight bytes
   std::string json_path;
-  bool gather = true;
+  bool gather = true, key_pages = true;
   for (int i = 1; i < argc; ++i) {
     const std::string k = argv[i];
     if (k == "--mb" && i + 1 < argc) sizes_mb = m3::gpu_bench::parse_list(argv[++i]);
     else if (k == "--no-gather") gather = false;
+    else if (k == "--no-key-pages") key_pages = false;
     else if (k == "--json" && i + 1 < argc) json_path = argv[++i];
     else {
-      std::fprintf(stderr, "usage: mem_bench [--mb 189,292,1752] [--no-gather] [--json F]\n");
+      std::fprintf(stderr, "usage: mem_bench [--mb 189,292,1752] [--no-gather] [--no-key-pages] [--json F]\n");
       return 2;
     }
   }
@@ -599,6 +657,39 @@ int main(int argc, char** argv) {
       emit_g("kv gather tma 128-row", time_us([&] { kvgather_tma_kernel<128><<<ctas, 256, kGatherSmem>>>(km128, vm128, sp, sink); }));
       emit_g("kv gather tma 32-row", time_us([&] { kvgather_tma_kernel<32><<<ctas, 256, kGatherSmem>>>(km32, vm32, sp, sink); }));
     }
+  }
+  if (key_pages) {
+    // The decode indexer's scan at 128K, B = 64 (keypages_kernel): 64 x 1023 pages of 128 keys.
+    constexpr int kPages = 64 * 1023;
+    const Dev keys(size_t(kPages) * 32768), counter_buf(4);
+    M3_CUDA_CHECK(cudaMemset(keys.as<void>(), 1, size_t(kPages) * 32768));
+    std::vector<int> order(kPages);
+    for (int i = 0; i < kPages; ++i) order[i] = i;
+    const Dev seq_order(size_t(kPages) * 4), shuffled(size_t(kPages) * 4);
+    M3_CUDA_CHECK(cudaMemcpy(seq_order.as<void>(), order.data(), order.size() * 4, cudaMemcpyHostToDevice));
+    uint32_t st = 777u;
+    for (int i = kPages - 1; i > 0; --i) {
+      st = st * 1664525u + 1013904223u;
+      std::swap(order[i], order[st % uint32_t(i + 1)]);
+    }
+    M3_CUDA_CHECK(cudaMemcpy(shuffled.as<void>(), order.data(), order.size() * 4, cudaMemcpyHostToDevice));
+    auto* counter = counter_buf.as<unsigned>();
+    std::printf("\ndecode indexer key pages (64 x 1023 pages of 128 keys: 128K, B = 64), warps taking pages from a counter\n");
+    auto run = [&](auto kernel, int tile, int slots, int ctas, int page_bytes, const Dev& ord, const char* name) {
+      const int smem = 8 * slots * tile;
+      M3_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+      const double us = time_us([&] {
+        M3_CUDA_CHECK(cudaMemsetAsync(counter, 0, 4));
+        kernel<<<ctas * sms, 256, smem>>>(keys.as<uint8_t>(), ord.as<int>(), kPages, page_bytes, counter, sink);
+      });
+      emit_row(double(kPages) * page_bytes, name, us);
+    };
+    run(keypages_kernel<4096, 6, 1>, 4096, 6, 1, 32768, shuffled, "key pages BF16 shuffled");
+    run(keypages_kernel<4096, 6, 1>, 4096, 6, 1, 32768, seq_order, "key pages BF16 in order");
+    run(keypages_kernel<2048, 5, 2>, 2048, 5, 2, 16384, shuffled, "key pages FP8 shuffled");
+    run(keypages_kernel<2048, 5, 2>, 2048, 5, 2, 16384, seq_order, "key pages FP8 in order");
+    run(keypages_kernel<2048, 10, 1>, 2048, 10, 1, 16384, shuffled, "key pages FP8 1 CTA x10");
+    run(keypages_kernel<4096, 3, 2>, 4096, 3, 2, 16384, shuffled, "key pages FP8 4KB tiles");
   }
   {
     // Per-SM balance (balance_kernel) over the largest size: static split vs 256 KB pieces.
