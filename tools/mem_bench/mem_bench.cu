@@ -374,12 +374,6 @@ __global__ void __launch_bounds__(256, 2) kvgather_tma_kernel(const __grid_const
   if (acc == 0x9e3779b9u) *sink = acc;
 }
 
-// Per-SM balance of a pure stream: one CTA of 1024 threads per SM (128 KB in flight) reads `bytes`
-// split evenly (static) or in 256 KB pieces taken from an atomic counter (dynamic); each CTA
-// records its start and end (%globaltimer). How unequal the SMs' shares of the bandwidth are
-// decides what a static split of a stream over the SMs (the decode indexer's chunks) leaves idle
-// at its end.
-constexpr size_t kPiece16 = (size_t(256) << 10) / 16;
 // The decode indexer's key stream (msa_indexer_decode.cu) without its arithmetic: 8 warps per
 // CTA, each claiming whole pages from a counter (lane 0's atomicAdd, a page ahead of its loads'
 // need, as the indexer's units) and copying them kTile bytes at a time through its own kSlots-deep
@@ -433,6 +427,12 @@ __global__ void __launch_bounds__(256, kCtas) keypages_kernel(const uint8_t* bas
   if (acc == 0x9e3779b9u) *sink = acc;
 }
 
+// Per-SM balance of a pure stream: one CTA of 1024 threads per SM (128 KB in flight) reads `bytes`
+// split evenly (static) or in 256 KB pieces taken from an atomic counter (dynamic); each CTA
+// records its start and end (%globaltimer). How unequal the SMs' shares of the bandwidth are
+// decides what a static split of a stream over the SMs (the decode indexer's chunks) leaves idle
+// at its end.
+constexpr size_t kPiece16 = (size_t(256) << 10) / 16;
 template <bool kDynamic>
 __global__ void __launch_bounds__(1024, 1) balance_kernel(const uint4* w, size_t n16, unsigned* counter,
                                                         unsigned long long* times, unsigned* sink) {
