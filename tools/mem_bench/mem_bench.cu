@@ -427,6 +427,12 @@ __global__ void __launch_bounds__(256, kCtas) keypages_kernel(const uint8_t* bas
   if (acc == 0x9e3779b9u) *sink = acc;
 }
 
+// A keypages_kernel shape: bytes per tile, ring slots per warp, CTAs per SM.
+template <int Tile, int Slots, int Ctas>
+struct KeyPages {
+  static constexpr int kTile = Tile, kSlots = Slots, kCtas = Ctas;
+};
+
 // Per-SM balance of a pure stream: one CTA of 1024 threads per SM (128 KB in flight) reads `bytes`
 // split evenly (static) or in 256 KB pieces taken from an atomic counter (dynamic); each CTA
 // records its start and end (%globaltimer). How unequal the SMs' shares of the bandwidth are
@@ -675,21 +681,24 @@ int main(int argc, char** argv) {
     M3_CUDA_CHECK(cudaMemcpy(shuffled.as<void>(), order.data(), order.size() * 4, cudaMemcpyHostToDevice));
     auto* counter = counter_buf.as<unsigned>();
     std::printf("\ndecode indexer key pages (64 x 1023 pages of 128 keys: 128K, B = 64), warps taking pages from a counter\n");
-    auto run = [&](auto kernel, int tile, int slots, int ctas, int page_bytes, const Dev& ord, const char* name) {
-      const int smem = 8 * slots * tile;
+    // cfg: KeyPages<tile, slots, CTAs per SM>, whose kernel and shared memory follow from them.
+    auto run = [&](auto cfg, int page_bytes, const Dev& ord, const char* name) {
+      using C = decltype(cfg);
+      const auto kernel = keypages_kernel<C::kTile, C::kSlots, C::kCtas>;
+      constexpr int smem = 8 * C::kSlots * C::kTile;
       M3_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
       const double us = time_us([&] {
         M3_CUDA_CHECK(cudaMemsetAsync(counter, 0, 4));
-        kernel<<<ctas * sms, 256, smem>>>(keys.as<uint8_t>(), ord.as<int>(), kPages, page_bytes, counter, sink);
+        kernel<<<C::kCtas * sms, 256, smem>>>(keys.as<uint8_t>(), ord.as<int>(), kPages, page_bytes, counter, sink);
       });
       emit_row(double(kPages) * page_bytes, name, us);
     };
-    run(keypages_kernel<4096, 6, 1>, 4096, 6, 1, 32768, shuffled, "key pages BF16 shuffled");
-    run(keypages_kernel<4096, 6, 1>, 4096, 6, 1, 32768, seq_order, "key pages BF16 in order");
-    run(keypages_kernel<2048, 5, 2>, 2048, 5, 2, 16384, shuffled, "key pages FP8 shuffled");
-    run(keypages_kernel<2048, 5, 2>, 2048, 5, 2, 16384, seq_order, "key pages FP8 in order");
-    run(keypages_kernel<2048, 10, 1>, 2048, 10, 1, 16384, shuffled, "key pages FP8 1 CTA x10");
-    run(keypages_kernel<4096, 3, 2>, 4096, 3, 2, 16384, shuffled, "key pages FP8 4KB tiles");
+    run(KeyPages<4096, 6, 1>{}, 32768, shuffled, "key pages BF16 shuffled");
+    run(KeyPages<4096, 6, 1>{}, 32768, seq_order, "key pages BF16 in order");
+    run(KeyPages<2048, 5, 2>{}, 16384, shuffled, "key pages FP8 shuffled");
+    run(KeyPages<2048, 5, 2>{}, 16384, seq_order, "key pages FP8 in order");
+    run(KeyPages<2048, 10, 1>{}, 16384, shuffled, "key pages FP8 1 CTA x10");
+    run(KeyPages<4096, 3, 2>{}, 16384, shuffled, "key pages FP8 4KB tiles");
   }
   {
     // Per-SM balance (balance_kernel) over the largest size: static split vs 256 KB pieces.
