@@ -12,8 +12,9 @@
 // over the key steps, hi then lo), and the merge is the canonical fold, so a row's result is
 // bit-identical to the query-major and decode paths: the entry is batch-invariant.
 //
-// The canonical variant's block kernel runs on wgmma (bm_block_wg_kernel), with the same
-// fragments and MMA order, hence the same bits.
+// The block kernel runs on wgmma (bm_block_wg_kernel), with the same fragments and MMA order,
+// hence the same bits. The fast variant (not batch-invariant) drops the lo halves and writes
+// bf16 partials.
 //
 // Launches per chunk of tokens (the partials of a chunk stay under kScratchBytes): a memset
 // of the counts, rank-and-count, one-CTA scan (entry offsets and the work list), scatter,
@@ -46,7 +47,6 @@ constexpr int kWarps = 16;  // of the block kernel: 128 registers per thread
 constexpr int kThreads = kWarps * 32;
 constexpr int kTileRows = 128;  // rows (token x head) of a tile: the unit of the work list
 constexpr int kTilesPerCta = 8;  // tiles of one block per CTA (its K/V loaded once)
-constexpr int kDimParts = 2;     // P.V runs over the 128 dims in this many parts (registers)
 constexpr int kMaxTopK = 64;
 constexpr int kMaxGroup = 128;
 constexpr size_t kScratchBytes = size_t(2) << 30;  // partials of one chunk of tokens
@@ -70,7 +70,7 @@ struct BmArgs {
   int* slot_of;     // [chunk tokens, kv, top_k] rank of the block among the token's distinct valid ones, or -1
   int* n_valid;     // [chunk tokens, kv]
   int* entries;     // [chunk tokens * kv * top_k] (token in chunk << 6 | slot), grouped by key
-  float* part_o;    // [kv, chunk tokens, top_k, group, 128]
+  void* part_o;     // [kv, chunk tokens, top_k, group, 128]: fp32 (canonical) or bf16 (fast variant)
   float2* part_ml;  // [kv, chunk tokens, top_k, group]
   int num_seqs, num_tokens, max_blocks, bs, q_heads, kv_heads, group, top_k, tile_tokens;
   int c0, n_tok;    // the chunk: tokens [c0, c0 + n_tok)
@@ -194,9 +194,6 @@ __global__ void bm_scatter(BmArgs a) {
 constexpr int kItemRows = kTilesPerCta * kTileRows;  // rows (token x head) of one work item
 constexpr int kQStride = kHeadDim + 8;              // floats per staged Q row
 constexpr size_t kQStage = size_t(16) * kQStride * 4;
-constexpr size_t kKOff = 0, kVOff = kKOff + size_t(kUnitKeys) * 256, kQOff = kVOff + size_t(kUnitKeys) * 256;
-constexpr size_t kTokOff = kQOff + size_t(kWarps) * kQStage;
-constexpr size_t kBlockSmem = kTokOff + size_t(3) * kItemRows * 4;
 
 // A work item's coordinates: block b of sequence s for KV group g; its tokens are entries
 // [begin + t_lo, + n_tok) of the key, its rows n_tok x G (token in item x G + head); kvis keys of
@@ -249,141 +246,47 @@ __device__ __forceinline__ void bm_fetch_q(const BmArgs& a, const BmItem& w, con
   }
   cp_async_commit();
 }
+// x through an opaque move (kept in a register, recomputed where used, never hoisted).
+__device__ __forceinline__ uint32_t opaque_u32(uint32_t x) {
+  uint32_t y;
+  asm volatile("mov.b32 %0, %1;" : "=r"(y) : "r"(x));
+  return y;
+}
+
+// A partial's P.V pair: fp32 (canonical), or rounded to bf16 (the fast variant's partials:
+// half the bytes the block kernel writes and the merge reads).
+__device__ __forceinline__ void store_pair(float* p, float x, float y) { *reinterpret_cast<float2*>(p) = make_float2(x, y); }
+__device__ __forceinline__ void store_pair(__nv_bfloat16* p, float x, float y) {
+  *reinterpret_cast<__nv_bfloat162*>(p) = __floats2bfloat162_rn(x, y);
+}
+__device__ __forceinline__ float4 load_quad(const float* p) { return __ldcg(reinterpret_cast<const float4*>(p)); }
+__device__ __forceinline__ float4 load_quad(const __nv_bfloat16* p) {
+  const uint2 u = __ldcg(reinterpret_cast<const uint2*>(p));
+  return make_float4(__uint_as_float(u.x << 16), __uint_as_float(u.x & 0xffff0000u), __uint_as_float(u.y << 16),
+                     __uint_as_float(u.y & 0xffff0000u));
+}
+
 // Row r's partial index: [group, token in chunk, slot, head].
 __device__ __forceinline__ int64_t bm_pidx(const BmArgs& a, const BmItem& w, const int* tok_s, const int* slot_s, int r) {
   const int ti = r / a.group;
   return ((int64_t(w.g) * a.n_tok + tok_s[ti]) * a.top_k + slot_s[ti]) * a.group + r % a.group;
 }
 
-// One work item: the tokens of up to kTilesPerCta tiles that chose one (group, seq, block). The
-// CTA loads the block's K and V once; then each of its 16 warps owns m-tiles of 16 item rows
-// (row = token-in-item x G + head) and runs them on its own: the next m-tile's Q rows (fp32,
-// gathered by cp.async) land in the warp's stage as soon as S is done with it, while P.V runs.
-// 128 registers per thread: P is kept as packed bf16 (hi, lo) pairs and P.V runs over the
-// dims in two halves (four quarters measured slower on the fast variant).
-// This is the fast variant (Q and P rounded to bf16: the hi halves alone, half the MMAs of the
-// canonical chain; not batch-invariant with the other entries). The canonical numerics (hi then
-// lo per step, as the decode kernels) run on bm_block_wg_kernel below.
-__global__ void __launch_bounds__(kThreads, 1) bm_block_kernel(BmArgs a) {
-  extern __shared__ __align__(128) unsigned char smem[];
-  int* const tok_s = reinterpret_cast<int*>(smem + kTokOff);
-  int* const slot_s = tok_s + kItemRows;
-  int* const pos_s = slot_s + kItemRows;
-  const uint32_t k_tile = smem_u32(smem + kKOff), v_tile = smem_u32(smem + kVOff);
-
-  if (int(blockIdx.x) >= a.item_total[0]) return;
-  const BmItem w = bm_item(a, a.items[blockIdx.x]);
-  const int rows = w.rows, kvis = w.kvis;
-  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, gq = lane >> 2, cq = lane & 3;
-  const float sl2 = a.scale_log2;
-  // K and V of the block (keys past the sequence's cache are zero-filled and masked).
-  for (int i = tid; i < kUnitKeys * 16; i += kThreads) {
-    const int r = i >> 4, ch = i & 15;
-    const int64_t elem = bm_kv_elem(a, w, r, ch);
-    cp_async16(smem_u32(smem + kKOff + tile_off(r, ch)), a.k + elem, r < kvis);
-    cp_async16(smem_u32(smem + kVOff + tile_off(r, ch)), a.v + elem, r < kvis);
-  }
-  cp_async_commit();
-  bm_load_tokens(a, w, tok_s, slot_s, pos_s);
-  __syncthreads();  // the token list is visible (K and V are waited for below)
-
-  const int n_mt = (rows + 15) >> 4;
-  const uint32_t q_stage = smem_u32(smem + kQOff + size_t(warp) * kQStage);
-  const float* const qs = reinterpret_cast<const float*>(smem + kQOff + size_t(warp) * kQStage);
-  if (warp < n_mt) bm_fetch_q(a, w, tok_s, q_stage, warp, lane);
-  cp_async_wait<0>();
-  __syncthreads();  // every thread's K and V copies have landed
-  const int kb = w.b * a.bs;
-
-#pragma unroll 1
-  for (int mt = warp; mt < n_mt; mt += kWarps) {
-    cp_async_wait<0>();
-    __syncwarp();  // every lane's Q copies for this m-tile are visible to the warp
-
-    // S for the 16 rows over the 128 keys (canonical chain: k-steps ascending, hi then lo).
-    float sv[16][4];
-#pragma unroll
-    for (int nt = 0; nt < 16; ++nt) sv[nt][0] = sv[nt][1] = sv[nt][2] = sv[nt][3] = 0.0f;
-#pragma unroll
-    for (int ks2 = 0; ks2 < 4; ++ks2) {
-      // A fragments of k-steps 2 ks2 and 2 ks2 + 1: rows gq / gq + 8, dims 16 k + 2 cq (+ 8).
-      uint32_t qh[2][4], ql[2][4];
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-#pragma unroll
-        for (int f = 0; f < 4; ++f) {
-          const int row = gq + 8 * (f & 1), col = (2 * ks2 + h) * 16 + 8 * (f >> 1) + 2 * cq;
-          const float2 x = *reinterpret_cast<const float2*>(qs + row * kQStride + col);
-          msa::split_bf16(x.x, x.y, qh[h][f], ql[h][f]);
-        }
-      }
-#pragma unroll
-      for (int nt = 0; nt < 16; ++nt) {
-        uint32_t kf[4];
-        msa::ldmatrix_x4(kf, k_tile + tile_off(nt * 8 + (lane & 7), ks2 * 4 + (lane >> 3)));
-        msa::mma_bf16(sv[nt], qh[0], kf[0], kf[1]);
-        msa::mma_bf16(sv[nt], qh[1], kf[2], kf[3]);
-      }
-    }
-    __syncwarp();  // every lane is done reading the stage
-    if (mt + kWarps < n_mt) bm_fetch_q(a, w, tok_s, q_stage, mt + kWarps, lane);
-    const int r0 = mt * 16 + gq, r1 = r0 + 8;
-    const int pos0 = r0 < rows ? pos_s[r0 / a.group] : -1, pos1 = r1 < rows ? pos_s[r1 / a.group] : -1;
-    float m0, m1;
-    uint32_t ph[8][4], pl[8][4];
-    msa::unit_probs([&](int nt, int e) -> float& { return sv[nt][e]; }, kvis, kb, cq, pos0, pos1, sl2, m0, m1, ph, pl);
-    // P.V over the dims in kDimParts parts and the row sums (canonical chain: key steps ascending,
-    // hi then lo).
-    auto pidx = [&](int r) { return bm_pidx(a, w, tok_s, slot_s, r); };
-    float lv[4] = {0, 0, 0, 0};
-#pragma unroll
-    for (int dq = 0; dq < kDimParts; ++dq) {
-      constexpr int kDT = 16 / kDimParts;  // 8-dim n-tiles per part
-      float ov[kDT][4];
-#pragma unroll
-      for (int dt = 0; dt < kDT; ++dt) ov[dt][0] = ov[dt][1] = ov[dt][2] = ov[dt][3] = 0.0f;
-#pragma unroll
-      for (int kk = 0; kk < 8; ++kk) {
-#pragma unroll
-        for (int dp = 0; dp < kDT / 2; ++dp) {
-          uint32_t vf[4];
-          msa::ldmatrix_x4_trans(
-              vf, v_tile + tile_off(kk * 16 + ((lane >> 3) & 1) * 8 + (lane & 7), (kDT / 2 * dq + dp) * 2 + (lane >> 4)));
-          msa::mma_bf16(ov[2 * dp], ph[kk], vf[0], vf[1]);
-          msa::mma_bf16(ov[2 * dp + 1], ph[kk], vf[2], vf[3]);
-        }
-        if (dq == 0) {
-          msa::mma_bf16(lv, ph[kk], msa::kBf16OnePair, msa::kBf16OnePair);
-        }
-      }
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int r = h ? r1 : r0;
-        if (r >= rows) continue;
-        float* dst = a.part_o + pidx(r) * kHeadDim + kDT * 8 * dq;
-#pragma unroll
-        for (int dt = 0; dt < kDT; ++dt)
-          *reinterpret_cast<float2*>(dst + dt * 8 + 2 * cq) = make_float2(ov[dt][2 * h], ov[dt][2 * h + 1]);
-      }
-    }
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int r = h ? r1 : r0;
-      if (r < rows && cq == 0) a.part_ml[pidx(r)] = make_float2(h ? m1 : m0, lv[2 * h]);
-    }
-  }
-}
-
-// The canonical block kernel on wgmma (sm_90a). Same work items and unit partials as
-// bm_block_kernel, and the bits of the mma.sync hi-then-lo chain (the query-major and decode
-// kernels' numerics): a wgmma m64nNk16 chain with A from registers gives the fp32 bits of the
-// mma.sync m16n8k16 chain over the same operands in the same order
-// (tools/wgmma_probe/wgmma_identity_probe.cu), so each warp keeps its 16-row m-tile and its fragments (Q and P split into bf16 hi + lo in
-// registers exactly as there), and a warpgroup's four m-tiles run as one m64 wgmma per step:
+// The block kernel on wgmma (sm_90a). One work item: the tokens of up to kTilesPerCta tiles that
+// chose one (group, seq, block); the CTA loads the block's K and V once, then each of its 16
+// warps owns 16-row m-tiles (row = token-in-item x G + head) with its own Q stage (the next
+// m-tile's fp32 Q rows gathered by cp.async while P.V runs), and a warpgroup's four m-tiles run
+// as one m64 wgmma per step. kHiLo (canonical): the bits of the decode and query-major kernels'
+// mma.sync hi-then-lo chain, since a wgmma m64nNk16 chain with A from registers gives the fp32
+// bits of the mma.sync m16n8k16 chain over the same operands in the same order
+// (tools/wgmma_probe/wgmma_identity_probe.cu), and Q and P are split into bf16 hi + lo in
+// registers exactly as there:
 //   S   = per 16-dim step, hi then lo, over all 128 keys (N = 128) from K in shared memory;
 //   O   = per 16-key step, hi then lo, over 64 dims at a time (N = 64) from V transposed in shared
 //         memory (K-major: the wgmma B operand wants keys contiguous);
 //   sum = the same steps against a tile of ones (N = 8), as the mma.sync kernel's ones fragment.
+// The fast variant (kHiLo false, batch_invariant == false only): the hi halves alone (Q and P
+// rounded to bf16, half the MMAs) and partials of type PO = bf16 (half the partial bytes).
 // K and V^T are stored as two 128-byte-swizzled halves each ([half][row][128 B]).
 constexpr size_t kWgKOff = 0;                        // K: [dim half][key][128 B]
 constexpr size_t kWgVtOff = kWgKOff + 2 * 16384;     // V^T: [key half][dim][128 B]
@@ -393,14 +296,15 @@ constexpr size_t kWgTokOff = kWgQOff + size_t(kWarps) * kQStage;
 constexpr size_t kWgBlockSmem = kWgTokOff + size_t(3) * kItemRows * 4 + 1024;  // + 1024: base alignment
 static_assert(size_t(kUnitKeys) * 256 <= size_t(kWarps) * kQStage, "raw V rows fit the Q stages");
 
+template <bool kHiLo, class PO>
 __global__ void __launch_bounds__(kThreads, 1) bm_block_wg_kernel(BmArgs a) {
   extern __shared__ unsigned char smem_raw[];
   unsigned char* const smem = wgmma::align_1024(smem_raw);
   int* const tok_s = reinterpret_cast<int*>(smem + kWgTokOff);
   int* const slot_s = tok_s + kItemRows;
   int* const pos_s = slot_s + kItemRows;
-  const uint32_t k_tile = smem_u32(smem + kWgKOff), vt_tile = smem_u32(smem + kWgVtOff);
-  const uint32_t ones = smem_u32(smem + kWgOnesOff), vraw = smem_u32(smem + kWgQOff);
+  const uint32_t k_tile0 = smem_u32(smem + kWgKOff), vt_tile0 = smem_u32(smem + kWgVtOff);
+  const uint32_t ones0 = smem_u32(smem + kWgOnesOff), vraw = smem_u32(smem + kWgQOff);
 
   if (int(blockIdx.x) >= a.item_total[0]) return;
   const BmItem w = bm_item(a, a.items[blockIdx.x]);
@@ -413,7 +317,7 @@ __global__ void __launch_bounds__(kThreads, 1) bm_block_wg_kernel(BmArgs a) {
   for (int i = tid; i < kUnitKeys * 16; i += kThreads) {
     const int r = i >> 4, ch = i & 15;
     const int64_t elem = bm_kv_elem(a, w, r, ch);
-    cp_async16(k_tile + uint32_t((ch >> 3) * 16384 + r * 128 + (((ch & 7) ^ (r & 7)) << 4)), a.k + elem, r < kvis);
+    cp_async16(k_tile0 + uint32_t((ch >> 3) * 16384 + r * 128 + (((ch & 7) ^ (r & 7)) << 4)), a.k + elem, r < kvis);
     cp_async16(vraw + uint32_t(r * 256 + ch * 16), a.v + elem, r < kvis);
   }
   cp_async_commit();
@@ -447,6 +351,13 @@ __global__ void __launch_bounds__(kThreads, 1) bm_block_wg_kernel(BmArgs a) {
     const int mt = m64 * 4 + w4;
     cp_async_wait<0>();
     __syncwarp();  // every lane's Q copies for this m-tile are visible to the warp
+    // The tiles' addresses pass an opaque move in every iteration: with the lo halves gone, ptxas
+    // hoisted the 25 descriptors out of the loop and spilled them (184 bytes of stack).
+    const uint32_t k_tile = kHiLo ? k_tile0 : opaque_u32(k_tile0), vt_tile = kHiLo ? vt_tile0 : opaque_u32(vt_tile0);
+    const uint32_t ones = kHiLo ? ones0 : opaque_u32(ones0);
+    // The lane's Q fragment elements: one base and immediates (ptxas hoisted 32 addresses
+    // otherwise, and spilled them, 184 bytes of stack, in the fast variant).
+    const float* const q_lane = qs + (kHiLo ? gq * kQStride + 2 * cq : int(opaque_u32(uint32_t(gq * kQStride + 2 * cq))));
 
     // S: 16-dim steps ascending, hi then lo (the canonical chain).
     float sa[64];
@@ -457,15 +368,14 @@ __global__ void __launch_bounds__(kThreads, 1) bm_block_wg_kernel(BmArgs a) {
       uint32_t qh[4], ql[4];
 #pragma unroll
       for (int f = 0; f < 4; ++f) {
-        const int row = gq + 8 * (f & 1), col = ks * 16 + 8 * (f >> 1) + 2 * cq;
-        const float2 x = *reinterpret_cast<const float2*>(qs + row * kQStride + col);
+        const float2 x = *reinterpret_cast<const float2*>(q_lane + 8 * (f & 1) * kQStride + ks * 16 + 8 * (f >> 1));
         msa::split_bf16(x.x, x.y, qh[f], ql[f]);
       }
       const uint64_t dk = wgmma::desc_sw128(k_tile + uint32_t((ks >> 2) * 16384 + (ks & 3) * 32));
       wgmma::fence_regs(sa);
       wgmma::fence();
       wgmma::WgmmaRS<true, 128>::run(sa, qh, dk);
-      wgmma::WgmmaRS<true, 128>::run(sa, ql, dk);
+      if constexpr (kHiLo) wgmma::WgmmaRS<true, 128>::run(sa, ql, dk);
       wgmma::commit();
       wgmma::wait<0>();
       wgmma::fence_regs(sa);
@@ -491,11 +401,11 @@ __global__ void __launch_bounds__(kThreads, 1) bm_block_wg_kernel(BmArgs a) {
       for (int kk = 0; kk < 8; ++kk) {
         const uint64_t dv = wgmma::desc_sw128(vt_tile + uint32_t((kk >> 2) * 16384 + dh * 8192 + (kk & 3) * 32));
         wgmma::WgmmaRS<true, 64>::run(oa, ph[kk], dv);
-        wgmma::WgmmaRS<true, 64>::run(oa, pl[kk], dv);
+        if constexpr (kHiLo) wgmma::WgmmaRS<true, 64>::run(oa, pl[kk], dv);
         if (dh == 0) {
           const uint64_t d1 = wgmma::desc_sw128(ones);
           wgmma::WgmmaRS<true, 8>::run(lv, ph[kk], d1);
-          wgmma::WgmmaRS<true, 8>::run(lv, pl[kk], d1);
+          if constexpr (kHiLo) wgmma::WgmmaRS<true, 8>::run(lv, pl[kk], d1);
         }
       }
       wgmma::commit();
@@ -506,10 +416,9 @@ __global__ void __launch_bounds__(kThreads, 1) bm_block_wg_kernel(BmArgs a) {
       for (int h = 0; h < 2; ++h) {
         const int r = h ? r1 : r0;
         if (r >= rows) continue;
-        float* dst = a.part_o + pidx(r) * kHeadDim + 64 * dh;
+        PO* dst = static_cast<PO*>(a.part_o) + pidx(r) * kHeadDim + 64 * dh;
 #pragma unroll
-        for (int dt = 0; dt < 8; ++dt)
-          *reinterpret_cast<float2*>(dst + dt * 8 + 2 * cq) = make_float2(oa[4 * dt + 2 * h], oa[4 * dt + 2 * h + 1]);
+        for (int dt = 0; dt < 8; ++dt) store_pair(dst + dt * 8 + 2 * cq, oa[4 * dt + 2 * h], oa[4 * dt + 2 * h + 1]);
       }
     }
 #pragma unroll
@@ -521,6 +430,7 @@ __global__ void __launch_bounds__(kThreads, 1) bm_block_wg_kernel(BmArgs a) {
 }
 
 // Per (token, head): the canonical fold of its partials in ascending block order.
+template <class PO>
 __global__ void bm_merge(BmArgs a) {
   const int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   const int G = a.group;
@@ -534,7 +444,7 @@ __global__ void bm_merge(BmArgs a) {
   for (int k = 0; k < n; ++k) {
     const int64_t pidx = ((int64_t(g) * a.n_tok + tr) * a.top_k + k) * G + hh;
     const float2 ml = __ldcg(&a.part_ml[pidx]);
-    const float4 o = __ldcg(reinterpret_cast<const float4*>(a.part_o + pidx * kHeadDim + d));
+    const float4 o = load_quad(static_cast<const PO*>(a.part_o) + pidx * kHeadDim + d);
     const msa::FoldScale f = msa::fold_scale(M, ml.x, sl2);
     L = msa::fold_val(L, f, ml.y);
     O[0] = msa::fold_val(O[0], f, o.x);
@@ -588,7 +498,10 @@ void block_major(const TensorView& q, const TensorView& k_cache, const TensorVie
   a.n_keys = int(n_keys);
   a.scale_log2 = float(1.4426950408889634 / std::sqrt(double(head_dim)));
   // Tokens per chunk: partials (and per-selection bookkeeping) under the scratch budget.
-  const size_t per_token = size_t(kv_heads) * size_t(top_k) * (size_t(a.group) * (kHeadDim + 2) * 4 + 12) + size_t(kv_heads) * 4;
+  // The fast variant's partials are bf16: half the bytes (the merge is bandwidth-bound on them).
+  const size_t po_bytes = hilo ? 4 : 2;
+  const size_t per_token =
+      size_t(kv_heads) * size_t(top_k) * (size_t(a.group) * (kHeadDim * po_bytes + 8) + 12) + size_t(kv_heads) * 4;
   const int64_t chunk = std::clamp<int64_t>(int64_t(kScratchBytes / per_token), 1, tokens);
   const int64_t max_items = (chunk * kv_heads * top_k) / (int64_t(a.tile_tokens) * kTilesPerCta) + n_keys + 1;
   auto align = [](size_t x) { return (x + 255) & ~size_t(255); };
@@ -612,7 +525,7 @@ void block_major(const TensorView& q, const TensorView& k_cache, const TensorVie
   const size_t o_part_ml = off;
   off = align(off + part_rows * 8);
   const size_t o_part_o = off;
-  off = align(off + part_rows * kHeadDim * 4);
+  off = align(off + part_rows * kHeadDim * po_bytes);
   Scratch scratch(off);
   unsigned char* base = scratch.as<unsigned char>();
   a.count = reinterpret_cast<int*>(base + o_count);
@@ -623,13 +536,12 @@ void block_major(const TensorView& q, const TensorView& k_cache, const TensorVie
   a.n_valid = reinterpret_cast<int*>(base + o_nvalid);
   a.entries = reinterpret_cast<int*>(base + o_entries);
   a.part_ml = reinterpret_cast<float2*>(base + o_part_ml);
-  a.part_o = reinterpret_cast<float*>(base + o_part_o);
+  a.part_o = base + o_part_o;
   a.max_items = int(max_items);
   const cudaStream_t stream = current_stream();
-  // The canonical variant runs on wgmma; the fast one (bf16 Q and P) on the mma.sync kernel.
-  const bool wg = hilo;
-  const auto block_kernel = hilo ? bm_block_wg_kernel : bm_block_kernel;
-  const size_t block_smem = wg ? kWgBlockSmem : kBlockSmem;
+  const auto block_kernel = hilo ? bm_block_wg_kernel<true, float> : bm_block_wg_kernel<false, __nv_bfloat16>;
+  const auto merge_kernel = hilo ? bm_merge<float> : bm_merge<__nv_bfloat16>;
+  const size_t block_smem = kWgBlockSmem;
   M3_CUDA_CHECK(cudaFuncSetAttribute(block_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(block_smem)));
   for (int64_t c0 = 0; c0 < tokens; c0 += chunk) {
     a.c0 = int(c0);
@@ -642,7 +554,7 @@ void block_major(const TensorView& q, const TensorView& k_cache, const TensorVie
     const int64_t items = (int64_t(a.n_tok) * kv_heads * top_k) / (int64_t(a.tile_tokens) * kTilesPerCta) + n_keys + 1;
     block_kernel<<<unsigned(items), kThreads, block_smem, stream>>>(a);
     const int64_t merge_threads = int64_t(a.n_tok) * kv_heads * a.group * 32;
-    bm_merge<<<unsigned((merge_threads + 255) / 256), 256, 0, stream>>>(a);
+    merge_kernel<<<unsigned((merge_threads + 255) / 256), 256, 0, stream>>>(a);
   }
   M3_CUDA_CHECK_LAUNCH();
 }
