@@ -6,7 +6,8 @@ SM clock 1.90 GHz") and one line per mark reached ("mark 3: 63 ctas, first 10112
 Calls are grouped by the msa_bench table row printed after them (index dtype, context, batch;
 the timelines of a step come before its row) and by (kernel, CTA count); per mark the median
 over calls of the first and the last CTA's time is printed, in µs after the kernel's first CTA
-started, in time order. (Grouping by CTA count alone mixed contexts: 128K and 512K at B = 1 both
+started, in time order, with the CTAs' 10th / 50th / 90th percentiles where the build printed
+them. (Grouping by CTA count alone mixed contexts: 128K and 512K at B = 1 both
 launch 132 BF16 indexer CTAs.)
 
     msa_bench_tl --contexts 8192,131072 --batches 1 --index-dtypes bf16 --no-baseline \\
@@ -33,7 +34,7 @@ MARKS = {
 }
 
 HEADER = re.compile(r"\[timeline (\w+)\] ctas (\d+) entry \d+ ns(?:, SM clock ([\d.]+) GHz)?")
-MARK = re.compile(r"\[timeline (\w+)\] mark (\d+): (\d+) ctas, first (\d+) last (\d+)")
+MARK = re.compile(r"\[timeline (\w+)\] mark (\d+): (\d+) ctas, first (\d+) last (\d+)(?: p10 (\d+) p50 (\d+) p90 (\d+))?")
 ROW = re.compile(r"^(bf16|fp8)\s+(\d+)\s+(\d+) \|")
 
 
@@ -59,7 +60,8 @@ def parse(lines):
             continue
         m = MARK.search(line)
         if m and current is not None:
-            current[int(m.group(2))] = (int(m.group(4)), int(m.group(5)))
+            pct = tuple(int(x) for x in m.group(6, 7, 8)) if m.group(6) else None
+            current[int(m.group(2))] = (int(m.group(4)), int(m.group(5)), pct)
             continue
         m = ROW.match(line)
         if m:
@@ -81,11 +83,14 @@ def summarise(calls, clocks):
         for mark in marks:
             firsts = [run[mark][0] for run in runs if mark in run]
             lasts = [run[mark][1] for run in runs if mark in run]
-            rows.append((statistics.median(firsts), statistics.median(lasts), mark, len(firsts)))
+            pcts = [run[mark][2] for run in runs if mark in run and run[mark][2]]
+            pct = tuple(statistics.median(p[i] for p in pcts) for i in range(3)) if pcts else None
+            rows.append((statistics.median(firsts), statistics.median(lasts), mark, len(firsts), pct))
         rows.sort()
-        for first, last, mark, n in rows:
+        for first, last, mark, n, pct in rows:
             name = MARKS.get(kernel, {}).get(mark, f"mark {mark}")
-            out.append(f"  {first / 1000:7.2f} .. {last / 1000:7.2f} us  mark {mark:2d}  {name} ({n} calls)")
+            spread = f" (p10 / p50 / p90 {pct[0] / 1000:.2f} / {pct[1] / 1000:.2f} / {pct[2] / 1000:.2f})" if pct else ""
+            out.append(f"  {first / 1000:7.2f} .. {last / 1000:7.2f} us{spread}  mark {mark:2d}  {name} ({n} calls)")
     return "\n".join(out)
 
 

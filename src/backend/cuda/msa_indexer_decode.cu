@@ -120,7 +120,9 @@ __global__ void __launch_bounds__(kThreadsD, DecCfg<IK, kNN>::kCtasPerSm) msa_in
   int* const s_pos = reinterpret_cast<int*>(smem + Cf::kPosOff);
   float* const s_list = reinterpret_cast<float*>(smem + Cf::kListOff);
 
-  [[maybe_unused]] const int tl_cta = blockIdx.x == 0 ? int(blockIdx.y) : -1;
+  [[maybe_unused]] const int tl_lin = int(blockIdx.x * gridDim.y + blockIdx.y);
+  [[maybe_unused]] const int tl_cta = tl_lin < 1024 ? tl_lin : -1;
+  [[maybe_unused]] const int tl_ctas = int(min(gridDim.x * gridDim.y, 1024u));
   M3_TL_MARK(indexer, tl_cta, 0);
   const int t0 = a.tok_end - 1 - int(blockIdx.x);  // longest causal prefixes first
   const int s = msa::seq_of_token(a.query_start, a.num_seqs, t0);
@@ -545,7 +547,7 @@ __global__ void __launch_bounds__(kThreadsD, DecCfg<IK, kNN>::kCtasPerSm) msa_in
   pdl_launch_dependents();  // the attention kernel may start its setup while the selection runs
   if (a.chunks > 1) {
     if (!msa::arrive_last(&a.counters[t0], unsigned(a.chunks), &s_last)) {
-      M3_TL_FINISH(indexer, tl_cta, a.chunks);
+      M3_TL_FINISH(indexer, tl_cta, tl_ctas);
       return;
     }
   } else {
@@ -563,7 +565,7 @@ __global__ void __launch_bounds__(kThreadsD, DecCfg<IK, kNN>::kCtasPerSm) msa_in
 #ifdef M3_MSA_TIMELINE
   __syncthreads();
   M3_TL_MARK(indexer, tl_cta, 5);
-  M3_TL_FINISH(indexer, tl_cta, a.chunks);
+  M3_TL_FINISH(indexer, tl_cta, tl_ctas);
 #endif
 }
 

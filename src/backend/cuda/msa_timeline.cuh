@@ -1,9 +1,11 @@
 // Phase timestamps of the decode MSA kernels, for latency work on small batches (where the
 // step is a chain of dependent phases and the stall samples of a profiler do not say which
 // phase is long). Compiled in only with -DM3_MSA_TIMELINE (CMake option M3_MSA_TIMELINE):
-// thread 0 of each CTA of the first query group records %globaltimer (one clock for all SMs)
-// and the SM clock at the kernel's marks, and the last CTA to finish prints, per mark, the
-// earliest and latest CTA in ns after the earliest entry, and the clock rate it ran at.
+// thread 0 of each of the first 1024 CTAs records %globaltimer (one clock for all SMs) and the
+// SM clock at the kernel's marks (the indexer's selection steps: the first query group's CTAs
+// only), and the last CTA to finish prints, per mark, the earliest and latest CTA and the
+// CTAs' 10th / 50th / 90th percentiles in ns after the earliest entry, and the clock rate it
+// ran at.
 // Without the macro the marks are empty statements. Marks (docs/msa_kernels.md, ninth round):
 //   indexer: 0 entry, 1 group range known, 2 setup done (first tiles requested, fragments;
 //            exact scan: the first block's keys in shared memory), 6 first unit's MMAs (exact
@@ -64,7 +66,22 @@ __device__ __forceinline__ void finish(Table& tb, int cta, int ctas, const char*
       hi = x > hi ? x : hi;
       ++n;
     }
-    if (n > 0) printf("[timeline %s] mark %d: %d ctas, first %llu last %llu\n", name, m, n, lo - t0, hi - t0);
+    if (n == 0) continue;
+    // Percentiles over the CTAs that reached the mark (insertion sort of at most kCtas values).
+    unsigned long long v[kCtas];
+    int k = 0;
+    for (int c = 0; c < ctas && c < kCtas; ++c) {
+      const unsigned long long x = tb.t[c][m];
+      if (x == 0) continue;
+      int j = k++;
+      while (j > 0 && v[j - 1] > x) {
+        v[j] = v[j - 1];
+        --j;
+      }
+      v[j] = x;
+    }
+    printf("[timeline %s] mark %d: %d ctas, first %llu last %llu p10 %llu p50 %llu p90 %llu\n", name, m, n, lo - t0,
+           hi - t0, v[n / 10] - t0, v[n / 2] - t0, v[(9 * n) / 10] - t0);
   }
   for (int c = 0; c < ctas && c < kCtas; ++c) {
     for (int m = 0; m < kMarks; ++m) tb.t[c][m] = 0;
