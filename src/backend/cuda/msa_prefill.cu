@@ -282,19 +282,18 @@ __device__ __forceinline__ int64_t bm_pidx(const BmArgs& a, const BmItem& w, con
 // (tools/wgmma_probe/wgmma_identity_probe.cu), and Q and P are split into bf16 hi + lo in
 // registers exactly as there:
 //   S   = per 16-dim step, hi then lo, over all 128 keys (N = 128) from K in shared memory;
-//   O   = per 16-key step, hi then lo, over 64 dims at a time (N = 64) from V transposed in shared
-//         memory (K-major: the wgmma B operand wants keys contiguous);
+//   O   = per 16-key step, hi then lo, over 64 dims at a time (N = 64) from V in shared memory,
+//         read transposed by an MN-major descriptor (as the dense prefill kernel);
 //   sum = the same steps against a tile of ones (N = 8), as the mma.sync kernel's ones fragment.
 // The fast variant (kHiLo false, batch_invariant == false only): the hi halves alone (Q and P
 // rounded to bf16, half the MMAs) and partials of type PO = bf16 (half the partial bytes).
-// K and V^T are stored as two 128-byte-swizzled halves each ([half][row][128 B]).
+// K and V are stored as two 128-byte-swizzled halves of 64 dims each ([half][key][128 B]).
 constexpr size_t kWgKOff = 0;                        // K: [dim half][key][128 B]
-constexpr size_t kWgVtOff = kWgKOff + 2 * 16384;     // V^T: [key half][dim][128 B]
-constexpr size_t kWgOnesOff = kWgVtOff + 2 * 16384;  // 8 rows x 128 B of bf16 ones
-constexpr size_t kWgQOff = kWgOnesOff + 1024;        // per warp a Q stage (the raw V rows before that)
+constexpr size_t kWgVOff = kWgKOff + 2 * 16384;      // V: [dim half][key][128 B] (read MN-major)
+constexpr size_t kWgOnesOff = kWgVOff + 2 * 16384;   // 8 rows x 128 B of bf16 ones
+constexpr size_t kWgQOff = kWgOnesOff + 1024;        // per warp a Q stage
 constexpr size_t kWgTokOff = kWgQOff + size_t(kWarps) * kQStage;
 constexpr size_t kWgBlockSmem = kWgTokOff + size_t(3) * kItemRows * 4 + 1024;  // + 1024: base alignment
-static_assert(size_t(kUnitKeys) * 256 <= size_t(kWarps) * kQStage, "raw V rows fit the Q stages");
 
 template <bool kHiLo, class PO>
 __global__ void __launch_bounds__(kThreads, 1) bm_block_wg_kernel(BmArgs a) {
@@ -303,8 +302,8 @@ __global__ void __launch_bounds__(kThreads, 1) bm_block_wg_kernel(BmArgs a) {
   int* const tok_s = reinterpret_cast<int*>(smem + kWgTokOff);
   int* const slot_s = tok_s + kItemRows;
   int* const pos_s = slot_s + kItemRows;
-  const uint32_t k_tile0 = smem_u32(smem + kWgKOff), vt_tile0 = smem_u32(smem + kWgVtOff);
-  const uint32_t ones0 = smem_u32(smem + kWgOnesOff), vraw = smem_u32(smem + kWgQOff);
+  const uint32_t k_tile0 = smem_u32(smem + kWgKOff), v_tile0 = smem_u32(smem + kWgVOff);
+  const uint32_t ones0 = smem_u32(smem + kWgOnesOff);
 
   if (int(blockIdx.x) >= a.item_total[0]) return;
   const BmItem w = bm_item(a, a.items[blockIdx.x]);
@@ -312,38 +311,33 @@ __global__ void __launch_bounds__(kThreads, 1) bm_block_wg_kernel(BmArgs a) {
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, gq = lane >> 2, cq = lane & 3;
   const int wg = warp >> 2, w4 = warp & 3;
   const float sl2 = a.scale_log2;
-  // K of the block into its swizzled halves, V rows raw (keys past the sequence's cache are
-  // zero-filled and masked).
+  // K and V of the block into their swizzled halves (keys past the sequence's cache are
+  // zero-filled and masked). V is read transposed by its descriptor (MN-major), as the dense
+  // prefill kernel does: no transpose pass.
   for (int i = tid; i < kUnitKeys * 16; i += kThreads) {
     const int r = i >> 4, ch = i & 15;
     const int64_t elem = bm_kv_elem(a, w, r, ch);
-    cp_async16(k_tile0 + uint32_t((ch >> 3) * 16384 + r * 128 + (((ch & 7) ^ (r & 7)) << 4)), a.k + elem, r < kvis);
-    cp_async16(vraw + uint32_t(r * 256 + ch * 16), a.v + elem, r < kvis);
+    const uint32_t so = uint32_t((ch >> 3) * 16384 + r * 128 + (((ch & 7) ^ (r & 7)) << 4));
+    cp_async16(k_tile0 + so, a.k + elem, r < kvis);
+    cp_async16(v_tile0 + so, a.v + elem, r < kvis);
   }
   cp_async_commit();
   bm_load_tokens(a, w, tok_s, slot_s, pos_s);
-  cp_async_wait<0>();
-  __syncthreads();  // K, the raw V rows and the token list are in
-  // V^T: element (key r, dim d) at [r / 64][d][chunk (r % 64) / 8 ^ (d & 7)], (r % 8) * 2 bytes in.
   {
-    const __nv_bfloat16* vr = reinterpret_cast<const __nv_bfloat16*>(smem + kWgQOff);
-    __nv_bfloat16* vt = reinterpret_cast<__nv_bfloat16*>(smem + kWgVtOff);
-    for (int i = tid; i < kUnitKeys * kHeadDim; i += kThreads) {
-      const int d = i & (kHeadDim - 1), r = i >> 7, kc = r & 63;
-      vt[((r >> 6) * 16384 + d * 128 + (((kc >> 3) ^ (d & 7)) << 4)) / 2 + (kc & 7)] = vr[r * kHeadDim + d];
-    }
     uint32_t* o = reinterpret_cast<uint32_t*>(smem + kWgOnesOff);
     for (int i = tid; i < 256; i += kThreads) o[i] = msa::kBf16OnePair;
   }
-  wgmma::fence_proxy_async();  // this thread's cp.async and st.shared writes, for the async proxy
-  __syncthreads();             // V^T and the ones are in; the raw V rows (Q stages) are free
+  __syncthreads();  // the token list is in
 
   const uint32_t q_stage = smem_u32(smem + kWgQOff + size_t(warp) * kQStage);
   const float* const qs = reinterpret_cast<const float*>(smem + kWgQOff + size_t(warp) * kQStage);
   // Rows past the item are zero-filled: a warpgroup's four warps run every wgmma together.
   auto fetch_q = [&](int mt) { bm_fetch_q(a, w, tok_s, q_stage, mt, lane); };
   const int n_it = (rows + 63) >> 6;  // m64 tiles of the item
-  if (wg < n_it) fetch_q(wg * 4 + w4);
+  if (wg < n_it) fetch_q(wg * 4 + w4);  // its copies in flight with K and V
+  cp_async_wait<0>();
+  wgmma::fence_proxy_async();  // this thread's cp.async and st.shared writes, for the async proxy
+  __syncthreads();             // K, V and the ones are in
   const int kb = w.b * a.bs;
 
 #pragma unroll 1
@@ -353,7 +347,7 @@ __global__ void __launch_bounds__(kThreads, 1) bm_block_wg_kernel(BmArgs a) {
     __syncwarp();  // every lane's Q copies for this m-tile are visible to the warp
     // The tiles' addresses pass an opaque move in every iteration: with the lo halves gone, ptxas
     // hoisted the 25 descriptors out of the loop and spilled them (184 bytes of stack).
-    const uint32_t k_tile = kHiLo ? k_tile0 : opaque_u32(k_tile0), vt_tile = kHiLo ? vt_tile0 : opaque_u32(vt_tile0);
+    const uint32_t k_tile = kHiLo ? k_tile0 : opaque_u32(k_tile0), v_tile = kHiLo ? v_tile0 : opaque_u32(v_tile0);
     const uint32_t ones = kHiLo ? ones0 : opaque_u32(ones0);
     // The lane's Q fragment elements: one base and immediates (ptxas hoisted 32 addresses
     // otherwise, and spilled them, 184 bytes of stack, in the fast variant).
@@ -399,9 +393,9 @@ __global__ void __launch_bounds__(kThreads, 1) bm_block_wg_kernel(BmArgs a) {
       wgmma::fence();
 #pragma unroll
       for (int kk = 0; kk < 8; ++kk) {
-        const uint64_t dv = wgmma::desc_sw128(vt_tile + uint32_t((kk >> 2) * 16384 + dh * 8192 + (kk & 3) * 32));
-        wgmma::WgmmaRS<true, 64>::run(oa, ph[kk], dv);
-        if constexpr (kHiLo) wgmma::WgmmaRS<true, 64>::run(oa, pl[kk], dv);
+        const uint64_t dv = wgmma::desc_sw128_mn(v_tile + uint32_t(dh * 16384 + kk * 2048), 16384);
+        wgmma::WgmmaRS64TransB::run(oa, ph[kk], dv);
+        if constexpr (kHiLo) wgmma::WgmmaRS64TransB::run(oa, pl[kk], dv);
         if (dh == 0) {
           const uint64_t d1 = wgmma::desc_sw128(ones);
           wgmma::WgmmaRS<true, 8>::run(lv, ph[kk], d1);
