@@ -22,6 +22,7 @@
 #include <cuda_bf16.h>
 
 #include <algorithm>
+#include <climits>
 #include <cmath>
 #include <stdexcept>
 #include <string>
@@ -46,7 +47,7 @@ using msa::tile_off;
 constexpr int kWarps = 16;  // of the block kernel: 128 registers per thread
 constexpr int kThreads = kWarps * 32;
 constexpr int kTileRows = 128;  // rows (token x head) of a tile: the unit of the work list
-constexpr int kTilesPerCta = 8;  // tiles of one block per CTA (its K/V loaded once)
+constexpr int kTilesPerCta = 16;  // tiles of one block per CTA (its K/V loaded once)
 constexpr int kMaxTopK = 64;
 constexpr int kMaxGroup = 128;
 constexpr size_t kScratchBytes = size_t(2) << 30;  // partials of one chunk of tokens
@@ -223,21 +224,20 @@ __device__ __forceinline__ int64_t bm_kv_elem(const BmArgs& a, const BmItem& w, 
   return ((w.page * a.bs + (r < w.kvis ? r : 0)) * a.kv_heads + w.g) * kHeadDim + ch * 8;
 }
 // The item's token list: token in chunk, slot of the block among its selections, position.
-__device__ __forceinline__ void bm_load_tokens(const BmArgs& a, const BmItem& w, int* tok_s, int* slot_s, int* pos_s) {
+__device__ __forceinline__ void bm_load_tokens(const BmArgs& a, const BmItem& w, int* ent_s, int* pos_s) {
   for (int i = int(threadIdx.x); i < w.n_tok; i += kThreads) {
     const int e = a.entries[w.begin + w.t_lo + i];
-    tok_s[i] = e >> 6;
-    slot_s[i] = e & 63;
+    ent_s[i] = e;
     pos_s[i] = a.positions[a.c0 + (e >> 6)];
   }
 }
 // The 16 rows of m-tile mt into a warp's Q stage: lane r < 16 finds row r's Q (element offset,
 // -1 past the item: zero-filled), and every lane copies its 16-byte chunk of each row.
-__device__ __forceinline__ void bm_fetch_q(const BmArgs& a, const BmItem& w, const int* tok_s, uint32_t q_stage, int mt,
+__device__ __forceinline__ void bm_fetch_q(const BmArgs& a, const BmItem& w, const int* ent_s, uint32_t q_stage, int mt,
                                            int lane) {
   const int G = a.group, row = mt * 16 + (lane & 15);
   const int64_t mine =
-      row < w.rows ? (int64_t(a.c0 + tok_s[row / G]) * a.q_heads + w.g * G + row % G) * kHeadDim : -1;
+      row < w.rows ? (int64_t(a.c0 + (ent_s[row / G] >> 6)) * a.q_heads + w.g * G + row % G) * kHeadDim : -1;
   const uint32_t dst = q_stage + uint32_t(lane) * 16u;
 #pragma unroll
   for (int r = 0; r < 16; ++r) {
@@ -267,9 +267,10 @@ __device__ __forceinline__ float4 load_quad(const __nv_bfloat16* p) {
 }
 
 // Row r's partial index: [group, token in chunk, slot, head].
-__device__ __forceinline__ int64_t bm_pidx(const BmArgs& a, const BmItem& w, const int* tok_s, const int* slot_s, int r) {
+__device__ __forceinline__ int64_t bm_pidx(const BmArgs& a, const BmItem& w, const int* ent_s, int r) {
   const int ti = r / a.group;
-  return ((int64_t(w.g) * a.n_tok + tok_s[ti]) * a.top_k + slot_s[ti]) * a.group + r % a.group;
+  const int e = ent_s[ti];
+  return ((int64_t(w.g) * a.n_tok + (e >> 6)) * a.top_k + (e & 63)) * a.group + r % a.group;
 }
 
 // The block kernel on wgmma (sm_90a). One work item: the tokens of up to kTilesPerCta tiles that
@@ -293,15 +294,16 @@ constexpr size_t kWgVOff = kWgKOff + 2 * 16384;      // V: [dim half][key][128 B
 constexpr size_t kWgOnesOff = kWgVOff + 2 * 16384;   // 8 rows x 128 B of bf16 ones
 constexpr size_t kWgQOff = kWgOnesOff + 1024;        // per warp a Q stage
 constexpr size_t kWgTokOff = kWgQOff + size_t(kWarps) * kQStage;
-constexpr size_t kWgBlockSmem = kWgTokOff + size_t(3) * kItemRows * 4 + 1024;  // + 1024: base alignment
+constexpr size_t kWgBlockSmem = kWgTokOff + size_t(2) * kItemRows * 4 + 1024;  // + 1024: base alignment
 
 template <bool kHiLo, class PO>
 __global__ void __launch_bounds__(kThreads, 1) bm_block_wg_kernel(BmArgs a) {
   extern __shared__ unsigned char smem_raw[];
-  unsigned char* const smem = wgmma::align_1024(smem_raw);
-  int* const tok_s = reinterpret_cast<int*>(smem + kWgTokOff);
-  int* const slot_s = tok_s + kItemRows;
-  int* const pos_s = slot_s + kItemRows;
+  // Aligned by pointer arithmetic on the shared array (not through an integer, as align_1024):
+  // the compiler then knows every pointer below is shared and loads by LDS, not generic LD.
+  unsigned char* const smem = smem_raw + ((1024u - (smem_u32(smem_raw) & 1023u)) & 1023u);
+  int* const ent_s = reinterpret_cast<int*>(smem + kWgTokOff);  // per token of the item: (token in chunk << 6 | slot)
+  int* const pos_s = ent_s + kItemRows;
   const uint32_t k_tile0 = smem_u32(smem + kWgKOff), v_tile0 = smem_u32(smem + kWgVOff);
   const uint32_t ones0 = smem_u32(smem + kWgOnesOff);
 
@@ -322,7 +324,7 @@ __global__ void __launch_bounds__(kThreads, 1) bm_block_wg_kernel(BmArgs a) {
     cp_async16(v_tile0 + so, a.v + elem, r < kvis);
   }
   cp_async_commit();
-  bm_load_tokens(a, w, tok_s, slot_s, pos_s);
+  bm_load_tokens(a, w, ent_s, pos_s);
   {
     uint32_t* o = reinterpret_cast<uint32_t*>(smem + kWgOnesOff);
     for (int i = tid; i < 256; i += kThreads) o[i] = msa::kBf16OnePair;
@@ -332,7 +334,7 @@ __global__ void __launch_bounds__(kThreads, 1) bm_block_wg_kernel(BmArgs a) {
   const uint32_t q_stage = smem_u32(smem + kWgQOff + size_t(warp) * kQStage);
   const float* const qs = reinterpret_cast<const float*>(smem + kWgQOff + size_t(warp) * kQStage);
   // Rows past the item are zero-filled: a warpgroup's four warps run every wgmma together.
-  auto fetch_q = [&](int mt) { bm_fetch_q(a, w, tok_s, q_stage, mt, lane); };
+  auto fetch_q = [&](int mt) { bm_fetch_q(a, w, ent_s, q_stage, mt, lane); };
   const int n_it = (rows + 63) >> 6;  // m64 tiles of the item
   if (wg < n_it) fetch_q(wg * 4 + w4);  // its copies in flight with K and V
   cp_async_wait<0>();
@@ -353,26 +355,38 @@ __global__ void __launch_bounds__(kThreads, 1) bm_block_wg_kernel(BmArgs a) {
     // otherwise, and spilled them, 184 bytes of stack, in the fast variant).
     const float* const q_lane = qs + (kHiLo ? gq * kQStride + 2 * cq : int(opaque_u32(uint32_t(gq * kQStride + 2 * cq))));
 
-    // S: 16-dim steps ascending, hi then lo (the canonical chain).
+    // S: 16-dim steps ascending, hi then lo (the canonical chain), issued in batches of kSB
+    // steps whose A fragments stay in registers until the batch's wait (one wait per batch, not
+    // per step: the order of the chain, hence its bits, is the same).
+    constexpr int kSB = kHiLo ? 4 : 8;
     float sa[64];
 #pragma unroll
     for (int i = 0; i < 64; ++i) sa[i] = 0.0f;
 #pragma unroll
-    for (int ks = 0; ks < 8; ++ks) {
-      uint32_t qh[4], ql[4];
+    for (int k0 = 0; k0 < 8; k0 += kSB) {
+      uint32_t qh[kSB][4], ql[kSB][4];
 #pragma unroll
-      for (int f = 0; f < 4; ++f) {
-        const float2 x = *reinterpret_cast<const float2*>(q_lane + 8 * (f & 1) * kQStride + ks * 16 + 8 * (f >> 1));
-        msa::split_bf16(x.x, x.y, qh[f], ql[f]);
-      }
-      const uint64_t dk = wgmma::desc_sw128(k_tile + uint32_t((ks >> 2) * 16384 + (ks & 3) * 32));
+      for (int j = 0; j < kSB; ++j)
+#pragma unroll
+        for (int f = 0; f < 4; ++f) {
+          const float2 x =
+              *reinterpret_cast<const float2*>(q_lane + 8 * (f & 1) * kQStride + (k0 + j) * 16 + 8 * (f >> 1));
+          msa::split_bf16(x.x, x.y, qh[j][f], ql[j][f]);
+        }
       wgmma::fence_regs(sa);
       wgmma::fence();
-      wgmma::WgmmaRS<true, 128>::run(sa, qh, dk);
-      if constexpr (kHiLo) wgmma::WgmmaRS<true, 128>::run(sa, ql, dk);
+#pragma unroll
+      for (int j = 0; j < kSB; ++j) {
+        const int ks = k0 + j;
+        const uint64_t dk = wgmma::desc_sw128(k_tile + uint32_t((ks >> 2) * 16384 + (ks & 3) * 32));
+        wgmma::WgmmaRS<true, 128>::run(sa, qh[j], dk);
+        if constexpr (kHiLo) wgmma::WgmmaRS<true, 128>::run(sa, ql[j], dk);
+      }
       wgmma::commit();
       wgmma::wait<0>();
       wgmma::fence_regs(sa);
+      wgmma::fence_regs(qh);
+      if constexpr (kHiLo) wgmma::fence_regs(ql);
     }
     __syncwarp();  // every lane is done reading the stage
     if (m64 + kWarps / 4 < n_it) fetch_q(mt + kWarps);
@@ -380,8 +394,29 @@ __global__ void __launch_bounds__(kThreads, 1) bm_block_wg_kernel(BmArgs a) {
     const int pos0 = r0 < rows ? pos_s[r0 / a.group] : -1, pos1 = r1 < rows ? pos_s[r1 / a.group] : -1;
     float m0, m1;
     uint32_t ph[8][4], pl[8][4];
-    msa::unit_probs([&](int nt, int e) -> float& { return sa[4 * nt + e]; }, kvis, kb, cq, pos0, pos1, sl2, m0, m1, ph, pl);
-    auto pidx = [&](int r) { return bm_pidx(a, w, tok_s, slot_s, r); };
+    auto sv = [&](int nt, int e) -> float& { return sa[4 * nt + e]; };
+    // A full block wholly before every row of the warp's m-tile (most of a prefill's selections:
+    // all but the token's own block) needs no masks; rows past the item are not stored.
+    const bool open0 = r0 >= rows || kb + kUnitKeys - 1 <= pos0, open1 = r1 >= rows || kb + kUnitKeys - 1 <= pos1;
+    if (__all_sync(0xffffffffu, kvis >= kUnitKeys && open0 && open1)) {
+      msa::unit_probs(sv, kUnitKeys, 0, cq, INT_MAX, INT_MAX, sl2, m0, m1, ph, pl);
+    } else {
+      msa::unit_probs(sv, kvis, kb, cq, pos0, pos1, sl2, m0, m1, ph, pl);
+    }
+    // The two rows' partial indices (32-bit: a chunk's partial rows are under kScratchBytes /
+    // 256). The fast variant finds them once per m-tile: per store they cost a division by G and
+    // two token-list loads, redone after every wgmma fence (a quarter of its stall samples). The
+    // canonical kernel, 128 registers with the lo halves, finds them at each use (held, they spill).
+    const int pi0 = kHiLo ? 0 : (r0 < rows ? int(bm_pidx(a, w, ent_s, r0)) : -1);
+    const int pi1 = kHiLo ? 0 : (r1 < rows ? int(bm_pidx(a, w, ent_s, r1)) : -1);
+    auto row_pidx = [&](int h) -> int {
+      if constexpr (kHiLo) {
+        const int r = h ? r1 : r0;
+        return r < rows ? int(bm_pidx(a, w, ent_s, r)) : -1;
+      } else {
+        return h ? pi1 : pi0;
+      }
+    };
     float lv[4] = {0, 0, 0, 0};
 #pragma unroll
     for (int dh = 0; dh < 2; ++dh) {
@@ -408,17 +443,17 @@ __global__ void __launch_bounds__(kThreads, 1) bm_block_wg_kernel(BmArgs a) {
       wgmma::fence_regs(lv);
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        const int r = h ? r1 : r0;
-        if (r >= rows) continue;
-        PO* dst = static_cast<PO*>(a.part_o) + pidx(r) * kHeadDim + 64 * dh;
+        const int pi = row_pidx(h);
+        if (pi < 0) continue;
+        PO* dst = static_cast<PO*>(a.part_o) + int64_t(pi) * kHeadDim + 64 * dh;
 #pragma unroll
         for (int dt = 0; dt < 8; ++dt) store_pair(dst + dt * 8 + 2 * cq, oa[4 * dt + 2 * h], oa[4 * dt + 2 * h + 1]);
       }
     }
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const int r = h ? r1 : r0;
-      if (r < rows && cq == 0) a.part_ml[pidx(r)] = make_float2(h ? m1 : m0, lv[2 * h]);
+      const int pi = row_pidx(h);
+      if (pi >= 0 && cq == 0) a.part_ml[pi] = make_float2(h ? m1 : m0, lv[2 * h]);
     }
   }
 }

@@ -42,6 +42,16 @@ __device__ __forceinline__ void fence_regs(float (&d)[R]) {
   for (int i = 0; i < R; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
 
+// The same for A fragments held in registers across an issue batch (wgmma reads them
+// asynchronously: they must stay put until the batch's wait).
+template <int R>
+__device__ __forceinline__ void fence_regs(uint32_t (&a)[R][4]) {
+#pragma unroll
+  for (int i = 0; i < R; ++i)
+#pragma unroll
+    for (int j = 0; j < 4; ++j) asm volatile("" : "+r"(a[i][j])::"memory");
+}
+
 // d (64 x N fp32 fragment) += A (registers, 16-bit pairs, the m16n8k16 A layout per warp) x B
 // (descriptor, K-major). kBf16: bf16 operands, else f16. N = 8, 32, 64, 96, 128.
 template <bool kBf16, int N>
