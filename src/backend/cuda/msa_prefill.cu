@@ -236,13 +236,14 @@ __device__ __forceinline__ void bm_load_tokens(const BmArgs& a, const BmItem& w,
 __device__ __forceinline__ void bm_fetch_q(const BmArgs& a, const BmItem& w, const int* ent_s, uint32_t q_stage, int mt,
                                            int lane) {
   const int G = a.group, row = mt * 16 + (lane & 15);
-  const int64_t mine =
-      row < w.rows ? (int64_t(a.c0 + (ent_s[row / G] >> 6)) * a.q_heads + w.g * G + row % G) * kHeadDim : -1;
+  // The row's index in q's [tokens x q_heads] rows (32-bit, as the launcher checks): one shuffle
+  // per row, not two.
+  const int mine = row < w.rows ? (a.c0 + (ent_s[row / G] >> 6)) * a.q_heads + w.g * G + row % G : -1;
   const uint32_t dst = q_stage + uint32_t(lane) * 16u;
 #pragma unroll
   for (int r = 0; r < 16; ++r) {
-    const int64_t off = __shfl_sync(0xffffffffu, mine, r);
-    cp_async16(dst + uint32_t(r * kQStride * 4), a.q + (off >= 0 ? off + lane * 4 : 0), off >= 0);
+    const int qr = __shfl_sync(0xffffffffu, mine, r);
+    cp_async16(dst + uint32_t(r * kQStride * 4), a.q + (qr >= 0 ? int64_t(qr) * kHeadDim + lane * 4 : 0), qr >= 0);
   }
   cp_async_commit();
 }
@@ -502,7 +503,7 @@ void block_major(const TensorView& q, const TensorView& k_cache, const TensorVie
                      head_dim == kHeadDim && kv_heads >= 1 && q_heads % kv_heads == 0 &&
                      q_heads / kv_heads <= kMaxGroup && top_k >= 1 && top_k <= kMaxTopK && bs >= 1 &&
                      bs <= kUnitKeys && meta.seq_lens != nullptr && n_keys < (int64_t(1) << 24) &&
-                     tokens < (int64_t(1) << 24);
+                     tokens < (int64_t(1) << 24) && tokens * q_heads < (int64_t(1) << 31);
   if (!tuned) return launch_msa_attention(q, k_cache, v_cache, meta, selected, top_k, out);
 
   BmArgs a{};
@@ -531,7 +532,11 @@ void block_major(const TensorView& q, const TensorView& k_cache, const TensorVie
   const size_t po_bytes = hilo ? 4 : 2;
   const size_t per_token =
       size_t(kv_heads) * size_t(top_k) * (size_t(a.group) * (kHeadDim * po_bytes + 8) + 12) + size_t(kv_heads) * 4;
-  const int64_t chunk = std::clamp<int64_t>(int64_t(kScratchBytes / per_token), 1, tokens);
+  // Chunks of equal size: a short last chunk (8K tokens with bf16 partials were 7930 + 262) pays
+  // an item per selected block for a few tokens each.
+  const int64_t max_chunk = std::clamp<int64_t>(int64_t(kScratchBytes / per_token), 1, tokens);
+  const int64_t n_chunks = (tokens + max_chunk - 1) / max_chunk;
+  const int64_t chunk = (tokens + n_chunks - 1) / n_chunks;
   const int64_t max_items = (chunk * kv_heads * top_k) / (int64_t(a.tile_tokens) * kTilesPerCta) + n_keys + 1;
   auto align = [](size_t x) { return (x + 255) & ~size_t(255); };
   const size_t sel_n = size_t(chunk) * kv_heads * top_k;
