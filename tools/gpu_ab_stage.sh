@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# Stages an A/B run for the GPU machine (tools/gpu_ab.sh runs it there, in one device call):
+# builds of one benchmark program under labels, and test binaries to run once after them, with
+# the host libraries they need, into .dev/ab and the archive .dev/ab.tar.xz (git-ignored: carry
+# the archive).
+#   tools/gpu_ab_stage.sh LABEL=BINARY [LABEL=BINARY ...] [--parity BINARY ...]
+# Labels: letters, digits, '_' and '-'; the first one is the base the others are compared with.
+# A base build of an older commit, e.g.:
+#   git worktree add /tmp/base HEAD~1 && cmake -S /tmp/base -B /tmp/base/build -DCMAKE_BUILD_TYPE=Release \
+#     && cmake --build /tmp/base/build -j2 --target msa_bench
+#   tools/gpu_ab_stage.sh head=/tmp/base/build/msa_bench new=build/msa_bench \
+#     --parity build/tests/kernels/cuda_msa/kernels_cuda_msa
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+stage=$root/.dev/ab
+usage() { echo "usage: tools/gpu_ab_stage.sh LABEL=BINARY [LABEL=BINARY ...] [--parity BINARY ...]" >&2; exit 2; }
+(( $# > 0 )) || usage
+rm -rf "$stage"
+mkdir -p "$stage/bin" "$stage/parity" "$stage/lib"
+: > "$stage/labels"
+while (( $# > 0 )); do
+  if [[ $1 == --parity ]]; then
+    (( $# > 1 )) || usage
+    [[ -x $2 && -f $2 ]] || { echo "gpu_ab_stage: $2 is not an executable file" >&2; exit 2; }
+    cp "$2" "$stage/parity/"
+    shift 2
+    continue
+  fi
+  [[ $1 == *=* ]] || usage
+  label=${1%%=*} bin=${1#*=}
+  [[ $label =~ ^[A-Za-z0-9_-]+$ ]] || { echo "gpu_ab_stage: label '$label': letters, digits, _ and - only" >&2; exit 2; }
+  [[ ! -e $stage/bin/$label ]] || { echo "gpu_ab_stage: label '$label' given twice" >&2; exit 2; }
+  [[ -x $bin && -f $bin ]] || { echo "gpu_ab_stage: $bin is not an executable file" >&2; exit 2; }
+  cp "$bin" "$stage/bin/$label"
+  echo "$label" >> "$stage/labels"
+  shift
+done
+[[ -s $stage/labels ]] || usage
+for f in "$stage"/bin/* "$stage"/parity/*; do
+  [[ -f $f ]] && { strip --strip-debug "$f" 2>/dev/null || true; }  # scripts stay as they are
+done
+# Host libraries that are not part of a bare CUDA image (as tools/gpu_stage.sh).
+for f in "$stage"/bin/* "$stage"/parity/*; do
+  [[ -f $f ]] || continue
+  ldd "$f" 2>/dev/null | awk '/=> \// {print $3}' | grep -E 'openblas|gfortran|quadmath|pcre2|libgomp|httplib|brotli' || true
+done | sort -u | while read -r lib; do cp -L "$lib" "$stage/lib/"; done
+tar -C "$root/.dev" -cJf "$root/.dev/ab.tar.xz" ab
+# The device tool carries at most 64 MiB with the tracked tree.
+echo "gpu_ab_stage: labels $(paste -sd' ' "$stage/labels"); archive $(du -h "$root/.dev/ab.tar.xz" | cut -f1)" \
+  "(carry .dev/ab.tar.xz; with the tree it must stay under 64 MiB)"
