@@ -37,4 +37,4 @@ if (( ${#files[@]} > 0 )); then
   cat "$out/ab_summary.txt"
 fi
 echo "gpu_ab: overall status $status"
-exit $status
+exit "$status"
