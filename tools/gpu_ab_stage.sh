@@ -39,11 +39,8 @@ done
 for f in "$stage"/bin/* "$stage"/parity/*; do
   [[ -f $f ]] && { strip --strip-debug "$f" 2>/dev/null || true; }  # scripts stay as they are
 done
-# Host libraries that are not part of a bare CUDA image (as tools/gpu_stage.sh).
-for f in "$stage"/bin/* "$stage"/parity/*; do
-  [[ -f $f ]] || continue
-  ldd "$f" 2>/dev/null | awk '/=> \// {print $3}' | grep -E 'openblas|gfortran|quadmath|pcre2|libgomp|httplib|brotli' || true
-done | sort -u | while read -r lib; do cp -L "$lib" "$stage/lib/"; done
+source "$root/tools/gpu_stage_libs.sh"
+stage_host_libs "$stage/lib" "$stage"/bin/* "$stage"/parity/*
 tar -C "$root/.dev" -cJf "$root/.dev/ab.tar.xz" ab
 # The device tool carries at most 64 MiB with the tracked tree.
 echo "gpu_ab_stage: labels $(paste -sd' ' "$stage/labels"); archive $(du -h "$root/.dev/ab.tar.xz" | cut -f1)" \

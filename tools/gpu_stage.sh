@@ -20,11 +20,8 @@ for t in "${targets[@]}"; do
   cp "$bin" "$stage/"
   strip --strip-debug "$stage/$t"
 done
-# Host libraries that are not part of a bare CUDA image.
-for bin in "$stage"/*; do
-  [[ -f $bin ]] || continue
-  ldd "$bin" | awk '/=> \// {print $3}' | grep -E 'openblas|gfortran|quadmath|pcre2|libgomp|httplib|brotli' || true
-done | sort -u | while read -r lib; do cp -L "$lib" "$stage/lib/"; done
+source "$root/tools/gpu_stage_libs.sh"
+stage_host_libs "$stage/lib" "$stage"/*
 # The device tool carries at most 64 MiB: ship one xz archive (gpu_check.sh unpacks it).
 tar -C "$root/.dev" -cJf "$root/.dev/gpu.tar.xz" gpu
 du -sh "$stage" "$root/.dev/gpu.tar.xz"
