@@ -254,17 +254,42 @@ __device__ __forceinline__ uint32_t opaque_u32(uint32_t x) {
   return y;
 }
 
-// A partial's P.V pair: fp32 (canonical), or rounded to bf16 (the fast variant's partials:
-// half the bytes the block kernel writes and the merge reads).
+// A canonical partial's P.V pair (fp32). The fast variant's partials are bf16 (half the bytes the
+// block kernel writes and the merge reads), stored 16 bytes at a time after quad_transpose_pairs.
 __device__ __forceinline__ void store_pair(float* p, float x, float y) { *reinterpret_cast<float2*>(p) = make_float2(x, y); }
-__device__ __forceinline__ void store_pair(__nv_bfloat16* p, float x, float y) {
-  *reinterpret_cast<__nv_bfloat162*>(p) = __floats2bfloat162_rn(x, y);
-}
 __device__ __forceinline__ float4 load_quad(const float* p) { return __ldcg(reinterpret_cast<const float4*>(p)); }
 __device__ __forceinline__ float4 load_quad(const __nv_bfloat16* p) {
   const uint2 u = __ldcg(reinterpret_cast<const uint2*>(p));
   return make_float4(__uint_as_float(u.x << 16), __uint_as_float(u.x & 0xffff0000u), __uint_as_float(u.y << 16),
                      __uint_as_float(u.y & 0xffff0000u));
+}
+
+__device__ __forceinline__ uint32_t pack_bf16x2(float x, float y) {
+  const __nv_bfloat162 b = __floats2bfloat162_rn(x, y);
+  return *reinterpret_cast<const uint32_t*>(&b);
+}
+// A quad's row of 32 bf16 pairs, lane c holding pairs 4 dt + c (dt = 0..7, the m16n8 fragment's
+// order), regathered so that lane c holds pairs 4 c .. 4 c + 3 in v[0..3] and 16 + 4 c .. in
+// v[4..7]: a warp's 16-byte store then writes 64 contiguous bytes (two whole sectors) of each of
+// its 8 rows, where the fragment's 4-byte stores wrote 16 bytes of each. Two 4 x 4 transposes
+// (v[0..3] and v[4..7]), each two rounds of exchanges with the lane 2 and then 1 apart.
+__device__ __forceinline__ void quad_transpose_pairs(uint32_t (&v)[8], int cq) {
+#pragma unroll
+  for (int g = 0; g < 2; ++g) {
+#pragma unroll
+    for (int bit = 1; bit >= 0; --bit) {
+      const int m = 1 << bit;
+      const bool b = (cq >> bit) & 1;
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        const int lo = bit ? i : 2 * i;  // the element pair (lo, lo + m) differs in `bit`
+        uint32_t& elo = v[4 * g + lo];
+        uint32_t& ehi = v[4 * g + lo + m];
+        const uint32_t r = __shfl_xor_sync(0xffffffffu, b ? elo : ehi, m);
+        if (b) elo = r; else ehi = r;
+      }
+    }
+  }
 }
 
 // Row r's partial index: [group, token in chunk, slot, head].
@@ -445,10 +470,24 @@ __global__ void __launch_bounds__(kThreads, 1) bm_block_wg_kernel(BmArgs a) {
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const int pi = row_pidx(h);
-        if (pi < 0) continue;
-        PO* dst = static_cast<PO*>(a.part_o) + int64_t(pi) * kHeadDim + 64 * dh;
+        if constexpr (sizeof(PO) == 2) {
+          // bf16: the quad's row regathered so that each 16-byte store writes whole sectors (the
+          // fragment's 4-byte stores wrote half sectors: twice the L2 store transactions).
+          uint32_t v[8];
 #pragma unroll
-        for (int dt = 0; dt < 8; ++dt) store_pair(dst + dt * 8 + 2 * cq, oa[4 * dt + 2 * h], oa[4 * dt + 2 * h + 1]);
+          for (int dt = 0; dt < 8; ++dt) v[dt] = pack_bf16x2(oa[4 * dt + 2 * h], oa[4 * dt + 2 * h + 1]);
+          quad_transpose_pairs(v, cq);  // every lane of the warp, before the row test
+          if (pi < 0) continue;
+          PO* dst = static_cast<PO*>(a.part_o) + int64_t(pi) * kHeadDim + 64 * dh + 8 * cq;
+          *reinterpret_cast<uint4*>(dst) = make_uint4(v[0], v[1], v[2], v[3]);
+          *reinterpret_cast<uint4*>(dst + 32) = make_uint4(v[4], v[5], v[6], v[7]);
+        } else {
+          // fp32: a 4-lane group's 8-byte stores already cover one whole sector of the row.
+          if (pi < 0) continue;
+          PO* dst = static_cast<PO*>(a.part_o) + int64_t(pi) * kHeadDim + 64 * dh;
+#pragma unroll
+          for (int dt = 0; dt < 8; ++dt) store_pair(dst + dt * 8 + 2 * cq, oa[4 * dt + 2 * h], oa[4 * dt + 2 * h + 1]);
+        }
       }
     }
 #pragma unroll
