@@ -2,8 +2,8 @@
 // <= 128). The selections {token -> blocks} of a chunk of tokens are inverted into
 // {(KV group, sequence, block) -> tokens} by a counting sort; each CTA loads one selected
 // block's K and V into shared memory once and attends the tokens of up to 16 (canonical) or 32
-// (fast variant) 128-row tiles that chose it (16 warps, each running its own 16-row m-tiles with the next one's Q prefetched per warp),
-// writing per (token, head, selected block) a partial (max, sum, P.V); a merge kernel folds
+// (fast variant) 128-row tiles that chose it (16 warps, each running its own 16-row m-tiles
+// with the next one's Q prefetched per warp), writing per (token, head, selected block) a partial (max, sum, P.V); a merge kernel folds
 // each row's partials in ascending block order.
 //
 // The unit partial is the canonical one of msa_decode.cu instruction for instruction (S by
@@ -387,9 +387,6 @@ __global__ void __launch_bounds__(kThreads, 1) bm_block_wg_kernel(BmArgs a) {
     // otherwise, and spilled them, 184 bytes of stack, in the fast variant).
     const float* const q_lane = qs + (kHiLo ? gq * kQStride + 2 * cq : int(opaque_u32(uint32_t(gq * kQStride + 2 * cq))));
 
-    // S: 16-dim steps ascending, hi then lo (the canonical chain), issued in batches of kSB
-    // steps whose A fragments stay in registers until the batch's wait (one wait per batch, not
-    // per step: the order of the chain, hence its bits, is the same).
     // The fast variant's items hold twice the tokens (the token list fills both arrays): the rows'
     // positions come from global memory, requested before S so that S covers their latency.
     int pos_pre0 = 0, pos_pre1 = 0;
@@ -398,6 +395,9 @@ __global__ void __launch_bounds__(kThreads, 1) bm_block_wg_kernel(BmArgs a) {
       pos_pre0 = q0 < rows ? __ldg(a.positions + a.c0 + (ent_s[q0 / a.group] >> 6)) : -1;
       pos_pre1 = q1 < rows ? __ldg(a.positions + a.c0 + (ent_s[q1 / a.group] >> 6)) : -1;
     }
+    // S: 16-dim steps ascending, hi then lo (the canonical chain), issued in batches of kSB
+    // steps whose A fragments stay in registers until the batch's wait (one wait per batch, not
+    // per step: the order of the chain, hence its bits, is the same).
     constexpr int kSB = kHiLo ? 4 : 8;
     float sa[64];
 #pragma unroll
