@@ -3,8 +3,8 @@
 // {(KV group, sequence, block) -> tokens} by a counting sort; each CTA loads one selected
 // block's K and V into shared memory once and attends the tokens of up to 16 (canonical) or 32
 // (fast variant) 128-row tiles that chose it (16 warps, each running its own 16-row m-tiles
-// with the next one's Q prefetched per warp), writing per (token, head, selected block) a partial (max, sum, P.V); a merge kernel folds
-// each row's partials in ascending block order.
+// with the next one's Q prefetched per warp), writing per (token, head, selected block) a
+// partial (max, sum, P.V); a merge kernel folds each row's partials in ascending block order.
 //
 // The unit partial is the canonical one of msa_decode.cu instruction for instruction (S by
 // one MMA chain over the k-steps with Q's bf16 hi then lo half, masked, the unit's row max,
@@ -431,14 +431,9 @@ __global__ void __launch_bounds__(kThreads, 1) bm_block_wg_kernel(BmArgs a) {
     __syncwarp();  // every lane is done reading the stage
     if (m64 + kWarps / 4 < n_it) fetch_q(mt + kWarps);
     const int r0 = mt * 16 + gq, r1 = r0 + 8;
-    int pos0, pos1;
-    if constexpr (kHiLo) {
-      pos0 = r0 < rows ? pos_s[r0 / a.group] : -1;
-      pos1 = r1 < rows ? pos_s[r1 / a.group] : -1;
-    } else {
-      pos0 = pos_pre0;
-      pos1 = pos_pre1;
-    }
+    // The canonical kernel reads its rows' positions here, after S (held across S they spill).
+    const int pos0 = kHiLo ? (r0 < rows ? pos_s[r0 / a.group] : -1) : pos_pre0;
+    const int pos1 = kHiLo ? (r1 < rows ? pos_s[r1 / a.group] : -1) : pos_pre1;
     float m0, m1;
     uint32_t ph[8][4], pl[8][4];
     auto sv = [&](int nt, int e) -> float& { return sa[4 * nt + e]; };
@@ -598,7 +593,11 @@ void block_major(const TensorView& q, const TensorView& k_cache, const TensorVie
   const int64_t n_chunks = (tokens + max_chunk - 1) / max_chunk;
   const int64_t chunk = (tokens + n_chunks - 1) / n_chunks;
   a.tiles_per_item = hilo ? kTilesPerCta : 2 * kTilesPerCta;
-  const int64_t max_items = (chunk * kv_heads * top_k) / (int64_t(a.tile_tokens) * a.tiles_per_item) + n_keys + 1;
+  // Work items of a chunk of n tokens, at most: full items plus one partial item per key.
+  auto items_for = [&](int64_t n) {
+    return (n * kv_heads * top_k) / (int64_t(a.tile_tokens) * a.tiles_per_item) + n_keys + 1;
+  };
+  const int64_t max_items = items_for(chunk);
   auto align = [](size_t x) { return (x + 255) & ~size_t(255); };
   const size_t sel_n = size_t(chunk) * kv_heads * top_k;
   const size_t part_rows = sel_n * a.group;
@@ -646,8 +645,7 @@ void block_major(const TensorView& q, const TensorView& k_cache, const TensorVie
     bm_rank_count<<<unsigned((int64_t(n_sel) * 32 + kRankThreads - 1) / kRankThreads), kRankThreads, 0, stream>>>(a);
     bm_scan<<<1, kScanThreads, 0, stream>>>(a);
     bm_scatter<<<unsigned((int64_t(n_sel) * top_k + 255) / 256), 256, 0, stream>>>(a);
-    const int64_t items = (int64_t(a.n_tok) * kv_heads * top_k) / (int64_t(a.tile_tokens) * a.tiles_per_item) + n_keys + 1;
-    block_kernel<<<unsigned(items), kThreads, block_smem, stream>>>(a);
+    block_kernel<<<unsigned(items_for(a.n_tok)), kThreads, block_smem, stream>>>(a);
     const int64_t merge_threads = int64_t(a.n_tok) * kv_heads * a.group * 32;
     merge_kernel<<<unsigned((merge_threads + 255) / 256), 256, 0, stream>>>(a);
   }
