@@ -264,11 +264,6 @@ __device__ __forceinline__ uint32_t opaque_u32(uint32_t x) {
 // block kernel writes and the merge reads), stored 16 bytes at a time after quad_transpose_pairs.
 __device__ __forceinline__ void store_pair(float* p, float x, float y) { *reinterpret_cast<float2*>(p) = make_float2(x, y); }
 __device__ __forceinline__ float4 load_quad(const float* p) { return __ldcg(reinterpret_cast<const float4*>(p)); }
-__device__ __forceinline__ float4 load_quad(const __nv_bfloat16* p) {
-  const uint2 u = __ldcg(reinterpret_cast<const uint2*>(p));
-  return make_float4(__uint_as_float(u.x << 16), __uint_as_float(u.x & 0xffff0000u), __uint_as_float(u.y << 16),
-                     __uint_as_float(u.y & 0xffff0000u));
-}
 
 __device__ __forceinline__ uint32_t pack_bf16x2(float x, float y) {
   const __nv_bfloat162 b = __floats2bfloat162_rn(x, y);
@@ -514,8 +509,8 @@ __global__ void __launch_bounds__(kThreads, 1) bm_block_wg_kernel(BmArgs a) {
   }
 }
 
-// Per (token, head): the canonical fold of its partials in ascending block order.
-template <class PO>
+// Per (token, head): the canonical fold of its fp32 partials in ascending block order; 32
+// threads per row, 4 dims (16 bytes of each partial) per thread.
 __global__ void bm_merge(BmArgs a) {
   const int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   const int G = a.group;
@@ -529,7 +524,7 @@ __global__ void bm_merge(BmArgs a) {
   for (int k = 0; k < n; ++k) {
     const int64_t pidx = ((int64_t(g) * a.n_tok + tr) * a.top_k + k) * G + hh;
     const float2 ml = __ldcg(&a.part_ml[pidx]);
-    const float4 o = load_quad(static_cast<const PO*>(a.part_o) + pidx * kHeadDim + d);
+    const float4 o = load_quad(static_cast<const float*>(a.part_o) + pidx * kHeadDim + d);
     const msa::FoldScale f = msa::fold_scale(M, ml.x, sl2);
     L = msa::fold_val(L, f, ml.y);
     O[0] = msa::fold_val(O[0], f, o.x);
@@ -540,6 +535,56 @@ __global__ void bm_merge(BmArgs a) {
   float* dst = a.out + (int64_t(a.c0 + tr) * a.q_heads + g * G + hh) * kHeadDim + d;
   *reinterpret_cast<float4*>(dst) = make_float4(msa::finish(O[0], L), msa::finish(O[1], L), msa::finish(O[2], L),
                                                 msa::finish(O[3], L));
+}
+
+// The fast variant's merge (bf16 partials): the same fold, 16 threads per row and 8 dims (16
+// bytes of each partial) per thread, kMergeBatch partials' loads in flight before their folds.
+// (32 threads of 8 bytes, one partial at a time, read at ~56 % of the DRAM peak: twice the load
+// instructions per byte of the fp32 merge.) Batches of 2 (40 registers against 56) measured 3 %
+// faster than 4 and have not had their own parity run yet (docs/msa_kernels.md, twenty-second
+// round); 8 (79 registers) sat between the two.
+constexpr int kMergeBatch = 4;
+__global__ void bm_merge_bf16(BmArgs a) {
+  const int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int G = a.group;
+  if (idx >= int64_t(a.n_tok) * a.kv_heads * G * 16) return;
+  const int d = int(idx & 15) * 8;
+  const int64_t row = idx >> 4;  // (token in chunk, group, head)
+  const int hh = int(row % G), g = int((row / G) % a.kv_heads), tr = int(row / (int64_t(G) * a.kv_heads));
+  const int n = a.n_valid[tr * a.kv_heads + g];
+  const float sl2 = a.scale_log2;
+  const int64_t pbase = (int64_t(g) * a.n_tok + tr) * a.top_k * G + hh;
+  const __nv_bfloat16* po = static_cast<const __nv_bfloat16*>(a.part_o);
+  float M = -INFINITY, L = 0.0f, O[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  for (int k0 = 0; k0 < n; k0 += kMergeBatch) {
+    float2 ml[kMergeBatch];
+    uint4 o[kMergeBatch];
+    // Past n the loads repeat the last partial (predicated by clamping: an early `break` out of
+    // the unrolled loop raised the registers, 56 -> 91 in a 32-thread form).
+#pragma unroll
+    for (int j = 0; j < kMergeBatch; ++j) {
+      const int64_t pidx = pbase + int64_t(min(k0 + j, n - 1)) * G;
+      ml[j] = __ldcg(&a.part_ml[pidx]);
+      o[j] = __ldcg(reinterpret_cast<const uint4*>(po + pidx * kHeadDim + d));
+    }
+#pragma unroll
+    for (int j = 0; j < kMergeBatch; ++j) {
+      if (k0 + j >= n) continue;
+      const msa::FoldScale f = msa::fold_scale(M, ml[j].x, sl2);
+      L = msa::fold_val(L, f, ml[j].y);
+      const uint32_t w[4] = {o[j].x, o[j].y, o[j].z, o[j].w};
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        O[2 * i] = msa::fold_val(O[2 * i], f, __uint_as_float(w[i] << 16));
+        O[2 * i + 1] = msa::fold_val(O[2 * i + 1], f, __uint_as_float(w[i] & 0xffff0000u));
+      }
+    }
+  }
+  float* dst = a.out + (int64_t(a.c0 + tr) * a.q_heads + g * G + hh) * kHeadDim + d;
+  *reinterpret_cast<float4*>(dst) = make_float4(msa::finish(O[0], L), msa::finish(O[1], L), msa::finish(O[2], L),
+                                                msa::finish(O[3], L));
+  *reinterpret_cast<float4*>(dst + 4) = make_float4(msa::finish(O[4], L), msa::finish(O[5], L), msa::finish(O[6], L),
+                                                    msa::finish(O[7], L));
 }
 
 }  // namespace
@@ -634,7 +679,6 @@ void block_major(const TensorView& q, const TensorView& k_cache, const TensorVie
   a.max_items = int(max_items);
   const cudaStream_t stream = current_stream();
   const auto block_kernel = hilo ? bm_block_wg_kernel<true, float> : bm_block_wg_kernel<false, __nv_bfloat16>;
-  const auto merge_kernel = hilo ? bm_merge<float> : bm_merge<__nv_bfloat16>;
   const size_t block_smem = kWgBlockSmem;
   M3_CUDA_CHECK(cudaFuncSetAttribute(block_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(block_smem)));
   for (int64_t c0 = 0; c0 < tokens; c0 += chunk) {
@@ -646,8 +690,8 @@ void block_major(const TensorView& q, const TensorView& k_cache, const TensorVie
     bm_scan<<<1, kScanThreads, 0, stream>>>(a);
     bm_scatter<<<unsigned((int64_t(n_sel) * top_k + 255) / 256), 256, 0, stream>>>(a);
     block_kernel<<<unsigned(items_for(a.n_tok)), kThreads, block_smem, stream>>>(a);
-    const int64_t merge_threads = int64_t(a.n_tok) * kv_heads * a.group * 32;
-    merge_kernel<<<unsigned((merge_threads + 255) / 256), 256, 0, stream>>>(a);
+    const int64_t merge_threads = int64_t(a.n_tok) * kv_heads * a.group * (hilo ? 32 : 16);
+    (hilo ? bm_merge : bm_merge_bf16)<<<unsigned((merge_threads + 255) / 256), 256, 0, stream>>>(a);
   }
   M3_CUDA_CHECK_LAUNCH();
 }
