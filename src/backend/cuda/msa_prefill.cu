@@ -489,9 +489,12 @@ __global__ void __launch_bounds__(kThreads, 1) bm_block_wg_kernel(BmArgs a) {
           for (int dt = 0; dt < 8; ++dt) v[dt] = pack_bf16x2(oa[4 * dt + 2 * h], oa[4 * dt + 2 * h + 1]);
           quad_transpose_pairs(v, cq);  // every lane of the warp, before the row test
           if (pi < 0) continue;
+          // Streaming (evict-first) stores: the merge reads each row once, and the Q rows and K/V
+          // blocks the next items read stay in L2 (8K attention -1.2 %, 32K -0.9 %; no gain for
+          // the canonical kernel's fp32 rows).
           PO* dst = static_cast<PO*>(a.part_o) + int64_t(pi) * kHeadDim + 64 * dh + 8 * cq;
-          *reinterpret_cast<uint4*>(dst) = make_uint4(v[0], v[1], v[2], v[3]);
-          *reinterpret_cast<uint4*>(dst + 32) = make_uint4(v[4], v[5], v[6], v[7]);
+          __stcs(reinterpret_cast<uint4*>(dst), make_uint4(v[0], v[1], v[2], v[3]));
+          __stcs(reinterpret_cast<uint4*>(dst + 32), make_uint4(v[4], v[5], v[6], v[7]));
         } else {
           // fp32: a 4-lane group's 8-byte stores already cover one whole sector of the row.
           if (pi < 0) continue;
@@ -504,7 +507,10 @@ __global__ void __launch_bounds__(kThreads, 1) bm_block_wg_kernel(BmArgs a) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int pi = row_pidx(h);
-      if (pi >= 0 && cq == 0) a.part_ml[pi] = make_float2(h ? m1 : m0, lv[2 * h]);
+      if (pi >= 0 && cq == 0) {
+        if constexpr (kHiLo) a.part_ml[pi] = make_float2(h ? m1 : m0, lv[2 * h]);
+        else __stcs(&a.part_ml[pi], make_float2(h ? m1 : m0, lv[2 * h]));  // streaming, as the rows
+      }
     }
   }
 }
@@ -540,14 +546,14 @@ __global__ void bm_merge(BmArgs a) {
 // The fast variant's merge (bf16 partials): the same fold, 16 threads per row and 8 dims (16
 // bytes of each partial) per thread, kMergeBatch partials' loads in flight before their folds.
 // (32 threads of 8 bytes, one partial at a time, read at ~56 % of the DRAM peak: twice the load
-// instructions per byte of the fp32 merge.) Batches of 2 (40 registers against 56) measured 3 %
-// faster than 4 and have not had their own parity run yet (docs/msa_kernels.md, twenty-second
-// round); 8 (79 registers) sat between the two.
-constexpr int kMergeBatch = 4;
+// instructions per byte of the fp32 merge.) Batches of 2 (40 registers) beat 4 (56) by 3 % and 8
+// (79) sat between (docs/msa_kernels.md, twenty-second and twenty-third rounds). The fp32 merge
+// keeps one partial at a time: the same batched form made it 2.4-3.1 % slower.
+constexpr int kMergeBatch = 2;
 __global__ void bm_merge_bf16(BmArgs a) {
   const int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   const int G = a.group;
-  if (idx >= int64_t(a.n_tok) * a.kv_heads * G * 16) return;
+  if (idx >= (int64_t(a.n_tok) * a.kv_heads * G << 4)) return;
   const int d = int(idx & 15) * 8;
   const int64_t row = idx >> 4;  // (token in chunk, group, head)
   const int hh = int(row % G), g = int((row / G) % a.kv_heads), tr = int(row / (int64_t(G) * a.kv_heads));
@@ -555,7 +561,9 @@ __global__ void bm_merge_bf16(BmArgs a) {
   const float sl2 = a.scale_log2;
   const int64_t pbase = (int64_t(g) * a.n_tok + tr) * a.top_k * G + hh;
   const __nv_bfloat16* po = static_cast<const __nv_bfloat16*>(a.part_o);
-  float M = -INFINITY, L = 0.0f, O[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  float M = -INFINITY, L = 0.0f, O[8];
+#pragma unroll
+  for (int i = 0; i < 8; ++i) O[i] = 0.0f;
   for (int k0 = 0; k0 < n; k0 += kMergeBatch) {
     float2 ml[kMergeBatch];
     uint4 o[kMergeBatch];
@@ -581,10 +589,10 @@ __global__ void bm_merge_bf16(BmArgs a) {
     }
   }
   float* dst = a.out + (int64_t(a.c0 + tr) * a.q_heads + g * G + hh) * kHeadDim + d;
-  *reinterpret_cast<float4*>(dst) = make_float4(msa::finish(O[0], L), msa::finish(O[1], L), msa::finish(O[2], L),
-                                                msa::finish(O[3], L));
-  *reinterpret_cast<float4*>(dst + 4) = make_float4(msa::finish(O[4], L), msa::finish(O[5], L), msa::finish(O[6], L),
-                                                    msa::finish(O[7], L));
+#pragma unroll
+  for (int i = 0; i < 8; i += 4)
+    *reinterpret_cast<float4*>(dst + i) = make_float4(msa::finish(O[i], L), msa::finish(O[i + 1], L),
+                                                      msa::finish(O[i + 2], L), msa::finish(O[i + 3], L));
 }
 
 }  // namespace
