@@ -1,10 +1,10 @@
 // KV-block-major MSA sparse attention for prefill (BF16 KV cache, head_dim 128, block size
 // <= 128). The selections {token -> blocks} of a chunk of tokens are inverted into
 // {(KV group, sequence, block) -> tokens} by a counting sort; each CTA loads one selected
-// block's K and V into shared memory once and attends the tokens of up to 16 (canonical) or 32
-// (fast variant) 128-row tiles that chose it (16 warps, each running its own 16-row m-tiles
-// with the next one's Q prefetched per warp), writing per (token, head, selected block) a
-// partial (max, sum, P.V); a merge kernel folds each row's partials in ascending block order.
+// block's K and V into shared memory once and attends the tokens of up to 16 128-row tiles that
+// chose it (warps each running their own 16-row m-tiles with the next one's Q prefetched per
+// warp), writing per (token, head, selected block) a partial (max, sum, P.V); a merge kernel
+// folds each row's partials in ascending block order.
 //
 // The unit partial is the canonical one of msa_decode.cu instruction for instruction (S by
 // one MMA chain over the k-steps with Q's bf16 hi then lo half, masked, the unit's row max,
@@ -13,8 +13,10 @@
 // bit-identical to the query-major and decode paths: the entry is batch-invariant.
 //
 // The block kernel runs on wgmma (bm_block_wg_kernel), with the same fragments and MMA order,
-// hence the same bits. The fast variant (not batch-invariant) drops the lo halves and writes
-// bf16 partials.
+// hence the same bits. The fast variant (not batch-invariant) drops the lo halves, writes bf16
+// partials, and stages Q rounded to bf16 (rank-and-count writes the chunk's copy): its CTAs of 8
+// warps take half the shared memory, two per SM, so one's item prologue overlaps the other's
+// MMAs (the canonical kernel: 16 warps, fp32 Q stages, one CTA per SM).
 //
 // Launches per chunk of tokens (the partials of a chunk stay under kScratchBytes): a memset
 // of the counts, rank-and-count, one-CTA scan (entry offsets and the work list), scatter,
@@ -44,8 +46,9 @@ using msa::kUnitKeys;
 using msa::smem_u32;
 using msa::tile_off;
 
-constexpr int kWarps = 16;  // of the block kernel: 128 registers per thread
+constexpr int kWarps = 16;  // of the canonical block kernel: 128 registers per thread, one CTA per SM
 constexpr int kThreads = kWarps * 32;
+constexpr int kFastWarps = 8;  // of the fast one: two CTAs per SM (bf16 Q stages), same warps per SM
 constexpr int kTileRows = 128;  // rows (token x head) of a tile: the unit of the work list
 constexpr int kTilesPerCta = 16;  // tiles of one block per CTA (its K/V loaded once)
 constexpr int kMaxTopK = 64;
@@ -55,6 +58,7 @@ constexpr int kScanThreads = 1024;
 
 struct BmArgs {
   const float* q;  // [tokens, q_heads, 128]
+  __nv_bfloat16* qb;  // fast variant: the chunk's Q rounded to bf16 [chunk tokens, q_heads, 128] (bm_rank_count)
   float* out;
   const __nv_bfloat16* k;  // [slots, kv_heads, 128]
   const __nv_bfloat16* v;
@@ -75,8 +79,8 @@ struct BmArgs {
   float2* part_ml;  // [kv, chunk tokens, top_k, group]
   int num_seqs, num_tokens, max_blocks, bs, q_heads, kv_heads, group, top_k, tile_tokens;
   int c0, n_tok;    // the chunk: tokens [c0, c0 + n_tok)
-  int tiles_per_item;  // kTilesPerCta (canonical) or 2 kTilesPerCta (fast variant: half the items, so
-                       // half the K/V loads and prologues; 32K 1.8 % faster, 8K within noise)
+  int tiles_per_item;  // kTilesPerCta for both variants (the fast kernel's token list holds kItemRows;
+                       // 8-tile items were 4-5 % slower, docs/msa_kernels.md, twenty-third round)
   int n_keys, max_items;
   float scale_log2;
 };
@@ -129,6 +133,17 @@ __global__ void __launch_bounds__(kRankThreads) bm_rank_count(BmArgs a) {
     nvalid += __popc(__ballot_sync(0xffffffffu, ok));
   }
   if (lane == 0) a.n_valid[i] = nvalid;
+  // The fast variant's Q rows of this (token, group), rounded to bf16 once (the block kernel's hi
+  // halves, the same bits): its Q stages take half the shared memory and the gathers half the bytes.
+  if (a.qb != nullptr) {
+    const int64_t r0 = int64_t(t) * a.q_heads + int64_t(g) * a.group;
+    const int64_t w0 = int64_t(tr) * a.q_heads + int64_t(g) * a.group;
+    for (int e = lane; e < a.group * (kHeadDim / 4); e += 32) {
+      const float4 x = __ldcs(reinterpret_cast<const float4*>(a.q + r0 * kHeadDim) + e);
+      reinterpret_cast<uint2*>(a.qb + w0 * kHeadDim)[e] = make_uint2(
+          msa::bf16x2_bits(__floats2bfloat162_rn(x.x, x.y)), msa::bf16x2_bits(__floats2bfloat162_rn(x.z, x.w)));
+    }
+  }
 }
 
 // One CTA: entry offsets (exclusive scan of the counts) and the work list (per key,
@@ -192,11 +207,10 @@ __global__ void bm_scatter(BmArgs a) {
 }
 
 // Shared memory: the block's K and V (swizzled bf16 tiles), the item's token list, and per warp
-// one fp32 Q stage of 16 rows (rows padded to 136 floats: a warp's 8-byte fragment reads hit
-// distinct banks per half-warp).
-// Rows (token x head) of a canonical work item; its token list (ent_s) and positions (pos_s)
-// take kItemRows ints each. The fast variant's items hold twice the rows: their token list
-// fills both arrays, and the positions come from global memory.
+// one Q stage of 16 rows (canonical: fp32 rows padded to 136 floats, a warp's 8-byte fragment
+// reads hit distinct banks per half-warp; fast: bf16, kQStrideB).
+// Rows (token x head) of a work item; its token list (ent_s) and, canonical only, positions
+// (pos_s) take kItemRows ints each. The fast variant reads positions from global memory.
 constexpr int kItemRows = kTilesPerCta * kTileRows;
 constexpr int kQStride = kHeadDim + 8;              // floats per staged Q row
 constexpr size_t kQStage = size_t(16) * kQStride * 4;
@@ -229,9 +243,9 @@ __device__ __forceinline__ int64_t bm_kv_elem(const BmArgs& a, const BmItem& w, 
   return ((w.page * a.bs + (r < w.kvis ? r : 0)) * a.kv_heads + w.g) * kHeadDim + ch * 8;
 }
 // The item's token list: token in chunk, slot of the block among its selections, position.
-template <bool kPos>
+template <bool kPos, int kT>
 __device__ __forceinline__ void bm_load_tokens(const BmArgs& a, const BmItem& w, int* ent_s, int* pos_s) {
-  for (int i = int(threadIdx.x); i < w.n_tok; i += kThreads) {
+  for (int i = int(threadIdx.x); i < w.n_tok; i += kT) {
     const int e = a.entries[w.begin + w.t_lo + i];
     ent_s[i] = e;
     if constexpr (kPos) pos_s[i] = a.positions[a.c0 + (e >> 6)];
@@ -250,6 +264,23 @@ __device__ __forceinline__ void bm_fetch_q(const BmArgs& a, const BmItem& w, con
   for (int r = 0; r < 16; ++r) {
     const int qr = __shfl_sync(0xffffffffu, mine, r);
     cp_async16(dst + uint32_t(r * kQStride * 4), a.q + (qr >= 0 ? int64_t(qr) * kHeadDim + lane * 4 : 0), qr >= 0);
+  }
+  cp_async_commit();
+}
+// The fast variant's bf16 Q stage: rows of 136 bf16 (272 bytes: the fragment reads of a
+// half-warp hit distinct banks); lane l copies 16-byte chunk l % 16 of rows l / 16, + 2, ...
+constexpr int kQStrideB = kHeadDim + 8;
+constexpr size_t kQStageB = size_t(16) * kQStrideB * 2;
+__device__ __forceinline__ void bm_fetch_qb(const BmArgs& a, const BmItem& w, const int* ent_s, uint32_t q_stage,
+                                            int mt, int lane) {
+  const int G = a.group, row = mt * 16 + (lane & 15), c = lane & 15;
+  const int mine = row < w.rows ? (ent_s[row / G] >> 6) * a.q_heads + w.g * G + row % G : -1;  // chunk-local
+  const uint32_t dst = q_stage + uint32_t((lane >> 4) * kQStrideB * 2 + c * 16);
+  const __nv_bfloat16* const src = a.qb + c * 8;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    const int qr = __shfl_sync(0xffffffffu, mine, (lane >> 4) + 2 * i);
+    cp_async16(dst + uint32_t(i * 4 * kQStrideB), src + (qr >= 0 ? int64_t(qr) * kHeadDim : 0), qr >= 0);
   }
   cp_async_commit();
 }
@@ -322,14 +353,21 @@ constexpr size_t kWgOnesOff = kWgVOff + 2 * 16384;   // 8 rows x 128 B of bf16 o
 constexpr size_t kWgQOff = kWgOnesOff + 1024;        // per warp a Q stage
 constexpr size_t kWgTokOff = kWgQOff + size_t(kWarps) * kQStage;
 constexpr size_t kWgBlockSmem = kWgTokOff + size_t(2) * kItemRows * 4 + 1024;  // + 1024: base alignment
+// The fast variant: 8 bf16 Q stages and the token list alone (positions from global memory), so
+// that two CTAs fit an SM and one's item prologue overlaps the other's MMAs.
+constexpr size_t kWgTokOffFast = kWgQOff + size_t(kFastWarps) * kQStageB;
+constexpr size_t kWgBlockSmemFast = kWgTokOffFast + size_t(kItemRows) * 4 + 1024;
+static_assert(2 * (kWgBlockSmemFast + 1024) <= 228 * 1024, "two fast CTAs per SM");
 
 template <bool kHiLo, class PO>
-__global__ void __launch_bounds__(kThreads, 1) bm_block_wg_kernel(BmArgs a) {
+__global__ void __launch_bounds__(kHiLo ? kThreads : kFastWarps * 32, kHiLo ? 1 : 2) bm_block_wg_kernel(BmArgs a) {
+  constexpr int W = kHiLo ? kWarps : kFastWarps, T = W * 32;
   extern __shared__ unsigned char smem_raw[];
   // Aligned by pointer arithmetic on the shared array (not through an integer, as align_1024):
   // the compiler then knows every pointer below is shared and loads by LDS, not generic LD.
   unsigned char* const smem = smem_raw + ((1024u - (smem_u32(smem_raw) & 1023u)) & 1023u);
-  int* const ent_s = reinterpret_cast<int*>(smem + kWgTokOff);  // per token of the item: (token in chunk << 6 | slot)
+  // Per token of the item: (token in chunk << 6 | slot).
+  int* const ent_s = reinterpret_cast<int*>(smem + (kHiLo ? kWgTokOff : kWgTokOffFast));
   int* const pos_s = ent_s + kItemRows;
   const uint32_t k_tile0 = smem_u32(smem + kWgKOff), v_tile0 = smem_u32(smem + kWgVOff);
   const uint32_t ones0 = smem_u32(smem + kWgOnesOff);
@@ -343,7 +381,7 @@ __global__ void __launch_bounds__(kThreads, 1) bm_block_wg_kernel(BmArgs a) {
   // K and V of the block into their swizzled halves (keys past the sequence's cache are
   // zero-filled and masked). V is read transposed by its descriptor (MN-major), as the dense
   // prefill kernel does: no transpose pass.
-  for (int i = tid; i < kUnitKeys * 16; i += kThreads) {
+  for (int i = tid; i < kUnitKeys * 16; i += T) {
     const int r = i >> 4, ch = i & 15;
     const int64_t elem = bm_kv_elem(a, w, r, ch);
     const uint32_t so = uint32_t((ch >> 3) * 16384 + r * 128 + (((ch & 7) ^ (r & 7)) << 4));
@@ -351,17 +389,22 @@ __global__ void __launch_bounds__(kThreads, 1) bm_block_wg_kernel(BmArgs a) {
     cp_async16(v_tile0 + so, a.v + elem, r < kvis);
   }
   cp_async_commit();
-  bm_load_tokens<kHiLo>(a, w, ent_s, pos_s);
+  bm_load_tokens<kHiLo, T>(a, w, ent_s, pos_s);
   {
     uint32_t* o = reinterpret_cast<uint32_t*>(smem + kWgOnesOff);
-    for (int i = tid; i < 256; i += kThreads) o[i] = msa::kBf16OnePair;
+    for (int i = tid; i < 256; i += T) o[i] = msa::kBf16OnePair;
   }
   __syncthreads();  // the token list is in
 
-  const uint32_t q_stage = smem_u32(smem + kWgQOff + size_t(warp) * kQStage);
-  const float* const qs = reinterpret_cast<const float*>(smem + kWgQOff + size_t(warp) * kQStage);
+  const size_t q_off = kWgQOff + size_t(warp) * (kHiLo ? kQStage : kQStageB);
+  const uint32_t q_stage = smem_u32(smem + q_off);
+  const float* const qs = reinterpret_cast<const float*>(smem + q_off);
+  const __nv_bfloat16* const qsb = reinterpret_cast<const __nv_bfloat16*>(smem + q_off);
   // Rows past the item are zero-filled: a warpgroup's four warps run every wgmma together.
-  auto fetch_q = [&](int mt) { bm_fetch_q(a, w, ent_s, q_stage, mt, lane); };
+  auto fetch_q = [&](int mt) {
+    if constexpr (kHiLo) bm_fetch_q(a, w, ent_s, q_stage, mt, lane);
+    else bm_fetch_qb(a, w, ent_s, q_stage, mt, lane);
+  };
   const int n_it = (rows + 63) >> 6;  // m64 tiles of the item
   if (wg < n_it) fetch_q(wg * 4 + w4);  // its copies in flight with K and V
   cp_async_wait<0>();
@@ -370,7 +413,7 @@ __global__ void __launch_bounds__(kThreads, 1) bm_block_wg_kernel(BmArgs a) {
   const int kb = w.b * a.bs;
 
 #pragma unroll 1
-  for (int m64 = wg; m64 < n_it; m64 += kWarps / 4) {
+  for (int m64 = wg; m64 < n_it; m64 += W / 4) {
     const int mt = m64 * 4 + w4;
     cp_async_wait<0>();
     __syncwarp();  // every lane's Q copies for this m-tile are visible to the warp
@@ -380,10 +423,11 @@ __global__ void __launch_bounds__(kThreads, 1) bm_block_wg_kernel(BmArgs a) {
     const uint32_t ones = kHiLo ? ones0 : opaque_u32(ones0);
     // The lane's Q fragment elements: one base and immediates (ptxas hoisted 32 addresses
     // otherwise, and spilled them, 184 bytes of stack, in the fast variant).
-    const float* const q_lane = qs + (kHiLo ? gq * kQStride + 2 * cq : int(opaque_u32(uint32_t(gq * kQStride + 2 * cq))));
+    const float* const q_lane = qs + gq * kQStride + 2 * cq;
+    const __nv_bfloat16* const qb_lane = kHiLo ? qsb : qsb + int(opaque_u32(uint32_t(gq * kQStrideB + 2 * cq)));
 
-    // The fast variant's items hold twice the tokens (the token list fills both arrays): the rows'
-    // positions come from global memory, requested before S so that S covers their latency.
+    // The fast variant has no position array in shared memory: the rows' positions come from
+    // global memory, requested before S so that S covers their latency.
     int pos_pre0 = 0, pos_pre1 = 0;
     if constexpr (!kHiLo) {
       const int q0 = mt * 16 + gq, q1 = q0 + 8;
@@ -392,8 +436,9 @@ __global__ void __launch_bounds__(kThreads, 1) bm_block_wg_kernel(BmArgs a) {
     }
     // S: 16-dim steps ascending, hi then lo (the canonical chain), issued in batches of kSB
     // steps whose A fragments stay in registers until the batch's wait (one wait per batch, not
-    // per step: the order of the chain, hence its bits, is the same).
-    constexpr int kSB = kHiLo ? 4 : 8;
+    // per step: the order of the chain, hence its bits, is the same). The fast variant in one batch
+    // of 8 spilled 88 bytes with the bf16 stages.
+    constexpr int kSB = 4;
     float sa[64];
 #pragma unroll
     for (int i = 0; i < 64; ++i) sa[i] = 0.0f;
@@ -404,9 +449,14 @@ __global__ void __launch_bounds__(kThreads, 1) bm_block_wg_kernel(BmArgs a) {
       for (int j = 0; j < kSB; ++j)
 #pragma unroll
         for (int f = 0; f < 4; ++f) {
-          const float2 x =
-              *reinterpret_cast<const float2*>(q_lane + 8 * (f & 1) * kQStride + (k0 + j) * 16 + 8 * (f >> 1));
-          msa::split_bf16(x.x, x.y, qh[j][f], ql[j][f]);
+          if constexpr (kHiLo) {
+            const float2 x =
+                *reinterpret_cast<const float2*>(q_lane + 8 * (f & 1) * kQStride + (k0 + j) * 16 + 8 * (f >> 1));
+            msa::split_bf16(x.x, x.y, qh[j][f], ql[j][f]);
+          } else {
+            qh[j][f] =
+                *reinterpret_cast<const uint32_t*>(qb_lane + 8 * (f & 1) * kQStrideB + (k0 + j) * 16 + 8 * (f >> 1));
+          }
         }
       wgmma::fence_regs(sa);
       wgmma::fence();
@@ -424,7 +474,7 @@ __global__ void __launch_bounds__(kThreads, 1) bm_block_wg_kernel(BmArgs a) {
       if constexpr (kHiLo) wgmma::fence_regs(ql);
     }
     __syncwarp();  // every lane is done reading the stage
-    if (m64 + kWarps / 4 < n_it) fetch_q(mt + kWarps);
+    if (m64 + W / 4 < n_it) fetch_q(mt + W);
     const int r0 = mt * 16 + gq, r1 = r0 + 8;
     // The canonical kernel reads its rows' positions here, after S (held across S they spill).
     const int pos0 = kHiLo ? (r0 < rows ? pos_s[r0 / a.group] : -1) : pos_pre0;
@@ -639,13 +689,14 @@ void block_major(const TensorView& q, const TensorView& k_cache, const TensorVie
   // The fast variant's partials are bf16: half the bytes (the merge is bandwidth-bound on them).
   const size_t po_bytes = hilo ? 4 : 2;
   const size_t per_token =
-      size_t(kv_heads) * size_t(top_k) * (size_t(a.group) * (kHeadDim * po_bytes + 8) + 12) + size_t(kv_heads) * 4;
+      size_t(kv_heads) * size_t(top_k) * (size_t(a.group) * (kHeadDim * po_bytes + 8) + 12) + size_t(kv_heads) * 4 +
+      (hilo ? 0 : size_t(q_heads) * kHeadDim * 2);
   // Chunks of equal size: a short last chunk (8K tokens with bf16 partials were 7930 + 262) pays
   // an item per selected block for a few tokens each.
   const int64_t max_chunk = std::clamp<int64_t>(int64_t(kScratchBytes / per_token), 1, tokens);
   const int64_t n_chunks = (tokens + max_chunk - 1) / max_chunk;
   const int64_t chunk = (tokens + n_chunks - 1) / n_chunks;
-  a.tiles_per_item = hilo ? kTilesPerCta : 2 * kTilesPerCta;
+  a.tiles_per_item = kTilesPerCta;
   // Work items of a chunk of n tokens, at most: full items plus one partial item per key.
   auto items_for = [&](int64_t n) {
     return (n * kv_heads * top_k) / (int64_t(a.tile_tokens) * a.tiles_per_item) + n_keys + 1;
@@ -673,6 +724,8 @@ void block_major(const TensorView& q, const TensorView& k_cache, const TensorVie
   off = align(off + part_rows * 8);
   const size_t o_part_o = off;
   off = align(off + part_rows * kHeadDim * po_bytes);
+  const size_t o_qb = off;
+  if (!hilo) off = align(off + size_t(chunk) * q_heads * kHeadDim * 2);
   Scratch scratch(off);
   unsigned char* base = scratch.as<unsigned char>();
   a.count = reinterpret_cast<int*>(base + o_count);
@@ -684,10 +737,12 @@ void block_major(const TensorView& q, const TensorView& k_cache, const TensorVie
   a.entries = reinterpret_cast<int*>(base + o_entries);
   a.part_ml = reinterpret_cast<float2*>(base + o_part_ml);
   a.part_o = base + o_part_o;
+  a.qb = hilo ? nullptr : reinterpret_cast<__nv_bfloat16*>(base + o_qb);
   a.max_items = int(max_items);
   const cudaStream_t stream = current_stream();
   const auto block_kernel = hilo ? bm_block_wg_kernel<true, float> : bm_block_wg_kernel<false, __nv_bfloat16>;
-  const size_t block_smem = kWgBlockSmem;
+  const size_t block_smem = hilo ? kWgBlockSmem : kWgBlockSmemFast;
+  const int block_threads = hilo ? kThreads : kFastWarps * 32;
   M3_CUDA_CHECK(cudaFuncSetAttribute(block_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(block_smem)));
   for (int64_t c0 = 0; c0 < tokens; c0 += chunk) {
     a.c0 = int(c0);
@@ -697,7 +752,7 @@ void block_major(const TensorView& q, const TensorView& k_cache, const TensorVie
     bm_rank_count<<<unsigned((int64_t(n_sel) * 32 + kRankThreads - 1) / kRankThreads), kRankThreads, 0, stream>>>(a);
     bm_scan<<<1, kScanThreads, 0, stream>>>(a);
     bm_scatter<<<unsigned((int64_t(n_sel) * top_k + 255) / 256), 256, 0, stream>>>(a);
-    block_kernel<<<unsigned(items_for(a.n_tok)), kThreads, block_smem, stream>>>(a);
+    block_kernel<<<unsigned(items_for(a.n_tok)), block_threads, block_smem, stream>>>(a);
     const int64_t merge_threads = int64_t(a.n_tok) * kv_heads * a.group * (hilo ? 32 : 16);
     (hilo ? bm_merge : bm_merge_bf16)<<<unsigned((merge_threads + 255) / 256), 256, 0, stream>>>(a);
   }
