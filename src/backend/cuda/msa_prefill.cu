@@ -89,6 +89,10 @@ __device__ __forceinline__ int key_of(const BmArgs& a, int g, int s, int b) {
   return (g * a.num_seqs + s) * a.max_blocks + b;
 }
 
+__device__ __forceinline__ uint32_t pack_bf16x2(float x, float y) {
+  return msa::bf16x2_bits(__floats2bfloat162_rn(x, y));
+}
+
 // Per (token, group), one warp (lane l holds selections l and l + 32): the valid distinct
 // blocks, their rank (ascending block id) and counts. (A thread per pair, re-reading its ids in
 // O(top_k^3) loops, took 76 us per chunk of 4000 tokens in 63 CTAs.)
@@ -140,8 +144,7 @@ __global__ void __launch_bounds__(kRankThreads) bm_rank_count(BmArgs a) {
     const int64_t w0 = int64_t(tr) * a.q_heads + int64_t(g) * a.group;
     for (int e = lane; e < a.group * (kHeadDim / 4); e += 32) {
       const float4 x = __ldcs(reinterpret_cast<const float4*>(a.q + r0 * kHeadDim) + e);
-      reinterpret_cast<uint2*>(a.qb + w0 * kHeadDim)[e] = make_uint2(
-          msa::bf16x2_bits(__floats2bfloat162_rn(x.x, x.y)), msa::bf16x2_bits(__floats2bfloat162_rn(x.z, x.w)));
+      reinterpret_cast<uint2*>(a.qb + w0 * kHeadDim)[e] = make_uint2(pack_bf16x2(x.x, x.y), pack_bf16x2(x.z, x.w));
     }
   }
 }
@@ -296,10 +299,6 @@ __device__ __forceinline__ uint32_t opaque_u32(uint32_t x) {
 __device__ __forceinline__ void store_pair(float* p, float x, float y) { *reinterpret_cast<float2*>(p) = make_float2(x, y); }
 __device__ __forceinline__ float4 load_quad(const float* p) { return __ldcg(reinterpret_cast<const float4*>(p)); }
 
-__device__ __forceinline__ uint32_t pack_bf16x2(float x, float y) {
-  const __nv_bfloat162 b = __floats2bfloat162_rn(x, y);
-  return *reinterpret_cast<const uint32_t*>(&b);
-}
 // A quad's row of 32 bf16 pairs, lane c holding pairs 4 dt + c (dt = 0..7, the m16n8 fragment's
 // order), regathered so that lane c holds pairs 4 c .. 4 c + 3 in v[0..3] and 16 + 4 c .. in
 // v[4..7]: a warp's 16-byte store then writes 64 contiguous bytes (two whole sectors) of each of
