@@ -113,7 +113,9 @@ struct IndexerArgs {
 // over d of separately rounded products (no FMA contraction, no reassociation). The row is a
 // swizzled shared-memory stage row (kGlobal false) or the cache's row in global memory.
 // kQShared: q is a shared-memory row (plain loads instead of the read-only global path).
-template <class IK, bool kGlobal = false, bool kQShared = false>
+// kHalfStride > 0: the shared-memory stage holds each key as two 128-byte halves (chunks 0-7,
+// then 8-15, kHalfStride bytes on), each swizzled like a 128-byte row: the wgmma B layout.
+template <class IK, bool kGlobal = false, bool kQShared = false, int kHalfStride = 0>
 __device__ __forceinline__ float exact_dot(const float* q, const unsigned char* row, int key) {
   using Tr = IkTraits<IK>;
   constexpr int kE = Tr::kPerChunk, kChunks = kDim / kE;
@@ -140,7 +142,10 @@ __device__ __forceinline__ float exact_dot(const float* q, const unsigned char* 
     for (int ch = 0; ch < kChunks; ++ch) s = step(s, raw[ch], ch);
   } else {
 #pragma unroll 4
-    for (int ch = 0; ch < kChunks; ++ch) s = step(s, *reinterpret_cast<const uint4*>(row + ((ch ^ (key & 7)) << 4)), ch);
+    for (int ch = 0; ch < kChunks; ++ch) {
+      const int off = kHalfStride > 0 ? (ch >> 3) * kHalfStride + (((ch & 7) ^ (key & 7)) << 4) : ((ch ^ (key & 7)) << 4);
+      s = step(s, *reinterpret_cast<const uint4*>(row + off), ch);
+    }
   }
   return s;
 }

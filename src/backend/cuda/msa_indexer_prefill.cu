@@ -20,7 +20,10 @@
 // (BF16; FP8 4-stage) cp.async ring of whole blocks in XOR-swizzled shared memory, the rows' fp32
 // q in shared memory for the exact dots (through L1 they stalled the scan: 28 M dots of 512-byte
 // rows at 32K, one row per lane); the blocks'
-// |k| from a Gram MMA (each warp one 8-key n-tile). Candidates are listed per warp (a bitmask
+// |k| from a Gram MMA (each warp one 8-key n-tile). BF16 keys: each warpgroup's 64 rows take
+// the approximate dots as 8 wgmma m64n128k16 with Q in registers (the stage's B read once per
+// warpgroup, not once per warp: 8 instructions where mma.sync took 128 MMAs and 64 ldmatrix; the
+// same fp32 bits); FP8 keys keep mma.sync on f16 conversions. Candidates are listed per warp (a bitmask
 // per thread and row, compacted with a warp scan) and their exact dots run one per lane from the
 // stage still in shared memory. Groups are enumerated on the device (no host sync); long
 // contexts with few groups split their blocks over chunks, and the last chunk's CTA selects
@@ -32,6 +35,7 @@
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/cuda_internal.h"
 #include "backend/cuda/msa_indexer_common.cuh"
+#include "backend/cuda/wgmma.cuh"
 
 namespace m3::cuda::msa_index {
 namespace {
@@ -49,6 +53,11 @@ template <class IK>
 struct PCfg {
   static constexpr int kRowBytes = IkTraits<IK>::kRowBytes;
   static constexpr int kStageBytes = kPBlockKeys * kRowBytes;
+  // BF16 stages hold the block as two 128-byte halves of every key (dims 0-63, then 64-127),
+  // each a 128-byte-swizzled K-major tile: the B operand of the warpgroups' wgmma. FP8 keys
+  // (128-byte rows, one such tile) keep mma.sync on f16 conversions.
+  static constexpr bool kWg = sizeof(IK) == 2;
+  static constexpr int kHalfStride = kWg ? kPBlockKeys * 128 : 0;
   static constexpr int kStages = kPBufBytes / kStageBytes;  // 2 (BF16), 4 (FP8)
   static constexpr size_t kQOff = kPBufBytes;                                       // [rows][kPQStride] f32
   static constexpr size_t kCandOff = kQOff + size_t(kPRows) * kPQStride * 4;        // [warps][cap] u32
@@ -57,7 +66,7 @@ struct PCfg {
   static constexpr size_t kSigOff = kNkOff + size_t(kPWarps) * 4;                   // [rows]
   static constexpr size_t kAOff = kSigOff + size_t(kPRows) * 4;                     // [rows]
   static constexpr size_t kPosOff = kAOff + size_t(kPRows) * 4;                     // [tokens <= rows]
-  static constexpr size_t kBytes = kPosOff + size_t(kPRows) * 4;
+  static constexpr size_t kBytes = kPosOff + size_t(kPRows) * 4 + 1024;  // + the 1024-byte alignment
   static constexpr int kSelectCap = kPBufBytes / 4 / kPWarps - 256;  // words per warp: cache, then hist
   static_assert(kStages >= 2, "a ring of at least two blocks");
 };
@@ -129,7 +138,9 @@ __global__ void __launch_bounds__(kPThreads, 1) msa_indexer_prefill_kernel(Index
   using Cf = PCfg<IK>;
   using Tr = IkTraits<IK>;
   constexpr int kStages = Cf::kStages, kRowBytes = Cf::kRowBytes, kStageBytes = Cf::kStageBytes;
-  extern __shared__ __align__(128) unsigned char smem[];
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  // The wgmma's swizzled stages repeat every 1024 bytes (FP8: no wgmma, the base as declared).
+  unsigned char* const smem = Cf::kWg ? wgmma::align_1024(smem_raw) : smem_raw;
   unsigned char* const stage_buf = smem;
   float* const q_s = reinterpret_cast<float*>(smem + Cf::kQOff);
   uint32_t* const cand_s = reinterpret_cast<uint32_t*>(smem + Cf::kCandOff);
@@ -164,6 +175,11 @@ __global__ void __launch_bounds__(kPThreads, 1) msa_indexer_prefill_kernel(Index
     const int nstage = b1 - b0;
     const int32_t* table = a.block_tables + int64_t(s) * a.max_blocks;
     const unsigned char* keys = static_cast<const unsigned char*>(a.keys);
+    // Byte offset of 16-byte chunk ch of key row `row` in a stage.
+    auto key_chunk_off = [](int row, int ch) {
+      if constexpr (Cf::kWg) return (ch >> 3) * Cf::kHalfStride + row * 128 + (((ch & 7) ^ (row & 7)) << 4);
+      else return row * kRowBytes + ((ch ^ (row & 7)) << 4);
+    };
     // Stage i = block b0 + i: thread = (16-byte column, row group), rows XOR-swizzled by row % 8.
     auto load_stage = [&](int i) {
       unsigned char* buf = stage_buf + (i % kStages) * kStageBytes;
@@ -173,8 +189,7 @@ __global__ void __launch_bounds__(kPThreads, 1) msa_indexer_prefill_kernel(Index
 #pragma unroll
       for (int pss = 0; pss < kPBlockKeys / kRowsPerPass; ++pss) {
         const int row = row0 + pss * kRowsPerPass;
-        cp_async16(smem_u32(buf + row * kRowBytes + ((ch ^ (row & 7)) << 4)), keys + (base + row) * kRowBytes + ch * 16,
-                   true);
+        cp_async16(smem_u32(buf + key_chunk_off(row, ch)), keys + (base + row) * kRowBytes + ch * 16, true);
       }
     };
 #pragma unroll 1
@@ -208,13 +223,15 @@ __global__ void __launch_bounds__(kPThreads, 1) msa_indexer_prefill_kernel(Index
     uint32_t* const best = best_s + 16 * warp;
     auto exact_into_best = [&](uint32_t entry, const unsigned char* buf) {
       const int rw = int(entry >> 8), key = int(entry & 255u);
-      const float x = exact_dot<IK, false, true>(q_s + (16 * warp + rw) * kPQStride, buf + key * kRowBytes, key);
+      const float x = exact_dot<IK, false, true, Cf::kHalfStride>(q_s + (16 * warp + rw) * kPQStride,
+                                                                  buf + key * (Cf::kWg ? 128 : kRowBytes), key);
       if (x == x) atomicMax(&best[rw], msa::order_key(x));  // the reference skips NaN
     };
 
 #pragma unroll 1
     for (int i = 0; i < nstage; ++i) {
       cp_async_wait<kStages - 2>();
+      if constexpr (Cf::kWg) wgmma::fence_proxy_async();  // this thread's copies, to the wgmma's reads
       __syncthreads();  // stage i visible; every warp is done with stage i - 1 (and nk_s)
       if (i + kStages - 1 < nstage) load_stage(i + kStages - 1);
       cp_async_commit();
@@ -226,9 +243,9 @@ __global__ void __launch_bounds__(kPThreads, 1) msa_indexer_prefill_kernel(Index
         const int krow = 8 * nt + (lane & 7);
         uint32_t r4[4];
         if constexpr (sizeof(IK) == 2) {
-          msa::ldmatrix_x4(r4, buf_u32 + krow * kRowBytes + ((((2 * q) * 4 + (lane >> 3)) ^ (krow & 7)) << 4));
+          msa::ldmatrix_x4(r4, buf_u32 + key_chunk_off(krow, (2 * q) * 4 + (lane >> 3)));
           uint32_t r5[4];
-          msa::ldmatrix_x4(r5, buf_u32 + krow * kRowBytes + ((((2 * q + 1) * 4 + (lane >> 3)) ^ (krow & 7)) << 4));
+          msa::ldmatrix_x4(r5, buf_u32 + key_chunk_off(krow, (2 * q + 1) * 4 + (lane >> 3)));
           bf[0][0] = r4[0];
           bf[0][1] = r4[1];
           bf[1][0] = r4[2];
@@ -238,7 +255,7 @@ __global__ void __launch_bounds__(kPThreads, 1) msa_indexer_prefill_kernel(Index
           bf[3][0] = r5[2];
           bf[3][1] = r5[3];
         } else {
-          msa::ldmatrix_x4(r4, buf_u32 + krow * kRowBytes + (((q * 4 + (lane >> 3)) ^ (krow & 7)) << 4));
+          msa::ldmatrix_x4(r4, buf_u32 + key_chunk_off(krow, q * 4 + (lane >> 3)));
 #pragma unroll
           for (int j = 0; j < 4; ++j) {
             bf[j][0] = e4m3x2_lo_f16x2(r4[j]);
@@ -247,7 +264,7 @@ __global__ void __launch_bounds__(kPThreads, 1) msa_indexer_prefill_kernel(Index
         }
       };
       // |k| of the keys of n-tile `warp`: the Gram diagonal (A rows 0..7 = the keys themselves).
-      {
+      auto gram = [&] {
         float gr[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
         for (int q = 0; q < 2; ++q) {
@@ -268,30 +285,47 @@ __global__ void __launch_bounds__(kPThreads, 1) msa_indexer_prefill_kernel(Index
         const bool any_bad = __any_sync(0xffffffffu, bad);
         if (lane == 0) nk_s[warp] = any_bad ? INFINITY : __fmul_ru(sqrtf(mx), 1.001f);
         __syncwarp();
-      }
+      };
       const bool need0 = loc_h[0] > blk, need1 = loc_h[1] > blk;
-      const bool any = __any_sync(0xffffffffu, need0 || need1);  // warp-uniform
-      float acc[16][4];
-      if (any) {
+      // acc[4 nt + v]: (row gq + 8 (v >> 1), key 8 nt + 2 cq + (v & 1)), the m16n8 and the
+      // wgmma m64n128 accumulator layouts alike.
+      float acc[64];
+      bool any;
+      if constexpr (Cf::kWg) {
+        any = __any_sync(0xffffffffu, need0 || need1);  // warp-uniform
+        // The warpgroup's 64 rows x 128 keys in 8 wgmma m64n128k16 (A = this warp's Q fragments,
+        // B = the stage), the Gram MMA under them. Same fp32 bits as the mma.sync chain over the
+        // same operands and k order (wgmma.cuh), so the candidates are unchanged. Issued on every
+        // stage, whether or not the warp's rows score the block (only the diagonal's last stage
+        // and a sequence's partial group have rows that do not): a skip would be a divergent
+        // path, and ptxas then serialises the wgmmas.
 #pragma unroll
-        for (int nt = 0; nt < 16; ++nt) {
-          acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.0f;
+        for (int i = 0; i < 64; ++i) acc[i] = 0.0f;
+        wgmma::fence_regs(acc);
+        wgmma::fence();
 #pragma unroll
-          for (int q = 0; q < (sizeof(IK) == 2 ? 4 : 2); ++q) {
-            if constexpr (sizeof(IK) == 2) {
-              // Two k-steps per ldmatrix pair is 4 registers live; load per pair of k-steps.
-              const int krow = 8 * nt + (lane & 7);
-              uint32_t r4[4];
-              msa::ldmatrix_x4(r4, buf_u32 + krow * kRowBytes + (((q * 4 + (lane >> 3)) ^ (krow & 7)) << 4));
-              Tr::mma(acc[nt], af[2 * q], r4[0], r4[1]);
-              Tr::mma(acc[nt], af[2 * q + 1], r4[2], r4[3]);
-            } else {
+        for (int ks = 0; ks < 8; ++ks) {
+          const uint64_t db = wgmma::desc_sw128(buf_u32 + (ks >> 2) * Cf::kHalfStride) + uint64_t(2 * (ks & 3));
+          wgmma::WgmmaRS<true, 128>::run(acc, af[ks], db);
+        }
+        wgmma::commit();
+        gram();
+        wgmma::wait<0>();
+        wgmma::fence_regs(acc);
+      } else {
+        gram();
+        any = __any_sync(0xffffffffu, need0 || need1);  // warp-uniform
+        if (any) {
+#pragma unroll
+          for (int nt = 0; nt < 16; ++nt) {
+            float(&c)[4] = *reinterpret_cast<float(*)[4]>(acc + 4 * nt);
+            c[0] = c[1] = c[2] = c[3] = 0.0f;
+#pragma unroll
+            for (int q = 0; q < 2; ++q) {
               uint32_t bf[4][2];
               frags(nt, q, bf);
 #pragma unroll
-              for (int j = 0; j < 4; ++j) {
-                Tr::mma(acc[nt], af[4 * q + j], bf[j][0], bf[j][1]);
-              }
+              for (int j = 0; j < 4; ++j) Tr::mma(c, af[4 * q + j], bf[j][0], bf[j][1]);
             }
           }
         }
@@ -310,7 +344,7 @@ __global__ void __launch_bounds__(kPThreads, 1) msa_indexer_prefill_kernel(Index
           const bool need = h == 0 ? need0 : need1;
           float m = -INFINITY;
 #pragma unroll
-          for (int nt = 0; nt < 16; ++nt) m = fmaxf(m, fmaxf(acc[nt][2 * h], acc[nt][2 * h + 1]));
+          for (int nt = 0; nt < 16; ++nt) m = fmaxf(m, fmaxf(acc[4 * nt + 2 * h], acc[4 * nt + 2 * h + 1]));
           m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
           m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
           const float e2 = __fmul_ru(2.0f, __fmaf_ru(fac_h[h], nkmax, 5.96046448e-08f));
@@ -323,8 +357,8 @@ __global__ void __launch_bounds__(kPThreads, 1) msa_indexer_prefill_kernel(Index
           }
 #pragma unroll
           for (int nt = 0; nt < 16; ++nt) {
-            mask[h] |= (acc[nt][2 * h] >= thr ? 1u : 0u) << (2 * nt);
-            mask[h] |= (acc[nt][2 * h + 1] >= thr ? 1u : 0u) << (2 * nt + 1);
+            mask[h] |= (acc[4 * nt + 2 * h] >= thr ? 1u : 0u) << (2 * nt);
+            mask[h] |= (acc[4 * nt + 2 * h + 1] >= thr ? 1u : 0u) << (2 * nt + 1);
           }
         }
       }
