@@ -29,6 +29,8 @@ enum class MsaIndexerLayout {
   kDynamic,  // the warp-streamed kernel, two CTAs per group, its warps taking units from the group's
              // counter wherever each has one (kAuto: where a warp's fixed share would be >=
              // kDynamicMinUnits units)
+  kPrefillSliced,  // kPrefill with a score scratch of about three query groups, so that any
+                   // prefill of more runs in several launches (long prefills' slices, at test sizes)
 };
 // kAuto's exact scan: a decode CTA's (row, block) pairs at most (M3 at B = 1: two blocks of 4 rows).
 constexpr int kExactMaxRowBlocks = 8;

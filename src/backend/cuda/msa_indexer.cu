@@ -411,8 +411,10 @@ void launch_msa_indexer_layout(const TensorView& index_q, const TensorView& inde
   // re-read a sequence's keys per 4 tokens, from L2 mostly, and still beat the 128-row tiles:
   // docs/msa_kernels.md); blocks of 8 keys (a 16-key tile would span two) run the tiles.
   const bool prefill_shaped = 2 * tokens >= int64_t(meta.num_seqs) * prefill_group_tokens(int(heads));
+  const bool sliced = layout == MsaIndexerLayout::kPrefillSliced;
   const bool prefill = prefill_kernel_takes(bs, int(heads)) &&
-                       (layout == MsaIndexerLayout::kPrefill || (layout == MsaIndexerLayout::kAuto && prefill_shaped));
+                       (layout == MsaIndexerLayout::kPrefill || sliced ||
+                        (layout == MsaIndexerLayout::kAuto && prefill_shaped));
   // Warp-kernel groups: 8 rows (one MMA n-tile) when every sequence may have one token, else 16.
   const bool narrow = tokens == meta.num_seqs && heads <= 8;
   const bool tiles = !prefill && (layout == MsaIndexerLayout::kTiles || !decode_kernel_takes(bs, meta.max_blocks_per_seq));
@@ -460,19 +462,24 @@ void launch_msa_indexer_layout(const TensorView& index_q, const TensorView& inde
     static unsigned* unit_counters_of[64] = {};  // per device
     a.unit_counters = counters_address(g_indexer_unit_counters, unit_counters_of);
   }
-  // Score scratch for a slice of the tokens (long prefills run in several launches).
+  // Score scratch for a slice of the tokens (long prefills run in several launches). The
+  // remainder is the first slice, the full ones follow: as the last slice (64K at M3 TP1: 65472
+  // + 64 tokens) the remainder's groups, the longest causal prefixes, ran alone on a few SMs
+  // after the rest (16.8 instead of 20.4 ms at 64K). Slices of equal size were slower at 128K
+  // (5 x 410 groups of nearly equal length per launch: 14 SMs run a fourth one).
   const size_t row_bytes = size_t(heads) * size_t(a.max_blocks) * 4;
-  const int64_t fit = int64_t(kMaxScoreBytes / row_bytes) - a.group_tokens;
-  const int64_t slice = std::max<int64_t>(a.group_tokens, std::min<int64_t>(tokens, fit));
+  const size_t budget = sliced && prefill ? 4 * size_t(a.group_tokens) * row_bytes : kMaxScoreBytes;
+  const int64_t slice = std::max<int64_t>(a.group_tokens, int64_t(budget / row_bytes) - a.group_tokens);
+  const int64_t first = tokens - (std::max<int64_t>(1, (tokens + slice - 1) / slice) - 1) * slice;
   Scratch scores(size_t(std::min<int64_t>(tokens, slice) + a.group_tokens) * row_bytes);
   a.scores = scores.as<uint32_t>();
   auto launch_tiles = [&](auto kernel, size_t smem) {
     M3_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
     kernel<<<dim3{unsigned(a.tok_end - a.tok_begin), unsigned(a.chunks)}, kThreads, smem, current_stream()>>>(a);
   };
-  for (int64_t tb = 0; tb < tokens; tb += slice) {
+  for (int64_t tb = 0; tb < tokens; tb = a.tok_end) {
     a.tok_begin = int(tb);
-    a.tok_end = int(std::min<int64_t>(tokens, tb + slice));
+    a.tok_end = int(std::min<int64_t>(tokens, tb + (tb == 0 ? first : slice)));
     if (prefill) launch_indexer_prefill(a, fp8);
     else if (!tiles) launch_indexer_decode(a, fp8, a.group_tokens * a.heads);
     else if (fp8) launch_tiles(msa_indexer_kernel<__nv_fp8_e4m3, 4, 2>, Cfg<__nv_fp8_e4m3, 4, 2>::kBytes);

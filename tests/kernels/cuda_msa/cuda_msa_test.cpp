@@ -252,6 +252,7 @@ Result run_case(Harness& h, const Case& c, std::mt19937& rng) {
     // stream runs, twice: the counters must be re-armed for the next launch).
     for (const auto& [layout, name] : {std::pair{cuda::MsaIndexerLayout::kStreamed, "warp-streamed"},
                                        std::pair{cuda::MsaIndexerLayout::kPrefill, "prefill groups"},
+                                       std::pair{cuda::MsaIndexerLayout::kPrefillSliced, "prefill groups, sliced"},
                                        std::pair{cuda::MsaIndexerLayout::kExact, "exact scan"},
                                        std::pair{cuda::MsaIndexerLayout::kDynamic, "shared unit counters"},
                                        std::pair{cuda::MsaIndexerLayout::kDynamic, "shared unit counters, again"}}) {
