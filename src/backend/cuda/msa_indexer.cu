@@ -465,8 +465,9 @@ void launch_msa_indexer_layout(const TensorView& index_q, const TensorView& inde
   // Score scratch for a slice of the tokens (long prefills run in several launches). The
   // remainder is the first slice, the full ones follow: as the last slice (64K at M3 TP1: 65472
   // + 64 tokens) the remainder's groups, the longest causal prefixes, ran alone on a few SMs
-  // after the rest (16.8 instead of 20.4 ms at 64K). Slices of equal size were slower at 128K
-  // (5 x 410 groups of nearly equal length per launch: 14 SMs run a fourth one).
+  // after the rest (H200, BF16 keys: 64K 20.4 -> 16.6 ms, 128K 74.7 -> 66.4 ms). Slices of
+  // equal size were slower at 128K (79.3 ms: five launches of 410 groups of nearly equal
+  // length, so 14 SMs ran a fourth one while the rest idled).
   const size_t row_bytes = size_t(heads) * size_t(a.max_blocks) * 4;
   const size_t budget = sliced && prefill ? 4 * size_t(a.group_tokens) * row_bytes : kMaxScoreBytes;
   const int64_t slice = std::max<int64_t>(a.group_tokens, int64_t(budget / row_bytes) - a.group_tokens);
