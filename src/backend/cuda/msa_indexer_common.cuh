@@ -109,12 +109,20 @@ struct IndexerArgs {
   int exact_max;
 };
 
+// Byte offset of 16-byte chunk ch within key `key`'s row of a swizzled shared-memory stage:
+// chunk ch ^ (key & 7) of the row (kHalfStride 0), or the key as two 128-byte halves, chunks 0-7
+// then 8-15 kHalfStride bytes on, each swizzled like a 128-byte row (the wgmma B layout).
+template <int kHalfStride>
+__device__ __forceinline__ int stage_chunk_off(int key, int ch) {
+  if constexpr (kHalfStride > 0) return (ch >> 3) * kHalfStride + (((ch & 7) ^ (key & 7)) << 4);
+  else return (ch ^ (key & 7)) << 4;
+}
+
 // The reference's dot of one query row (fp32, global) with one key row: a sequential fp32 sum
 // over d of separately rounded products (no FMA contraction, no reassociation). The row is a
 // swizzled shared-memory stage row (kGlobal false) or the cache's row in global memory.
 // kQShared: q is a shared-memory row (plain loads instead of the read-only global path).
-// kHalfStride > 0: the shared-memory stage holds each key as two 128-byte halves (chunks 0-7,
-// then 8-15, kHalfStride bytes on), each swizzled like a 128-byte row: the wgmma B layout.
+// kHalfStride: the stage's layout, as in stage_chunk_off.
 template <class IK, bool kGlobal = false, bool kQShared = false, int kHalfStride = 0>
 __device__ __forceinline__ float exact_dot(const float* q, const unsigned char* row, int key) {
   using Tr = IkTraits<IK>;
@@ -143,8 +151,7 @@ __device__ __forceinline__ float exact_dot(const float* q, const unsigned char* 
   } else {
 #pragma unroll 4
     for (int ch = 0; ch < kChunks; ++ch) {
-      const int off = kHalfStride > 0 ? (ch >> 3) * kHalfStride + (((ch & 7) ^ (key & 7)) << 4) : ((ch ^ (key & 7)) << 4);
-      s = step(s, *reinterpret_cast<const uint4*>(row + off), ch);
+      s = step(s, *reinterpret_cast<const uint4*>(row + stage_chunk_off<kHalfStride>(key, ch)), ch);
     }
   }
   return s;
@@ -163,7 +170,7 @@ __device__ __forceinline__ void exact_dots(const float* const (&q)[kR], const un
 #pragma unroll 4
   for (int ch = 0; ch < kChunks; ++ch) {
     float kf[kE];
-    Tr::unpack(*reinterpret_cast<const uint4*>(row + ((ch ^ (key & 7)) << 4)), kf);
+    Tr::unpack(*reinterpret_cast<const uint4*>(row + stage_chunk_off<0>(key, ch)), kf);
 #pragma unroll
     for (int e = 0; e < kE; e += 4) {
 #pragma unroll

@@ -58,6 +58,7 @@ struct PCfg {
   // (128-byte rows, one such tile) keep mma.sync on f16 conversions.
   static constexpr bool kWg = sizeof(IK) == 2;
   static constexpr int kHalfStride = kWg ? kPBlockKeys * 128 : 0;
+  static constexpr int kRowPitch = kWg ? 128 : kRowBytes;  // bytes from one key's row to the next
   static constexpr int kStages = kPBufBytes / kStageBytes;  // 2 (BF16), 4 (FP8)
   static constexpr size_t kQOff = kPBufBytes;                                       // [rows][kPQStride] f32
   static constexpr size_t kCandOff = kQOff + size_t(kPRows) * kPQStride * 4;        // [warps][cap] u32
@@ -176,10 +177,7 @@ __global__ void __launch_bounds__(kPThreads, 1) msa_indexer_prefill_kernel(Index
     const int32_t* table = a.block_tables + int64_t(s) * a.max_blocks;
     const unsigned char* keys = static_cast<const unsigned char*>(a.keys);
     // Byte offset of 16-byte chunk ch of key row `row` in a stage.
-    auto key_chunk_off = [](int row, int ch) {
-      if constexpr (Cf::kWg) return (ch >> 3) * Cf::kHalfStride + row * 128 + (((ch & 7) ^ (row & 7)) << 4);
-      else return row * kRowBytes + ((ch ^ (row & 7)) << 4);
-    };
+    auto key_chunk_off = [](int row, int ch) { return row * Cf::kRowPitch + stage_chunk_off<Cf::kHalfStride>(row, ch); };
     // Stage i = block b0 + i: thread = (16-byte column, row group), rows XOR-swizzled by row % 8.
     auto load_stage = [&](int i) {
       unsigned char* buf = stage_buf + (i % kStages) * kStageBytes;
@@ -224,7 +222,7 @@ __global__ void __launch_bounds__(kPThreads, 1) msa_indexer_prefill_kernel(Index
     auto exact_into_best = [&](uint32_t entry, const unsigned char* buf) {
       const int rw = int(entry >> 8), key = int(entry & 255u);
       const float x = exact_dot<IK, false, true, Cf::kHalfStride>(q_s + (16 * warp + rw) * kPQStride,
-                                                                  buf + key * (Cf::kWg ? 128 : kRowBytes), key);
+                                                                  buf + key * Cf::kRowPitch, key);
       if (x == x) atomicMax(&best[rw], msa::order_key(x));  // the reference skips NaN
     };
 
