@@ -35,6 +35,7 @@
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/cuda_internal.h"
 #include "backend/cuda/msa_indexer_common.cuh"
+#include "backend/cuda/msa_timeline.cuh"
 #include "backend/cuda/wgmma.cuh"
 
 namespace m3::cuda::msa_index {
@@ -44,6 +45,13 @@ constexpr int kPThreads = 512, kPWarps = kPThreads / 32, kPRows = 16 * kPWarps;
 constexpr int kPBlockKeys = 128;        // the only block size this kernel takes
 constexpr int kPBufBytes = 64 * 1024;   // the key ring; reused by the selection
 constexpr int kPQStride = 132;          // floats per shared q row: rows 16 B apart in the banks
+
+// Shared q row of the CTA's row r. A warp's candidate list interleaves its rows g and g + 8 (one
+// lane lists both), and eight lanes of an exact-dot load read eight rows at once: rows 16 B apart
+// in the banks repeat every 8 rows, so rows g and g + 8 are stored next to each other
+// (physical row 2 g + 1 for g + 8), not 8 apart. (Stored in order, the exact dots' q loads took
+// twice their ideal shared-memory wavefronts.)
+__device__ __forceinline__ int q_slot(int r) { return (r & ~15) | ((r & 7) << 1) | ((r >> 3) & 1); }
 constexpr int kPCandCap = 128;          // listed exact dots per warp and stage (more run in place)
 // Bound inputs below these cannot overflow the approximate dots, the bound or max a - 2E.
 constexpr float kMaxRowFactor = 17179869184.0f;  // 2^34 >= c |q sigma| + zero term (|q sigma| < 2^37)
@@ -153,9 +161,14 @@ __global__ void __launch_bounds__(kPThreads, 1) msa_indexer_prefill_kernel(Index
   __shared__ int s_scan[kPWarps];
   __shared__ int s_found[2];
   __shared__ int s_last;
+  M3_PH_DECL;
+  M3_PH_START();
 
   int s = 0, t0 = 0;
-  if (!find_group(a, s_scan, s_found, s, t0)) return;
+  if (!find_group(a, s_scan, s_found, s, t0)) {
+    M3_PH_EXIT(false);
+    return;
+  }
   const int q_end = a.query_start[s + 1];
   const int T = min(a.group_tokens, q_end - t0), H = a.heads, P = T * H;
   const int tid = int(threadIdx.x), warp = tid >> 5, lane = tid & 31, gq = lane >> 2, cq = lane & 3;
@@ -167,6 +180,7 @@ __global__ void __launch_bounds__(kPThreads, 1) msa_indexer_prefill_kernel(Index
     if (blockIdx.y == 0) {
       for (int p = warp; p < P; p += kPWarps) write_all_blocks(a, t0, p, s_pos[p / H] >> a.bs_shift);
     }
+    M3_PH_EXIT(false);
     return;
   }
   auto local_of = [&](int r) { return s_pos[r / H] >> a.bs_shift; };
@@ -178,10 +192,14 @@ __global__ void __launch_bounds__(kPThreads, 1) msa_indexer_prefill_kernel(Index
     const unsigned char* keys = static_cast<const unsigned char*>(a.keys);
     // Byte offset of 16-byte chunk ch of key row `row` in a stage.
     auto key_chunk_off = [](int row, int ch) { return row * Cf::kRowPitch + stage_chunk_off<Cf::kHalfStride>(row, ch); };
+    // BF16: the page of the next stage to copy, read a stage ahead (its L2 round trip sat in front
+    // of every stage's copies). FP8 reads it in place: the register made its kernel spill.
+    int next_page = 0;
     // Stage i = block b0 + i: thread = (16-byte column, row group), rows XOR-swizzled by row % 8.
     auto load_stage = [&](int i) {
       unsigned char* buf = stage_buf + (i % kStages) * kStageBytes;
-      const uint64_t base = uint64_t(uint32_t(__ldg(table + b0 + i))) * kPBlockKeys;
+      const int page = Cf::kWg ? next_page : __ldg(table + b0 + i);
+      const uint64_t base = uint64_t(uint32_t(page)) * kPBlockKeys;
       constexpr int kChunks = kRowBytes / 16, kRowsPerPass = kPThreads / kChunks;
       const int ch = tid % kChunks, row0 = tid / kChunks;
 #pragma unroll
@@ -192,15 +210,19 @@ __global__ void __launch_bounds__(kPThreads, 1) msa_indexer_prefill_kernel(Index
     };
 #pragma unroll 1
     for (int i = 0; i < kStages - 1; ++i) {
-      if (i < nstage) load_stage(i);
+      if (i < nstage) {
+        if constexpr (Cf::kWg) next_page = __ldg(table + b0 + i);
+        load_stage(i);
+      }
       cp_async_commit();
     }
+    if constexpr (Cf::kWg) next_page = kStages - 1 < nstage ? __ldg(table + b0 + kStages - 1) : 0;
     // Per row: sigma and the bound's row factor c |q sigma| + zero term (rounded up).
     for (int r = warp; r < kPRows; r += kPWarps) {
       float sig = 0.0f, fac = 0.0f;
       if (r < P) {
         const float4 v = *reinterpret_cast<const float4*>(group_q_row(a, t0, r) + lane * 4);
-        *reinterpret_cast<float4*>(q_s + r * kPQStride + lane * 4) = v;  // the exact dots' operand
+        *reinterpret_cast<float4*>(q_s + q_slot(r) * kPQStride + lane * 4) = v;  // the exact dots' operand
         float nq;
         warp_row_scale<IK>(v, sig, nq);
         fac = __fmaf_ru(Tr::kErr, nq, Tr::kZeroTerm);
@@ -221,18 +243,22 @@ __global__ void __launch_bounds__(kPThreads, 1) msa_indexer_prefill_kernel(Index
     uint32_t* const best = best_s + 16 * warp;
     auto exact_into_best = [&](uint32_t entry, const unsigned char* buf) {
       const int rw = int(entry >> 8), key = int(entry & 255u);
-      const float x = exact_dot<IK, false, true, Cf::kHalfStride>(q_s + (16 * warp + rw) * kPQStride,
+      const float x = exact_dot<IK, false, true, Cf::kHalfStride>(q_s + q_slot(16 * warp + rw) * kPQStride,
                                                                   buf + key * Cf::kRowPitch, key);
       if (x == x) atomicMax(&best[rw], msa::order_key(x));  // the reference skips NaN
     };
 
+    M3_PH_LAP(8);
 #pragma unroll 1
     for (int i = 0; i < nstage; ++i) {
       cp_async_wait<kStages - 2>();
       if constexpr (Cf::kWg) wgmma::fence_proxy_async();  // this thread's copies, to the wgmma's reads
       __syncthreads();  // stage i visible; every warp is done with stage i - 1 (and nk_s)
+      M3_PH_LAP(0);
       if (i + kStages - 1 < nstage) load_stage(i + kStages - 1);
       cp_async_commit();
+      if constexpr (Cf::kWg) next_page = i + kStages < nstage ? __ldg(table + b0 + i + kStages) : 0;
+      M3_PH_LAP(1);
       const unsigned char* buf = stage_buf + (i % kStages) * kStageBytes;
       const uint32_t buf_u32 = smem_u32(buf);
       const int blk = b0 + i;
@@ -328,7 +354,9 @@ __global__ void __launch_bounds__(kPThreads, 1) msa_indexer_prefill_kernel(Index
           }
         }
       }
+      M3_PH_LAP(2);
       __syncthreads();  // every warp's |k| part
+      M3_PH_LAP(3);
       float nkmax = 0.0f;
 #pragma unroll
       for (int w = 0; w < kPWarps; w += 4) {
@@ -353,13 +381,19 @@ __global__ void __launch_bounds__(kPThreads, 1) msa_indexer_prefill_kernel(Index
             mask[h] = 0xffffffffu;
             continue;
           }
+          // Element e is below thr iff acc - thr is negative (finite operands here: an exact
+          // difference of distinct floats is never zero), so its sign bit is the complement of
+          // the candidate bit: two instructions per element where the compare took three.
+          unsigned below = 0u;
 #pragma unroll
-          for (int nt = 0; nt < 16; ++nt) {
-            mask[h] |= (acc[4 * nt + 2 * h] >= thr ? 1u : 0u) << (2 * nt);
-            mask[h] |= (acc[4 * nt + 2 * h + 1] >= thr ? 1u : 0u) << (2 * nt + 1);
+          for (int nt = 15; nt >= 0; --nt) {
+            below = (below << 1) | (__float_as_uint(__fsub_rn(acc[4 * nt + 2 * h + 1], thr)) >> 31);
+            below = (below << 1) | (__float_as_uint(__fsub_rn(acc[4 * nt + 2 * h], thr)) >> 31);
           }
+          mask[h] = ~below;
         }
       }
+      M3_PH_LAP(4);
       // List the candidates (row in warp << 8 | key), warp-compacted; overflow runs in place.
       const int mine = __popc(mask[0]) + __popc(mask[1]);
       const int incl = msa::warp_inclusive_scan(mine);
@@ -378,27 +412,39 @@ __global__ void __launch_bounds__(kPThreads, 1) msa_indexer_prefill_kernel(Index
         }
       }
       __syncwarp();
+      M3_PH_LAP(5);
       const int n = min(listed, kPCandCap);
       for (int c = lane; c < n; c += 32) exact_into_best(list[c], buf);
       __syncwarp();
+      M3_PH_LAP(6);
       if (lane < 16) {
         const int r = 16 * warp + lane;
         if (r < P && local_of(r) > blk) a.scores[(score_row0 + r) * a.max_blocks + blk] = best[lane];
         best[lane] = kKeyMinusInf;
       }
       __syncwarp();
+      M3_PH_LAP(7);
+      M3_PH_STAGE();
     }
     cp_async_wait<0>();
   }
 
   pdl_launch_dependents();  // the attention kernel may start its setup while the selection runs
   if (a.chunks > 1) {
-    if (!msa::arrive_last(&a.counters[t0], unsigned(a.chunks), &s_last)) return;
+    if (!msa::arrive_last(&a.counters[t0], unsigned(a.chunks), &s_last)) {
+      M3_PH_LAP(9);
+      M3_PH_FLUSH();
+      M3_PH_EXIT(true);
+      return;
+    }
   } else {
     __syncthreads();  // this CTA's score writes (and the ring's last reads) are done
   }
   uint32_t* const cache = reinterpret_cast<uint32_t*>(stage_buf) + warp * (Cf::kSelectCap + 256);
   select_group(a, t0, P, s_pos, cache, Cf::kSelectCap, cache + Cf::kSelectCap);
+  M3_PH_LAP(9);
+  M3_PH_FLUSH();
+  M3_PH_EXIT(true);
 }
 
 template <class IK>

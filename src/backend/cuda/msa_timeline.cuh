@@ -100,3 +100,106 @@ static __device__ Table g_indexer, g_attention;
 #define M3_TL_MARK(kernel, cta, m) ((void)0)
 #define M3_TL_FINISH(kernel, cta, ctas) ((void)0)
 #endif
+
+// Phase clocks of the prefill indexer's block loop (-DM3_MSA_PHASES, CMake option
+// M3_MSA_PHASES; never for serving): lane 0 of every warp adds the SM clocks it spent in each
+// phase of every stage, and the launch's last CTA prints the mean per (warp, stage) and resets.
+// The mean is a warp's wall time per phase (its waits for the scheduler included), so the
+// phases of one stage add up to the stage's length.
+#ifdef M3_MSA_PHASES
+#include <cstdio>
+
+namespace m3::cuda::msa_ph {
+
+constexpr int kPhases = 10;
+struct Table {
+  unsigned long long cyc[kPhases];
+  unsigned long long stages;  // (warp, stage) pairs
+  unsigned long long ctas_with_work;
+  unsigned done;
+};
+static __device__ Table g_prefill;
+
+__device__ __forceinline__ const char* phase_name(int p) {
+  switch (p) {
+    case 0: return "copy wait + barrier A";
+    case 1: return "next stage's copies";
+    case 2: return "wgmma + gram";
+    case 3: return "barrier B";
+    case 4: return "max + mask";
+    case 5: return "candidate list";
+    case 6: return "exact dots";
+    case 7: return "score writes";
+    case 8: return "prologue";
+    default: return "selection";
+  }
+}
+
+// Per-warp accumulators in static shared memory (registers would perturb the kernel: ten 64-bit
+// sums spilled), 32-bit clocks: a warp's phase sum stays far below 2^32 cycles.
+struct Acc {
+  unsigned* row;
+  unsigned t = 0, n = 0;
+  __device__ __forceinline__ void start(unsigned* base) {
+    row = base + (threadIdx.x >> 5) * kPhases;
+    if ((threadIdx.x & 31) == 0) {
+      for (int p = 0; p < kPhases; ++p) row[p] = 0;
+    }
+    t = unsigned(clock());
+  }
+  __device__ __forceinline__ void lap(int p) {
+    const unsigned x = unsigned(clock());
+    if ((threadIdx.x & 31) == 0) row[p] += x - t;
+    t = x;
+  }
+  __device__ __forceinline__ void flush(Table& tb) {
+    if ((threadIdx.x & 31) != 0) return;
+    for (int p = 0; p < kPhases; ++p) atomicAdd(&tb.cyc[p], (unsigned long long)row[p]);
+    atomicAdd(&tb.stages, (unsigned long long)n);
+    __threadfence();
+  }
+};
+
+// Every CTA calls this once, at its exit; the last one prints.
+__device__ __forceinline__ void exit_cta(Table& tb, bool worked) {
+  __syncthreads();
+  if (threadIdx.x != 0) return;
+  __threadfence();
+  if (worked) atomicAdd(&tb.ctas_with_work, 1ull);
+  if (atomicAdd(&tb.done, 1u) != gridDim.x * gridDim.y - 1) return;
+  __threadfence();
+  const double n = tb.stages ? double(tb.stages) : 1.0;
+  const double ctas = tb.ctas_with_work ? double(tb.ctas_with_work) : 1.0;
+  printf("[phases prefill] grid %u x %u, %llu (warp, stage) pairs, %llu CTAs with blocks\n", gridDim.x, gridDim.y,
+         tb.stages, tb.ctas_with_work);
+  double tot = 0.0;
+  for (int p = 0; p < 8; ++p) tot += double(tb.cyc[p]) / n;
+  for (int p = 0; p < kPhases; ++p) {
+    const double per = p < 8 ? double(tb.cyc[p]) / n : double(tb.cyc[p]) / (ctas * blockDim.x / 32);
+    printf("[phases prefill] %-24s %9.1f cycles per %s%s\n", phase_name(p), per, p < 8 ? "warp-stage" : "warp",
+           p < 8 ? "" : " (whole CTA)");
+  }
+  printf("[phases prefill] stage total %.1f cycles\n", tot);
+  for (int p = 0; p < kPhases; ++p) tb.cyc[p] = 0;
+  tb.stages = tb.ctas_with_work = 0;
+  tb.done = 0;
+}
+
+}  // namespace m3::cuda::msa_ph
+
+#define M3_PH_DECL                   \
+  __shared__ unsigned ph_rows[32 * m3::cuda::msa_ph::kPhases]; \
+  m3::cuda::msa_ph::Acc ph_acc
+#define M3_PH_START() ph_acc.start(ph_rows)
+#define M3_PH_LAP(p) ph_acc.lap(p)
+#define M3_PH_STAGE() (++ph_acc.n)
+#define M3_PH_FLUSH() ph_acc.flush(m3::cuda::msa_ph::g_prefill)
+#define M3_PH_EXIT(worked) m3::cuda::msa_ph::exit_cta(m3::cuda::msa_ph::g_prefill, worked)
+#else
+#define M3_PH_DECL int ph_unused_ [[maybe_unused]] = 0
+#define M3_PH_START() ((void)0)
+#define M3_PH_LAP(p) ((void)0)
+#define M3_PH_STAGE() ((void)0)
+#define M3_PH_FLUSH() ((void)0)
+#define M3_PH_EXIT(worked) ((void)0)
+#endif

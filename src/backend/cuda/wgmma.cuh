@@ -23,9 +23,12 @@ __device__ __forceinline__ uint64_t desc_sw128_mn(uint32_t addr, uint32_t lbo) {
          (uint64_t(1) << 62);
 }
 // The first 1024-byte aligned byte of a dynamic shared-memory buffer: 128-byte swizzled tiles
-// repeat every 1024 bytes, so the kernels allocate 1 KB extra and start there.
+// repeat every 1024 bytes, so the kernels allocate 1 KB extra and start there. Aligned by
+// pointer arithmetic on the shared array, not through an integer: the compiler then still knows
+// every pointer derived from the result is shared, and accesses it by LDS / STS / ATOMS instead
+// of generic LD / ST / ATOM (generic atomics to shared memory are far slower).
 __device__ __forceinline__ unsigned char* align_1024(unsigned char* buf) {
-  return reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(buf) + 1023) & ~uintptr_t(1023));
+  return buf + ((1024u - (uint32_t(__cvta_generic_to_shared(buf)) & 1023u)) & 1023u);
 }
 // cp.async and st.shared writes are generic-proxy; wgmma reads through the async proxy.
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
