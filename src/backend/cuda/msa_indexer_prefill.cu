@@ -208,6 +208,13 @@ __global__ void __launch_bounds__(kPThreads, 1) msa_indexer_prefill_kernel(Index
         cp_async16(smem_u32(buf + key_chunk_off(row, ch)), keys + (base + row) * kRowBytes + ch * 16, true);
       }
     };
+    // The rows' fp32 q into shared memory (the exact dots' operand), every row of the warp in
+    // flight at once: read into registers a row at a time, the loop waited for a DRAM round trip
+    // per row (~20 us per CTA, a quarter of the 8K indexer, whose groups run in 4 chunks of CTAs).
+    for (int r = warp; r < P && r < kPRows; r += kPWarps) {
+      cp_async16(smem_u32(q_s + q_slot(r) * kPQStride + lane * 4), group_q_row(a, t0, r) + lane * 4, true);
+    }
+    cp_async_commit();
 #pragma unroll 1
     for (int i = 0; i < kStages - 1; ++i) {
       if (i < nstage) {
@@ -217,12 +224,14 @@ __global__ void __launch_bounds__(kPThreads, 1) msa_indexer_prefill_kernel(Index
       cp_async_commit();
     }
     if constexpr (Cf::kWg) next_page = kStages - 1 < nstage ? __ldg(table + b0 + kStages - 1) : 0;
-    // Per row: sigma and the bound's row factor c |q sigma| + zero term (rounded up).
+    // Per row: sigma and the bound's row factor c |q sigma| + zero term (rounded up), from the
+    // rows copied above.
+    cp_async_wait<kStages - 1>();  // this thread's q copies (the stages' may still fly)
+    __syncwarp();
     for (int r = warp; r < kPRows; r += kPWarps) {
       float sig = 0.0f, fac = 0.0f;
       if (r < P) {
-        const float4 v = *reinterpret_cast<const float4*>(group_q_row(a, t0, r) + lane * 4);
-        *reinterpret_cast<float4*>(q_s + q_slot(r) * kPQStride + lane * 4) = v;  // the exact dots' operand
+        const float4 v = *reinterpret_cast<const float4*>(q_s + q_slot(r) * kPQStride + lane * 4);
         float nq;
         warp_row_scale<IK>(v, sig, nq);
         fac = __fmaf_ru(Tr::kErr, nq, Tr::kZeroTerm);
@@ -239,6 +248,10 @@ __global__ void __launch_bounds__(kPThreads, 1) msa_indexer_prefill_kernel(Index
     q_frags<IK>(group_q_row(a, t0, ra < P ? ra : 0), group_q_row(a, t0, rb < P ? rb : 0), sig_s[ra], sig_s[rb], cq, af);
     const float fac_h[2] = {a_s[ra], a_s[rb]};
     const int loc_h[2] = {ra < P ? local_of(ra) : -1, rb < P ? local_of(rb) : -1};
+    // Lane l < 16 writes row 16 warp + l's scores: BF16 finds its local block once, not per
+    // stage (FP8 keys per stage: the register made their kernel spill more).
+    auto loc_of_lane = [&] { return lane < 16 && 16 * warp + lane < P ? local_of(16 * warp + lane) : -1; };
+    const int loc_w = Cf::kWg ? loc_of_lane() : -1;
     uint32_t* const list = cand_s + warp * kPCandCap;
     uint32_t* const best = best_s + 16 * warp;
     auto exact_into_best = [&](uint32_t entry, const unsigned char* buf) {
@@ -418,8 +431,7 @@ __global__ void __launch_bounds__(kPThreads, 1) msa_indexer_prefill_kernel(Index
       __syncwarp();
       M3_PH_LAP(6);
       if (lane < 16) {
-        const int r = 16 * warp + lane;
-        if (r < P && local_of(r) > blk) a.scores[(score_row0 + r) * a.max_blocks + blk] = best[lane];
+        if ((Cf::kWg ? loc_w : loc_of_lane()) > blk) a.scores[(score_row0 + 16 * warp + lane) * a.max_blocks + blk] = best[lane];
         best[lane] = kKeyMinusInf;
       }
       __syncwarp();
