@@ -45,6 +45,10 @@ constexpr int kPThreads = 512, kPWarps = kPThreads / 32, kPRows = 16 * kPWarps;
 constexpr int kPBlockKeys = 128;        // the only block size this kernel takes
 constexpr int kPBufBytes = 64 * 1024;   // the key ring; reused by the selection
 constexpr int kPQStride = 132;          // floats per shared q row: rows 16 B apart in the banks
+constexpr int kPCandCap = 128;          // listed exact dots per warp and stage (more run in place)
+// Bound inputs below these cannot overflow the approximate dots, the bound or max a - 2E.
+constexpr float kMaxRowFactor = 17179869184.0f;  // 2^34 >= c |q sigma| + zero term (|q sigma| < 2^37)
+constexpr float kMaxKeyNorm = 1.2089258e24f;     // 2^80
 
 // Shared q row of the CTA's row r. A warp's candidate list interleaves its rows g and g + 8 (one
 // lane lists both), and eight lanes of an exact-dot load read eight rows at once: rows 16 B apart
@@ -52,10 +56,6 @@ constexpr int kPQStride = 132;          // floats per shared q row: rows 16 B ap
 // (physical row 2 g + 1 for g + 8), not 8 apart. (Stored in order, the exact dots' q loads took
 // twice their ideal shared-memory wavefronts.)
 __device__ __forceinline__ int q_slot(int r) { return (r & ~15) | ((r & 7) << 1) | ((r >> 3) & 1); }
-constexpr int kPCandCap = 128;          // listed exact dots per warp and stage (more run in place)
-// Bound inputs below these cannot overflow the approximate dots, the bound or max a - 2E.
-constexpr float kMaxRowFactor = 17179869184.0f;  // 2^34 >= c |q sigma| + zero term (|q sigma| < 2^37)
-constexpr float kMaxKeyNorm = 1.2089258e24f;     // 2^80
 
 template <class IK>
 struct PCfg {

@@ -111,7 +111,7 @@ static __device__ Table g_indexer, g_attention;
 
 namespace m3::cuda::msa_ph {
 
-constexpr int kPhases = 10;
+constexpr int kPhases = 10, kStagePhases = 8;  // phases 0-7 per stage, 8-9 per CTA
 struct Table {
   unsigned long long cyc[kPhases];
   unsigned long long stages;  // (warp, stage) pairs
@@ -173,11 +173,11 @@ __device__ __forceinline__ void exit_cta(Table& tb, bool worked) {
   printf("[phases prefill] grid %u x %u, %llu (warp, stage) pairs, %llu CTAs with blocks\n", gridDim.x, gridDim.y,
          tb.stages, tb.ctas_with_work);
   double tot = 0.0;
-  for (int p = 0; p < 8; ++p) tot += double(tb.cyc[p]) / n;
+  for (int p = 0; p < kStagePhases; ++p) tot += double(tb.cyc[p]) / n;
   for (int p = 0; p < kPhases; ++p) {
-    const double per = p < 8 ? double(tb.cyc[p]) / n : double(tb.cyc[p]) / (ctas * blockDim.x / 32);
-    printf("[phases prefill] %-24s %9.1f cycles per %s%s\n", phase_name(p), per, p < 8 ? "warp-stage" : "warp",
-           p < 8 ? "" : " (whole CTA)");
+    const double per = p < kStagePhases ? double(tb.cyc[p]) / n : double(tb.cyc[p]) / (ctas * blockDim.x / 32);
+    printf("[phases prefill] %-24s %9.1f cycles per %s%s\n", phase_name(p), per, p < kStagePhases ? "warp-stage" : "warp",
+           p < kStagePhases ? "" : " (whole CTA)");
   }
   printf("[phases prefill] stage total %.1f cycles\n", tot);
   for (int p = 0; p < kPhases; ++p) tb.cyc[p] = 0;
@@ -187,7 +187,7 @@ __device__ __forceinline__ void exit_cta(Table& tb, bool worked) {
 
 }  // namespace m3::cuda::msa_ph
 
-#define M3_PH_DECL                   \
+#define M3_PH_DECL                                            \
   __shared__ unsigned ph_rows[32 * m3::cuda::msa_ph::kPhases]; \
   m3::cuda::msa_ph::Acc ph_acc
 #define M3_PH_START() ph_acc.start(ph_rows)
