@@ -14,7 +14,8 @@
 // a_k + E >= max a - E: so the keys with a_k >= max a - 2E (rounded down) are a superset of the
 // block's possible maxima, and the block score is the maximum of their exact dots (bit-identical
 // to the reference's). Rows or blocks whose bound could overflow or is not finite (non-finite
-// or huge Q or keys) list every key of the block.
+// or huge Q or keys) list every key of the block. Long rows also drop the keys that cannot reach
+// the row's k-th best block lower bound so far (pruning, below).
 //
 // CTA: 16 warps, 256 rows (64 tokens at 4 index heads), one CTA per SM; keys through a 2-stage
 // (BF16; FP8 4-stage) cp.async ring of whole blocks in XOR-swizzled shared memory, the rows' fp32
@@ -46,6 +47,12 @@ constexpr int kPBlockKeys = 128;        // the only block size this kernel takes
 constexpr int kPBufBytes = 64 * 1024;   // the key ring; reused by the selection
 constexpr int kPQStride = 132;          // floats per shared q row: rows 16 B apart in the banks
 constexpr int kPCandCap = 128;          // listed exact dots per warp and stage (more run in place)
+// Pruning (BF16 keys): per row, the kPListLen largest block lower bounds the CTA has seen, in
+// shared memory, bound the row's selection threshold from below when k = top_k - 1 <= kPListLen.
+// Only in CTAs of more than kPPruneMinStages blocks: with fewer the bound rises too late to pay
+// for its upkeep (8K prefill: +2 % with every CTA pruning, 32K -12 %, 64K -17 %).
+constexpr int kPListLen = 16;
+constexpr int kPPruneMinStages = 64;
 // Bound inputs below these cannot overflow the approximate dots, the bound or max a - 2E.
 constexpr float kMaxRowFactor = 17179869184.0f;  // 2^34 >= c |q sigma| + zero term (|q sigma| < 2^37)
 constexpr float kMaxKeyNorm = 1.2089258e24f;     // 2^80
@@ -75,9 +82,11 @@ struct PCfg {
   static constexpr size_t kSigOff = kNkOff + size_t(kPWarps) * 4;                   // [rows]
   static constexpr size_t kAOff = kSigOff + size_t(kPRows) * 4;                     // [rows]
   static constexpr size_t kPosOff = kAOff + size_t(kPRows) * 4;                     // [tokens <= rows]
-  static constexpr size_t kBytes = kPosOff + size_t(kPRows) * 4 + 1024;  // + the 1024-byte alignment
+  static constexpr size_t kLstOff = kPosOff + size_t(kPRows) * 4;                   // [rows][kPListLen] f32
+  static constexpr size_t kBytes = kLstOff + (kWg ? size_t(kPRows) * kPListLen * 4 : 0) + 1024;  // + the 1024-byte alignment
   static constexpr int kSelectCap = kPBufBytes / 4 / kPWarps - 256;  // words per warp: cache, then hist
   static_assert(kStages >= 2, "a ring of at least two blocks");
+  static_assert(kBytes <= 227 * 1024, "one CTA's shared memory");
 };
 
 // Block-wide exclusive scan step: returns this thread's exclusive prefix of v and the total.
@@ -158,6 +167,7 @@ __global__ void __launch_bounds__(kPThreads, 1) msa_indexer_prefill_kernel(Index
   float* const sig_s = reinterpret_cast<float*>(smem + Cf::kSigOff);
   float* const a_s = reinterpret_cast<float*>(smem + Cf::kAOff);
   int* const s_pos = reinterpret_cast<int*>(smem + Cf::kPosOff);
+  float* const lst_s = reinterpret_cast<float*>(smem + Cf::kLstOff);
   __shared__ int s_scan[kPWarps];
   __shared__ int s_found[2];
   __shared__ int s_last;
@@ -252,6 +262,18 @@ __global__ void __launch_bounds__(kPThreads, 1) msa_indexer_prefill_kernel(Index
     // stage (FP8 keys per stage: the register made their kernel spill more).
     auto loc_of_lane = [&] { return lane < 16 && 16 * warp + lane < P ? local_of(16 * warp + lane) : -1; };
     const int loc_w = Cf::kWg ? loc_of_lane() : -1;
+    // Pruning: lim_h = the k-th largest block lower bound of the lane's rows so far (-inf: none
+    // yet), k = top_k - 1. At least k blocks score >= lim, so a key with a + E < lim cannot be the
+    // maximum of a selected block and is not listed. The block's score then stays below lim
+    // (it is the maximum of its listed keys' exact dots, or -inf), every block scoring >= lim keeps
+    // its exact maximum (its maximum key has a + E >= the lim of its stage), and the selection is
+    // the same. BF16 only: FP8's kernel spilled three times the bytes with it.
+    const bool prune = Cf::kWg && a.top_k - 1 >= 1 && a.top_k - 1 <= kPListLen && nstage > kPPruneMinStages;
+    float lim_h[2] = {-INFINITY, -INFINITY};
+    if (prune) {  // the warp's rows' lists (no other warp reads them)
+      for (int i = lane; i < 16 * kPListLen; i += 32) lst_s[16 * warp * kPListLen + i] = -INFINITY;
+      __syncwarp();
+    }
     uint32_t* const list = cand_s + warp * kPCandCap;
     uint32_t* const best = best_s + 16 * warp;
     auto exact_into_best = [&](uint32_t entry, const unsigned char* buf) {
@@ -377,6 +399,7 @@ __global__ void __launch_bounds__(kPThreads, 1) msa_indexer_prefill_kernel(Index
         nkmax = fmaxf(nkmax, fmaxf(fmaxf(v.x, v.y), fmaxf(v.z, v.w)));  // inf stays inf
       }
       unsigned mask[2] = {0u, 0u};  // element 2 nt + e: key 8 nt + 2 cq + e
+      float lower[2] = {-INFINITY, -INFINITY};  // the rows' block lower bounds max a - E (rounded down)
       if (any) {
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
@@ -386,14 +409,19 @@ __global__ void __launch_bounds__(kPThreads, 1) msa_indexer_prefill_kernel(Index
           for (int nt = 0; nt < 16; ++nt) m = fmaxf(m, fmaxf(acc[4 * nt + 2 * h], acc[4 * nt + 2 * h + 1]));
           m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
           m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
-          const float e2 = __fmul_ru(2.0f, __fmaf_ru(fac_h[h], nkmax, 5.96046448e-08f));
-          const float thr = __fsub_rd(m, e2);
+          const float e1 = __fmaf_ru(fac_h[h], nkmax, 5.96046448e-08f);
+          const float e2 = __fmul_ru(2.0f, e1);
+          float thr = __fsub_rd(m, e2);
           const bool safe = fac_h[h] <= kMaxRowFactor && nkmax <= kMaxKeyNorm && thr > -INFINITY && thr < INFINITY;
           if (!need) continue;
           if (!safe) {
             mask[h] = 0xffffffffu;
             continue;
           }
+          // The exact block maximum is >= max a - E; a key can reach the threshold only if a + E does.
+          lower[h] = __fsub_rd(m, e1);
+          thr = fmaxf(thr, __fsub_rd(lim_h[h], e1));
+          if (thr > m) continue;  // no key of the block reaches it (a warp whose rows all skip saves the loop)
           // Element e is below thr iff acc - thr is negative (finite operands here: an exact
           // difference of distinct floats is never zero), so its sign bit is the complement of
           // the candidate bit: two instructions per element where the compare took three.
@@ -404,6 +432,28 @@ __global__ void __launch_bounds__(kPThreads, 1) msa_indexer_prefill_kernel(Index
             below = (below << 1) | (__float_as_uint(__fsub_rn(acc[4 * nt + 2 * h], thr)) >> 31);
           }
           mask[h] = ~below;
+        }
+      }
+      if (prune && any) {  // warp-uniform: this block's lower bounds into the rows' sorted lists
+        // Row list: the row's kPListLen largest block lower bounds, descending; quad lane cq
+        // holds entries 4 cq .. 4 cq + 3. Insert v: new[i] = max(old[i], min(old[i - 1], v)).
+        const int kth = a.top_k - 2;  // index of the (top_k - 1)-th largest
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          float4* const slot = reinterpret_cast<float4*>(lst_s + (16 * warp + gq + 8 * h) * kPListLen + 4 * cq);
+          const float4 o = *slot;
+          const float v = lower[h];
+          float prev = __shfl_up_sync(0xffffffffu, o.w, 1);
+          if (cq == 0) prev = INFINITY;
+          float4 n;
+          n.x = fmaxf(o.x, fminf(prev, v));
+          n.y = fmaxf(o.y, fminf(o.x, v));
+          n.z = fmaxf(o.z, fminf(o.y, v));
+          n.w = fmaxf(o.w, fminf(o.z, v));
+          *slot = n;
+          const int j = kth & 3;
+          const float mine = j == 0 ? n.x : j == 1 ? n.y : j == 2 ? n.z : n.w;
+          lim_h[h] = __shfl_sync(0xffffffffu, mine, (lane & ~3) | (kth >> 2));
         }
       }
       M3_PH_LAP(4);
