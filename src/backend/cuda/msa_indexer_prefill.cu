@@ -494,9 +494,7 @@ __global__ void __launch_bounds__(kPThreads, 1) msa_indexer_prefill_kernel(Index
   pdl_launch_dependents();  // the attention kernel may start its setup while the selection runs
   if (a.chunks > 1) {
     if (!msa::arrive_last(&a.counters[t0], unsigned(a.chunks), &s_last)) {
-      M3_PH_LAP(9);
-      M3_PH_FLUSH();
-      M3_PH_EXIT(true);
+      M3_PH_DONE();
       return;
     }
   } else {
@@ -504,9 +502,7 @@ __global__ void __launch_bounds__(kPThreads, 1) msa_indexer_prefill_kernel(Index
   }
   uint32_t* const cache = reinterpret_cast<uint32_t*>(stage_buf) + warp * (Cf::kSelectCap + 256);
   select_group(a, t0, P, s_pos, cache, Cf::kSelectCap, cache + Cf::kSelectCap);
-  M3_PH_LAP(9);
-  M3_PH_FLUSH();
-  M3_PH_EXIT(true);
+  M3_PH_DONE();
 }
 
 template <class IK>

@@ -195,6 +195,13 @@ __device__ __forceinline__ void exit_cta(Table& tb, bool worked) {
 #define M3_PH_STAGE() (++ph_acc.n)
 #define M3_PH_FLUSH() ph_acc.flush(m3::cuda::msa_ph::g_prefill)
 #define M3_PH_EXIT(worked) m3::cuda::msa_ph::exit_cta(m3::cuda::msa_ph::g_prefill, worked)
+// A CTA that scanned blocks, at its exit: the selection phase (9), its sums, its exit.
+#define M3_PH_DONE() \
+  do {                \
+    M3_PH_LAP(9);     \
+    M3_PH_FLUSH();    \
+    M3_PH_EXIT(true); \
+  } while (0)
 #else
 #define M3_PH_DECL static_assert(true)
 #define M3_PH_START() ((void)0)
@@ -202,4 +209,5 @@ __device__ __forceinline__ void exit_cta(Table& tb, bool worked) {
 #define M3_PH_STAGE() ((void)0)
 #define M3_PH_FLUSH() ((void)0)
 #define M3_PH_EXIT(worked) ((void)0)
+#define M3_PH_DONE() ((void)0)
 #endif
