@@ -88,6 +88,30 @@ template <> struct IkTraits<__nv_fp8_e4m3> {
   }
 };
 
+// FP8 keys as the prefill indexer computes with them: converted to f16 in shared memory (exact:
+// every e4m3 value is an f16 normal or zero), in the BF16 keys' stage layout, so that the
+// approximate dots run on f16 wgmma; Q sigma rounded to f16 as for FP8 keys, hence their bound.
+template <> struct IkTraits<__half> {
+  static constexpr int kRowBytes = 256;
+  static constexpr int kPerChunk = 8;
+  static constexpr int kSigmaExp = IkTraits<__nv_fp8_e4m3>::kSigmaExp;
+  static constexpr float kErr = IkTraits<__nv_fp8_e4m3>::kErr;
+  static constexpr float kZeroTerm = IkTraits<__nv_fp8_e4m3>::kZeroTerm;
+  static __device__ __forceinline__ void unpack(const uint4& r, float (&f)[8]) {
+    const uint32_t w[4] = {r.x, r.y, r.z, r.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const float2 v = __half22float2(*reinterpret_cast<const __half2*>(&w[i]));
+      f[2 * i] = v.x;
+      f[2 * i + 1] = v.y;
+    }
+  }
+  static __device__ __forceinline__ uint32_t pack(float x, float y) { return IkTraits<__nv_fp8_e4m3>::pack(x, y); }
+  static __device__ __forceinline__ void mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    msa::mma_f16(c, a, b0, b1);
+  }
+};
+
 struct IndexerArgs {
   const float* q;       // [tokens, heads, 128]
   const void* keys;     // [slots, 128] BF16 or FP8
@@ -214,8 +238,8 @@ __device__ __forceinline__ void warp_row_scale(const float4& v, float& sig, floa
 }
 
 // A fragments (m16n8k16, rows g and g + 8 of an m-tile: qa, qb scaled by sa, sb) of Q sigma in
-// the key layout's k order: bf16 keys, dims (16 ks + 2 c, +1) and (+8, +9); f16 (FP8 keys
-// converted), dims 16 ks + 4 c + 0..3.
+// the key layout's k order: 2-byte keys (bf16, or f16 converted in shared memory), dims (16 ks +
+// 2 c, +1) and (+8, +9); FP8 keys converted per fragment, dims 16 ks + 4 c + 0..3.
 template <class IK>
 __device__ __forceinline__ void q_frags(const float* qa, const float* qb, float sa, float sb, int cq,
                                         uint32_t (&af)[8][4]) {

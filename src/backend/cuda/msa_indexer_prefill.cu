@@ -18,13 +18,16 @@
 // the row's k-th best block lower bound so far (pruning, below).
 //
 // CTA: 16 warps, 256 rows (64 tokens at 4 index heads), one CTA per SM; keys through a 2-stage
-// (BF16; FP8 4-stage) cp.async ring of whole blocks in XOR-swizzled shared memory, the rows' fp32
+// cp.async ring of whole blocks in XOR-swizzled shared memory, the rows' fp32
 // q in shared memory for the exact dots (through L1 they stalled the scan: 28 M dots of 512-byte
 // rows at 32K, one row per lane); the blocks'
-// |k| from a Gram MMA (each warp one 8-key n-tile). BF16 keys: each warpgroup's 64 rows take
+// |k| from a Gram MMA (each warp one 8-key n-tile). Each warpgroup's 64 rows take
 // the approximate dots as 8 wgmma m64n128k16 with Q in registers (the stage's B read once per
 // warpgroup, not once per warp: 8 instructions where mma.sync took 128 MMAs and 64 ldmatrix; the
-// same fp32 bits); FP8 keys keep mma.sync on f16 conversions. Candidates are listed per warp (a bitmask
+// same fp32 bits). FP8 keys are copied raw into the upper half of their stage and converted
+// there to f16 (exact) in the BF16 keys' layout by the threads that copied them, so both key
+// types run the same f16 / bf16 wgmma path (on mma.sync over per-fragment conversions, FP8 took
+// 25-33 % longer than BF16). Candidates are listed per warp (a bitmask
 // per thread and row, compacted with a warp scan) and their exact dots run one per lane from the
 // stage still in shared memory. Groups are enumerated on the device (no host sync); long
 // contexts with few groups split their blocks over chunks, and the last chunk's CTA selects
@@ -32,6 +35,8 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
+
+#include <type_traits>
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/cuda_internal.h"
@@ -64,17 +69,16 @@ constexpr float kMaxKeyNorm = 1.2089258e24f;     // 2^80
 // twice their ideal shared-memory wavefronts.)
 __device__ __forceinline__ int q_slot(int r) { return (r & ~15) | ((r & 7) << 1) | ((r >> 3) & 1); }
 
+// IK: the stage's element type (bf16 keys, or __half for FP8 keys converted in shared memory).
 template <class IK>
 struct PCfg {
-  static constexpr int kRowBytes = IkTraits<IK>::kRowBytes;
-  static constexpr int kStageBytes = kPBlockKeys * kRowBytes;
-  // BF16 stages hold the block as two 128-byte halves of every key (dims 0-63, then 64-127),
-  // each a 128-byte-swizzled K-major tile: the B operand of the warpgroups' wgmma. FP8 keys
-  // (128-byte rows, one such tile) keep mma.sync on f16 conversions.
-  static constexpr bool kWg = sizeof(IK) == 2;
-  static constexpr int kHalfStride = kWg ? kPBlockKeys * 128 : 0;
-  static constexpr int kRowPitch = kWg ? 128 : kRowBytes;  // bytes from one key's row to the next
-  static constexpr int kStages = kPBufBytes / kStageBytes;  // 2 (BF16), 4 (FP8)
+  static_assert(sizeof(IK) == 2, "stages of 2-byte elements");
+  static constexpr int kStageBytes = kPBlockKeys * kDim * 2;
+  // A stage holds the block as two 128-byte halves of every key (dims 0-63, then 64-127), each a
+  // 128-byte-swizzled K-major tile: the B operand of the warpgroups' wgmma.
+  static constexpr int kHalfStride = kPBlockKeys * 128;
+  static constexpr int kRowPitch = 128;  // bytes from one key's row to the next
+  static constexpr int kStages = kPBufBytes / kStageBytes;  // 2
   static constexpr size_t kQOff = kPBufBytes;                                       // [rows][kPQStride] f32
   static constexpr size_t kCandOff = kQOff + size_t(kPRows) * kPQStride * 4;        // [warps][cap] u32
   static constexpr size_t kBestOff = kCandOff + size_t(kPWarps) * kPCandCap * 4;    // [rows] order keys
@@ -83,7 +87,7 @@ struct PCfg {
   static constexpr size_t kAOff = kSigOff + size_t(kPRows) * 4;                     // [rows]
   static constexpr size_t kPosOff = kAOff + size_t(kPRows) * 4;                     // [tokens <= rows]
   static constexpr size_t kLstOff = kPosOff + size_t(kPRows) * 4;                   // [rows][kPListLen] f32
-  static constexpr size_t kBytes = kLstOff + (kWg ? size_t(kPRows) * kPListLen * 4 : 0) + 1024;  // + the 1024-byte alignment
+  static constexpr size_t kBytes = kLstOff + size_t(kPRows) * kPListLen * 4 + 1024;  // + the 1024-byte alignment
   static constexpr int kSelectCap = kPBufBytes / 4 / kPWarps - 256;  // words per warp: cache, then hist
   static_assert(kStages >= 2, "a ring of at least two blocks");
   static_assert(kBytes <= 227 * 1024, "one CTA's shared memory");
@@ -151,14 +155,16 @@ __device__ bool find_group(const IndexerArgs& a, int* warp_tot, int* found, int&
   return t0 >= 0;
 }
 
-template <class IK>
+// KS: the cache's index-key type (bf16 or e4m3).
+template <class KS>
 __global__ void __launch_bounds__(kPThreads, 1) msa_indexer_prefill_kernel(IndexerArgs a) {
+  constexpr bool kF8 = sizeof(KS) == 1;
+  using IK = std::conditional_t<kF8, __half, KS>;
   using Cf = PCfg<IK>;
   using Tr = IkTraits<IK>;
-  constexpr int kStages = Cf::kStages, kRowBytes = Cf::kRowBytes, kStageBytes = Cf::kStageBytes;
+  constexpr int kStages = Cf::kStages, kStageBytes = Cf::kStageBytes;
   extern __shared__ __align__(128) unsigned char smem_raw[];
-  // The wgmma's swizzled stages repeat every 1024 bytes (FP8: no wgmma, the base as declared).
-  unsigned char* const smem = Cf::kWg ? wgmma::align_1024(smem_raw) : smem_raw;
+  unsigned char* const smem = wgmma::align_1024(smem_raw);  // the swizzled stages repeat every 1024 bytes
   unsigned char* const stage_buf = smem;
   float* const q_s = reinterpret_cast<float*>(smem + Cf::kQOff);
   uint32_t* const cand_s = reinterpret_cast<uint32_t*>(smem + Cf::kCandOff);
@@ -202,20 +208,50 @@ __global__ void __launch_bounds__(kPThreads, 1) msa_indexer_prefill_kernel(Index
     const unsigned char* keys = static_cast<const unsigned char*>(a.keys);
     // Byte offset of 16-byte chunk ch of key row `row` in a stage.
     auto key_chunk_off = [](int row, int ch) { return row * Cf::kRowPitch + stage_chunk_off<Cf::kHalfStride>(row, ch); };
-    // BF16: the page of the next stage to copy, read a stage ahead (its L2 round trip sat in front
-    // of every stage's copies). FP8 reads it in place: the register made its kernel spill.
+    // The page of the next stage to copy, read a stage ahead (its L2 round trip sat in front of
+    // every stage's copies).
     int next_page = 0;
     // Stage i = block b0 + i: thread = (16-byte column, row group), rows XOR-swizzled by row % 8.
+    // FP8: thread t copies raw chunks 2 (t % 4), + 1 of key t / 4 (dims 32 (t % 4) .. + 31) into
+    // the stage's upper half, chunk c of key r at r * 128 + (c ^ r % 8) * 16, where the upper
+    // halves of the f16 rows of key r go (f8_to_f16 below).
     auto load_stage = [&](int i) {
       unsigned char* buf = stage_buf + (i % kStages) * kStageBytes;
-      const int page = Cf::kWg ? next_page : __ldg(table + b0 + i);
-      const uint64_t base = uint64_t(uint32_t(page)) * kPBlockKeys;
-      constexpr int kChunks = kRowBytes / 16, kRowsPerPass = kPThreads / kChunks;
-      const int ch = tid % kChunks, row0 = tid / kChunks;
+      const uint64_t base = uint64_t(uint32_t(next_page)) * kPBlockKeys;
+      if constexpr (kF8) {
+        const int row = tid >> 2, c0 = 2 * (tid & 3);
+        const unsigned char* src = keys + (base + row) * 128 + c0 * 16;
+        unsigned char* dst = buf + Cf::kHalfStride + row * 128;
+        cp_async16(smem_u32(dst + ((c0 ^ (row & 7)) << 4)), src, true);
+        cp_async16(smem_u32(dst + (((c0 + 1) ^ (row & 7)) << 4)), src + 16, true);
+      } else {
+        constexpr int kChunks = 256 / 16, kRowsPerPass = kPThreads / kChunks;
+        const int ch = tid % kChunks, row0 = tid / kChunks;
 #pragma unroll
-      for (int pss = 0; pss < kPBlockKeys / kRowsPerPass; ++pss) {
-        const int row = row0 + pss * kRowsPerPass;
-        cp_async16(smem_u32(buf + key_chunk_off(row, ch)), keys + (base + row) * kRowBytes + ch * 16, true);
+        for (int pss = 0; pss < kPBlockKeys / kRowsPerPass; ++pss) {
+          const int row = row0 + pss * kRowsPerPass;
+          cp_async16(smem_u32(buf + key_chunk_off(row, ch)), keys + (base + row) * 256 + ch * 16, true);
+        }
+      }
+    };
+    static_assert(!kF8 || kPThreads == 4 * kPBlockKeys, "FP8 stages: four threads per key");
+    // FP8: this thread's raw chunks of stage i (landed: its own copies) -> f16 chunks 4 (t % 4) ..
+    // + 3 of key t / 4, exact. The key's four threads are one warp's lanes, and the upper-half
+    // writes overwrite only that key's raw chunks, so a warp barrier between the reads and the
+    // writes is enough.
+    auto f8_to_f16 = [&](int i) {
+      unsigned char* buf = stage_buf + (i % kStages) * kStageBytes;
+      const int row = tid >> 2, j = tid & 3;
+      const unsigned char* src = buf + Cf::kHalfStride + row * 128;
+      const uint4 r0 = *reinterpret_cast<const uint4*>(src + (((2 * j) ^ (row & 7)) << 4));
+      const uint4 r1 = *reinterpret_cast<const uint4*>(src + (((2 * j + 1) ^ (row & 7)) << 4));
+      __syncwarp();
+      const uint32_t w[8] = {r0.x, r0.y, r0.z, r0.w, r1.x, r1.y, r1.z, r1.w};
+#pragma unroll
+      for (int m = 0; m < 4; ++m) {
+        const uint4 h = make_uint4(e4m3x2_lo_f16x2(w[2 * m]), e4m3x2_hi_f16x2(w[2 * m]), e4m3x2_lo_f16x2(w[2 * m + 1]),
+                                   e4m3x2_hi_f16x2(w[2 * m + 1]));
+        *reinterpret_cast<uint4*>(buf + key_chunk_off(row, 4 * j + m)) = h;
       }
     };
     // The rows' fp32 q into shared memory (the exact dots' operand), every row of the warp in
@@ -228,12 +264,12 @@ __global__ void __launch_bounds__(kPThreads, 1) msa_indexer_prefill_kernel(Index
 #pragma unroll 1
     for (int i = 0; i < kStages - 1; ++i) {
       if (i < nstage) {
-        if constexpr (Cf::kWg) next_page = __ldg(table + b0 + i);
+        next_page = __ldg(table + b0 + i);
         load_stage(i);
       }
       cp_async_commit();
     }
-    if constexpr (Cf::kWg) next_page = kStages - 1 < nstage ? __ldg(table + b0 + kStages - 1) : 0;
+    next_page = kStages - 1 < nstage ? __ldg(table + b0 + kStages - 1) : 0;
     // Per row: sigma and the bound's row factor c |q sigma| + zero term (rounded up), from the
     // rows copied above.
     cp_async_wait<kStages - 1>();  // this thread's q copies (the stages' may still fly)
@@ -258,17 +294,15 @@ __global__ void __launch_bounds__(kPThreads, 1) msa_indexer_prefill_kernel(Index
     q_frags<IK>(group_q_row(a, t0, ra < P ? ra : 0), group_q_row(a, t0, rb < P ? rb : 0), sig_s[ra], sig_s[rb], cq, af);
     const float fac_h[2] = {a_s[ra], a_s[rb]};
     const int loc_h[2] = {ra < P ? local_of(ra) : -1, rb < P ? local_of(rb) : -1};
-    // Lane l < 16 writes row 16 warp + l's scores: BF16 finds its local block once, not per
-    // stage (FP8 keys per stage: the register made their kernel spill more).
-    auto loc_of_lane = [&] { return lane < 16 && 16 * warp + lane < P ? local_of(16 * warp + lane) : -1; };
-    const int loc_w = Cf::kWg ? loc_of_lane() : -1;
+    // Lane l < 16 writes row 16 warp + l's scores (its local block found once, not per stage).
+    const int loc_w = lane < 16 && 16 * warp + lane < P ? local_of(16 * warp + lane) : -1;
     // Pruning: lim_h = the k-th largest block lower bound of the lane's rows so far (-inf: none
     // yet), k = top_k - 1. At least k blocks score >= lim, so a key with a + E < lim cannot be the
     // maximum of a selected block and is not listed. The block's score then stays below lim
     // (it is the maximum of its listed keys' exact dots, or -inf), every block scoring >= lim keeps
     // its exact maximum (its maximum key has a + E >= the lim of its stage), and the selection is
-    // the same. BF16 only: FP8's kernel spilled three times the bytes with it.
-    const bool prune = Cf::kWg && a.top_k - 1 >= 1 && a.top_k - 1 <= kPListLen && nstage > kPPruneMinStages;
+    // the same.
+    const bool prune = a.top_k - 1 >= 1 && a.top_k - 1 <= kPListLen && nstage > kPPruneMinStages;
     float lim_h[2] = {-INFINITY, -INFINITY};
     if (prune) {  // the warp's rows' lists (no other warp reads them)
       for (int i = lane; i < 16 * kPListLen; i += 32) lst_s[16 * warp * kPListLen + i] = -INFINITY;
@@ -287,40 +321,31 @@ __global__ void __launch_bounds__(kPThreads, 1) msa_indexer_prefill_kernel(Index
 #pragma unroll 1
     for (int i = 0; i < nstage; ++i) {
       cp_async_wait<kStages - 2>();
-      if constexpr (Cf::kWg) wgmma::fence_proxy_async();  // this thread's copies, to the wgmma's reads
+      if constexpr (kF8) f8_to_f16(i);
+      wgmma::fence_proxy_async();  // this thread's copies (or conversions), to the wgmma's reads
       __syncthreads();  // stage i visible; every warp is done with stage i - 1 (and nk_s)
       M3_PH_LAP(0);
       if (i + kStages - 1 < nstage) load_stage(i + kStages - 1);
       cp_async_commit();
-      if constexpr (Cf::kWg) next_page = i + kStages < nstage ? __ldg(table + b0 + i + kStages) : 0;
+      next_page = i + kStages < nstage ? __ldg(table + b0 + i + kStages) : 0;
       M3_PH_LAP(1);
       const unsigned char* buf = stage_buf + (i % kStages) * kStageBytes;
       const uint32_t buf_u32 = smem_u32(buf);
       const int blk = b0 + i;
-      // B fragments of n-tile nt (keys 8 nt .. + 7), k-steps 4 q .. 4 q + 3 (FP8) or 2 q, 2 q + 1 (BF16).
+      // B fragments of n-tile nt (keys 8 nt .. + 7), k-steps 2 q, 2 q + 1.
       auto frags = [&](int nt, int q, uint32_t (&bf)[4][2]) {
         const int krow = 8 * nt + (lane & 7);
-        uint32_t r4[4];
-        if constexpr (sizeof(IK) == 2) {
-          msa::ldmatrix_x4(r4, buf_u32 + key_chunk_off(krow, (2 * q) * 4 + (lane >> 3)));
-          uint32_t r5[4];
-          msa::ldmatrix_x4(r5, buf_u32 + key_chunk_off(krow, (2 * q + 1) * 4 + (lane >> 3)));
-          bf[0][0] = r4[0];
-          bf[0][1] = r4[1];
-          bf[1][0] = r4[2];
-          bf[1][1] = r4[3];
-          bf[2][0] = r5[0];
-          bf[2][1] = r5[1];
-          bf[3][0] = r5[2];
-          bf[3][1] = r5[3];
-        } else {
-          msa::ldmatrix_x4(r4, buf_u32 + key_chunk_off(krow, q * 4 + (lane >> 3)));
-#pragma unroll
-          for (int j = 0; j < 4; ++j) {
-            bf[j][0] = e4m3x2_lo_f16x2(r4[j]);
-            bf[j][1] = e4m3x2_hi_f16x2(r4[j]);
-          }
-        }
+        uint32_t r4[4], r5[4];
+        msa::ldmatrix_x4(r4, buf_u32 + key_chunk_off(krow, (2 * q) * 4 + (lane >> 3)));
+        msa::ldmatrix_x4(r5, buf_u32 + key_chunk_off(krow, (2 * q + 1) * 4 + (lane >> 3)));
+        bf[0][0] = r4[0];
+        bf[0][1] = r4[1];
+        bf[1][0] = r4[2];
+        bf[1][1] = r4[3];
+        bf[2][0] = r5[0];
+        bf[2][1] = r5[1];
+        bf[3][0] = r5[2];
+        bf[3][1] = r5[3];
       };
       // |k| of the keys of n-tile `warp`: the Gram diagonal (A rows 0..7 = the keys themselves).
       auto gram = [&] {
@@ -349,9 +374,8 @@ __global__ void __launch_bounds__(kPThreads, 1) msa_indexer_prefill_kernel(Index
       // acc[4 nt + v]: (row gq + 8 (v >> 1), key 8 nt + 2 cq + (v & 1)), the m16n8 and the
       // wgmma m64n128 accumulator layouts alike.
       float acc[64];
-      bool any;
-      if constexpr (Cf::kWg) {
-        any = __any_sync(0xffffffffu, need0 || need1);  // warp-uniform
+      const bool any = __any_sync(0xffffffffu, need0 || need1);  // warp-uniform
+      {
         // The warpgroup's 64 rows x 128 keys in 8 wgmma m64n128k16 (A = this warp's Q fragments,
         // B = the stage), the Gram MMA under them. Same fp32 bits as the mma.sync chain over the
         // same operands and k order (wgmma.cuh), so the candidates are unchanged. Issued on every
@@ -365,29 +389,12 @@ __global__ void __launch_bounds__(kPThreads, 1) msa_indexer_prefill_kernel(Index
 #pragma unroll
         for (int ks = 0; ks < 8; ++ks) {
           const uint64_t db = wgmma::desc_sw128(buf_u32 + (ks >> 2) * Cf::kHalfStride) + uint64_t(2 * (ks & 3));
-          wgmma::WgmmaRS<true, 128>::run(acc, af[ks], db);
+          wgmma::WgmmaRS<!kF8, 128>::run(acc, af[ks], db);
         }
         wgmma::commit();
         gram();
         wgmma::wait<0>();
         wgmma::fence_regs(acc);
-      } else {
-        gram();
-        any = __any_sync(0xffffffffu, need0 || need1);  // warp-uniform
-        if (any) {
-#pragma unroll
-          for (int nt = 0; nt < 16; ++nt) {
-            float(&c)[4] = *reinterpret_cast<float(*)[4]>(acc + 4 * nt);
-            c[0] = c[1] = c[2] = c[3] = 0.0f;
-#pragma unroll
-            for (int q = 0; q < 2; ++q) {
-              uint32_t bf[4][2];
-              frags(nt, q, bf);
-#pragma unroll
-              for (int j = 0; j < 4; ++j) Tr::mma(c, af[4 * q + j], bf[j][0], bf[j][1]);
-            }
-          }
-        }
       }
       M3_PH_LAP(2);
       __syncthreads();  // every warp's |k| part
@@ -481,7 +488,7 @@ __global__ void __launch_bounds__(kPThreads, 1) msa_indexer_prefill_kernel(Index
       __syncwarp();
       M3_PH_LAP(6);
       if (lane < 16) {
-        if ((Cf::kWg ? loc_w : loc_of_lane()) > blk) a.scores[(score_row0 + 16 * warp + lane) * a.max_blocks + blk] = best[lane];
+        if (loc_w > blk) a.scores[(score_row0 + 16 * warp + lane) * a.max_blocks + blk] = best[lane];
         best[lane] = kKeyMinusInf;
       }
       __syncwarp();
@@ -505,10 +512,10 @@ __global__ void __launch_bounds__(kPThreads, 1) msa_indexer_prefill_kernel(Index
   M3_PH_DONE();
 }
 
-template <class IK>
+template <class KS>
 void launch_prefill_one(const IndexerArgs& a) {
-  auto kernel = msa_indexer_prefill_kernel<IK>;
-  constexpr size_t smem = PCfg<IK>::kBytes;
+  auto kernel = msa_indexer_prefill_kernel<KS>;
+  constexpr size_t smem = PCfg<std::conditional_t<sizeof(KS) == 1, __half, KS>>::kBytes;
   M3_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
   const int G = a.group_tokens;
   // Groups of the slice: at most one partial group per sequence beyond the full ones.

@@ -432,6 +432,7 @@ std::vector<Case> cases() {
   out.push_back({"tp1_prefill_dup_blocks", kTp1, {{3000, 64}}, Keys::kDupBlocks, DType::kBF16, false});
   // Rows of ~100 earlier blocks: the prefill indexer's pruning threshold rises over the scan.
   out.push_back({"tp1_prefill_12k", kTp1, {{12000, 300}}, Keys::kRandom, DType::kBF16, false});
+  out.push_back({"tp1_prefill_fp8_12k", kTp1, {{12000, 300}}, Keys::kRandom, DType::kF8E4M3, false});
   out.push_back({"bs32_g16_prefill_1800", {32, 2, 2, 32, 4}, {{0, 1500}, {700, 300}}, Keys::kRandom, DType::kBF16, false});
   // Dense prefills (the wgmma dense kernel through the dispatch): ragged runs of tokens that are
   // and are not multiples of its 8-token tiles, chunks after a cached context, a 1-token tail.
