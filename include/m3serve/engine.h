@@ -42,6 +42,11 @@ struct EngineConfig {
   // KV cache element type (K, V and MSA index keys): "auto" (bf16 on CUDA, f32 on the CPU),
   // "f32" or "bf16" (rounded to nearest even when written).
   std::string kv_cache_dtype = "auto";
+  // Element type of the MSA index-key cache: "auto" (the KV cache's), "f32", "bf16", or "fp8"
+  // (e4m3, rounded to nearest even and saturated at +-448 when written). fp8 halves the bytes the
+  // indexer scans per cached token against bf16; with 3 mantissa bits its block scores are
+  // coarser, so a selection can differ from a bf16 cache's where two blocks score close.
+  std::string index_cache_dtype = "auto";
 };
 
 struct GenerationRequest {

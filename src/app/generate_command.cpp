@@ -77,6 +77,11 @@ void register_generate(CLI::App& app) {
                   "KV cache element type: auto (bf16 on CUDA, f32 on CPU), f32, bf16")
       ->check(CLI::IsMember({"auto", "f32", "bf16"}))
       ->capture_default_str();
+  cmd->add_option("--index-cache-dtype", opts->engine.index_cache_dtype,
+                  "MSA index-key cache element type: auto (the KV cache's), f32, bf16, fp8 (e4m3: half of bf16's "
+                  "bytes for the indexer's scan, coarser block scores)")
+      ->check(CLI::IsMember({"auto", "f32", "bf16", "fp8"}))
+      ->capture_default_str();
   cmd->add_flag("--enforce-eager{false}", opts->engine.cuda_graphs,
                 "run decode steps eagerly instead of replaying a CUDA graph per batch bucket");
   cmd->add_flag("--dequantize-mxfp8", opts->engine.dequantize_mxfp8, "hold MXFP8 weights as BF16 on the GPU (twice the bytes)");

@@ -355,8 +355,15 @@ Result<std::unique_ptr<Engine>> Engine::create(const EngineConfig& config) {
   if (kv_dtype_name != "f32" && kv_dtype_name != "bf16")
     return Status::error("kv_cache_dtype must be auto, f32 or bf16, got " + config.kv_cache_dtype);
   const DType kv_dtype = kv_dtype_name == "bf16" ? DType::kBF16 : DType::kF32;
+  // Index keys: the KV cache's type unless asked otherwise (fp8: e4m3, half of bf16's bytes).
+  const std::string index_dtype_name = config.index_cache_dtype == "auto" ? kv_dtype_name : config.index_cache_dtype;
+  if (index_dtype_name != "f32" && index_dtype_name != "bf16" && index_dtype_name != "fp8")
+    return Status::error("index_cache_dtype must be auto, f32, bf16 or fp8, got " + config.index_cache_dtype);
+  const DType index_dtype = index_dtype_name == "fp8"    ? DType::kF8E4M3
+                            : index_dtype_name == "bf16" ? DType::kBF16
+                                                         : DType::kF32;
   // Bytes one KV page costs across all layers (K, V everywhere; index-K on sparse layers).
-  const int64_t page_bytes = BackendKvCache::bytes_per_block(c, bs, kv_dtype);
+  const int64_t page_bytes = BackendKvCache::bytes_per_block(c, bs, kv_dtype, index_dtype);
   int32_t num_blocks = config.num_kv_blocks > 0 ? config.num_kv_blocks : int32_t(config.kv_cache_memory_bytes / page_bytes);
   if (num_blocks < 1) return Status::error("KV cache budget too small for one page (" + std::to_string(page_bytes) + " bytes)");
   int32_t max_len = config.max_model_len > 0 ? config.max_model_len
@@ -376,7 +383,8 @@ Result<std::unique_ptr<Engine>> Engine::create(const EngineConfig& config) {
   // The cache key covers what changes a cached block: the model's identity (its config.json
   // content and total weight bytes, not its path, so two processes serving the same checkpoint
   // agree) and the KV dtype. Block size and seed are in the hasher's root already.
-  kc.hash_extra_keys = {"model=" + model_fingerprint(config.model_dir), "kv_dtype=" + kv_dtype_name};
+  kc.hash_extra_keys = {"model=" + model_fingerprint(config.model_dir), "kv_dtype=" + kv_dtype_name,
+                        "index_dtype=" + index_dtype_name};
   auto scheduler = Scheduler::create(sc, kc);
   if (!scheduler) return scheduler.status();
   ModelSummary summary;
@@ -391,7 +399,7 @@ Result<std::unique_ptr<Engine>> Engine::create(const EngineConfig& config) {
   if (config.max_num_batched_tokens < 1 || config.max_num_seqs < 1)
     return Status::error("max_num_batched_tokens and max_num_seqs must be >= 1");
   try {
-    BackendKvCache cache = BackendKvCache::allocate(rt, c, num_blocks, bs, kv_dtype);
+    BackendKvCache cache = BackendKvCache::allocate(rt, c, num_blocks, bs, kv_dtype, index_dtype);
     return std::unique_ptr<Engine>(new EngineImpl(config, std::move(owned), rt, std::move(*model), std::move(cache),
                                                   std::move(*scheduler), summary));
   } catch (const std::exception& e) {

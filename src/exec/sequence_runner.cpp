@@ -6,11 +6,11 @@
 namespace m3 {
 
 SequenceRunner::SequenceRunner(const MiniMaxM3Model& model, const ops::OpContext& ctx, int64_t max_tokens,
-                               DType kv_dtype)
+                               DType kv_dtype, std::optional<DType> index_dtype)
     : model_(model), rt_(model.runtime()), ctx_(ctx), block_size_(model.config().index_block_size) {
   const int64_t blocks = (max_tokens + block_size_ - 1) / block_size_;
   max_tokens_ = blocks * block_size_;
-  cache_ = BackendKvCache::allocate(rt_, model.config(), blocks, block_size_, kv_dtype);
+  cache_ = BackendKvCache::allocate(rt_, model.config(), blocks, block_size_, kv_dtype, index_dtype);
   // Pages in reverse order: a wrong page-table read shows up as a parity failure.
   block_table_.resize(size_t(blocks));
   std::iota(block_table_.rbegin(), block_table_.rend(), 0);

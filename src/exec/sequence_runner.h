@@ -4,6 +4,7 @@
 // as the one-at-a-time reference for batched runs.
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "model/minimax_m3/model.h"
@@ -12,8 +13,9 @@ namespace m3 {
 
 class SequenceRunner {
  public:
+  // index_dtype: the index-key cache's element type (unset: kv_dtype).
   SequenceRunner(const MiniMaxM3Model& model, const ops::OpContext& ctx, int64_t max_tokens,
-                 DType kv_dtype = DType::kF32);
+                 DType kv_dtype = DType::kF32, std::optional<DType> index_dtype = std::nullopt);
 
   // Appends `tokens` at positions [length(), length() + tokens.size()) and returns logits
   // for every new token (all_logits) or only the last one: [rows, vocab] (host).

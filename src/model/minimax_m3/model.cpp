@@ -303,22 +303,28 @@ KvCacheTensors BackendKvCache::views(Device device) const {
   return t;
 }
 
-int64_t BackendKvCache::bytes_per_block(const MiniMaxM3Config& c, int block_size, DType dtype) {
-  int64_t per_token = 0;
+int64_t BackendKvCache::bytes_per_block(const MiniMaxM3Config& c, int block_size, DType dtype,
+                                        std::optional<DType> index_dtype) {
+  int64_t kv = 0, index = 0;  // elements per token
   for (int l = 0; l < c.num_hidden_layers; ++l) {
-    per_token += 2 * int64_t(c.num_key_value_heads) * c.head_dim;
-    if (c.is_sparse_layer(l)) per_token += c.index_head_dim;
+    kv += 2 * int64_t(c.num_key_value_heads) * c.head_dim;
+    if (c.is_sparse_layer(l)) index += c.index_head_dim;
   }
-  return per_token * int64_t(dtype_size_bytes(dtype)) * block_size;
+  return (kv * int64_t(dtype_size_bytes(dtype)) + index * int64_t(dtype_size_bytes(index_dtype.value_or(dtype)))) *
+         block_size;
 }
 
 BackendKvCache BackendKvCache::allocate(ops::BackendRuntime* rt, const MiniMaxM3Config& c, int64_t num_blocks,
-                                        int block_size, DType dtype) {
+                                        int block_size, DType dtype, std::optional<DType> index_dtype) {
   M3_CHECK(dtype == DType::kF32 || dtype == DType::kBF16, "KV cache dtype must be F32 or BF16");
-  const size_t esz = dtype_size_bytes(dtype);
+  const DType idt = index_dtype.value_or(dtype);
+  M3_CHECK(idt == DType::kF32 || idt == DType::kBF16 || idt == DType::kF8E4M3,
+           "index-key cache dtype must be F32, BF16 or F8E4M3");
+  const size_t esz = dtype_size_bytes(dtype), iesz = dtype_size_bytes(idt);
   BackendKvCache cache;
   cache.block_size = block_size;
   cache.dtype = dtype;
+  cache.index_dtype = idt;
   const int64_t slots = num_blocks * block_size;
   const Device dev = rt->device();
   for (int l = 0; l < c.num_hidden_layers; ++l) {
@@ -329,8 +335,8 @@ BackendKvCache BackendKvCache::allocate(ops::BackendRuntime* rt, const MiniMaxM3
     cache.v_views_.push_back(TensorView{cache.v.back().data(), dtype, kv, dev});
     if (c.is_sparse_layer(l)) {
       const Shape ik{slots, c.index_head_dim};
-      cache.index_k.emplace_back(rt, size_t(ik.numel()) * esz);
-      cache.index_k_views_.push_back(TensorView{cache.index_k.back().data(), dtype, ik, dev});
+      cache.index_k.emplace_back(rt, size_t(ik.numel()) * iesz);
+      cache.index_k_views_.push_back(TensorView{cache.index_k.back().data(), idt, ik, dev});
     } else {
       cache.index_k.emplace_back();
       cache.index_k_views_.push_back(TensorView{});

@@ -24,17 +24,19 @@ struct KvCacheTensors {
   int64_t num_slots() const { return k.empty() ? 0 : k[0].shape[0]; }
 };
 
-// KV cache tensors in a backend's memory (the layout KvCacheTensors describes), elements of
-// `dtype` (F32 or BF16) for K, V and index keys alike.
+// KV cache tensors in a backend's memory (the layout KvCacheTensors describes): K and V of
+// `dtype` (F32 or BF16), index keys of `index_dtype` (F32, BF16 or F8E4M3; unset: `dtype`).
 struct BackendKvCache {
   std::vector<ops::DeviceBuffer> k, v, index_k;
   int block_size = 0;
   DType dtype = DType::kF32;
+  DType index_dtype = DType::kF32;
   KvCacheTensors views(Device device) const;
   // Bytes one block (page) takes over all layers.
-  static int64_t bytes_per_block(const MiniMaxM3Config& config, int block_size, DType dtype = DType::kF32);
+  static int64_t bytes_per_block(const MiniMaxM3Config& config, int block_size, DType dtype = DType::kF32,
+                                 std::optional<DType> index_dtype = std::nullopt);
   static BackendKvCache allocate(ops::BackendRuntime* runtime, const MiniMaxM3Config& config, int64_t num_blocks,
-                                 int block_size, DType dtype = DType::kF32);
+                                 int block_size, DType dtype = DType::kF32, std::optional<DType> index_dtype = std::nullopt);
 
  private:
   std::vector<TensorView> k_views_, v_views_, index_k_views_;

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <filesystem>
 #include <map>
+#include <optional>
 #include <random>
 
 #include "backend/cpu/cpu_backend.h"
@@ -69,13 +70,14 @@ std::map<RequestId, std::vector<int32_t>> run_all(Engine& engine, int64_t* preem
   return out;
 }
 
-// One-at-a-time reference through the single-sequence runner.
-std::vector<int32_t> reference(const std::vector<int32_t>& p, int n) {
+// One-at-a-time reference through the single-sequence runner (index keys cached as
+// index_dtype; unset: F32 like K and V).
+std::vector<int32_t> reference(const std::vector<int32_t>& p, int n, std::optional<DType> index_dtype = std::nullopt) {
   static auto model = std::move(*MiniMaxM3Model::load(tiny_dir()));
   ops::KernelTable table;
   cpu::register_cpu_kernels(table);
   ops::OpContext ctx{&table, nullptr, Device::kCpu};
-  SequenceRunner r(*model, ctx, int64_t(p.size()) + n);
+  SequenceRunner r(*model, ctx, int64_t(p.size()) + n, DType::kF32, index_dtype);
   auto logits = r.extend(p, false);
   std::vector<int32_t> out;
   for (int i = 0; i < n; ++i) {
@@ -106,6 +108,42 @@ TEST(Engine, BatchedChunkedEqualsOneAtATime) {
   auto out = run_all(**engine);
   ASSERT_EQ(out.size(), prompts.size());
   for (auto& [id, toks] : out) EXPECT_EQ(toks, reference(prompts[which[id]], 12)) << "request " << id;
+}
+
+// An FP8 (e4m3) index-key cache: the engine's batched, chunked run gives the one-at-a-time
+// runner's tokens over the same FP8 cache; the pages cost fewer bytes, so a fixed budget holds
+// more of them; prompts of up to 158 tokens (10 blocks of 16, top 4 selected) exercise the
+// selection over FP8 keys. A bad name is refused with the option named.
+TEST(Engine, Fp8IndexCache) {
+  EngineConfig cfg;
+  cfg.model_dir = tiny_dir();
+  cfg.max_num_batched_tokens = 24;
+  cfg.max_num_seqs = 8;
+  cfg.kv_cache_memory_bytes = int64_t(64) << 20;
+  cfg.check_invariants = true;
+  auto f32 = Engine::create(cfg);
+  ASSERT_TRUE(f32.is_ok()) << f32.error();
+  cfg.index_cache_dtype = "fp8";
+  auto engine = Engine::create(cfg);
+  ASSERT_TRUE(engine.is_ok()) << engine.error();
+  EXPECT_GT((*engine)->model().num_kv_blocks, (*f32)->model().num_kv_blocks);
+  std::vector<std::vector<int32_t>> prompts;
+  std::map<RequestId, size_t> which;
+  for (int i = 0; i < 10; ++i) {
+    prompts.push_back(prompt(5 + i * 17, 100 + i));
+    auto id = (*engine)->submit({prompts.back(), greedy(12)});
+    ASSERT_TRUE(id.is_ok()) << id.error();
+    which[*id] = size_t(i);
+  }
+  auto out = run_all(**engine);
+  ASSERT_EQ(out.size(), prompts.size());
+  for (auto& [id, toks] : out) {
+    EXPECT_EQ(toks, reference(prompts[which[id]], 12, DType::kF8E4M3)) << "request " << id;
+  }
+  cfg.index_cache_dtype = "e5m2";
+  auto bad = Engine::create(cfg);
+  ASSERT_FALSE(bad.is_ok());
+  EXPECT_NE(bad.error().find("index_cache_dtype"), std::string::npos) << bad.error();
 }
 
 TEST(Engine, PrefixHitReusesBlocksAndKeepsTokens) {
