@@ -4,6 +4,7 @@
 // and every product and sum is the same fp32 expression, so a GPU kernel reading the same
 // cache can match these results (bit for bit for the indexer's block scores).
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <limits>
 #include <stdexcept>
@@ -19,7 +20,16 @@ namespace {
 // Cache element -> fp32 (exact for every cache dtype).
 inline float load(const float* p, int64_t i) { return p[i]; }
 inline float load(const uint16_t* p, int64_t i) { return bf16_to_f32(p[i]); }
-inline float load(const uint8_t* p, int64_t i) { return fp8_e4m3_to_f32(p[i]); }
+// e4m3 through a table of its 256 values (the conversion's ldexp per element made a 3000-token
+// prompt over an FP8 index-K cache 5x slower than over an F32 one; with the table 2x).
+inline float load(const uint8_t* p, int64_t i) {
+  static const std::array<float, 256> kE4m3 = [] {
+    std::array<float, 256> t{};
+    for (int b = 0; b < 256; ++b) t[size_t(b)] = fp8_e4m3_to_f32(uint8_t(b));
+    return t;
+  }();
+  return kE4m3[p[i]];
+}
 
 template <class KV>
 void attention_ref(const TensorView& q, const TensorView& k_cache, const TensorView& v_cache,
