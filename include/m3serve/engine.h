@@ -87,6 +87,8 @@ struct ModelSummary {
   int32_t bos_token_id = 0;
   std::string device;            // the runtime, e.g. "cuda:0 NVIDIA H200 (sm_90, 132 SMs, 139.8 GiB)"
   size_t weight_bytes = 0;       // model weights in device memory
+  std::string kv_cache_dtype;     // as resolved: "f32" or "bf16"
+  std::string index_cache_dtype;  // as resolved: "f32", "bf16" or "fp8"
 };
 
 class Engine {

@@ -119,10 +119,11 @@ void register_generate(CLI::App& app) {
     auto t0 = std::chrono::steady_clock::now();
     auto engine = Engine::create(opts->engine);
     if (!engine) throw std::runtime_error(engine.error());
-    std::printf("loaded %s in %.2f s on %s (%d KV blocks of %d tokens, max_model_len %d)\n",
+    const ModelSummary& ms = (*engine)->model();
+    std::printf("loaded %s in %.2f s on %s (%d KV blocks of %d tokens, KV %s, index keys %s, max_model_len %d)\n",
                 opts->engine.model_dir.c_str(), std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(),
-                (*engine)->model().device.c_str(), (*engine)->model().num_kv_blocks, (*engine)->model().block_size,
-                (*engine)->model().max_model_len);
+                ms.device.c_str(), ms.num_kv_blocks, ms.block_size, ms.kv_cache_dtype.c_str(),
+                ms.index_cache_dtype.c_str(), ms.max_model_len);
     std::map<RequestId, size_t> index;
     int64_t prompt_tokens = 0;
     for (size_t i = 0; i < prompts.size(); ++i) {

@@ -396,6 +396,8 @@ Result<std::unique_ptr<Engine>> Engine::create(const EngineConfig& config) {
   summary.bos_token_id = c.bos_token_id;
   summary.device = rt->describe();
   summary.weight_bytes = (*model)->weight_bytes();
+  summary.kv_cache_dtype = kv_dtype_name;
+  summary.index_cache_dtype = index_dtype_name;
   if (config.max_num_batched_tokens < 1 || config.max_num_seqs < 1)
     return Status::error("max_num_batched_tokens and max_num_seqs must be >= 1");
   try {

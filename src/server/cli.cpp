@@ -99,7 +99,8 @@ void serve(ServeOptions& o, const EngineFactory& factory) {
   const ModelSummary summary = (*engine)->model();
   M3_LOG_INFO("model " + o.model_dir + ": vocab " + std::to_string(summary.vocab_size) + ", max_model_len " +
               std::to_string(summary.max_model_len) + ", " + std::to_string(summary.num_kv_blocks) + " KV blocks of " +
-              std::to_string(summary.block_size) + " tokens, on " + summary.device + " (" +
+              std::to_string(summary.block_size) + " tokens (KV " + summary.kv_cache_dtype + ", index keys " +
+              summary.index_cache_dtype + "), on " + summary.device + " (" +
               std::to_string(summary.weight_bytes >> 20) + " MiB of weights)");
   if ((*tokenizer)->vocab_size() > summary.vocab_size)
     M3_LOG_WARN("the tokenizer has " + std::to_string((*tokenizer)->vocab_size()) + " ids but the model only " +
