@@ -320,6 +320,61 @@ TEST_P(CudaEngine, MatchesCpuEngineAndIsDeterministic) {
   write_report();
 }
 
+// An FP8 (e4m3) index-key cache on the GPU (`--index-cache-dtype fp8`): every op on a CUDA
+// entry, graph replay equal to eager bit for bit, and each long prompt alone giving the batched
+// logprobs bit for bit. Not compared token for token with the CPU engine: the two compute an
+// index key's fp32 value ~1e-6 apart, and where that straddles an e4m3 rounding point their
+// cached keys differ by a whole e4m3 step (the CPU engine's FP8 path is model_engine's
+// Engine.Fp8IndexCache).
+TEST(CudaEngineFp8Index, DeterministicAndBatchInvariant) {
+  if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device: the GPU model test needs one";
+  const fs::path model_dir = fs::path(env_or("M3_SOURCE_DIR", M3_SOURCE_DIR_DEFAULT)) / "models/m3-small";
+  ASSERT_TRUE(fs::exists(model_dir / "config.json")) << model_dir;
+  EngineConfig cfg;
+  cfg.model_dir = model_dir.string();
+  cfg.device = "cuda";
+  cfg.max_num_batched_tokens = 256;
+  cfg.max_num_seqs = 8;
+  cfg.num_kv_blocks = 64;
+  cfg.check_invariants = true;
+  cfg.index_cache_dtype = "fp8";
+  {
+    auto engine = Engine::create(cfg);
+    ASSERT_TRUE(engine.is_ok()) << engine.error();
+    EXPECT_EQ((*engine)->model().index_cache_dtype, "fp8");
+    EXPECT_EQ((*engine)->model().kv_cache_dtype, "bf16");
+  }
+  SamplingParams greedy;
+  greedy.temperature = 0.0f;
+  greedy.max_tokens = 32;
+  greedy.ignore_eos = true;
+  greedy.logprobs = 2;
+  const auto prompts = random_prompts(6144, 12);
+  const RunResult gpu = run_engine(cfg, prompts, greedy);
+  EngineConfig eager_cfg = cfg;
+  eager_cfg.cuda_graphs = false;
+  const RunResult eager = run_engine(eager_cfg, prompts, greedy);
+  ASSERT_EQ(gpu.outputs.size(), prompts.size());
+  ASSERT_EQ(eager.outputs.size(), prompts.size());
+  EXPECT_GT(gpu.graph_steps, 0) << "no decode step replayed a CUDA graph";
+  EXPECT_TRUE(gpu.non_cuda.empty()) << "op without a CUDA entry: " << gpu.non_cuda.front();
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    ASSERT_EQ(gpu.outputs[i].size(), size_t(greedy.max_tokens));
+    ASSERT_EQ(eager.outputs[i].size(), gpu.outputs[i].size());
+    for (size_t n = 0; n < gpu.outputs[i].size(); ++n) {
+      EXPECT_EQ(gpu.outputs[i][n].token, eager.outputs[i][n].token) << "graph vs eager, prompt " << i << " output " << n;
+      EXPECT_EQ(gpu.outputs[i][n].logprob, eager.outputs[i][n].logprob) << "graph vs eager, prompt " << i << " output " << n;
+    }
+  }
+  for (size_t i : {size_t(4), size_t(5)}) {  // 130 and 300 tokens: past the 4 selected blocks of 32
+    const RunResult alone = run_engine(cfg, {prompts[i]}, greedy);
+    ASSERT_EQ(alone.outputs.size(), 1u);
+    ASSERT_EQ(alone.outputs[0].size(), gpu.outputs[i].size());
+    for (size_t n = 0; n < alone.outputs[0].size(); ++n)
+      EXPECT_EQ(alone.outputs[0][n].logprob, gpu.outputs[i][n].logprob) << "alone vs batched, prompt " << i << " output " << n;
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Small, CudaEngine,
                          ::testing::Values(EngineCase{"models/m3-small", "f32"}, EngineCase{"models/m3-small", "bf16"},
                                            EngineCase{"models/m3-small-mxfp8", "f32"},
