@@ -39,8 +39,9 @@ struct EngineConfig {
   // CUDA: MXFP8 linears stay fp8 + e8m0 in device memory (kernels dequantise in registers);
   // true dequantises them to BF16 at load (exact, twice the bytes).
   bool dequantize_mxfp8 = false;
-  // KV cache element type (K, V and MSA index keys): "auto" (bf16 on CUDA, f32 on the CPU),
-  // "f32" or "bf16" (rounded to nearest even when written).
+  // KV cache element type (K, V, and the MSA index keys unless index_cache_dtype says
+  // otherwise): "auto" (bf16 on CUDA, f32 on the CPU), "f32" or "bf16" (rounded to nearest even
+  // when written).
   std::string kv_cache_dtype = "auto";
   // Element type of the MSA index-key cache: "auto" (the KV cache's), "f32", "bf16", or "fp8"
   // (e4m3, rounded to nearest even and saturated at +-448 when written). fp8 halves the bytes the

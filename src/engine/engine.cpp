@@ -382,7 +382,7 @@ Result<std::unique_ptr<Engine>> Engine::create(const EngineConfig& config) {
   kc.hash_seed = config.prefix_hash_seed;
   // The cache key covers what changes a cached block: the model's identity (its config.json
   // content and total weight bytes, not its path, so two processes serving the same checkpoint
-  // agree) and the KV dtype. Block size and seed are in the hasher's root already.
+  // agree) and the KV and index-key dtypes. Block size and seed are in the hasher's root already.
   kc.hash_extra_keys = {"model=" + model_fingerprint(config.model_dir), "kv_dtype=" + kv_dtype_name,
                         "index_dtype=" + index_dtype_name};
   auto scheduler = Scheduler::create(sc, kc);
