@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <initializer_list>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <random>
@@ -218,23 +219,55 @@ struct EngineCase {
 
 class CudaEngine : public ::testing::TestWithParam<EngineCase> {};
 
-TEST_P(CudaEngine, MatchesCpuEngineAndIsDeterministic) {
-  if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device: the GPU model test needs one";
-  const std::string label = GetParam().model + "/kv=" + GetParam().kv;
-  const fs::path model_dir = fs::path(env_or("M3_SOURCE_DIR", M3_SOURCE_DIR_DEFAULT)) / GetParam().model;
-  ASSERT_TRUE(fs::exists(model_dir / "config.json")) << model_dir;
+// The engine settings both GPU engine tests run (prompts of 300 are prefilled in chunks).
+EngineConfig small_engine_config(const fs::path& model_dir) {
   EngineConfig cfg;
   cfg.model_dir = model_dir.string();
-  cfg.max_num_batched_tokens = 256;  // prompts of 300 are prefilled in chunks
+  cfg.max_num_batched_tokens = 256;
   cfg.max_num_seqs = 8;
   cfg.num_kv_blocks = 64;
   cfg.check_invariants = true;
-  cfg.kv_cache_dtype = GetParam().kv;
+  return cfg;
+}
+
+SamplingParams greedy_32() {
   SamplingParams greedy;
   greedy.temperature = 0.0f;
   greedy.max_tokens = 32;
   greedy.ignore_eos = true;
   greedy.logprobs = 2;
+  return greedy;
+}
+
+// Graph replay runs the very kernels eager runs: tokens and logprobs bit-identical.
+void expect_graph_equals_eager(const std::vector<TokenOutput>& graph, const std::vector<TokenOutput>& eager, size_t i) {
+  ASSERT_EQ(graph.size(), eager.size());
+  for (size_t n = 0; n < graph.size(); ++n) {
+    EXPECT_EQ(graph[n].token, eager[n].token) << "graph vs eager, prompt " << i << " output " << n;
+    EXPECT_EQ(graph[n].logprob, eager[n].logprob) << "graph vs eager, prompt " << i << " output " << n;
+  }
+}
+
+// Batch invariance: each prompt `which` alone gives the batched run's logprobs bit for bit.
+void expect_alone_equals_batched(const EngineConfig& cfg, const std::vector<std::vector<int32_t>>& prompts,
+                                 const SamplingParams& sp, const RunResult& batched, std::initializer_list<size_t> which) {
+  for (size_t i : which) {
+    const RunResult alone = run_engine(cfg, {prompts[i]}, sp);
+    ASSERT_EQ(alone.outputs.size(), 1u);
+    ASSERT_EQ(alone.outputs[0].size(), batched.outputs[i].size());
+    for (size_t n = 0; n < alone.outputs[0].size(); ++n)
+      EXPECT_EQ(alone.outputs[0][n].logprob, batched.outputs[i][n].logprob) << "alone vs batched, prompt " << i << " output " << n;
+  }
+}
+
+TEST_P(CudaEngine, MatchesCpuEngineAndIsDeterministic) {
+  if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device: the GPU model test needs one";
+  const std::string label = GetParam().model + "/kv=" + GetParam().kv;
+  const fs::path model_dir = fs::path(env_or("M3_SOURCE_DIR", M3_SOURCE_DIR_DEFAULT)) / GetParam().model;
+  ASSERT_TRUE(fs::exists(model_dir / "config.json")) << model_dir;
+  EngineConfig cfg = small_engine_config(model_dir);
+  cfg.kv_cache_dtype = GetParam().kv;
+  const SamplingParams greedy = greedy_32();
   const auto prompts = random_prompts(6144, 11);
 
   EngineConfig cpu_cfg = cfg;
@@ -274,24 +307,13 @@ TEST_P(CudaEngine, MatchesCpuEngineAndIsDeterministic) {
     // Same function on both: fp32 cache ~1e-6; a BF16 cache can round one element a ulp
     // apart (its fp32 inputs differ by ~1e-6), which moves logprobs by ~1e-3.
     EXPECT_LT(max_lp_diff, GetParam().kv == "f32" ? 1e-4 : 2e-2) << label << " prompt " << i;
-    // Graph replay runs the very kernels eager runs: bit-identical.
-    ASSERT_EQ(b.size(), e.size());
-    for (size_t n = 0; n < b.size(); ++n) {
-      EXPECT_EQ(b[n].token, e[n].token) << "graph vs eager, prompt " << i << " output " << n;
-      EXPECT_EQ(b[n].logprob, e[n].logprob) << "graph vs eager, prompt " << i << " output " << n;
-    }
+    expect_graph_equals_eager(b, e, i);
     rows.push_back({{"prompt_tokens", prompts[i].size()}, {"first_divergence", first_div}, {"cpu_margin", margin},
                     {"max_logprob_diff_before_divergence", max_lp_diff}});
   }
 
-  // Batch invariance on the GPU: each prompt alone gives the batched logprobs bit for bit.
-  for (size_t i : {size_t(0), size_t(3), size_t(5)}) {
-    const RunResult alone = run_engine(gpu_cfg, {prompts[i]}, greedy);
-    ASSERT_EQ(alone.outputs.size(), 1u);
-    ASSERT_EQ(alone.outputs[0].size(), gpu.outputs[i].size());
-    for (size_t n = 0; n < alone.outputs[0].size(); ++n)
-      EXPECT_EQ(alone.outputs[0][n].logprob, gpu.outputs[i][n].logprob) << "alone vs batched, prompt " << i << " output " << n;
-  }
+  // Batch invariance on the GPU.
+  expect_alone_equals_batched(gpu_cfg, prompts, greedy, gpu, {0, 3, 5});
 
   // Seeded sampling on the device reproduces; another seed gives another text.
   SamplingParams hot = greedy;
@@ -330,13 +352,8 @@ TEST(CudaEngineFp8Index, DeterministicAndBatchInvariant) {
   if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device: the GPU model test needs one";
   const fs::path model_dir = fs::path(env_or("M3_SOURCE_DIR", M3_SOURCE_DIR_DEFAULT)) / "models/m3-small";
   ASSERT_TRUE(fs::exists(model_dir / "config.json")) << model_dir;
-  EngineConfig cfg;
-  cfg.model_dir = model_dir.string();
+  EngineConfig cfg = small_engine_config(model_dir);
   cfg.device = "cuda";
-  cfg.max_num_batched_tokens = 256;
-  cfg.max_num_seqs = 8;
-  cfg.num_kv_blocks = 64;
-  cfg.check_invariants = true;
   cfg.index_cache_dtype = "fp8";
   {
     auto engine = Engine::create(cfg);
@@ -344,11 +361,7 @@ TEST(CudaEngineFp8Index, DeterministicAndBatchInvariant) {
     EXPECT_EQ((*engine)->model().index_cache_dtype, "fp8");
     EXPECT_EQ((*engine)->model().kv_cache_dtype, "bf16");
   }
-  SamplingParams greedy;
-  greedy.temperature = 0.0f;
-  greedy.max_tokens = 32;
-  greedy.ignore_eos = true;
-  greedy.logprobs = 2;
+  const SamplingParams greedy = greedy_32();
   const auto prompts = random_prompts(6144, 12);
   const RunResult gpu = run_engine(cfg, prompts, greedy);
   EngineConfig eager_cfg = cfg;
@@ -360,19 +373,9 @@ TEST(CudaEngineFp8Index, DeterministicAndBatchInvariant) {
   EXPECT_TRUE(gpu.non_cuda.empty()) << "op without a CUDA entry: " << gpu.non_cuda.front();
   for (size_t i = 0; i < prompts.size(); ++i) {
     ASSERT_EQ(gpu.outputs[i].size(), size_t(greedy.max_tokens));
-    ASSERT_EQ(eager.outputs[i].size(), gpu.outputs[i].size());
-    for (size_t n = 0; n < gpu.outputs[i].size(); ++n) {
-      EXPECT_EQ(gpu.outputs[i][n].token, eager.outputs[i][n].token) << "graph vs eager, prompt " << i << " output " << n;
-      EXPECT_EQ(gpu.outputs[i][n].logprob, eager.outputs[i][n].logprob) << "graph vs eager, prompt " << i << " output " << n;
-    }
+    expect_graph_equals_eager(gpu.outputs[i], eager.outputs[i], i);
   }
-  for (size_t i : {size_t(4), size_t(5)}) {  // 130 and 300 tokens: past the 4 selected blocks of 32
-    const RunResult alone = run_engine(cfg, {prompts[i]}, greedy);
-    ASSERT_EQ(alone.outputs.size(), 1u);
-    ASSERT_EQ(alone.outputs[0].size(), gpu.outputs[i].size());
-    for (size_t n = 0; n < alone.outputs[0].size(); ++n)
-      EXPECT_EQ(alone.outputs[0][n].logprob, gpu.outputs[i][n].logprob) << "alone vs batched, prompt " << i << " output " << n;
-  }
+  expect_alone_equals_batched(cfg, prompts, greedy, gpu, {4, 5});  // 130 and 300 tokens: past 4 selected blocks of 32
 }
 
 INSTANTIATE_TEST_SUITE_P(Small, CudaEngine,

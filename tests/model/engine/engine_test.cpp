@@ -88,6 +88,22 @@ std::vector<int32_t> reference(const std::vector<int32_t>& p, int n, std::option
   return out;
 }
 
+// Ten prompts of 5..158 tokens (seeds seed0..seed0 + 9) through the engine at once, 12 greedy
+// tokens each, against the one-at-a-time runner over the same index-key cache type.
+void expect_batched_equals_reference(Engine& engine, int seed0, std::optional<DType> index_dtype = std::nullopt) {
+  std::vector<std::vector<int32_t>> prompts;
+  std::map<RequestId, size_t> which;
+  for (int i = 0; i < 10; ++i) {
+    prompts.push_back(prompt(5 + i * 17, seed0 + i));
+    auto id = engine.submit({prompts.back(), greedy(12)});
+    ASSERT_TRUE(id.is_ok()) << id.error();
+    which[*id] = size_t(i);
+  }
+  auto out = run_all(engine);
+  ASSERT_EQ(out.size(), prompts.size());
+  for (auto& [id, toks] : out) EXPECT_EQ(toks, reference(prompts[which[id]], 12, index_dtype)) << "request " << id;
+}
+
 TEST(Engine, BatchedChunkedEqualsOneAtATime) {
   EngineConfig cfg;
   cfg.model_dir = tiny_dir();
@@ -97,17 +113,7 @@ TEST(Engine, BatchedChunkedEqualsOneAtATime) {
   cfg.check_invariants = true;
   auto engine = Engine::create(cfg);
   ASSERT_TRUE(engine.is_ok()) << engine.error();
-  std::vector<std::vector<int32_t>> prompts;
-  std::map<RequestId, size_t> which;
-  for (int i = 0; i < 10; ++i) {
-    prompts.push_back(prompt(5 + i * 17, i));
-    auto id = (*engine)->submit({prompts.back(), greedy(12)});
-    ASSERT_TRUE(id.is_ok()) << id.error();
-    which[*id] = size_t(i);
-  }
-  auto out = run_all(**engine);
-  ASSERT_EQ(out.size(), prompts.size());
-  for (auto& [id, toks] : out) EXPECT_EQ(toks, reference(prompts[which[id]], 12)) << "request " << id;
+  expect_batched_equals_reference(**engine, 0);
 }
 
 // An FP8 (e4m3) index-key cache: the engine's batched, chunked run gives the one-at-a-time
@@ -127,19 +133,7 @@ TEST(Engine, Fp8IndexCache) {
   auto engine = Engine::create(cfg);
   ASSERT_TRUE(engine.is_ok()) << engine.error();
   EXPECT_GT((*engine)->model().num_kv_blocks, (*f32)->model().num_kv_blocks);
-  std::vector<std::vector<int32_t>> prompts;
-  std::map<RequestId, size_t> which;
-  for (int i = 0; i < 10; ++i) {
-    prompts.push_back(prompt(5 + i * 17, 100 + i));
-    auto id = (*engine)->submit({prompts.back(), greedy(12)});
-    ASSERT_TRUE(id.is_ok()) << id.error();
-    which[*id] = size_t(i);
-  }
-  auto out = run_all(**engine);
-  ASSERT_EQ(out.size(), prompts.size());
-  for (auto& [id, toks] : out) {
-    EXPECT_EQ(toks, reference(prompts[which[id]], 12, DType::kF8E4M3)) << "request " << id;
-  }
+  expect_batched_equals_reference(**engine, 100, DType::kF8E4M3);
   cfg.index_cache_dtype = "e5m2";
   auto bad = Engine::create(cfg);
   ASSERT_FALSE(bad.is_ok());
