@@ -140,6 +140,24 @@ double sparse_flops(const std::vector<int32_t>& sel, const std::vector<int32_t>&
   return keys * group * 4.0 * kHeadDim;
 }
 
+// (KV group, token, selected visible block) triples: the partials a KV-block-major prefill must
+// write and merge (one per triple, each covering the group's query heads).
+double selected_pairs(const std::vector<int32_t>& sel, const std::vector<int32_t>& pos, int tokens) {
+  double pairs = 0;
+  for (int g = 0; g < kKvHeads; ++g) {
+    for (int t = 0; t < tokens; ++t) {
+      const int local = pos[size_t(t)] / kBlock;
+      std::set<int> blocks;
+      for (int i = 0; i < kTopK; ++i) {
+        const int b = sel[(size_t(g) * tokens + t) * kTopK + i];
+        if (b >= 0 && b <= local) blocks.insert(b);
+      }
+      pairs += double(blocks.size());
+    }
+  }
+  return pairs;
+}
+
 struct Tables {
   ops::KernelTable tuned, base;
   ops::DispatchStats tuned_stats, base_stats;
@@ -165,7 +183,7 @@ Timing time_indexer_layout(const TensorView& iq, const TensorView& ik, const ops
 
 // Prefill of one sequence of `ctx` tokens from position 0 (pages shuffled over the pool).
 nlohmann::json bench_prefill(int ctx, const std::string& idt, Tables& tables, cudaStream_t stream, const Dev& flush,
-                             int iters, double gemm_tflops, std::mt19937& rng) {
+                             int iters, double gemm_tflops, double copy_bw, std::mt19937& rng) {
   const Elem ik_elem = idt == "fp8" ? Elem::kFP8 : Elem::kBF16;
   const int blocks = (ctx + kBlock - 1) / kBlock;
   const int64_t slots = int64_t(blocks) * kBlock;
@@ -224,6 +242,16 @@ nlohmann::json bench_prefill(int ctx, const std::string& idt, Tables& tables, cu
   row["indexer_prefill_us"] = t_groups.median_us;
   row["attention_flops"] = flops;
   row["gemm_tflops"] = gemm_tflops;
+  // What the KV-block-major design must move whatever its kernels: each (group, token, block)
+  // partial written once and read once by the merge, bf16 P.V plus fp32 (max, sum) per query head
+  // (the fast variant's format; the canonical one writes fp32 P.V). Its time at the copy
+  // bandwidth is a floor under the fast block-major attention on these selections.
+  const int group = kQHeads / kKvHeads;
+  const double pairs = selected_pairs(host_sel, pos, ctx);
+  const double partial_bytes = 2.0 * pairs * group * (kHeadDim * 2.0 + 8.0);
+  row["block_major_partials"] = pairs;
+  row["block_major_partial_bytes"] = partial_bytes;
+  row["block_major_partial_floor_us"] = partial_bytes / copy_bw * 1e6;
   struct Variant {
     const char* name;
     std::function<void()> fn;
@@ -283,6 +311,11 @@ nlohmann::json bench_prefill(int ctx, const std::string& idt, Tables& tables, cu
   std::printf("%s\n", dense_line);
   std::printf("      step without batch invariance: %.1f us (%s)\n", step_fast.median_us,
               row["step_fast_entries"].get<std::string>().c_str());
+  std::printf("      block-major partials: %.0f (group, token, block), %.0f MB written + read: %.1f us at the copy "
+              "bandwidth (fast block-major attention %.1f us, %.0f%% of it)\n",
+              pairs, partial_bytes / 1e6, row["block_major_partial_floor_us"].get<double>(),
+              row["block_major_fast_us"].get<double>(),
+              100 * row["block_major_partial_floor_us"].get<double>() / row["block_major_fast_us"].get<double>());
   std::fflush(stdout);
   return row;
 }
@@ -479,7 +512,7 @@ int run(int argc, char** argv) {
     for (const std::string& idt : index_dtypes) {
       for (int ctx : prefill) {
         try {
-          rows.push_back(bench_prefill(ctx, idt, tables, stream, flush, iters, gemm_tflops, rng));
+          rows.push_back(bench_prefill(ctx, idt, tables, stream, flush, iters, gemm_tflops, copy_bw, rng));
         } catch (const std::exception& e) {
           std::printf("%-5s %7d | prefill failed: %s\n", idt.c_str(), ctx, e.what());
           rows.push_back({{"mode", "prefill"}, {"index_dtype", idt}, {"context", ctx}, {"error", e.what()}});
