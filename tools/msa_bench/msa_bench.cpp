@@ -17,7 +17,7 @@
 // the wgmma dense prefill kernel, and the query-major kernel up to 8K. Prints tables, writes JSON.
 //   msa_bench [--contexts 2048,8192,32768,131072,524288] [--batches 1,8,64,128]
 //             [--index-dtypes bf16,fp8] [--prefill 8192,32768] [--no-decode] [--dense] [--iters 30]
-//             [--max-gb 100] [--no-baseline] [--no-layouts] [--json F]
+//             [--max-gb 100] [--no-baseline] [--no-layouts] [--table-blocks N] [--json F]
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
@@ -60,31 +60,37 @@ std::vector<std::string> parse_words(const std::string& s) {
   return v;
 }
 
-// Batch metadata: B sequences at position context-1, pages shuffled over the pool.
+// Batch metadata: B sequences at position context-1, pages shuffled over the pool. The block
+// table has `table_blocks` entries per sequence (at least the context's; the engine's decode
+// graphs pass the table's capacity, max_model_len / 128, whatever the contexts).
 struct Problem {
   int batch = 0, context = 0, blocks_per_seq = 0;
   int64_t pages = 0;
   Dev query_start, positions, seq_lens, tables;
   ops::AttentionMetadata meta;
-  Problem(int b, int ctx, std::mt19937& rng) : batch(b), context(ctx) {
+  Problem(int b, int ctx, std::mt19937& rng, int table_blocks = 0) : batch(b), context(ctx) {
     blocks_per_seq = (ctx + kBlock - 1) / kBlock;
+    const int width = std::max(blocks_per_seq, table_blocks);
     pages = int64_t(b) * blocks_per_seq;
     std::vector<int32_t> qs(size_t(b) + 1), pos(size_t(b), ctx - 1), lens(size_t(b), ctx);
     std::iota(qs.begin(), qs.end(), 0);
     std::vector<int32_t> perm(static_cast<size_t>(pages));
     std::iota(perm.begin(), perm.end(), 0);
     std::shuffle(perm.begin(), perm.end(), rng);
+    std::vector<int32_t> table(size_t(b) * size_t(width), 0);
+    for (int s = 0; s < b; ++s)
+      std::copy_n(perm.begin() + int64_t(s) * blocks_per_seq, blocks_per_seq, table.begin() + int64_t(s) * width);
     query_start = upload(qs);
     positions = upload(pos);
     seq_lens = upload(lens);
-    tables = upload(perm);
+    tables = upload(table);
     meta.num_seqs = b;
     meta.num_tokens = b;
     meta.query_start = query_start.as<int32_t>();
     meta.positions = positions.as<int32_t>();
     meta.seq_lens = seq_lens.as<int32_t>();
     meta.block_tables = tables.as<int32_t>();
-    meta.max_blocks_per_seq = blocks_per_seq;
+    meta.max_blocks_per_seq = width;
     meta.block_size = kBlock;
   }
   int64_t slots() const { return pages * kBlock; }
@@ -325,7 +331,7 @@ int run(int argc, char** argv) {
   std::vector<std::string> index_dtypes = {"bf16", "fp8"};
   std::vector<int> prefill = {8192, 32768};
   bool decode = true, dense = false;
-  int iters = 30;
+  int iters = 30, table_blocks = 0;
   double max_gb = 100;
   bool baseline = true, layouts = true;
   std::string json_path = "msa_bench.json";
@@ -334,6 +340,7 @@ int run(int argc, char** argv) {
     else if (o.key() == "--batches") batches = parse_list(o.value());
     else if (o.key() == "--index-dtypes") index_dtypes = parse_words(o.value());
     else if (o.key() == "--iters") iters = std::stoi(o.value());
+    else if (o.key() == "--table-blocks") table_blocks = std::stoi(o.value());  // decode: block-table width (engine: capacity)
     else if (o.key() == "--max-gb") max_gb = std::stod(o.value());
     else if (o.key() == "--no-baseline") baseline = false;
     else if (o.key() == "--no-layouts") layouts = false;  // decode rows: no per-layout indexer timings
@@ -370,7 +377,8 @@ int run(int argc, char** argv) {
           rows.push_back(row);
           continue;
         }
-        Problem p(batch, ctx, rng);
+        Problem p(batch, ctx, rng, table_blocks);
+        row["table_blocks"] = p.meta.max_blocks_per_seq;
         const int64_t slots = p.slots();
         Dev q(size_t(batch) * kQHeads * kHeadDim * 4), out(q.bytes()), iq(size_t(batch) * kIndexHeads * kIndexDim * 4),
             sel(size_t(kIndexHeads) * batch * kTopK * 4);
