@@ -105,33 +105,13 @@ double cache_bytes(int batch, int ctx, Elem kv, Elem ik) {
   return slots * (2.0 * kKvHeads * kHeadDim * elem_size(kv) + kIndexDim * elem_size(ik));
 }
 
-// Bytes a decode step must move: index keys of the scored blocks (every block before the
-// local one, when the context has more than top_k blocks), the K and V of the keys each KV
-// group attends (from the selection the step produced), queries, outputs, selections, tables.
-double step_bytes(const Problem& p, const std::vector<int32_t>& sel, Elem kv, Elem ik) {
-  const int nblocks = p.blocks_per_seq, local = nblocks - 1;
-  const int local_keys = (p.context - 1) % kBlock + 1;
-  double keys = 0;
-  for (int h = 0; h < kKvHeads; ++h) {
-    for (int s = 0; s < p.batch; ++s) {
-      std::set<int> blocks;
-      for (int i = 0; i < kTopK; ++i) {
-        const int b = sel[(size_t(h) * p.batch + s) * kTopK + i];
-        if (b >= 0 && b <= local) blocks.insert(b);
-      }
-      for (int b : blocks) keys += b == local ? local_keys : kBlock;
-    }
-  }
-  const double kv_bytes = keys * 2.0 * kHeadDim * elem_size(kv);
-  const double index_bytes = nblocks > kTopK ? double(p.batch) * local * kBlock * kIndexDim * elem_size(ik) : 0.0;
-  const double io = double(p.batch) * (2.0 * kQHeads * kHeadDim * 4 + kIndexHeads * kIndexDim * 4 + 2.0 * kIndexHeads * kTopK * 4 +
-                                       4.0 * nblocks);
-  return kv_bytes + index_bytes + io;
-}
-
-// FLOPs of sparse attention under a selection: 4 * head_dim per (query head, visible key).
-double sparse_flops(const std::vector<int32_t>& sel, const std::vector<int32_t>& pos, int tokens, int group) {
-  double keys = 0;
+// What a selection makes visible, over (KV group, token): the distinct selected blocks at or
+// before the token's own (one KV-block-major partial each) and the keys they hold for it.
+struct Visible {
+  double blocks = 0, keys = 0;
+};
+Visible visible_of(const std::vector<int32_t>& sel, const std::vector<int32_t>& pos, int tokens) {
+  Visible v;
   for (int g = 0; g < kKvHeads; ++g) {
     for (int t = 0; t < tokens; ++t) {
       const int p = pos[size_t(t)], local = p / kBlock;
@@ -140,28 +120,24 @@ double sparse_flops(const std::vector<int32_t>& sel, const std::vector<int32_t>&
         const int b = sel[(size_t(g) * tokens + t) * kTopK + i];
         if (b >= 0 && b <= local) blocks.insert(b);
       }
-      for (int b : blocks) keys += b == local ? p - b * kBlock + 1 : kBlock;
+      v.blocks += double(blocks.size());
+      for (int b : blocks) v.keys += b == local ? p - b * kBlock + 1 : kBlock;
     }
   }
-  return keys * group * 4.0 * kHeadDim;
+  return v;
 }
 
-// (KV group, token, selected visible block) triples: the partials a KV-block-major prefill must
-// write and merge (one per triple, each covering the group's query heads).
-double selected_pairs(const std::vector<int32_t>& sel, const std::vector<int32_t>& pos, int tokens) {
-  double pairs = 0;
-  for (int g = 0; g < kKvHeads; ++g) {
-    for (int t = 0; t < tokens; ++t) {
-      const int local = pos[size_t(t)] / kBlock;
-      std::set<int> blocks;
-      for (int i = 0; i < kTopK; ++i) {
-        const int b = sel[(size_t(g) * tokens + t) * kTopK + i];
-        if (b >= 0 && b <= local) blocks.insert(b);
-      }
-      pairs += double(blocks.size());
-    }
-  }
-  return pairs;
+// Bytes a decode step must move: index keys of the scored blocks (every block before the
+// local one, when the context has more than top_k blocks), the K and V of the keys each KV
+// group attends (from the selection the step produced), queries, outputs, selections, tables.
+double step_bytes(const Problem& p, const std::vector<int32_t>& sel, Elem kv, Elem ik) {
+  const int nblocks = p.blocks_per_seq, local = nblocks - 1;
+  const double keys = visible_of(sel, std::vector<int32_t>(size_t(p.batch), p.context - 1), p.batch).keys;
+  const double kv_bytes = keys * 2.0 * kHeadDim * elem_size(kv);
+  const double index_bytes = nblocks > kTopK ? double(p.batch) * local * kBlock * kIndexDim * elem_size(ik) : 0.0;
+  const double io = double(p.batch) * (2.0 * kQHeads * kHeadDim * 4 + kIndexHeads * kIndexDim * 4 + 2.0 * kIndexHeads * kTopK * 4 +
+                                       4.0 * nblocks);
+  return kv_bytes + index_bytes + io;
 }
 
 struct Tables {
@@ -234,7 +210,9 @@ nlohmann::json bench_prefill(int ctx, const std::string& idt, Tables& tables, cu
   const Timing ti = time_graph(indexer, stream, flush, it);
   std::vector<int32_t> host_sel(size_t(kIndexHeads) * ctx * kTopK);
   M3_CUDA_CHECK(cudaMemcpy(host_sel.data(), sel.as<void>(), host_sel.size() * 4, cudaMemcpyDeviceToHost));
-  const double flops = sparse_flops(host_sel, pos, ctx, kQHeads / kKvHeads);
+  const int group = kQHeads / kKvHeads;
+  const Visible vis = visible_of(host_sel, pos, ctx);
+  const double flops = vis.keys * group * 4.0 * kHeadDim;  // 4 * head_dim per (query head, visible key)
   row["step_us"] = step.median_us;
   row["indexer_us"] = ti.median_us;
   // The indexer's three layouts on the same prefill (the dispatch takes the prefill groups).
@@ -252,8 +230,7 @@ nlohmann::json bench_prefill(int ctx, const std::string& idt, Tables& tables, cu
   // partial written once and read once by the merge, bf16 P.V plus fp32 (max, sum) per query head
   // (the fast variant's format; the canonical one writes fp32 P.V). Its time at the copy
   // bandwidth is a floor under the fast block-major attention on these selections.
-  const int group = kQHeads / kKvHeads;
-  const double pairs = selected_pairs(host_sel, pos, ctx);
+  const double pairs = vis.blocks;
   const double partial_bytes = 2.0 * pairs * group * (kHeadDim * 2.0 + 8.0);
   row["block_major_partials"] = pairs;
   row["block_major_partial_bytes"] = partial_bytes;
