@@ -10,7 +10,9 @@
 //   dispatch_invariant  the same with batch invariance on (the engine's default);
 //   rowdot          the existing grouped row-dot entry (experts alone);
 //   shared_*        the fused shared expert against the routed experts plus the shared expert run
-//                   separately (our kernels as a one-expert group, and the dense_mlp entry) + add.
+//                   separately (our kernels as a one-expert group, and the dense_mlp entry) + add;
+//   shared_side_w8a16  (T < 256) router + routed experts on one stream, the shared expert as a
+//                   one-expert group on a second stream forked before the router, joined + add.
 // Every timing is GPU time of one CUDA-graph replay (events around it), median of `iters`, with
 // L2 flushed before each replay (gpu_bench_flush.h: a 256 MB read unless M3_BENCH_FLUSH=memset).
 // Bytes that must be read: e4m3 data + e8m0 scales of the experts the routing touches (shared
@@ -401,6 +403,51 @@ int run(int argc, char** argv) {
       emit(t, "shared_fused_" + pn, tf, bytes, flops, faster ? "MET fused<sep" : "MISSED fused<sep", "");
       emit(t, "shared_sep_" + pn, ts, bytes, flops, "", "routed + shared as a 1-expert group + add");
       emit(t, "shared_sep_mlp", tm, bytes, flops, "", mlp_entries);
+    }
+    // The shared expert on a side stream beside the router and the routed experts (the other way
+    // to read its bytes while the router runs), against the fused block above: the router, then
+    // the routed experts, on one stream; the shared expert as a one-expert group on another,
+    // forked before the router; joined, then added. (docs/moe_kernels.md, thirty-ninth session.)
+    if (want("shared_side") && t < mx::kW8A8MinTokens) {
+      const mx::Path path = mx::Path::kW8A16;
+      const ops::ExpertWeights ro = L.routed_only(), sh = L.shared_as_group();
+      std::vector<int32_t> zeros(size_t(t), 0);
+      std::vector<float> ones(size_t(t), 1.0f);
+      Dev z = upload(zeros), o = upload(ones);
+      const TensorView zv{z.as<void>(), DType::kI32, {t, 1}, Device::kCuda};
+      const TensorView onev{o.as<void>(), DType::kF32, {t, 1}, Device::kCuda};
+      Dev ws_ro(mx::workspace_bytes(t, top_k, ro, hidden, path)), ws_sh(mx::workspace_bytes(t, 1, sh, hidden, path));
+      cudaStream_t side = nullptr, main_s = nullptr;
+      M3_CUDA_CHECK(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking));
+      M3_CUDA_CHECK(cudaStreamCreateWithFlags(&main_s, cudaStreamNonBlocking));
+      cudaEvent_t ev_fork, ev_side, ev_main;
+      for (cudaEvent_t* e : {&ev_fork, &ev_side, &ev_main}) M3_CUDA_CHECK(cudaEventCreateWithFlags(e, cudaEventDisableTiming));
+      const Timing ts = time_graph(
+          [&] {
+            M3_CUDA_CHECK(cudaEventRecord(ev_fork, stream));
+            M3_CUDA_CHECK(cudaStreamWaitEvent(side, ev_fork, 0));
+            M3_CUDA_CHECK(cudaStreamWaitEvent(main_s, ev_fork, 0));
+            cuda::set_current_stream(side);
+            mx::run(xv, zv, onev, sh, act, o2, path, ws_sh.as<void>());
+            M3_CUDA_CHECK(cudaEventRecord(ev_side, side));
+            cuda::set_current_stream(main_s);
+            ops::moe_router(ctx, xv, rw, rb, rp, riv, rwv);
+            mx::run(xv, riv, rwv, ro, act, ov, path, ws_ro.as<void>());
+            M3_CUDA_CHECK(cudaEventRecord(ev_main, main_s));
+            cuda::set_current_stream(stream);
+            M3_CUDA_CHECK(cudaStreamWaitEvent(stream, ev_side, 0));
+            M3_CUDA_CHECK(cudaStreamWaitEvent(stream, ev_main, 0));
+            ops::add(ctx, ov, o2);
+          },
+          stream, flush, it);
+      stats.take_step_paths();
+      std::vector<int32_t> rids_host(ids.size());
+      M3_CUDA_CHECK(cudaMemcpy(rids_host.data(), rids.as<void>(), rids_host.size() * 4, cudaMemcpyDeviceToHost));
+      const double block_bytes = double(experts_touched(rids_host) + 1) * L.expert_bytes + io + router_bytes;
+      emit(t, "shared_side_w8a16", ts, block_bytes, flops, "", "router + routed | shared on a side stream, + add");
+      for (cudaEvent_t e : {ev_fork, ev_side, ev_main}) cudaEventDestroy(e);
+      cudaStreamDestroy(side);
+      cudaStreamDestroy(main_s);
     }
     // The existing grouped row-dot entry (experts alone).
     if (baseline && want("rowdot")) {
