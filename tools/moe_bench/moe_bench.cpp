@@ -174,6 +174,16 @@ void uniform_routing(int tokens, int routed, int top_k, std::mt19937& rng, std::
   }
 }
 
+// The shared expert run as a one-expert group: every token routed to expert 0 with weight 1.
+struct SharedGroupRouting {
+  Dev ids, weights;
+  TensorView ids_view, weights_view;
+  explicit SharedGroupRouting(int tokens)
+      : ids(upload(std::vector<int32_t>(size_t(tokens), 0))), weights(upload(std::vector<float>(size_t(tokens), 1.0f))),
+        ids_view{ids.as<void>(), DType::kI32, {tokens, 1}, Device::kCuda},
+        weights_view{weights.as<void>(), DType::kF32, {tokens, 1}, Device::kCuda} {}
+};
+
 int experts_touched(const std::vector<int32_t>& ids) { return int(std::set<int32_t>(ids.begin(), ids.end()).size()); }
 
 std::string entries_of(ops::DispatchStats& st) {
@@ -312,6 +322,12 @@ int run(int argc, char** argv) {
     const int it = t >= 4096 ? std::max(3, iters / 4) : iters;
     const ops::OpContext ctx{&table, &stats, Device::kCuda, false};
     const ops::ExpertWeights all = L.all();
+    // Bytes of a router -> output row, from the experts the router itself chose (in rids).
+    auto router_block_bytes = [&] {
+      std::vector<int32_t> rids_host(ids.size());
+      M3_CUDA_CHECK(cudaMemcpy(rids_host.data(), rids.as<void>(), rids_host.size() * 4, cudaMemcpyDeviceToHost));
+      return double(experts_touched(rids_host) + 1) * L.expert_bytes + io + router_bytes;
+    };
 
     for (mx::Path path : {mx::Path::kW8A16, mx::Path::kW8A8, mx::Path::kW8A16Wg}) {
       if (path == mx::Path::kW8A16Wg && t < 128) continue;  // the table takes it from kW8A16WgMinTokens
@@ -326,9 +342,7 @@ int run(int argc, char** argv) {
             },
             stream, flush, it);
         stats.take_step_paths();
-        std::vector<int32_t> rids_host(ids.size());
-        M3_CUDA_CHECK(cudaMemcpy(rids_host.data(), rids.as<void>(), rids_host.size() * 4, cudaMemcpyDeviceToHost));
-        const double block_bytes = double(experts_touched(rids_host) + 1) * L.expert_bytes + io + router_bytes;
+        const double block_bytes = router_block_bytes();
         std::string target;
         if (t <= 512) {
           target = (block_bytes / (tb.median_us * 1e-6) / copy_bw >= 0.88 ? "MET" : "MISSED") + std::string(" >=88%");
@@ -376,11 +390,8 @@ int run(int argc, char** argv) {
       const mx::Path path = t >= mx::kW8A8MinTokens ? mx::Path::kW8A8 : mx::Path::kW8A16;
       const std::string pn = path == mx::Path::kW8A16 ? "w8a16" : "w8a8";
       const ops::ExpertWeights ro = L.routed_only(), sh = L.shared_as_group();
-      std::vector<int32_t> zeros(size_t(t), 0);
-      std::vector<float> ones(size_t(t), 1.0f);
-      Dev z = upload(zeros), o = upload(ones);
-      const TensorView zv{z.as<void>(), DType::kI32, {t, 1}, Device::kCuda};
-      const TensorView onev{o.as<void>(), DType::kF32, {t, 1}, Device::kCuda};
+      const SharedGroupRouting one(t);
+      const TensorView &zv = one.ids_view, &onev = one.weights_view;
       Dev ws_all(mx::workspace_bytes(t, top_k, all, hidden, path)), ws_ro(mx::workspace_bytes(t, top_k, ro, hidden, path)),
           ws_sh(mx::workspace_bytes(t, 1, sh, hidden, path));
       const Timing tf = time_graph([&] { mx::run(xv, iv, wv, all, act, ov, path, ws_all.as<void>()); }, stream, flush, it);
@@ -411,11 +422,8 @@ int run(int argc, char** argv) {
     if (want("shared_side") && t < mx::kW8A8MinTokens) {
       const mx::Path path = mx::Path::kW8A16;
       const ops::ExpertWeights ro = L.routed_only(), sh = L.shared_as_group();
-      std::vector<int32_t> zeros(size_t(t), 0);
-      std::vector<float> ones(size_t(t), 1.0f);
-      Dev z = upload(zeros), o = upload(ones);
-      const TensorView zv{z.as<void>(), DType::kI32, {t, 1}, Device::kCuda};
-      const TensorView onev{o.as<void>(), DType::kF32, {t, 1}, Device::kCuda};
+      const SharedGroupRouting one(t);
+      const TensorView &zv = one.ids_view, &onev = one.weights_view;
       Dev ws_ro(mx::workspace_bytes(t, top_k, ro, hidden, path)), ws_sh(mx::workspace_bytes(t, 1, sh, hidden, path));
       cudaStream_t side = nullptr, main_s = nullptr;
       M3_CUDA_CHECK(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking));
@@ -441,9 +449,7 @@ int run(int argc, char** argv) {
           },
           stream, flush, it);
       stats.take_step_paths();
-      std::vector<int32_t> rids_host(ids.size());
-      M3_CUDA_CHECK(cudaMemcpy(rids_host.data(), rids.as<void>(), rids_host.size() * 4, cudaMemcpyDeviceToHost));
-      const double block_bytes = double(experts_touched(rids_host) + 1) * L.expert_bytes + io + router_bytes;
+      const double block_bytes = router_block_bytes();
       emit(t, "shared_side_w8a16", ts, block_bytes, flops, "", "router + routed | shared on a side stream, + add");
       for (cudaEvent_t e : {ev_fork, ev_side, ev_main}) cudaEventDestroy(e);
       cudaStreamDestroy(side);
