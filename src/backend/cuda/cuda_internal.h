@@ -30,9 +30,17 @@ std::string need_cuda_f32(const ops::Problem& p);
 
 // Device scratch from the stream-ordered pool (cudaMallocAsync on current_stream()); freed at
 // scope exit, ordered after the work queued on that stream. Legal inside graph capture.
+//
+// The second constructor takes a call site's fixed device buffer (a __device__ array, see
+// FixedScratch) and uses it when the request fits: a captured graph then has no memory nodes
+// around the call's kernels, so a programmatic dependent launch (PDL) edge into the kernel
+// survives capture (an alloc or free node between two kernels turns it into a full
+// dependency, and costs the step a few microseconds). Only for call sites whose consecutive
+// uses on a stream cannot overlap in time (the call site says why).
 class Scratch {
  public:
   explicit Scratch(size_t size_bytes);
+  Scratch(size_t size_bytes, void* fixed, size_t fixed_bytes);
   ~Scratch();
   Scratch(const Scratch&) = delete;
   Scratch& operator=(const Scratch&) = delete;
@@ -40,6 +48,23 @@ class Scratch {
 
  private:
   void* ptr_ = nullptr;
+  bool owned_ = false;
+};
+
+// The current device's address of a __device__ scratch array, cached per device:
+//   __device__ uint4 g_buf[kBytes / 16];
+//   static FixedScratch buf_of(g_buf);  ...  Scratch s(bytes, buf_of.address(), buf_of.bytes());
+class FixedScratch {
+ public:
+  template <class T, size_t N>
+  explicit FixedScratch(const T (&symbol)[N]) : symbol_(symbol), bytes_(sizeof(T) * N) {}
+  void* address();
+  size_t bytes() const { return bytes_; }
+
+ private:
+  const void* symbol_;
+  size_t bytes_;
+  void* cache_[64] = {};
 };
 
 // Raises a kernel's dynamic shared-memory limit to `bytes` once per (kernel, device), so graph

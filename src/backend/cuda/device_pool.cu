@@ -33,10 +33,29 @@ void set_current_stream(cudaStream_t stream) { g_stream = stream; }
 
 Scratch::Scratch(size_t size_bytes) {
   if (size_bytes > 0) M3_CUDA_CHECK(cudaMallocAsync(&ptr_, size_bytes, current_stream()));
+  owned_ = ptr_ != nullptr;
+}
+
+Scratch::Scratch(size_t size_bytes, void* fixed, size_t fixed_bytes) {
+  if (size_bytes == 0) return;
+  if (size_bytes <= fixed_bytes) {
+    ptr_ = fixed;
+    return;
+  }
+  M3_CUDA_CHECK(cudaMallocAsync(&ptr_, size_bytes, current_stream()));
+  owned_ = true;
 }
 
 Scratch::~Scratch() {
-  if (ptr_) cudaFreeAsync(ptr_, current_stream());  // a destructor cannot throw; the pool reports later
+  if (owned_) cudaFreeAsync(ptr_, current_stream());  // a destructor cannot throw; the pool reports later
+}
+
+void* FixedScratch::address() {
+  int dev = 0;
+  M3_CUDA_CHECK(cudaGetDevice(&dev));
+  void*& p = cache_[dev & 63];
+  if (!p) M3_CUDA_CHECK(cudaGetSymbolAddress(&p, symbol_));
+  return p;
 }
 
 int device_count() {

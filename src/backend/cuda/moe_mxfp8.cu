@@ -1911,10 +1911,18 @@ std::string need_w16wg(const ops::Problem& p) {
   return "";
 }
 
+// Workspace of decode-sized calls (M3 at top-4: ~250 KB per token; up to 8 MB), so that no alloc
+// node separates the router's select kernel from the routing kernel launched as its programmatic
+// dependent. Consecutive MoE calls never overlap on it: the plain launches between two layers'
+// experts (norms, adds) start only after all earlier work has completed.
+__device__ uint4 g_moe_workspace[(size_t(8) << 20) / 16];
+
 void run_entry(const TensorView& x, const TensorView& ids, const TensorView& wts, const ops::ExpertWeights& experts,
                const ops::SwigluParams& act, const TensorView& out, moe_mxfp8::Path path) {
   if (x.shape.rank() != 2 || ids.shape.rank() != 2 || x.shape[0] == 0) return;
-  Scratch ws(moe_mxfp8::workspace_bytes(x.shape[0], ids.shape[1], experts, x.shape[1], path));
+  static FixedScratch ws_of(g_moe_workspace);
+  Scratch ws(moe_mxfp8::workspace_bytes(x.shape[0], ids.shape[1], experts, x.shape[1], path), ws_of.address(),
+             ws_of.bytes());
   moe_mxfp8::run(x, ids, wts, experts, act, out, path, ws.as<void>());
 }
 

@@ -420,6 +420,12 @@ std::string fused_router_problem(int64_t experts, int64_t hidden, int top_k, con
   return "";
 }
 
+// Partials of decode-sized calls (M3: 16 KB per token; up to 2 MB). The logits kernel that
+// writes them is a plain launch (it starts after all earlier work on the stream has completed),
+// so consecutive calls never overlap on it; the select kernel, the logits kernel's programmatic
+// dependent, then has no free node between it and the experts' first kernel.
+__device__ uint4 g_router_partials[(size_t(2) << 20) / 16];
+
 void launch_fused_router(const float* x, int64_t ldx, int64_t tokens, const float* w, int64_t experts, int64_t hidden,
                          const float* bias, int top_k, float scale, int32_t* ids, float* weights) {
   if (tokens == 0) return;
@@ -430,7 +436,8 @@ void launch_fused_router(const float* x, int64_t ldx, int64_t tokens, const floa
   // kSegPartialsMax tokens, where its group-per-CTA grid leaves SMs idle.
   const bool per_seg = !wide || tokens <= kSegPartialsMax;
   const int nstored = per_seg ? o.nseg : o.ngroups;
-  Scratch partial(size_t(nstored) * size_t(tokens) * size_t(experts) * 4);
+  static FixedScratch partials_of(g_router_partials);
+  Scratch partial(size_t(nstored) * size_t(tokens) * size_t(experts) * 4, partials_of.address(), partials_of.bytes());
   const SelectArgs sel{partial.as<const float>(), nstored, per_seg ? o.spg : 1, bias, int(tokens), int(experts), top_k,
                        scale, ids, weights};
   const LogitsArgs a{x, w, partial.as<float>(), ldx, int(tokens), int(experts), int(hidden), per_seg ? 1 : o.spg};
