@@ -52,7 +52,7 @@ class Scratch {
 };
 
 // The current device's address of a __device__ scratch array, cached per device:
-//   __device__ uint4 g_buf[kBytes / 16];
+//   __device__ __align__(256) uint4 g_buf[kBytes / 16];  // (the pool's alignment)
 //   static FixedScratch buf_of(g_buf);  ...  Scratch s(bytes, buf_of.address(), buf_of.bytes());
 class FixedScratch {
  public:

@@ -1915,7 +1915,7 @@ std::string need_w16wg(const ops::Problem& p) {
 // node separates the router's select kernel from the routing kernel launched as its programmatic
 // dependent. Consecutive MoE calls never overlap on it: the plain launches between two layers'
 // experts (norms, adds) start only after all earlier work has completed.
-__device__ uint4 g_moe_workspace[(size_t(8) << 20) / 16];
+__device__ __align__(256) uint4 g_moe_workspace[(size_t(8) << 20) / 16];
 
 void run_entry(const TensorView& x, const TensorView& ids, const TensorView& wts, const ops::ExpertWeights& experts,
                const ops::SwigluParams& act, const TensorView& out, moe_mxfp8::Path path) {

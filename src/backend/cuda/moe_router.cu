@@ -424,7 +424,7 @@ std::string fused_router_problem(int64_t experts, int64_t hidden, int top_k, con
 // writes them is a plain launch (it starts after all earlier work on the stream has completed),
 // so consecutive calls never overlap on it; the select kernel, the logits kernel's programmatic
 // dependent, then has no free node between it and the experts' first kernel.
-__device__ uint4 g_router_partials[(size_t(2) << 20) / 16];
+__device__ __align__(256) uint4 g_router_partials[(size_t(2) << 20) / 16];
 
 void launch_fused_router(const float* x, int64_t ldx, int64_t tokens, const float* w, int64_t experts, int64_t hidden,
                          const float* bias, int top_k, float scale, int32_t* ids, float* weights) {
