@@ -32,15 +32,16 @@ std::string need_cuda_f32(const ops::Problem& p);
 // scope exit, ordered after the work queued on that stream. Legal inside graph capture.
 //
 // The second constructor takes a call site's fixed device buffer (a __device__ array, see
-// FixedScratch) and uses it when the request fits: a captured graph then has no memory nodes
+// FixedScratch) and uses it when the request fits, the pool otherwise: a captured graph then has no memory nodes
 // around the call's kernels, so a programmatic dependent launch (PDL) edge into the kernel
 // survives capture (an alloc or free node between two kernels turns it into a full
 // dependency, and costs the step a few microseconds). Only for call sites whose consecutive
 // uses on a stream cannot overlap in time (the call site says why).
+class FixedScratch;
 class Scratch {
  public:
   explicit Scratch(size_t size_bytes);
-  Scratch(size_t size_bytes, void* fixed, size_t fixed_bytes);
+  Scratch(size_t size_bytes, FixedScratch& fixed);
   ~Scratch();
   Scratch(const Scratch&) = delete;
   Scratch& operator=(const Scratch&) = delete;
@@ -51,9 +52,10 @@ class Scratch {
   bool owned_ = false;
 };
 
-// The current device's address of a __device__ scratch array, cached per device:
+// A __device__ array's address on the current device, cached per device (scratch buffers, and
+// state such as arrival counters that kernels re-arm themselves):
 //   __device__ __align__(256) uint4 g_buf[kBytes / 16];  // (the pool's alignment)
-//   static FixedScratch buf_of(g_buf);  ...  Scratch s(bytes, buf_of.address(), buf_of.bytes());
+//   static FixedScratch buf_of(g_buf);  ...  Scratch s(bytes, buf_of);
 class FixedScratch {
  public:
   template <class T, size_t N>

@@ -36,10 +36,10 @@ Scratch::Scratch(size_t size_bytes) {
   owned_ = ptr_ != nullptr;
 }
 
-Scratch::Scratch(size_t size_bytes, void* fixed, size_t fixed_bytes) {
+Scratch::Scratch(size_t size_bytes, FixedScratch& fixed) {
   if (size_bytes == 0) return;
-  if (size_bytes <= fixed_bytes) {
-    ptr_ = fixed;
+  if (size_bytes <= fixed.bytes()) {
+    ptr_ = fixed.address();
     return;
   }
   M3_CUDA_CHECK(cudaMallocAsync(&ptr_, size_bytes, current_stream()));

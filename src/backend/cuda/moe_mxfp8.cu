@@ -1921,8 +1921,7 @@ void run_entry(const TensorView& x, const TensorView& ids, const TensorView& wts
                const ops::SwigluParams& act, const TensorView& out, moe_mxfp8::Path path) {
   if (x.shape.rank() != 2 || ids.shape.rank() != 2 || x.shape[0] == 0) return;
   static FixedScratch ws_of(g_moe_workspace);
-  Scratch ws(moe_mxfp8::workspace_bytes(x.shape[0], ids.shape[1], experts, x.shape[1], path), ws_of.address(),
-             ws_of.bytes());
+  Scratch ws(moe_mxfp8::workspace_bytes(x.shape[0], ids.shape[1], experts, x.shape[1], path), ws_of);
   moe_mxfp8::run(x, ids, wts, experts, act, out, path, ws.as<void>());
 }
 

@@ -437,7 +437,7 @@ void launch_fused_router(const float* x, int64_t ldx, int64_t tokens, const floa
   const bool per_seg = !wide || tokens <= kSegPartialsMax;
   const int nstored = per_seg ? o.nseg : o.ngroups;
   static FixedScratch partials_of(g_router_partials);
-  Scratch partial(size_t(nstored) * size_t(tokens) * size_t(experts) * 4, partials_of.address(), partials_of.bytes());
+  Scratch partial(size_t(nstored) * size_t(tokens) * size_t(experts) * 4, partials_of);
   const SelectArgs sel{partial.as<const float>(), nstored, per_seg ? o.spg : 1, bias, int(tokens), int(experts), top_k,
                        scale, ids, weights};
   const LogitsArgs a{x, w, partial.as<float>(), ldx, int(tokens), int(experts), int(hidden), per_seg ? 1 : o.spg};

@@ -52,15 +52,6 @@ constexpr size_t kMaxScoreBytes = size_t(512) << 20;
 __device__ unsigned g_indexer_counters[msa::kMaxCounters];
 __device__ unsigned g_indexer_unit_counters[msa::kMaxCounters];  // the decode kernel's per-group unit counters
 
-// The current device's address of one of the counter arrays above (cached per device).
-unsigned* counters_address(const unsigned (&symbol)[msa::kMaxCounters], unsigned* (&cache)[64]) {
-  int dev = 0;
-  M3_CUDA_CHECK(cudaGetDevice(&dev));
-  unsigned*& p = cache[dev & 63];
-  if (!p) M3_CUDA_CHECK(cudaGetSymbolAddress(reinterpret_cast<void**>(&p), symbol));
-  return p;
-}
-
 // Tiles: kWM warps along the rows (kMTiles m-tiles each), 8 / kWM along the keys.
 template <class IK, int kWM, int kMTiles>
 struct Cfg {
@@ -450,8 +441,8 @@ void launch_msa_indexer_layout(const TensorView& index_q, const TensorView& inde
   if (layout == MsaIndexerLayout::kDynamic) a.chunks = int(std::min<int64_t>(2, max_scored));
   if (tokens > msa::kMaxCounters) a.chunks = 1;
   if (a.chunks > 1) {
-    static unsigned* counters_of[64] = {};  // per device; the layouts' launches never overlap on a stream
-    a.counters = counters_address(g_indexer_counters, counters_of);
+    static FixedScratch counters_of(g_indexer_counters);  // the layouts' launches never overlap on a stream
+    a.counters = static_cast<unsigned*>(counters_of.address());
   }
   // The warp-streamed kernel's warps take their units from a counter per query group where each
   // would stream at least kDynamicMinUnits of a fixed split (kAuto; kDynamic: at least one; the
@@ -459,8 +450,8 @@ void launch_msa_indexer_layout(const TensorView& index_q, const TensorView& inde
   const bool dynamic = layout == MsaIndexerLayout::kAuto || layout == MsaIndexerLayout::kDynamic;
   a.dyn_min_units = layout == MsaIndexerLayout::kDynamic ? 1 : kDynamicMinUnits;
   if (!prefill && !tiles && dynamic && tokens <= msa::kMaxCounters) {
-    static unsigned* unit_counters_of[64] = {};  // per device
-    a.unit_counters = counters_address(g_indexer_unit_counters, unit_counters_of);
+    static FixedScratch unit_counters_of(g_indexer_unit_counters);
+    a.unit_counters = static_cast<unsigned*>(unit_counters_of.address());
   }
   // Score scratch for a slice of the tokens (long prefills run in several launches). The
   // remainder is the first slice, the full ones follow: as the last slice (64K at M3 TP1: 65472
