@@ -44,6 +44,10 @@ void launch_msa_indexer_layout(const TensorView& index_q, const TensorView& inde
                                const ops::AttentionMetadata& meta, const ops::IndexerParams& params,
                                const TensorView& selected, MsaIndexerLayout layout);
 // Query-major (decode, speculative verification, and the query-major prefill baseline).
+// Launched as a programmatic dependent of the previous kernel on the stream: Q, positions and
+// block tables, and for sparse decode of contexts of at most top_k blocks (early units) the K/V
+// cache too, must have been written before that kernel started (true after the layer's indexer,
+// a plain launch that starts once all earlier work has completed).
 void launch_msa_attention(const TensorView& q, const TensorView& k_cache, const TensorView& v_cache,
                           const ops::AttentionMetadata& meta, const TensorView& selected, int top_k,
                           const TensorView& out);
@@ -78,6 +82,13 @@ void launch_msa_attention_dense_prefill(const TensorView& q, const TensorView& k
 void launch_msa_attention_dense(const TensorView& q, const TensorView& k_cache, const TensorView& v_cache,
                                 const ops::AttentionMetadata& meta, const TensorView& selected, int top_k,
                                 const TensorView& out);
+
+// Decode batches of at most this many sequences: a sequence whose context is at most top_k
+// blocks (all selected) and at most one block per CTA of its attention cluster computes its
+// attention units while the indexer selects (the indexer lets the attention start early; at M3's
+// shapes such batches have clusters of 8-16 CTAs). Larger batches gain nothing from the early
+// start and lose ~1 us to it (H200).
+constexpr int kEarlyUnitsMaxSeqs = 4;
 
 // Multiprocessor count of the current device (cached per device).
 int current_sm_count();

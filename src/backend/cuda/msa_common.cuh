@@ -53,6 +53,12 @@ __device__ __forceinline__ void cluster_sync() {
   asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory");
   asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
 }
+// The same in two halves, for work between them (every thread calls both, in order).
+__device__ __forceinline__ void cluster_arrive() {
+  __threadfence();
+  asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void cluster_wait() { asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory"); }
 
 // Arrival of one CTA of a group of `expected`; true for the last one, which also re-arms the
 // counter for the next launch. Every CTA's global writes before this call are visible to the

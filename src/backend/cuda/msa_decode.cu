@@ -24,6 +24,8 @@
 // Small batches split a row group's super-units over the CTAs of a thread-block cluster
 // (up to 16): each writes its super-unit partials, the cluster synchronizes, and each CTA
 // folds a slice of the rows x dims over all partials in order (no serial last-CTA merge).
+// Early units: a decode token whose context is at most top_k blocks (all selected) and one
+// block per CTA computes its unit before waiting for the indexer, which lets it start early.
 #include <cuda_bf16.h>
 
 #include <algorithm>
@@ -137,7 +139,7 @@ struct Fold {
   }
 };
 
-template <int MT, bool kSplit>
+template <int MT, bool kSplit, bool kEarly = false>
 __global__ void __launch_bounds__(kThreads, kSplit ? 2 : 1) msa_attention_kernel(AttnArgs a) {
   using L = Layout<MT, kSplit>;
   constexpr int kRows = L::kRows;
@@ -185,7 +187,21 @@ __global__ void __launch_bounds__(kThreads, kSplit ? 2 : 1) msa_attention_kernel
   }
   // The selection (indexer) or the new K/V (kv_write) come from the previous kernel.
   M3_TL_MARK(attention, tl_cta, 1);
-  pdl_wait();
+  // Early units: one token (T == 1: every selected block is seen by all rows) with at most
+  // min(top_k, C) blocks, which the indexer selects all of. Their keys and values were written
+  // before the previous kernel (the indexer) started, like Q, so the units run before the wait;
+  // only the fold reads the selection (the same partials in the same order: the same bits).
+  bool early_units = false;
+  int n_blocks = 0;
+  if constexpr (kEarly) {
+    static_assert(MT == 1 && kSplit, "early units: the split ring");
+    if (a.sel != nullptr && T == 1 && C > 1 && bs <= kUnitKeys) {
+      __syncthreads();  // s_pos
+      n_blocks = s_pos[0] / bs + 1;
+      early_units = n_blocks <= min(top_k, C);  // the same for every CTA of the cluster
+    }
+  }
+  if (!early_units) pdl_wait();
   __syncthreads();
   M3_TL_MARK(attention, tl_cta, 2);
   int pos_max = 0;
@@ -194,11 +210,10 @@ __global__ void __launch_bounds__(kThreads, kSplit ? 2 : 1) msa_attention_kernel
   const int32_t* table = a.block_tables + int64_t(s) * a.max_blocks;
   int n_units;
   const int units_per_block = (bs + kUnitKeys - 1) / kUnitKeys;
-  if (dense) {
-    n_units = pos_max / kUnitKeys + 1;
-  } else if (MT == 1) {
-    // The same union for one m-tile (T * top_k <= 16 ids): warp 0 alone, one id per lane, one
-    // barrier (the CTA-wide version put three barriers and a serial scan per id on the setup path).
+  // The union of the selections for one m-tile (T * top_k <= 16 ids): warp 0 alone, one id per
+  // lane, one barrier (the CTA-wide version put three barriers and a serial scan per id on the
+  // setup path); the pages requested before the union's shuffles, not after.
+  auto union_one_tile = [&](bool with_pages) {
     const int n_ids = T * top_k;
     if (warp == 0) {
       int b = -1, page = 0;
@@ -207,7 +222,7 @@ __global__ void __launch_bounds__(kThreads, kSplit ? 2 : 1) msa_attention_kernel
         b = a.sel[(int64_t(g) * a.num_tokens + t0 + tt) * top_k + lane % top_k];
         if (b < 0 || b > s_pos[tt] / bs) b = -1;
       }
-      if (b >= 0) page = __ldg(table + b);  // requested before the union's shuffles, not after
+      if (with_pages && b >= 0) page = __ldg(table + b);
       const unsigned peers = __match_any_sync(0xffffffffu, b);
       const bool first = b >= 0 && (peers & ((1u << lane) - 1u)) == 0;
       const unsigned firsts_mask = __ballot_sync(0xffffffffu, first);
@@ -220,12 +235,21 @@ __global__ void __launch_bounds__(kThreads, kSplit ? 2 : 1) msa_attention_kernel
       }
       if (first) {
         list[rank] = b;
-        masks[rank] = tokens;
-        pages[rank] = page;
+        if (with_pages) {
+          masks[rank] = tokens;
+          pages[rank] = page;
+        }
       }
       if (lane == 0) s_count = __popc(firsts_mask);
     }
     __syncthreads();
+  };
+  if (dense) {
+    n_units = pos_max / kUnitKeys + 1;
+  } else if (early_units) {
+    n_units = n_blocks;
+  } else if (MT == 1) {
+    union_one_tile(true);
     n_units = s_count * units_per_block;
   } else {
     // The union of the row group's valid selections: deduplicated, ascending, with the tokens
@@ -269,6 +293,16 @@ __global__ void __launch_bounds__(kThreads, kSplit ? 2 : 1) msa_attention_kernel
   const int su0 = int(int64_t(split) * n_su / C), su1 = int(int64_t(split + 1) * n_su / C);
   const int u_begin = min(su0 * kSu, n_units), u_end = min(su1 * kSu, n_units);
   const int my_units = u_end - u_begin;
+  // Early units: this CTA's block (u_begin, if any) in the list.
+  const int list_base = early_units ? u_begin : 0;
+  if (early_units) {
+    if (tid < my_units) {
+      list[tid] = u_begin + tid;
+      pages[tid] = __ldg(table + u_begin + tid);
+      masks[tid] = 1ull;
+    }
+    __syncthreads();
+  }
 
   // Tokens whose rows lie in each m-tile (an m-tile none of whose tokens sees a unit skips it).
   unsigned long long mt_tokens[MT];
@@ -302,7 +336,7 @@ __global__ void __launch_bounds__(kThreads, kSplit ? 2 : 1) msa_attention_kernel
       x.ke = min(x.kb + kUnitKeys, pos_max + 1);
       x.tokens = ~0ull;
     } else {
-      const int li = units_per_block == 1 ? u : u / units_per_block, sub = units_per_block == 1 ? 0 : u % units_per_block;
+      const int li = units_per_block == 1 ? u - list_base : u / units_per_block, sub = units_per_block == 1 ? 0 : u % units_per_block;
       x.block = list[li];
       x.page = pages[li];
       x.kb = x.block * bs + sub * kUnitKeys;
@@ -627,8 +661,20 @@ __global__ void __launch_bounds__(kThreads, kSplit ? 2 : 1) msa_attention_kernel
   }
 
   // Split over the cluster: every super-unit partial is written; each CTA folds a slice of the
-  // rows x dims over all of them, in order.
-  msa::cluster_sync();
+  // rows x dims over all of them, in order. Early units: the selected blocks' partials, in
+  // ascending order.
+  int n_fold = n_su;
+  if (early_units) {
+    msa::cluster_arrive();
+    pdl_wait();
+    __syncthreads();  // every warp is done with this CTA's list
+    union_one_tile(false);
+    n_fold = s_count;
+    msa::cluster_wait();
+  } else {
+    msa::cluster_sync();
+  }
+  auto part_idx = [&](int k) { return early_units ? list[k] : k; };
   M3_TL_MARK(attention, tl_cta, 5);
   const int E = rows * kHeadDim, per = (E + C - 1) / C;
   const int e0 = split * per, e1 = min(E, e0 + per);
@@ -638,31 +684,31 @@ __global__ void __launch_bounds__(kThreads, kSplit ? 2 : 1) msa_attention_kernel
   // their partials, loaded all at once. The same operations as the per-element fold below.
   // (With at most one element per thread the per-element fold is as short and skips a barrier.)
   constexpr int kFoldBatch = 16;
-  const size_t fold_bytes = size_t(n_su) * kRows * sizeof(float2) + kRows * sizeof(float);
+  const size_t fold_bytes = size_t(n_fold) * kRows * sizeof(float2) + kRows * sizeof(float);
   const size_t ring_bytes = size_t(kStages) * (L::kSplitKV ? kTileBytes : kStageBytes);
   if (e1 - e0 > kThreads && fold_bytes <= ring_bytes) {  // (so every thread has an element)
-    float2* const fab = reinterpret_cast<float2*>(stage_buf);  // [n_su][kRows] (the tiles are drained)
-    float* const lrow = reinterpret_cast<float*>(stage_buf + size_t(n_su) * kRows * sizeof(float2));
+    float2* const fab = reinterpret_cast<float2*>(stage_buf);  // [n_fold][kRows] (the tiles are drained)
+    float* const lrow = reinterpret_cast<float*>(stage_buf + size_t(n_fold) * kRows * sizeof(float2));
     const int r_lo = e0 / kHeadDim, r_hi = (e1 - 1) / kHeadDim;  // rows of this slice
     // The first element's first partials are requested before the row chains run.
     const int e_first = e0 + tid, r_first = e_first / kHeadDim, d_first = e_first % kHeadDim;
     float ov0[kFoldBatch];
 #pragma unroll
     for (int j = 0; j < kFoldBatch; ++j) {
-      ov0[j] = j < n_su ? __ldcg(&a.part_o[(base + int64_t(j) * kRows + r_first) * kHeadDim + d_first]) : 0.0f;
+      ov0[j] = j < n_fold ? __ldcg(&a.part_o[(base + int64_t(part_idx(j)) * kRows + r_first) * kHeadDim + d_first]) : 0.0f;
     }
     const int row = r_lo + tid;
     if (row <= r_hi) {
       float M = -INFINITY, Ls = 0.0f;
-      for (int k0 = 0; k0 < n_su; k0 += kFoldBatch) {
+      for (int k0 = 0; k0 < n_fold; k0 += kFoldBatch) {
         float2 ml[kFoldBatch];
 #pragma unroll
         for (int j = 0; j < kFoldBatch; ++j) {
-          if (k0 + j < n_su) ml[j] = __ldcg(&a.part_ml[base + int64_t(k0 + j) * kRows + row]);
+          if (k0 + j < n_fold) ml[j] = __ldcg(&a.part_ml[base + int64_t(part_idx(k0 + j)) * kRows + row]);
         }
 #pragma unroll
         for (int j = 0; j < kFoldBatch; ++j) {
-          if (k0 + j < n_su) {
+          if (k0 + j < n_fold) {
             const FoldScale f = msa::fold_scale(M, ml[j].x, sl2);
             Ls = msa::fold_val(Ls, f, ml[j].y);
             fab[(k0 + j) * kRows + row] = make_float2(f.a, f.b);
@@ -675,16 +721,16 @@ __global__ void __launch_bounds__(kThreads, kSplit ? 2 : 1) msa_attention_kernel
     for (int e = e_first; e < e1; e += kThreads) {
       const int r = e / kHeadDim, d = e % kHeadDim;
       float O = 0.0f;
-      for (int k0 = 0; k0 < n_su; k0 += kFoldBatch) {
+      for (int k0 = 0; k0 < n_fold; k0 += kFoldBatch) {
         float ov[kFoldBatch];
 #pragma unroll
         for (int j = 0; j < kFoldBatch; ++j) {
           if (e == e_first && k0 == 0) ov[j] = ov0[j];
-          else ov[j] = k0 + j < n_su ? __ldcg(&a.part_o[(base + int64_t(k0 + j) * kRows + r) * kHeadDim + d]) : 0.0f;
+          else ov[j] = k0 + j < n_fold ? __ldcg(&a.part_o[(base + int64_t(part_idx(k0 + j)) * kRows + r) * kHeadDim + d]) : 0.0f;
         }
 #pragma unroll
         for (int j = 0; j < kFoldBatch; ++j) {
-          if (k0 + j < n_su) {
+          if (k0 + j < n_fold) {
             const float2 f = fab[(k0 + j) * kRows + r];
             O = msa::fold_val(O, FoldScale{f.x, f.y}, ov[j]);
           }
@@ -699,20 +745,20 @@ __global__ void __launch_bounds__(kThreads, kSplit ? 2 : 1) msa_attention_kernel
   for (int e = e0 + tid; e < e1; e += kThreads) {
     const int row = e / kHeadDim, d = e % kHeadDim;
     float M = -INFINITY, Ls = 0.0f, O = 0.0f;
-    for (int k0 = 0; k0 < n_su; k0 += 8) {
+    for (int k0 = 0; k0 < n_fold; k0 += 8) {
       float2 ml[8];
       float ov[8];
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
-        if (k0 + j < n_su) {
-          const int64_t prow = base + int64_t(k0 + j) * kRows + row;
+        if (k0 + j < n_fold) {
+          const int64_t prow = base + int64_t(part_idx(k0 + j)) * kRows + row;
           ml[j] = __ldcg(&a.part_ml[prow]);
           ov[j] = __ldcg(&a.part_o[prow * kHeadDim + d]);
         }
       }
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
-        if (k0 + j < n_su) {
+        if (k0 + j < n_fold) {
           const FoldScale f = msa::fold_scale(M, ml[j].x, sl2);
           Ls = msa::fold_val(Ls, f, ml[j].y);
           O = msa::fold_val(O, f, ov[j]);
@@ -724,6 +770,12 @@ __global__ void __launch_bounds__(kThreads, kSplit ? 2 : 1) msa_attention_kernel
   M3_TL_MARK(attention, tl_cta, 6);
   M3_TL_FINISH(attention, tl_cta, tl_ctas);
 }
+
+// Partials of small decode batches (M3 top-16: 532 KB per token; up to 8 MB). Two launches of
+// the attention never overlap on it: partials are written after the kernel's wait (every earlier
+// kernel has then completed) or, for early units, before it, once the indexer (a plain launch,
+// begun after all earlier work had completed) has let the kernel start.
+__device__ __align__(256) uint4 g_decode_partials[(size_t(8) << 20) / 16];
 
 // Largest cluster the kernel can be launched with on this device (16 where a GPC can hold it).
 template <int MT, bool kSplit>
@@ -835,13 +887,22 @@ void launch_msa_attention(const TensorView& q, const TensorView& k_cache, const 
     splits = grow(max_cluster<4, false>(), sms);
   }
   const size_t smem = mt == 4 ? Layout<4, false>::kBytes : split_ring ? Layout<1, true>::kBytes : Layout<1, false>::kBytes;
+  // Early units (a variant of the split-ring kernel, so that the others keep their registers: 118
+  // against 128; it checks the context; partial index = block id < top_k <= su_cap).
+  const bool early = sparse && pure_decode && tokens <= kEarlyUnitsMaxSeqs && split_ring && units_per_block == 1;
   const size_t rows_pad = size_t(mt) * 16;
   const size_t part_bytes = size_t(tokens) * size_t(kv_heads) * size_t(su_cap) * rows_pad * (kHeadDim + 2) * 4;
   if (part_bytes > kMaxPartialBytes) splits = 1;
   a.splits = splits;
   a.su_cap = int(su_cap);
 
-  Scratch part(splits > 1 ? part_bytes : 0);
+  // Decode batches of at most kEarlyUnitsMaxSeqs take the fixed buffer (no memory nodes around
+  // the launch, so the indexer's early start reaches it); larger ones keep the pool: with the
+  // fixed buffers B = 8 and 16 measured 2-5 % slower (H200, not yet understood).
+  static FixedScratch part_of(g_decode_partials);
+  const bool fixed = pure_decode && tokens <= kEarlyUnitsMaxSeqs;
+  const size_t scratch_bytes = splits > 1 ? part_bytes : 0;
+  Scratch part = fixed ? Scratch(scratch_bytes, part_of) : Scratch(scratch_bytes);
   if (splits > 1) {
     a.part_o = part.as<float>();
     a.part_ml = reinterpret_cast<float2*>(a.part_o + size_t(tokens) * kv_heads * su_cap * rows_pad * kHeadDim);
@@ -849,6 +910,7 @@ void launch_msa_attention(const TensorView& q, const TensorView& k_cache, const 
   const unsigned grid = unsigned(tokens * kv_heads * splits);
   auto run = [&](auto kernel) {
     M3_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+    if (splits > 8) M3_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
     cudaLaunchConfig_t cfg{};
     cfg.gridDim = dim3(grid);
     cfg.blockDim = dim3(kThreads);
@@ -875,6 +937,7 @@ void launch_msa_attention(const TensorView& q, const TensorView& k_cache, const 
     M3_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, a));
   };
   if (mt == 4) run(msa_attention_kernel<4, false>);
+  else if (early) run(msa_attention_kernel<1, true, true>);
   else if (split_ring) run(msa_attention_kernel<1, true>);
   else run(msa_attention_kernel<1, false>);
   M3_CUDA_CHECK_LAUNCH();

@@ -52,6 +52,11 @@ constexpr size_t kMaxScoreBytes = size_t(512) << 20;
 __device__ unsigned g_indexer_counters[msa::kMaxCounters];
 __device__ unsigned g_indexer_unit_counters[msa::kMaxCounters];  // the decode kernel's per-group unit counters
 
+// Score scratch of small decode batches (M3 at 128K: ~16 KB per token; up to 4 MB). Every
+// indexer launch is a plain one (it starts after all earlier work on its stream has completed),
+// so consecutive calls never overlap on it.
+__device__ __align__(256) uint4 g_indexer_scores[(size_t(4) << 20) / 16];
+
 // Tiles: kWM warps along the rows (kMTiles m-tiles each), 8 / kWM along the keys.
 template <class IK, int kWM, int kMTiles>
 struct Cfg {
@@ -426,6 +431,7 @@ void launch_msa_indexer_layout(const TensorView& index_q, const TensorView& inde
   a.group_tokens = prefill ? prefill_group_tokens(int(heads)) : std::max(1, (tiles ? 128 : narrow ? 8 : 16) / int(heads));
   a.exact_max = layout == MsaIndexerLayout::kExact ? INT_MAX : layout == MsaIndexerLayout::kAuto ? kExactMaxRowBlocks : 0;
   a.defer = int64_t(a.max_blocks) * bs <= (int64_t(1) << 24) ? 1 : 0;
+  a.early_dependents = tokens == meta.num_seqs && tokens <= kEarlyUnitsMaxSeqs ? 1 : 0;
   // Chunks per query group: enough CTAs for the SMs (the tiles run one CTA per SM, the warp
   // kernel one or two; the prefill kernel four waves, so that its groups of unequal causal
   // lengths balance) over the groups there are (the host does not know the contexts: chunks
@@ -463,7 +469,11 @@ void launch_msa_indexer_layout(const TensorView& index_q, const TensorView& inde
   const size_t budget = sliced && prefill ? 4 * size_t(a.group_tokens) * row_bytes : kMaxScoreBytes;
   const int64_t slice = std::max<int64_t>(a.group_tokens, int64_t(budget / row_bytes) - a.group_tokens);
   const int64_t first = tokens - (std::max<int64_t>(1, (tokens + slice - 1) / slice) - 1) * slice;
-  Scratch scores(size_t(std::min<int64_t>(tokens, slice) + a.group_tokens) * row_bytes);
+  // Decode batches of at most kEarlyUnitsMaxSeqs (msa.h) take the fixed buffer, so that no free
+  // node separates this launch from the attention it lets start early.
+  static FixedScratch scores_of(g_indexer_scores);
+  const size_t score_bytes = size_t(std::min<int64_t>(tokens, slice) + a.group_tokens) * row_bytes;
+  Scratch scores = a.early_dependents ? Scratch(score_bytes, scores_of) : Scratch(score_bytes);
   a.scores = scores.as<uint32_t>();
   auto launch_tiles = [&](auto kernel, size_t smem) {
     M3_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));

@@ -131,6 +131,9 @@ struct IndexerArgs {
   // Decode kernel: a CTA whose chunk holds at most this many (row, block) pairs scans them with
   // exact dots (msa_indexer_exact.cuh) instead of the approximate MMA pass.
   int exact_max;
+  // Decode kernel: a query group whose rows take all their blocks lets the dependent launch
+  // start before selecting (kEarlyUnitsMaxSeqs in msa.h).
+  int early_dependents;
 };
 
 // Byte offset of 16-byte chunk ch within key `key`'s row of a swizzled shared-memory stage:

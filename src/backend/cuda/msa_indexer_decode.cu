@@ -135,6 +135,7 @@ __global__ void __launch_bounds__(kThreadsD, DecCfg<IK, kNN>::kCtasPerSm) msa_in
   const GroupScan gs = group_scan(a, T, s_pos);
   M3_TL_MARK(indexer, tl_cta, 1);
   if (gs.nb == 0) {  // every row takes all its blocks
+    if (a.early_dependents) pdl_launch_dependents();  // the attention computes them meanwhile (early units)
     if (blockIdx.y == 0) select_group(a, t0, P, s_pos, nullptr, 0, nullptr);
     return;
   }
