@@ -624,10 +624,16 @@ std::string mma_linear_eligible(DType dtype, int64_t n, int64_t k) {
 
 namespace {
 
-// One stream-ordered allocation per call (x pieces, scales, the GEMMs' partials and tickets), the
-// split (zeroing the tickets), then one launch per run of GEMMs with the same weight type and narrow
-// token tile (at most kMaxGroup each; wide tiles one per GEMM), back to back, each a programmatic
-// dependent of the kernel before.
+// Workspace of decode-sized calls (up to 4 MB: M3's linears at B <= ~64), so that a captured
+// step has no alloc and free nodes around every linear. Two calls never overlap on it: the
+// split is a plain launch (it starts once every earlier kernel, the previous call's GEMMs
+// included, has completed) and the GEMMs are dependents of the split.
+__device__ __align__(256) uint4 g_linear_workspace[(size_t(4) << 20) / 16];
+
+// One workspace per call (x pieces, scales, the GEMMs' partials and tickets), the split (zeroing
+// the tickets), then one launch per run of GEMMs with the same weight type and narrow token tile
+// (at most kMaxGroup each; wide tiles one per GEMM), back to back, each a programmatic dependent
+// of the kernel before.
 void run(const float* x, int64_t ldx, int64_t m, int64_t k, bool f16, Gemm* const* gemms, int count) {
   auto up = [](size_t b) { return (b + 255) / 256 * 256; };
   const size_t piece = up(size_t(m * k) * 2), scale = up(size_t(m) * 4);
@@ -636,7 +642,8 @@ void run(const float* x, int64_t ldx, int64_t m, int64_t k, bool f16, Gemm* cons
     bytes += up(gemms[i]->partial_bytes);
     tickets += gemms[i]->ticket_count;
   }
-  Scratch buf(bytes + tickets * 4);
+  static FixedScratch buf_of(g_linear_workspace);
+  Scratch buf(bytes + tickets * 4, buf_of);
   unsigned char* p = buf.as<unsigned char>();
   const SplitX xs{reinterpret_cast<uint16_t*>(p), reinterpret_cast<uint16_t*>(p + piece),
                   reinterpret_cast<float*>(p + 2 * piece)};

@@ -771,7 +771,11 @@ __global__ void __launch_bounds__(kThreads, kSplit ? 2 : 1) msa_attention_kernel
   M3_TL_FINISH(attention, tl_cta, tl_ctas);
 }
 
-// Partials of small decode batches (M3 top-16: 532 KB per token; up to 8 MB). Two launches of
+// Partials of decode batches (M3 top-16: 532 KB per token; up to 8 MB: B <= 15). Not larger:
+// with 32 MB (B <= 60) B = 16 steps measured 3-6 % slower and B = 32 2-4 % faster (H200, 2K-128K;
+// the attention then launches during the indexer's selection, at B = 16 as 64 clusters of 2 CTAs,
+// one per SM, while the selecting CTAs still hold 16 SMs: an uneven placement is the suspect, not
+// measured). Two launches of
 // the attention never overlap on it: partials are written after the kernel's wait (every earlier
 // kernel has then completed) or, for early units, before it, once the indexer (a plain launch,
 // begun after all earlier work had completed) has let the kernel start.
@@ -896,11 +900,12 @@ void launch_msa_attention(const TensorView& q, const TensorView& k_cache, const 
   a.splits = splits;
   a.su_cap = int(su_cap);
 
-  // Decode batches of at most kEarlyUnitsMaxSeqs take the fixed buffer (no memory nodes around
-  // the launch, so the indexer's early start reaches it); larger ones keep the pool: with the
-  // fixed buffers B = 8 and 16 measured 2-5 % slower (H200, not yet understood).
+  // Decode batches take the fixed buffer where the partials fit (B <= 15 at M3 TP1): no memory
+  // nodes around the launch, so the programmatic edge from the indexer holds in a graph (with
+  // the indexer's fixed scores, H200: B = 8 steps 2-6 % faster; the 2-5 % loss at B = 8 and 16
+  // measured with the early units inside the shared kernel was that kernel's, not the buffers').
   static FixedScratch part_of(g_decode_partials);
-  const bool fixed = pure_decode && tokens <= kEarlyUnitsMaxSeqs;
+  const bool fixed = pure_decode;
   const size_t scratch_bytes = splits > 1 ? part_bytes : 0;
   Scratch part = fixed ? Scratch(scratch_bytes, part_of) : Scratch(scratch_bytes);
   if (splits > 1) {

@@ -52,7 +52,7 @@ constexpr size_t kMaxScoreBytes = size_t(512) << 20;
 __device__ unsigned g_indexer_counters[msa::kMaxCounters];
 __device__ unsigned g_indexer_unit_counters[msa::kMaxCounters];  // the decode kernel's per-group unit counters
 
-// Score scratch of small decode batches (M3 at 128K: ~16 KB per token; up to 4 MB). Every
+// Score scratch of decode batches (M3 at 128K: ~16 KB per token; up to 4 MB). Every
 // indexer launch is a plain one (it starts after all earlier work on its stream has completed),
 // so consecutive calls never overlap on it.
 __device__ __align__(256) uint4 g_indexer_scores[(size_t(4) << 20) / 16];
@@ -469,11 +469,13 @@ void launch_msa_indexer_layout(const TensorView& index_q, const TensorView& inde
   const size_t budget = sliced && prefill ? 4 * size_t(a.group_tokens) * row_bytes : kMaxScoreBytes;
   const int64_t slice = std::max<int64_t>(a.group_tokens, int64_t(budget / row_bytes) - a.group_tokens);
   const int64_t first = tokens - (std::max<int64_t>(1, (tokens + slice - 1) / slice) - 1) * slice;
-  // Decode batches of at most kEarlyUnitsMaxSeqs (msa.h) take the fixed buffer, so that no free
-  // node separates this launch from the attention it lets start early.
+  // Decode batches take the fixed buffer where they fit, so that no free node separates this
+  // launch from the attention, its programmatic dependent (the early units at B <= 4; the
+  // attention's setup during the selection above: H200, B = 8 2-6 % and B = 64 at 2K-8K 1-2 %
+  // faster steps). Prefill slices keep the pool.
   static FixedScratch scores_of(g_indexer_scores);
   const size_t score_bytes = size_t(std::min<int64_t>(tokens, slice) + a.group_tokens) * row_bytes;
-  Scratch scores = a.early_dependents ? Scratch(score_bytes, scores_of) : Scratch(score_bytes);
+  Scratch scores = !prefill && tokens == meta.num_seqs ? Scratch(score_bytes, scores_of) : Scratch(score_bytes);
   a.scores = scores.as<uint32_t>();
   auto launch_tiles = [&](auto kernel, size_t smem) {
     M3_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
