@@ -772,11 +772,10 @@ __global__ void __launch_bounds__(kThreads, kSplit ? 2 : 1) msa_attention_kernel
 }
 
 // Partials of decode batches (M3 top-16: 532 KB per token; up to 8 MB: B <= 15). Not larger:
-// with 32 MB (B <= 60) B = 16 steps measured 3-6 % slower and B = 32 2-4 % faster (H200, 2K-128K;
-// the attention then launches during the indexer's selection, at B = 16 as 64 clusters of 2 CTAs,
-// one per SM, while the selecting CTAs still hold 16 SMs: an uneven placement is the suspect, not
-// measured). Two launches of
-// the attention never overlap on it: partials are written after the kernel's wait (every earlier
+// with 32 MB (B <= 60) B = 16 steps measured 3-7 % slower, B = 24 1-5 % and B = 32 0-3 % faster
+// (H200, 2K-128K), whether the indexer let the attention start before or after its selection
+// (docs/msa_kernels.md, thirty-first round; not understood). Two launches of the attention never
+// overlap on it: partials are written after the kernel's wait (every earlier
 // kernel has then completed) or, for early units, before it, once the indexer (a plain launch,
 // begun after all earlier work had completed) has let the kernel start.
 __device__ __align__(256) uint4 g_decode_partials[(size_t(8) << 20) / 16];
