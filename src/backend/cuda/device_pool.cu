@@ -36,14 +36,8 @@ Scratch::Scratch(size_t size_bytes) {
   owned_ = ptr_ != nullptr;
 }
 
-Scratch::Scratch(size_t size_bytes, FixedScratch& fixed) {
-  if (size_bytes == 0) return;
-  if (size_bytes <= fixed.bytes()) {
-    ptr_ = fixed.address();
-    return;
-  }
-  M3_CUDA_CHECK(cudaMallocAsync(&ptr_, size_bytes, current_stream()));
-  owned_ = true;
+Scratch::Scratch(size_t size_bytes, FixedScratch& fixed) : Scratch(size_bytes <= fixed.bytes() ? 0 : size_bytes) {
+  if (size_bytes > 0 && size_bytes <= fixed.bytes()) ptr_ = fixed.address();
 }
 
 Scratch::~Scratch() {

@@ -46,19 +46,18 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
 }
 
-// Every thread of every CTA of the cluster; release/acquire at cluster scope (the global
-// writes before it, fenced, are visible to the cluster's CTAs after it).
-__device__ __forceinline__ void cluster_sync() {
-  __threadfence();
-  asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory");
-  asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
-}
-// The same in two halves, for work between them (every thread calls both, in order).
+// A cluster barrier in two halves, for work between them (every thread of every CTA of the
+// cluster calls both, in order); release/acquire at cluster scope (the global writes before the
+// arrival, fenced, are visible to the cluster's CTAs after the wait).
 __device__ __forceinline__ void cluster_arrive() {
   __threadfence();
   asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory");
 }
 __device__ __forceinline__ void cluster_wait() { asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void cluster_sync() {
+  cluster_arrive();
+  cluster_wait();
+}
 
 // Arrival of one CTA of a group of `expected`; true for the last one, which also re-arms the
 // counter for the next launch. Every CTA's global writes before this call are visible to the

@@ -775,9 +775,9 @@ __global__ void __launch_bounds__(kThreads, kSplit ? 2 : 1) msa_attention_kernel
 // with 32 MB (B <= 60) B = 16 steps measured 3-7 % slower, B = 24 1-5 % and B = 32 0-3 % faster
 // (H200, 2K-128K), whether the indexer let the attention start before or after its selection
 // (docs/msa_kernels.md, thirty-first round; not understood). Two launches of the attention never
-// overlap on it: partials are written after the kernel's wait (every earlier
-// kernel has then completed) or, for early units, before it, once the indexer (a plain launch,
-// begun after all earlier work had completed) has let the kernel start.
+// overlap on it: partials are written after the kernel's wait (every earlier kernel has then
+// completed) or, for early units, before it, once the indexer (a plain launch, begun after all
+// earlier work had completed) has let the kernel start.
 __device__ __align__(256) uint4 g_decode_partials[(size_t(8) << 20) / 16];
 
 // Largest cluster the kernel can be launched with on this device (16 where a GPC can hold it).
@@ -904,9 +904,8 @@ void launch_msa_attention(const TensorView& q, const TensorView& k_cache, const 
   // the indexer's fixed scores, H200: B = 8 steps 2-6 % faster; the 2-5 % loss at B = 8 and 16
   // measured with the early units inside the shared kernel was that kernel's, not the buffers').
   static FixedScratch part_of(g_decode_partials);
-  const bool fixed = pure_decode;
   const size_t scratch_bytes = splits > 1 ? part_bytes : 0;
-  Scratch part = fixed ? Scratch(scratch_bytes, part_of) : Scratch(scratch_bytes);
+  Scratch part = pure_decode ? Scratch(scratch_bytes, part_of) : Scratch(scratch_bytes);
   if (splits > 1) {
     a.part_o = part.as<float>();
     a.part_ml = reinterpret_cast<float2*>(a.part_o + size_t(tokens) * kv_heads * su_cap * rows_pad * kHeadDim);
