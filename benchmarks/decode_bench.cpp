@@ -78,7 +78,7 @@ void fill_random(m3::ops::BackendRuntime* rt, const DeviceBuffer& buf, m3::DType
 int main(int argc, char** argv) {
   std::string model_dir, json_path = "decode_bench.json", batches = "1,8,32,128";
   int context = 4096, iters = 20;
-  std::string kv_name = "bf16";
+  std::string kv_name = "bf16", disable;
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string k = argv[i], v = argv[i + 1];
     if (k == "--model") model_dir = v;
@@ -87,13 +87,15 @@ int main(int argc, char** argv) {
     else if (k == "--iters") iters = std::stoi(v);
     else if (k == "--json") json_path = v;
     else if (k == "--kv-dtype") kv_name = v;
+    else if (k == "--disable-entries") disable = v;  // dispatch entries to drop: before/after in one binary
     else {
       std::fprintf(stderr, "unknown option %s\n", k.c_str());
       return 2;
     }
   }
   if (model_dir.empty() || context < 1 || (kv_name != "bf16" && kv_name != "f32")) {
-    std::fprintf(stderr, "usage: decode_bench --model DIR [--batch-sizes 1,8] [--context N] [--iters N] [--json F]\n");
+    std::fprintf(stderr, "usage: decode_bench --model DIR [--batch-sizes 1,8] [--context N] [--iters N] [--json F] "
+                 "[--disable-entries NAME,...]\n");
     return 2;
   }
   if (m3::cuda::device_count() == 0) {
@@ -129,6 +131,16 @@ int main(int argc, char** argv) {
   ops::KernelTable table;
   cuda::register_cuda_kernels(table);
   cpu::register_cpu_kernels(table);
+  std::vector<std::string> disabled;
+  for (size_t p = 0; !disable.empty() && p <= disable.size();) {
+    const size_t q = std::min(disable.find(',', p), disable.size());
+    disabled.push_back(disable.substr(p, q - p));
+    if (!table.remove_entry(disabled.back())) {
+      std::fprintf(stderr, "decode_bench: no dispatch entry named %s\n", disabled.back().c_str());
+      return 2;
+    }
+    p = q + 1;
+  }
   ops::DispatchStats stats;
   ops::OpContext ctx{&table, &stats, Device::kCuda, true};
   const int bs = c.index_block_size, L = c.num_hidden_layers;
@@ -142,6 +154,7 @@ int main(int argc, char** argv) {
   out["copy_bandwidth_gbs"] = bw / 1e9;
   out["context"] = context;
   out["kv_dtype"] = kv_name;
+  out["disabled_entries"] = disabled;
   size_t head_bytes = model.weight_bytes();
   for (size_t b : model.layer_weight_bytes()) head_bytes -= b;  // embedding + final norm + LM head
   const size_t lm_head_bytes = size_t(c.vocab_size) * size_t(c.hidden_size) * 2;  // BF16 (never quantised)

@@ -8,10 +8,16 @@
 # .dev/gpu-base/decode_bench (from .dev/gpu-base.tar.xz). Build it from a worktree:
 #   git worktree add /tmp/base REV && cmake -S /tmp/base -B /tmp/base/build -DCMAKE_BUILD_TYPE=Release \
 #     && cmake --build /tmp/base/build -j2 --target decode_bench
+# Or M3_BASE_DISABLE=entry[,entry]: the baseline is the staged decode_bench with those dispatch
+# entries removed (--disable-entries), no second build.
 set -uo pipefail
 source "$(dirname "$0")/gpu_env.sh"
 base_bin=$dir/decode_bench_base
-if [[ ! -x $base_bin ]]; then
+base_args=()
+if [[ -n ${M3_BASE_DISABLE:-} ]]; then
+  base_bin=$dir/decode_bench
+  base_args=(--disable-entries "$M3_BASE_DISABLE")
+elif [[ ! -x $base_bin ]]; then
   base=$root/.dev/gpu-base
   [[ -d $base || ! -f $root/.dev/gpu-base.tar.xz ]] || tar -C "$root/.dev" -xJf "$root/.dev/gpu-base.tar.xz"
   base_bin=$base/decode_bench
@@ -25,12 +31,13 @@ for ctx in "${contexts[@]}"; do
   for rep in $(seq 1 "${M3_BENCH_REPS:-1}"); do
     for which in base new; do
       bin=$dir/decode_bench
-      [[ $which == base ]] && bin=$base_bin
+      extra=()
+      [[ $which == base ]] && bin=$base_bin && extra=("${base_args[@]}")
       [[ -x $bin ]] || { echo "gpu_decode_compare: no $which decode_bench"; continue; }
       name=decode_${which}_$ctx
       (( ${M3_BENCH_REPS:-1} > 1 )) && name=${name}_$rep
       step "$name" "${M3_BENCH_TIMEOUT:-240}" "$bin" --model "$ckpt" --batch-sizes "${M3_BENCH_BATCHES:-1,32,128}" \
-        --context "$ctx" --iters "${M3_BENCH_ITERS:-10}" --json "$out/$name.json"
+        --context "$ctx" --iters "${M3_BENCH_ITERS:-10}" --json "$out/$name.json" "${extra[@]}"
       grep -E "graph step|roofline" "$out/$name.log" | sed "s/^/$which $ctx #$rep: /"
     done
   done

@@ -4,6 +4,7 @@
 // "is this supported?" and "which kernel runs?" can never disagree (llama.cpp's lesson).
 // DispatchStats is per engine (no globals): counts per (op, entry), a histogram of the
 // local shapes each op saw, and a first-use trace with the reason.
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -80,6 +81,13 @@ class OpTable {
  public:
   explicit OpTable(const char* op) : op_(op) {}
   void add(KernelEntry<Fn> entry) { entries_.push_back(std::move(entry)); }
+  // Drops the entry of that name (benchmarks' before/after in one binary); false if absent.
+  bool remove(const std::string& name) {
+    const auto n = entries_.size();
+    entries_.erase(std::remove_if(entries_.begin(), entries_.end(), [&](const KernelEntry<Fn>& e) { return e.name == name; }),
+                   entries_.end());
+    return entries_.size() != n;
+  }
   const std::vector<KernelEntry<Fn>>& entries() const { return entries_; }
   const char* op() const { return op_; }
 

@@ -108,6 +108,43 @@ void add(const OpContext& ctx, const TensorView& x, const TensorView& y) {
   e.fn(x, y);
 }
 
+void add_rms_norm(const OpContext& ctx, const TensorView& x, const TensorView& y, const TensorView& weight, float eps,
+                  const TensorView& out) {
+  if (auto* e = ctx.kernels->add_rms_norm.find(problem(ctx, "add_rms_norm", x.dtype, x.shape[0], x.shape[1], 0), ctx.stats)) {
+    e->fn(x, y, weight, eps, out);
+    return;
+  }
+  add(ctx, x, y);
+  rms_norm(ctx, x, weight, eps, out);
+}
+
+void attn_prologue(const OpContext& ctx, const AttnPrologue& p) {
+  const int64_t T = p.q.shape[0], D = p.q.shape[2], Di = p.sparse() ? p.index_q.shape[2] : 0;
+  // m = tokens, n = head_dim, k = index head_dim (0 on dense layers), extra = rotary_dim.
+  if (auto* e = ctx.kernels->attn_prologue.find(problem(ctx, "attn_prologue", p.q.dtype, T, D, Di, p.rotary_dim),
+                                                 ctx.stats)) {
+    e->fn(p);
+    return;
+  }
+  auto rows = [](const TensorView& t) {  // [T, heads, dim] as [T * heads, dim]
+    TensorView r = t;
+    r.shape = {t.shape[0] * t.shape[1], t.shape[2]};
+    return r;
+  };
+  rms_norm(ctx, rows(p.q), p.q_norm, p.eps, rows(p.q));
+  rms_norm(ctx, rows(p.k), p.k_norm, p.eps, rows(p.k));
+  rope(ctx, p.q, p.positions, p.rotary_dim, p.theta);
+  rope(ctx, p.k, p.positions, p.rotary_dim, p.theta);
+  kv_write(ctx, p.k, p.slot_mapping, p.k_cache);
+  kv_write(ctx, p.v, p.slot_mapping, p.v_cache);
+  if (!p.sparse()) return;
+  rms_norm(ctx, rows(p.index_q), p.index_q_norm, p.eps, rows(p.index_q));
+  rms_norm(ctx, rows(p.index_k), p.index_k_norm, p.eps, rows(p.index_k));
+  rope(ctx, p.index_q, p.positions, p.rotary_dim, p.theta);
+  rope(ctx, p.index_k, p.positions, p.rotary_dim, p.theta);
+  kv_write(ctx, rows(p.index_k), p.slot_mapping, p.index_k_cache);
+}
+
 void sample(const OpContext& ctx, const TensorView& logits, const TensorView& params, const TensorView& tokens,
             const TensorView& logprobs, const TensorView& top_ids, const TensorView& top_logprobs) {
   auto& e = ctx.kernels->sample.select(problem(ctx, "sample", logits.dtype, logits.shape[0], logits.shape[1], 0), ctx.stats);
@@ -121,21 +158,15 @@ void describe_table(const OpTable<Fn>& table, std::vector<EntryInfo>& out) {
 }
 }  // namespace
 
+bool KernelTable::remove_entry(const std::string& name) {
+  bool found = false;
+  for_each_table([&](auto& table) { found = table.remove(name) || found; });
+  return found;
+}
+
 std::vector<EntryInfo> KernelTable::describe() const {
   std::vector<EntryInfo> out;
-  describe_table(embedding, out);
-  describe_table(rms_norm, out);
-  describe_table(rope, out);
-  describe_table(linear, out);
-  describe_table(linear_group, out);
-  describe_table(kv_write, out);
-  describe_table(attention, out);
-  describe_table(indexer_topk, out);
-  describe_table(router, out);
-  describe_table(moe, out);
-  describe_table(mlp, out);
-  describe_table(add, out);
-  describe_table(sample, out);
+  for_each_table([&](const auto& table) { describe_table(table, out); });
   return out;
 }
 

@@ -65,6 +65,29 @@ using MoeFn = void (*)(const TensorView& x, const TensorView& expert_ids, const 
 using MlpFn = void (*)(const TensorView& x, const LinearWeight& gate, const LinearWeight& up,
                        const LinearWeight& down, const SwigluParams& act, const TensorView& out);
 using AddFn = void (*)(const TensorView& x, const TensorView& y);  // x += y
+// x += y, then out = rms_norm(x, weight) (x: [rows, dim]; out may not alias y).
+using AddRmsNormFn = void (*)(const TensorView& x, const TensorView& y, const TensorView& weight, float eps,
+                              const TensorView& out);
+
+// What an attention layer does to its projections before attending, per token: every q and k
+// head RMS-normed with its weight and rotated (NeoX, first rotary_dim dims), k and v written to
+// their caches; on sparse layers the index q heads and the index key the same, the index key into
+// its cache. q, k, index_q and index_k are rewritten in place (F32, contiguous).
+struct AttnPrologue {
+  TensorView q, k, v;                     // [T, Hq, D], [T, Hkv, D], [T, Hkv, D]
+  TensorView q_norm, k_norm;              // [D]
+  TensorView k_cache, v_cache;            // [slots, Hkv, D] (F32, BF16 or F8E4M3)
+  TensorView index_q, index_k;            // [T, Hi, Di], [T, 1, Di]; empty on dense layers
+  TensorView index_q_norm, index_k_norm;  // [Di]
+  TensorView index_k_cache;               // [slots, Di]
+  const int32_t* positions = nullptr;     // [T]
+  const int64_t* slot_mapping = nullptr;  // [T], -1 = not cached
+  int rotary_dim = 0;
+  double theta = 0.0;
+  float eps = 0.0f;
+  bool sparse() const { return index_q.data != nullptr; }
+};
+using AttnPrologueFn = void (*)(const AttnPrologue& p);
 
 // Per-row parameters of on-device sampling (a plain struct: copied to the device as bytes).
 struct SampleRowParams {
@@ -100,10 +123,27 @@ struct KernelTable {
   OpTable<MoeFn> moe{"moe_experts"};
   OpTable<MlpFn> mlp{"dense_mlp"};
   OpTable<AddFn> add{"add"};
+  OpTable<AddRmsNormFn> add_rms_norm{"add_rms_norm"};
+  OpTable<AttnPrologueFn> attn_prologue{"attn_prologue"};
   OpTable<SampleFn> sample{"sample"};
 
   // Every entry of every table, in selection order per op.
   std::vector<EntryInfo> describe() const;
+  // Removes the named entry from whichever table holds it; false if none does.
+  bool remove_entry(const std::string& name);
+
+  // f(table) for every op's table, in the order above.
+  template <class F>
+  void for_each_table(F&& f) { each_table(*this, f); }
+  template <class F>
+  void for_each_table(F&& f) const { each_table(*this, f); }
+
+ private:
+  template <class Self, class F>
+  static void each_table(Self& t, F& f) {
+    f(t.embedding), f(t.rms_norm), f(t.rope), f(t.linear), f(t.linear_group), f(t.kv_write), f(t.attention);
+    f(t.indexer_topk), f(t.router), f(t.moe), f(t.mlp), f(t.add), f(t.add_rms_norm), f(t.attn_prologue), f(t.sample);
+  }
 };
 
 struct OpContext {
@@ -146,6 +186,13 @@ void moe_experts(const OpContext& ctx, const TensorView& x, const TensorView& ex
 void dense_mlp(const OpContext& ctx, const TensorView& x, const LinearWeight& gate, const LinearWeight& up,
                const LinearWeight& down, const SwigluParams& act, const TensorView& out);
 void add(const OpContext& ctx, const TensorView& x, const TensorView& y);
+// x += y; out = rms_norm(x). One entry when a backend fuses them (the bits of add then rms_norm),
+// else those two ops.
+void add_rms_norm(const OpContext& ctx, const TensorView& x, const TensorView& y, const TensorView& weight, float eps,
+                  const TensorView& out);
+// The per-token attention prologue (AttnPrologue). One entry when a backend fuses it (the bits of
+// the separate ops), else rms_norm, rope and kv_write in the order the model would call them.
+void attn_prologue(const OpContext& ctx, const AttnPrologue& p);
 // Greedy or temperature sampling per row without leaving the device (Gumbel-max over a
 // counter-based generator keyed by (seed, step, token id)), plus log-softmax logprobs.
 // Penalties, top-k/top-p/min-p are the host Sampler's; the engine routes such rows there.

@@ -8,6 +8,7 @@ namespace m3::cuda {
 void register_cuda_kernels(ops::KernelTable& table) {
   register_msa(table);
   register_elementwise(table);
+  register_fused_rows(table);
   register_attention(table);
   register_moe_mxfp8(table);  // before register_gemm: MXFP8 MoE entries precede the grouped row-dot
   register_gemm(table);

@@ -21,9 +21,18 @@ void set_current_stream(cudaStream_t stream);
 
 void register_msa(ops::KernelTable& table);  // tuned MSA entries (first: preferred where eligible)
 void register_elementwise(ops::KernelTable& table);
+void register_fused_rows(ops::KernelTable& table);  // add + rms_norm, the attention prologue
 void register_attention(ops::KernelTable& table);
 void register_gemm(ops::KernelTable& table);
 void register_sampling(ops::KernelTable& table);
+
+// NeoX inverse frequencies of the first rotary_dim / 2 pairs, computed on the host with the CPU
+// entry's exact expression (every CUDA RoPE uses these, so fused and separate rotations agree).
+constexpr int kMaxRotaryHalf = 128;  // rotary_dim <= 256
+struct RopeInvFreq {
+  float v[kMaxRotaryHalf];
+};
+RopeInvFreq rope_inv_freq(int rotary_dim, double theta);
 
 // "" when the problem is on the device with F32 operands.
 std::string need_cuda_f32(const ops::Problem& p);

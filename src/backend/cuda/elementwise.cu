@@ -12,12 +12,6 @@
 namespace m3::cuda {
 namespace {
 
-constexpr int kMaxRotaryHalf = 128;  // rotary_dim <= 256
-
-// inv_freq computed on the host with the CPU entry's exact expression, passed by value.
-struct InvFreq {
-  float v[kMaxRotaryHalf];
-};
 
 __global__ void embedding_gather_kernel(const int32_t* ids, const float* table, float* out, int64_t dim) {
   const int64_t t = blockIdx.x;
@@ -47,7 +41,7 @@ __global__ void rms_norm_gemma_kernel(const float* x, const float* w, float* y, 
 // One block per token; threads over the rotary pairs, each rotating every head. The products
 // are rounded separately (no FMA contraction), as the CPU reference computes them.
 __global__ void rope_neox_kernel(float* x, const int32_t* positions, int64_t heads, int64_t head_dim, int half,
-                                 InvFreq inv_freq) {
+                                 RopeInvFreq inv_freq) {
   const int64_t t = blockIdx.x;
   const float pos = float(positions[t]);
   for (int i = threadIdx.x; i < half; i += blockDim.x) {
@@ -107,8 +101,7 @@ void launch_rms_norm_gemma(const TensorView& x, const TensorView& w, float eps, 
 void launch_rope(const TensorView& x, const int32_t* positions, int rotary_dim, double theta) {
   if (x.shape[0] == 0) return;
   const int half = rotary_dim / 2;
-  InvFreq inv{};
-  for (int i = 0; i < half; ++i) inv.v[i] = 1.0f / std::pow(float(theta), float(2 * i) / float(rotary_dim));
+  const RopeInvFreq inv = rope_inv_freq(rotary_dim, theta);
   rope_neox_kernel<<<unsigned(x.shape[0]), 64, 0, current_stream()>>>(x.as<float>(), positions, x.shape[1], x.shape[2], half, inv);
   M3_CUDA_CHECK_LAUNCH();
 }
@@ -138,6 +131,13 @@ void launch_kv_write(const TensorView& src, const int64_t* slot_mapping, const T
 }
 
 }  // namespace
+
+RopeInvFreq rope_inv_freq(int rotary_dim, double theta) {
+  RopeInvFreq inv{};
+  for (int i = 0; i < rotary_dim / 2 && i < kMaxRotaryHalf; ++i)
+    inv.v[i] = 1.0f / std::pow(float(theta), float(2 * i) / float(rotary_dim));
+  return inv;
+}
 
 std::string need_cuda_f32(const ops::Problem& p) {
   if (p.device != Device::kCuda) return "tensors are not in device memory";

@@ -134,6 +134,7 @@ __global__ void __launch_bounds__(kSplitThreads) split_rows_kernel(const float* 
                                                                    uint16_t* lo, float* xscale, int* tickets,
                                                                    int ntickets) {
   pdl_launch_dependents();  // the GEMM's CTAs may start streaming weights
+  pdl_wait();               // x (and, through the chain, the last call's tickets) are final
   constexpr int kStride = 4 * kSplitThreads;
   const int tid = int(threadIdx.x);
   if (blockIdx.x == 0)
@@ -500,9 +501,9 @@ void split_x(const float* x, int64_t ldx, int64_t m, int64_t k, bool f16, const 
   const bool vec = ldx % 4 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0;  // k % 64 == 0 always
   auto kernel = f16 ? (vec ? split_rows_kernel<true, true> : split_rows_kernel<true, false>)
                     : (vec ? split_rows_kernel<false, true> : split_rows_kernel<false, false>);
-  kernel<<<unsigned(m), kSplitThreads, 0, current_stream()>>>(x, ldx, int(k), s.hi, s.lo, f16 ? s.scale : nullptr,
-                                                               tickets, ntickets);
-  M3_CUDA_CHECK_LAUNCH();
+  // A programmatic dependent of whatever wrote x: its launch overlaps that kernel's tail.
+  launch_kernel(kernel, dim3(unsigned(m)), dim3(kSplitThreads), 0, true, x, ldx, int(k), s.hi, s.lo,
+                f16 ? s.scale : nullptr, tickets, ntickets);
 }
 
 template <WKind W, int kMI, int kNT, int kTW, int kStages>
@@ -626,8 +627,9 @@ namespace {
 
 // Workspace of decode-sized calls (up to 4 MB: M3's linears at B <= ~64), so that a captured
 // step has no alloc and free nodes around every linear. Two calls never overlap on it: the
-// split is a plain launch (it starts once every earlier kernel, the previous call's GEMMs
-// included, has completed) and the GEMMs are dependents of the split.
+// split touches it only after its pdl_wait (every earlier kernel, the previous call's GEMMs
+// included, has completed: each kernel of the chain waits for the one before it) and the GEMMs
+// are dependents of the split.
 __device__ __align__(256) uint4 g_linear_workspace[(size_t(4) << 20) / 16];
 
 // One workspace per call (x pieces, scales, the GEMMs' partials and tickets), the split (zeroing

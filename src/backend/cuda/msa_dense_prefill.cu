@@ -134,7 +134,8 @@ __global__ void __launch_bounds__(kThreads, 1) msa_dense_prefill_kernel(DenseArg
   const float sl2 = a.scale_log2;
 
   // Q rows as bf16 hi / lo tiles (rows past the tile are zero), the positions, the ones tile.
-  // Q and positions were written before the previous kernel started (programmatic launch).
+  // The previous kernel (the attention prologue) writes Q and the new K/V rows: wait first.
+  pdl_wait();
   for (int i = tid; i < kRows * (kHeadDim / 8); i += kThreads) {
     const int row = i / (kHeadDim / 8), ch = i % (kHeadDim / 8);
     uint4 hi, lo;
@@ -144,7 +145,6 @@ __global__ void __launch_bounds__(kThreads, 1) msa_dense_prefill_kernel(DenseArg
   }
   if (tid < T) pos_s[tid] = a.positions[t0 + tid];
   for (int i = tid; i < 256; i += kThreads) reinterpret_cast<uint32_t*>(smem + kOnesOff)[i] = msa::kBf16OnePair;
-  pdl_wait();  // the new K/V rows (kv_write) come from the previous kernel
   __syncthreads();
   int pos_max = 0, pos_min = INT_MAX;
   for (int t = 0; t < T; ++t) pos_max = max(pos_max, pos_s[t]), pos_min = min(pos_min, pos_s[t]);

@@ -222,7 +222,8 @@ void MiniMaxM3Model::forward(const ops::OpContext& ctx, const ForwardBatch& batc
 
   for (int l = 0; l < c.num_hidden_layers; ++l) {
     const Layer& L = layers_[size_t(l)];
-    ops::rms_norm(ctx, hv, L.input_norm, c.rms_norm_eps, xv);
+    // The input norm of later layers ran with the previous layer's residual add (add_rms_norm).
+    if (l == 0) ops::rms_norm(ctx, hv, L.input_norm, c.rms_norm_eps, xv);
     // The layer's projections of x in one group (on the GPU: one x split, small projections
     // streamed in the same launch as q; the same bits as separate calls).
     const bool sparse = c.is_sparse_layer(l);
@@ -230,18 +231,28 @@ void MiniMaxM3Model::forward(const ops::OpContext& ctx, const ForwardBatch& batc
     const TensorView proj_y[5] = {f2(ws.q, T, Hq * D), f2(ws.k, T, Hkv * D), f2(ws.v, T, Hkv * D),
                                   sparse ? f2(ws.iq, T, Hi * Di) : TensorView{}, sparse ? ik2 : TensorView{}};
     ops::linear_group(ctx, xv, proj_w, proj_y, sparse ? 5 : 3);
-    ops::rms_norm(ctx, q2, L.q_norm, c.rms_norm_eps, q2);
-    ops::rms_norm(ctx, k2, L.k_norm, c.rms_norm_eps, k2);
-    ops::rope(ctx, q3, meta.positions, c.rotary_dim, c.rope_theta);
-    ops::rope(ctx, k3, meta.positions, c.rotary_dim, c.rope_theta);
-    ops::kv_write(ctx, k3, meta.slot_mapping, cache.k[size_t(l)]);
-    ops::kv_write(ctx, v3, meta.slot_mapping, cache.v[size_t(l)]);
+    ops::AttnPrologue pro;
+    pro.q = q3;
+    pro.k = k3;
+    pro.v = v3;
+    pro.q_norm = L.q_norm;
+    pro.k_norm = L.k_norm;
+    pro.k_cache = cache.k[size_t(l)];
+    pro.v_cache = cache.v[size_t(l)];
     if (sparse) {
-      ops::rms_norm(ctx, iq2, L.index_q_norm, c.rms_norm_eps, iq2);
-      ops::rms_norm(ctx, ik2, L.index_k_norm, c.rms_norm_eps, ik2);
-      ops::rope(ctx, iq3, meta.positions, c.rotary_dim, c.rope_theta);
-      ops::rope(ctx, ik3, meta.positions, c.rotary_dim, c.rope_theta);
-      ops::kv_write(ctx, ik2, meta.slot_mapping, cache.index_k[size_t(l)]);
+      pro.index_q = iq3;
+      pro.index_k = ik3;
+      pro.index_q_norm = L.index_q_norm;
+      pro.index_k_norm = L.index_k_norm;
+      pro.index_k_cache = cache.index_k[size_t(l)];
+    }
+    pro.positions = meta.positions;
+    pro.slot_mapping = meta.slot_mapping;
+    pro.rotary_dim = c.rotary_dim;
+    pro.theta = c.rope_theta;
+    pro.eps = c.rms_norm_eps;
+    ops::attn_prologue(ctx, pro);
+    if (sparse) {
       ops::indexer_topk(ctx, iq3, cache.index_k[size_t(l)], meta,
                         ops::IndexerParams{c.index_block_size, c.index_topk_blocks}, sel);
       if (trace) {
@@ -254,9 +265,7 @@ void MiniMaxM3Model::forward(const ops::OpContext& ctx, const ForwardBatch& batc
       ops::attention(ctx, q3, cache.k[size_t(l)], cache.v[size_t(l)], meta, TensorView{}, 0, o3);
     }
     ops::linear(ctx, f2(ws.o, T, Hq * D), L.o_proj, yv);
-    ops::add(ctx, hv, yv);
-
-    ops::rms_norm(ctx, hv, L.post_norm, c.rms_norm_eps, xv);
+    ops::add_rms_norm(ctx, hv, yv, L.post_norm, c.rms_norm_eps, xv);
     if (c.is_moe_layer(l)) {
       ops::moe_router(ctx, xv, L.router, L.router_bias,
                       ops::RouterParams{c.num_experts_per_tok, c.routed_scaling_factor, c.use_routing_bias}, ids, wts);
@@ -271,7 +280,11 @@ void MiniMaxM3Model::forward(const ops::OpContext& ctx, const ForwardBatch& batc
     } else {
       ops::dense_mlp(ctx, xv, L.mlp_gate, L.mlp_up, L.mlp_down, act, yv);
     }
-    ops::add(ctx, hv, yv);
+    if (l + 1 < c.num_hidden_layers) {
+      ops::add_rms_norm(ctx, hv, yv, layers_[size_t(l) + 1].input_norm, c.rms_norm_eps, xv);
+    } else {
+      ops::add(ctx, hv, yv);
+    }
     mark(l);
   }
 

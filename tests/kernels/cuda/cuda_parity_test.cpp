@@ -49,6 +49,8 @@ const std::map<std::string, double> kTolerance = {
     {"linear_group_bits", 0.0},  // a grouped projection vs its own ops::linear call
     {"router_invariance", 0.0},
     {"cuda_graph", 0.0},
+    {"add_rms_norm", 1e-5},     {"attn_prologue", 1e-5},
+    {"add_rms_norm_bits", 0.0}, {"attn_prologue_bits", 0.0},  // fused vs the separate CUDA entries
 };
 
 using cuda_test::Batch;
@@ -172,6 +174,170 @@ void check_elementwise(Harness& h, std::mt19937& rng) {
       ops::kv_write(h.gpu(), dev(dsrc, DType::kF32, {tokens, row_elems}), dslots.as<int64_t>(),
                     dev(dcache, DType::kF32, {slots_total, row_elems}));
       h.compare("kv_write", dcache.get<float>(cache.size()), ref);
+    }
+  });
+}
+
+int32_t same_bits(const float* a, const float* b, size_t n);
+
+// The fused per-row ops against the CPU, and bit for bit against the separate CUDA entries.
+void check_fused_rows(Harness& h, std::mt19937& rng) {
+  h.guarded("add_rms_norm", [&] {
+    for (auto [rows, dim] : std::vector<std::pair<int, int>>{{1, 6144}, {37, 3072}, {148, 128}, {5, 80}, {3, 7000}}) {
+      auto x = randn(size_t(rows) * dim, rng, 3.0f), y = randn(size_t(rows) * dim, rng), w = randn(size_t(dim), rng, 0.2f);
+      std::vector<float> rx = x, ref(x.size());
+      ops::add_rms_norm(h.cpu(), host(rx.data(), DType::kF32, {rows, dim}), host(y.data(), DType::kF32, {rows, dim}),
+                        host(w.data(), DType::kF32, {dim}), 1e-6f, host(ref.data(), DType::kF32, {rows, dim}));
+      DevBuf dx(x), dy(y), dw(w), dout(x.size() * 4), sx(x), sout(x.size() * 4);
+      dout.poison();
+      sout.poison();
+      ops::add_rms_norm(h.gpu(), dev(dx, DType::kF32, {rows, dim}), dev(dy, DType::kF32, {rows, dim}),
+                        dev(dw, DType::kF32, {dim}), 1e-6f, dev(dout, DType::kF32, {rows, dim}));
+      const auto got = dout.get<float>(x.size()), got_x = dx.get<float>(x.size());
+      h.compare("add_rms_norm", got, ref);
+      h.compare("add_rms_norm", got_x, rx);
+      ops::add(h.gpu(), dev(sx, DType::kF32, {rows, dim}), dev(dy, DType::kF32, {rows, dim}));
+      ops::rms_norm(h.gpu(), dev(sx, DType::kF32, {rows, dim}), dev(dw, DType::kF32, {dim}), 1e-6f,
+                    dev(sout, DType::kF32, {rows, dim}));
+      h.compare_ints("add_rms_norm_bits",
+                     {same_bits(got.data(), sout.get<float>(x.size()).data(), x.size()),
+                      same_bits(got_x.data(), sx.get<float>(x.size()).data(), x.size())},
+                     {1, 1});
+    }
+  });
+  h.guarded("attn_prologue", [&] {
+    struct Case {
+      int tokens, hq, hkv, d, hi, di, rotary;
+      DType kv, ik;
+      double theta;
+    };
+    for (const Case& c : {Case{1, 64, 4, 128, 4, 128, 64, DType::kBF16, DType::kBF16, 5e6},
+                          Case{1, 64, 4, 128, 4, 128, 64, DType::kBF16, DType::kF8E4M3, 5e6},
+                          Case{37, 16, 1, 128, 1, 128, 64, DType::kF32, DType::kF32, 5e6},
+                          Case{9, 8, 2, 96, 0, 0, 32, DType::kBF16, DType::kBF16, 1e6},
+                          Case{6, 4, 2, 80, 2, 64, 32, DType::kF8E4M3, DType::kF8E4M3, 1e4}}) {
+      const bool sparse = c.hi > 0;
+      const int T = c.tokens, slots_total = 64 + 2 * T;
+      std::vector<int32_t> pos(static_cast<size_t>(T));
+      std::vector<int64_t> slots(static_cast<size_t>(T));
+      std::uniform_int_distribution<int> up(0, 200000);
+      std::vector<int64_t> all(static_cast<size_t>(slots_total));
+      std::iota(all.begin(), all.end(), 0);
+      std::shuffle(all.begin(), all.end(), rng);
+      for (int t = 0; t < T; ++t) {
+        pos[size_t(t)] = up(rng);
+        slots[size_t(t)] = t % 4 == 3 ? -1 : all[size_t(t)];  // padding tokens are not cached
+      }
+      auto q = randn(size_t(T) * c.hq * c.d, rng, 2.0f), k = randn(size_t(T) * c.hkv * c.d, rng, 2.0f);
+      auto v = randn(size_t(T) * c.hkv * c.d, rng), qn = randn(size_t(c.d), rng, 0.2f), kn = randn(size_t(c.d), rng, 0.2f);
+      auto iq = randn(size_t(T) * std::max(c.hi, 1) * std::max(c.di, 1), rng, 2.0f);
+      auto ik = randn(size_t(T) * std::max(c.di, 1), rng, 2.0f);
+      auto iqn = randn(size_t(std::max(c.di, 1)), rng, 0.2f), ikn = randn(size_t(std::max(c.di, 1)), rng, 0.2f);
+      const size_t kv_bytes = size_t(slots_total) * c.hkv * c.d * dtype_size_bytes(c.kv);
+      const size_t ik_bytes = size_t(slots_total) * std::max(c.di, 1) * dtype_size_bytes(c.ik);
+      // Three runs: the CPU reference, the fused entry, the separate CUDA entries (the fallback's
+      // sequence with the GPU table).
+      struct Bufs {
+        std::vector<float> q, k, iq, ik;
+        std::vector<uint8_t> kc, vc, ikc;
+      };
+      auto make = [&](auto&& view, Bufs& b, auto&& run) {
+        ops::AttnPrologue p;
+        p.q = view(b.q.data(), DType::kF32, Shape{T, c.hq, c.d}, 0);
+        p.k = view(b.k.data(), DType::kF32, Shape{T, c.hkv, c.d}, 1);
+        p.v = view(v.data(), DType::kF32, Shape{T, c.hkv, c.d}, 2);
+        p.q_norm = view(qn.data(), DType::kF32, Shape{c.d}, 3);
+        p.k_norm = view(kn.data(), DType::kF32, Shape{c.d}, 4);
+        p.k_cache = view(b.kc.data(), c.kv, Shape{slots_total, c.hkv, c.d}, 5);
+        p.v_cache = view(b.vc.data(), c.kv, Shape{slots_total, c.hkv, c.d}, 6);
+        if (sparse) {
+          p.index_q = view(b.iq.data(), DType::kF32, Shape{T, c.hi, c.di}, 7);
+          p.index_k = view(b.ik.data(), DType::kF32, Shape{T, 1, c.di}, 8);
+          p.index_q_norm = view(iqn.data(), DType::kF32, Shape{c.di}, 9);
+          p.index_k_norm = view(ikn.data(), DType::kF32, Shape{c.di}, 10);
+          p.index_k_cache = view(b.ikc.data(), c.ik, Shape{slots_total, c.di}, 11);
+        }
+        p.rotary_dim = c.rotary;
+        p.theta = c.theta;
+        p.eps = 1e-6f;
+        run(p);
+      };
+      Bufs init{q, k, iq, ik, std::vector<uint8_t>(kv_bytes, 0x11), std::vector<uint8_t>(kv_bytes, 0x22),
+                std::vector<uint8_t>(ik_bytes, 0x33)};
+      Bufs ref = init;
+      make([](void* p, DType dt, Shape s, int) { return host(p, dt, std::move(s)); }, ref, [&](ops::AttnPrologue& p) {
+        p.positions = pos.data();
+        p.slot_mapping = slots.data();
+        ops::attn_prologue(h.cpu(), p);
+      });
+      Bufs out[2];
+      for (int fused = 0; fused < 2; ++fused) {
+        std::deque<DevBuf> bufs;
+        Bufs& b = out[fused];
+        b = init;
+        auto to_dev = [&](void* p, DType dt, Shape s, int slot) {
+          const size_t bytes = size_t(s.numel()) * dtype_size_bytes(dt);
+          bufs.emplace_back(bytes);
+          M3_CUDA_CHECK(cudaMemcpy(bufs.back().as<void>(), p, bytes, cudaMemcpyHostToDevice));
+          (void)slot;
+          return dev(bufs.back(), dt, std::move(s));
+        };
+        DevBuf dpos(pos), dslots(slots);
+        ops::AttnPrologue dp;
+        make(to_dev, b, [&](ops::AttnPrologue& p) {
+          p.positions = dpos.as<int32_t>();
+          p.slot_mapping = dslots.as<int64_t>();
+          dp = p;
+          if (fused) {
+            ops::attn_prologue(h.gpu(), p);
+          } else {
+            ops::KernelTable separate;
+            cuda::register_cuda_kernels(separate);
+            ops::KernelTable only;  // the CUDA table without the fused entry: the separate ops
+            only.rms_norm = separate.rms_norm;
+            only.rope = separate.rope;
+            only.kv_write = separate.kv_write;
+            ops::attn_prologue(ops::OpContext{&only, nullptr, Device::kCuda, true}, p);
+          }
+        });
+        M3_CUDA_CHECK(cudaDeviceSynchronize());
+        auto back = [](const TensorView& t, auto& vec) {
+          if (t.data) M3_CUDA_CHECK(cudaMemcpy(vec.data(), t.data, vec.size() * sizeof(vec[0]), cudaMemcpyDeviceToHost));
+        };
+        back(dp.q, b.q);
+        back(dp.k, b.k);
+        back(dp.k_cache, b.kc);
+        back(dp.v_cache, b.vc);
+        if (sparse) {
+          back(dp.index_q, b.iq);
+          back(dp.index_k, b.ik);
+          back(dp.index_k_cache, b.ikc);
+        }
+      }
+      const Bufs& f = out[1];
+      h.compare("attn_prologue", f.q, ref.q);
+      h.compare("attn_prologue", f.k, ref.k);
+      if (sparse) {
+        h.compare("attn_prologue", f.iq, ref.iq);
+        h.compare("attn_prologue", f.ik, ref.ik);
+      }
+      auto as_f32 = [](const std::vector<uint8_t>& b) {
+        std::vector<float> v(b.size() / 4);
+        std::memcpy(v.data(), b.data(), v.size() * 4);
+        return v;
+      };
+      if (c.kv == DType::kF32) {
+        h.compare("attn_prologue", as_f32(f.kc), as_f32(ref.kc));
+        h.compare("attn_prologue", as_f32(f.vc), as_f32(ref.vc));
+      }
+      if (sparse && c.ik == DType::kF32) h.compare("attn_prologue", as_f32(f.ikc), as_f32(ref.ikc));
+      const Bufs& s = out[0];
+      h.compare_ints("attn_prologue_bits",
+                     {same_bits(f.q.data(), s.q.data(), f.q.size()), same_bits(f.k.data(), s.k.data(), f.k.size()),
+                      same_bits(f.iq.data(), s.iq.data(), f.iq.size()), same_bits(f.ik.data(), s.ik.data(), f.ik.size()),
+                      int32_t(f.kc == s.kc), int32_t(f.vc == s.vc), int32_t(f.ikc == s.ikc),
+                      int32_t(f.vc != init.vc)},  // the values were written
+                     {1, 1, 1, 1, 1, 1, 1, 1});
     }
   });
 }
@@ -745,6 +911,7 @@ TEST(CudaParity, EveryOpMatchesTheCpuReference) {
   Harness h;
   std::mt19937 rng(20261130);
   check_elementwise(h, rng);
+  check_fused_rows(h, rng);
   check_attention(h, rng);
   check_router(h, rng);
   check_linear(h, rng);
@@ -759,7 +926,7 @@ TEST(CudaParity, EveryOpMatchesTheCpuReference) {
                           << r.error;
     for (const auto& e : r.entries) EXPECT_NE(e.find(".sm90"), std::string::npos) << r.name << " ran " << e;
   }
-  EXPECT_GE(h.rows().size(), 25u);
+  EXPECT_GE(h.rows().size(), 29u);
 }
 
 }  // namespace
