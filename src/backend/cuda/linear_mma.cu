@@ -31,6 +31,7 @@
 #include "backend/cuda/cuda_internal.h"
 #include "backend/cuda/linear_mma.h"
 #include "backend/cuda/mma_operands.cuh"
+#include "backend/cuda/msa_timeline.cuh"
 #include "backend/cuda/pdl.cuh"
 
 namespace m3::cuda {
@@ -133,8 +134,10 @@ template <bool kF16, bool kVec>
 __global__ void __launch_bounds__(kSplitThreads) split_rows_kernel(const float* x, int64_t ldx, int k, uint16_t* hi,
                                                                    uint16_t* lo, float* xscale, int* tickets,
                                                                    int ntickets) {
+  M3_TL_MARK(linear_split, int(blockIdx.x), 0);
   pdl_launch_dependents();  // the GEMM's CTAs may start streaming weights
   pdl_wait();               // x (and, through the chain, the last call's tickets) are final
+  M3_TL_MARK(linear_split, int(blockIdx.x), 1);
   constexpr int kStride = 4 * kSplitThreads;
   const int tid = int(threadIdx.x);
   if (blockIdx.x == 0)
@@ -175,6 +178,7 @@ __global__ void __launch_bounds__(kSplitThreads) split_rows_kernel(const float* 
     mul = ldexpf(1.0f, e);
     if (tid == 0) xscale[blockIdx.x] = ldexpf(1.0f, -e);
   }
+  M3_TL_MARK(linear_split, int(blockIdx.x), 2);
   if (hold) {
 #pragma unroll
     for (int j = 0; j < kSplitHold; ++j) {
@@ -184,6 +188,8 @@ __global__ void __launch_bounds__(kSplitThreads) split_rows_kernel(const float* 
   } else {
     for (int c = 4 * tid; c < k; c += kStride) split4<kF16>(load4(c), mul, hr + c, lr + c);
   }
+  M3_TL_MARK(linear_split, int(blockIdx.x), 3);
+  M3_TL_FINISH(linear_split, int(blockIdx.x), int(gridDim.x));
 }
 
 // A CTA: 128 weight rows x kCT tokens; warps kWR (along rows) x kTW (along tokens); a warp owns
@@ -204,6 +210,7 @@ __global__ void __launch_bounds__(32 * (128 / (16 * kMI)) * kTW) mma_linear_kern
   extern __shared__ __align__(16) unsigned char smem[];
 
   const int tid = int(threadIdx.x), warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+  M3_TL_MARK(linear_gemm, int(blockIdx.x), 0);
   const int rb = (warp % kWR) * 16 * kMI;  // this warp's first weight row in the CTA
   const int tok0 = (warp / kWR) * 8 * kNT; // and first token row
   // This CTA's GEMM. The wide tile (prefill sizes) always runs alone: a constant index keeps its
@@ -317,7 +324,9 @@ __global__ void __launch_bounds__(32 * (128 / (16 * kMI)) * kTW) mma_linear_kern
     for (int q = 0; q < 2 * kMI; ++q) ref[q & 1] |= uint32_t(r[q]) << (8 * (q >> 1));
   }
 
+  M3_TL_MARK(linear_gemm, int(blockIdx.x), 1);
   pdl_wait();
+  M3_TL_MARK(linear_gemm, int(blockIdx.x), 2);
   for (int d = 0; d < kStages - 1; ++d) {
     if (st_begin + d < st_end) load_x(st_begin + d, d);
     cp_async_commit();  // group d: stage d's x (group 0 also holds every prologue weight stage)
@@ -339,7 +348,7 @@ __global__ void __launch_bounds__(32 * (128 / (16 * kMI)) * kTW) mma_linear_kern
   // The final value of an output: the weight row's and the x row's powers of two.
   auto scaled = [&](float v, int i, int h, int tok) {
     if constexpr (W == WKind::kFP8) v = v * ldexpf(1.0f, int((ref[h] >> (8 * i)) & 0xffu) - 127);
-    if (a.xscale) v = v * __ldg(a.xscale + tok);
+    if (a.xscale) v = v * __ldcg(a.xscale + tok);  // the split's, written after this launch: no ld.global.nc
     return v;
   };
 
@@ -348,6 +357,7 @@ __global__ void __launch_bounds__(32 * (128 / (16 * kMI)) * kTW) mma_linear_kern
   for (int st = st_begin; st < st_end; ++st) {
     cp_async_wait<kStages - 2>();
     __syncthreads();  // stage st visible to all; all warps are done with the buffer refilled below
+    if (st == st_begin) M3_TL_MARK(linear_gemm, int(blockIdx.x), 3);
     const int nx = st + kStages - 1;
     if (nx < st_end) {
       load_w(nx, nbuf);
@@ -427,6 +437,7 @@ __global__ void __launch_bounds__(32 * (128 / (16 * kMI)) * kTW) mma_linear_kern
     }
   }
   cp_async_wait<0>();
+  M3_TL_MARK(linear_gemm, int(blockIdx.x), 4);
 
   // Epilogue. Fragment (i, j): e = 0, 1: weight row rlo, tokens 2t, 2t + 1; e = 2, 3: row rlo + 8.
   // each_out calls f(i, j, e, tok, n) for this thread's outputs that exist.
@@ -440,6 +451,8 @@ __global__ void __launch_bounds__(32 * (128 / (16 * kMI)) * kTW) mma_linear_kern
   auto finish = [&](float v, int i, int h, int tok, int n) { a.y[int64_t(tok) * a.ldy + n] = scaled(v, i, h, tok); };
   if (!a.split) {
     each_out([&](int i, int j, int e, int tok, int n) { finish(tot[i][j][e], i, e >> 1, tok, n); });
+    M3_TL_MARK(linear_gemm, int(blockIdx.x), 6);
+    M3_TL_FINISH(linear_gemm, int(blockIdx.x), int(gridDim.x));
     return;
   }
   // Split: this segment's partial, then the tile's last CTA adds all of them in segment order.
@@ -452,7 +465,11 @@ __global__ void __launch_bounds__(32 * (128 / (16 * kMI)) * kTW) mma_linear_kern
   int* ticket = a.tickets + bx + int64_t(a.gx) * by;
   if (tid == 0) last = atomicAdd(ticket, 1) == a.nseg - 1;
   __syncthreads();
-  if (!last) return;
+  M3_TL_MARK(linear_gemm, int(blockIdx.x), 5);
+  if (!last) {
+    M3_TL_FINISH(linear_gemm, int(blockIdx.x), int(gridDim.x));
+    return;
+  }
   __threadfence();
   each_out([&](int i, int, int e, int tok, int n) {
     // The partials' loads go out 8 at a time (one L2 round trip per 8; k/v projections, 24
@@ -477,6 +494,8 @@ __global__ void __launch_bounds__(32 * (128 / (16 * kMI)) * kTW) mma_linear_kern
     }
     finish(v, i, e >> 1, tok, n);
   });
+  M3_TL_MARK(linear_gemm, int(blockIdx.x), 6);
+  M3_TL_FINISH(linear_gemm, int(blockIdx.x), int(gridDim.x));
 }
 
 // The fixed K split: a function of N and K only.

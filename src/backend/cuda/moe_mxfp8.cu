@@ -1913,8 +1913,8 @@ std::string need_w16wg(const ops::Problem& p) {
 
 // Workspace of decode-sized calls (M3 at top-4: ~250 KB per token; up to 8 MB), so that no alloc
 // node separates the router's select kernel from the routing kernel launched as its programmatic
-// dependent. Consecutive MoE calls never overlap on it: the plain launches between two layers'
-// experts (norms, adds) start only after all earlier work has completed.
+// dependent. Consecutive MoE calls never overlap on it: the kernels between two layers' experts
+// (norms, adds, the router) wait for the kernel before them before they touch anything.
 __device__ __align__(256) uint4 g_moe_workspace[(size_t(8) << 20) / 16];
 
 void run_entry(const TensorView& x, const TensorView& ids, const TensorView& wts, const ops::ExpertWeights& experts,

@@ -211,13 +211,18 @@ __global__ void __launch_bounds__(kSelThreads) router_select_kernel(SelectArgs a
 constexpr int kSegExperts = 32, kSegThreads = 128, kSegRow = kSeg + 4;
 // rows x (4 q4) floats of src (row stride ld) into dst's rows, every load issued before the first
 // store: one memory round trip per CTA (a strided loop unrolled by 4 made it three to four).
-template <int kPer>
+// kConst: src is never written while the kernel runs (weights), so the non-coherent read-only
+// path may serve it; x is written by the kernel this one is a programmatic dependent of, after
+// this kernel started, and is read coherently (ld.global.nc after griddepcontrol.wait returned
+// stale rows here: other routing on the H200).
+template <int kPer, bool kConst>
 __device__ __forceinline__ void stage_rows(float (*dst)[kSegRow], const float* src, int64_t ld, int rows, int q4, int tid) {
   float4 v[kPer];
 #pragma unroll
   for (int i = 0; i < kPer; ++i) {
     const int f = tid + kSegThreads * i, r = f / q4, c = 4 * (f % q4);
-    if (r < rows) v[i] = __ldg(reinterpret_cast<const float4*>(src + int64_t(r) * ld + c));
+    const float4* p = reinterpret_cast<const float4*>(src + int64_t(r) * ld + c);
+    if (r < rows) v[i] = kConst ? __ldg(p) : __ldcg(p);
   }
 #pragma unroll
   for (int i = 0; i < kPer; ++i) {
@@ -236,8 +241,9 @@ __global__ void __launch_bounds__(kSegThreads) router_seg_kernel(LogitsArgs a) {
   const int k_begin = s * kSeg, len = min(a.k - k_begin, kSeg);  // a multiple of 4
   const int ne = min(kSegExperts, a.experts - e0), nt = min(kTok, a.tokens - t0);
   const int q4 = len / 4;
-  stage_rows<kSegExperts * (kSeg / 4) / kSegThreads>(ws, a.w + int64_t(e0) * a.k + k_begin, a.k, ne, q4, tid);
-  stage_rows<kTok * (kSeg / 4) / kSegThreads>(xs, a.x + int64_t(t0) * a.ldx + k_begin, a.ldx, nt, q4, tid);
+  stage_rows<kSegExperts * (kSeg / 4) / kSegThreads, true>(ws, a.w + int64_t(e0) * a.k + k_begin, a.k, ne, q4, tid);
+  pdl_wait();  // x comes from the kernel before (launched as its dependent: the weights' round trip overlaps it)
+  stage_rows<kTok * (kSeg / 4) / kSegThreads, false>(xs, a.x + int64_t(t0) * a.ldx + k_begin, a.ldx, nt, q4, tid);
   __syncthreads();
   const int e = tid % kSegExperts, tb = kPer * (tid / kSegExperts);
   if (e >= ne || tb >= nt) return;
@@ -420,10 +426,11 @@ std::string fused_router_problem(int64_t experts, int64_t hidden, int top_k, con
   return "";
 }
 
-// Partials of decode-sized calls (M3: 16 KB per token; up to 2 MB). The logits kernel that
-// writes them is a plain launch (it starts after all earlier work on the stream has completed),
-// so consecutive calls never overlap on it; the select kernel, the logits kernel's programmatic
-// dependent, then has no free node between it and the experts' first kernel.
+// Partials of decode-sized calls (M3: 16 KB per token; up to 2 MB). The logits kernel writes
+// them only after its pdl_wait (all earlier work on the stream has completed by then: each
+// kernel of the chain waits for the one before it), so consecutive calls never overlap on it;
+// the select kernel, the logits kernel's programmatic dependent, then has no free node between
+// it and the experts' first kernel.
 __device__ __align__(256) uint4 g_router_partials[(size_t(2) << 20) / 16];
 
 void launch_fused_router(const float* x, int64_t ldx, int64_t tokens, const float* w, int64_t experts, int64_t hidden,
@@ -444,11 +451,7 @@ void launch_fused_router(const float* x, int64_t ldx, int64_t tokens, const floa
   if (!wide) {
     const int tok = tokens <= 32 ? 8 : 32;
     const dim3 grid(unsigned((experts + kSegExperts - 1) / kSegExperts), unsigned(o.nseg), unsigned((tokens + tok - 1) / tok));
-    if (tok == 8) {
-      router_seg_kernel<8><<<grid, kSegThreads, 0, current_stream()>>>(a);
-    } else {
-      router_seg_kernel<32><<<grid, kSegThreads, 0, current_stream()>>>(a);
-    }
+    launch_kernel(tok == 8 ? router_seg_kernel<8> : router_seg_kernel<32>, grid, dim3(kSegThreads), 0, true, a);
   } else {
     const dim3 grid(unsigned((tokens + kTileT - 1) / kTileT), unsigned((experts + kTileE - 1) / kTileE),
                     unsigned(nstored));

@@ -14,6 +14,7 @@
 //            list, ranked), 5 selection written;
 //   attention: 0 entry, 1 Q staged, 2 past the PDL wait, 3 selection union and pages,
 //            4 units done, 5 cluster barrier, 6 output written.
+// linear_mma.cu uses the same tables when built with -DM3_LINEAR_TIMELINE (docs/linear_kernels.md).
 #pragma once
 
 #ifdef M3_MSA_TIMELINE
@@ -91,6 +92,7 @@ __device__ __forceinline__ void finish(Table& tb, int cta, int ctas, const char*
 
 // One table per kernel; static: each translation unit has its own (no relocatable device code).
 static __device__ Table g_indexer, g_attention;
+static __device__ Table g_linear_split, g_linear_gemm;  // linear_mma.cu (CMake option M3_LINEAR_TIMELINE)
 
 }  // namespace m3::cuda::msa_tl
 

@@ -4,6 +4,12 @@
 // stream drains: it must pdl_wait() before reading anything that kernel writes (kernels before
 // that one have completed). A kernel may pdl_launch_dependents() to let its dependents be
 // scheduled early. Both are no-ops when the launch was plain.
+//
+// What a dependent reads after pdl_wait() that the kernels before it wrote (after this kernel
+// was launched) must be read coherently: never __ldg / ld.global.nc, which assumes the bytes do
+// not change while the kernel runs. On the H200 the router's logits kernel, made a dependent,
+// read stale x rows through __ldg after the wait (other experts chosen); plain loads or __ldcg
+// are correct. Weights and anything written before the launch may still take the read-only path.
 #pragma once
 
 #include <cuda_runtime.h>
