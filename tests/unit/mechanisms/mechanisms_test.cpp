@@ -2,9 +2,11 @@
 // indexer selection rules, per-group selection, SwiGLU-OAI clamps, router bias, partial RoPE.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <numeric>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "backend/cpu/cpu_backend.h"
@@ -344,6 +346,108 @@ TEST(Dispatch, LinearGroupTakesTheGroupEntryOrEachLinear) {
   EXPECT_EQ(g_group_calls, 0);
   EXPECT_EQ(got[0], want[0]);
   EXPECT_EQ(got[1], std::vector<float>(size_t(m * 2), -7.0f));  // not asked for: untouched
+}
+
+
+// Gemma RMSNorm of one row, then the NeoX rotation of its first `rot` dims at `pos`: what a
+// prologue row must hold (computed here by the separate ops on a copy).
+std::vector<float> norm_rope(Fixture& f, std::vector<float> row, std::vector<float>& w, int pos, int rot, double theta) {
+  const int64_t d = int64_t(row.size());
+  ops::rms_norm(f.ctx, f32(row, {1, d}), f32(w, {d}), 1e-6f, f32(row, {1, d}));
+  const int32_t p[1] = {pos};
+  ops::rope(f.ctx, f32(row, {1, 1, d}), p, rot, theta);
+  return row;
+}
+
+// The fused ops' CPU path is the separate ops in the model's order: each cache holds the rotated
+// key (not the raw projection), a -1 slot is not written, values are cached as they are.
+TEST(Dispatch, AttnPrologueWithoutAnEntryRunsTheSeparateOpsInOrder) {
+  Fixture f;
+  const int T = 3, hq = 2, hkv = 1, d = 8, hi = 1, di = 8, rot = 4, slots = 6;
+  const double theta = 1e4;
+  std::mt19937 rng(3);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  auto rnd = [&](size_t n) {
+    std::vector<float> v(n);
+    for (auto& x : v) x = nd(rng);
+    return v;
+  };
+  auto q = rnd(T * hq * d), k = rnd(T * hkv * d), v = rnd(T * hkv * d), iq = rnd(T * hi * di), ik = rnd(T * di);
+  auto qn = rnd(d), kn = rnd(d), iqn = rnd(di), ikn = rnd(di);
+  std::vector<float> kc(slots * hkv * d, -9.0f), vc(kc.size(), -9.0f), ikc(slots * di, -9.0f);
+  const std::vector<int32_t> pos = {5, 6, 7};
+  const std::vector<int64_t> slot = {4, -1, 1};
+  const auto q0 = q, k0 = k, iq0 = iq, ik0 = ik;
+  ops::AttnPrologue p;
+  p.q = f32(q, {T, hq, d});
+  p.k = f32(k, {T, hkv, d});
+  p.v = f32(v, {T, hkv, d});
+  p.q_norm = f32(qn, {d});
+  p.k_norm = f32(kn, {d});
+  p.k_cache = f32(kc, {slots, hkv, d});
+  p.v_cache = f32(vc, {slots, hkv, d});
+  p.index_q = f32(iq, {T, hi, di});
+  p.index_k = f32(ik, {T, 1, di});
+  p.index_q_norm = f32(iqn, {di});
+  p.index_k_norm = f32(ikn, {di});
+  p.index_k_cache = f32(ikc, {slots, di});
+  p.positions = pos.data();
+  p.slot_mapping = slot.data();
+  p.rotary_dim = rot;
+  p.theta = theta;
+  p.eps = 1e-6f;
+  ops::attn_prologue(f.ctx, p);
+  Fixture r;
+  auto row = [](const std::vector<float>& a, int i, int n) {
+    return std::vector<float>(a.begin() + i * n, a.begin() + (i + 1) * n);
+  };
+  for (int t = 0; t < T; ++t) {
+    for (int h = 0; h < hq; ++h)
+      EXPECT_EQ(row(q, t * hq + h, d), norm_rope(r, row(q0, t * hq + h, d), qn, pos[size_t(t)], rot, theta));
+    const auto kr = norm_rope(r, row(k0, t, d), kn, pos[size_t(t)], rot, theta);
+    const auto ikr = norm_rope(r, row(ik0, t, di), ikn, pos[size_t(t)], rot, theta);
+    EXPECT_EQ(row(k, t, d), kr);
+    EXPECT_EQ(row(iq, t, di), norm_rope(r, row(iq0, t, di), iqn, pos[size_t(t)], rot, theta));
+    EXPECT_EQ(row(ik, t, di), ikr);
+    if (slot[size_t(t)] < 0) continue;
+    const int s = int(slot[size_t(t)]);
+    EXPECT_EQ(row(kc, s, d), kr) << "the key cache holds the rotated key";
+    EXPECT_EQ(row(vc, s, d), row(v, t, d));
+    EXPECT_EQ(row(ikc, s, di), ikr);
+  }
+  for (int s : {0, 2, 3, 5}) EXPECT_EQ(row(kc, s, d), std::vector<float>(d, -9.0f)) << "slot " << s << " untouched";
+  std::vector<std::string> ops_seen;
+  for (const auto& u : f.stats.first_uses()) ops_seen.push_back(u.op);
+  EXPECT_EQ(std::count(ops_seen.begin(), ops_seen.end(), "attn_prologue"), 0) << "the CPU table has no fused entry";
+  EXPECT_GT(std::count(ops_seen.begin(), ops_seen.end(), "kv_write"), 0);
+}
+
+TEST(Dispatch, AddRmsNormWithoutAnEntryIsAddThenRmsNorm) {
+  Fixture f;
+  std::vector<float> x = {1, -2, 3, 0.5f, 4, 4, -1, 2}, y = {0.5f, 1, -1, 2, 0, -3, 1, 1}, w = {0.1f, -0.2f, 0, 0.3f};
+  std::vector<float> out(8), want_x = x, want(8);
+  for (size_t i = 0; i < x.size(); ++i) want_x[i] += y[i];
+  Fixture r;
+  ops::rms_norm(r.ctx, f32(want_x, {2, 4}), f32(w, {4}), 1e-6f, f32(want, {2, 4}));
+  ops::add_rms_norm(f.ctx, f32(x, {2, 4}), f32(y, {2, 4}), f32(w, {4}), 1e-6f, f32(out, {2, 4}));
+  EXPECT_EQ(x, want_x);
+  EXPECT_EQ(out, want);
+}
+
+TEST(Dispatch, RemoveEntryDropsItFromItsTable) {
+  ops::KernelTable table;
+  cpu::register_cpu_kernels(table);
+  const auto has = [&](const std::string& name) {
+    for (const auto& e : table.describe())
+      if (e.entry == name) return true;
+    return false;
+  };
+  ASSERT_TRUE(has("rms_norm.gemma.cpu"));
+  EXPECT_TRUE(table.remove_entry("rms_norm.gemma.cpu"));
+  EXPECT_FALSE(has("rms_norm.gemma.cpu"));
+  EXPECT_TRUE(has("rope.neox_partial.cpu"));
+  EXPECT_FALSE(table.remove_entry("rms_norm.gemma.cpu"));
+  EXPECT_FALSE(table.remove_entry("no.such.entry"));
 }
 
 }  // namespace
