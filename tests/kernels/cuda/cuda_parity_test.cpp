@@ -243,19 +243,19 @@ void check_fused_rows(Harness& h, std::mt19937& rng) {
       };
       auto make = [&](auto&& view, Bufs& b, auto&& run) {
         ops::AttnPrologue p;
-        p.q = view(b.q.data(), DType::kF32, Shape{T, c.hq, c.d}, 0);
-        p.k = view(b.k.data(), DType::kF32, Shape{T, c.hkv, c.d}, 1);
-        p.v = view(v.data(), DType::kF32, Shape{T, c.hkv, c.d}, 2);
-        p.q_norm = view(qn.data(), DType::kF32, Shape{c.d}, 3);
-        p.k_norm = view(kn.data(), DType::kF32, Shape{c.d}, 4);
-        p.k_cache = view(b.kc.data(), c.kv, Shape{slots_total, c.hkv, c.d}, 5);
-        p.v_cache = view(b.vc.data(), c.kv, Shape{slots_total, c.hkv, c.d}, 6);
+        p.q = view(b.q.data(), DType::kF32, Shape{T, c.hq, c.d});
+        p.k = view(b.k.data(), DType::kF32, Shape{T, c.hkv, c.d});
+        p.v = view(v.data(), DType::kF32, Shape{T, c.hkv, c.d});
+        p.q_norm = view(qn.data(), DType::kF32, Shape{c.d});
+        p.k_norm = view(kn.data(), DType::kF32, Shape{c.d});
+        p.k_cache = view(b.kc.data(), c.kv, Shape{slots_total, c.hkv, c.d});
+        p.v_cache = view(b.vc.data(), c.kv, Shape{slots_total, c.hkv, c.d});
         if (sparse) {
-          p.index_q = view(b.iq.data(), DType::kF32, Shape{T, c.hi, c.di}, 7);
-          p.index_k = view(b.ik.data(), DType::kF32, Shape{T, 1, c.di}, 8);
-          p.index_q_norm = view(iqn.data(), DType::kF32, Shape{c.di}, 9);
-          p.index_k_norm = view(ikn.data(), DType::kF32, Shape{c.di}, 10);
-          p.index_k_cache = view(b.ikc.data(), c.ik, Shape{slots_total, c.di}, 11);
+          p.index_q = view(b.iq.data(), DType::kF32, Shape{T, c.hi, c.di});
+          p.index_k = view(b.ik.data(), DType::kF32, Shape{T, 1, c.di});
+          p.index_q_norm = view(iqn.data(), DType::kF32, Shape{c.di});
+          p.index_k_norm = view(ikn.data(), DType::kF32, Shape{c.di});
+          p.index_k_cache = view(b.ikc.data(), c.ik, Shape{slots_total, c.di});
         }
         p.rotary_dim = c.rotary;
         p.theta = c.theta;
@@ -265,7 +265,7 @@ void check_fused_rows(Harness& h, std::mt19937& rng) {
       Bufs init{q, k, iq, ik, std::vector<uint8_t>(kv_bytes, 0x11), std::vector<uint8_t>(kv_bytes, 0x22),
                 std::vector<uint8_t>(ik_bytes, 0x33)};
       Bufs ref = init;
-      make([](void* p, DType dt, Shape s, int) { return host(p, dt, std::move(s)); }, ref, [&](ops::AttnPrologue& p) {
+      make([](void* p, DType dt, Shape s) { return host(p, dt, std::move(s)); }, ref, [&](ops::AttnPrologue& p) {
         p.positions = pos.data();
         p.slot_mapping = slots.data();
         ops::attn_prologue(h.cpu(), p);
@@ -275,11 +275,10 @@ void check_fused_rows(Harness& h, std::mt19937& rng) {
         std::deque<DevBuf> bufs;
         Bufs& b = out[fused];
         b = init;
-        auto to_dev = [&](void* p, DType dt, Shape s, int slot) {
+        auto to_dev = [&](void* p, DType dt, Shape s) {
           const size_t bytes = size_t(s.numel()) * dtype_size_bytes(dt);
           bufs.emplace_back(bytes);
           M3_CUDA_CHECK(cudaMemcpy(bufs.back().as<void>(), p, bytes, cudaMemcpyHostToDevice));
-          (void)slot;
           return dev(bufs.back(), dt, std::move(s));
         };
         DevBuf dpos(pos), dslots(slots);
@@ -291,12 +290,9 @@ void check_fused_rows(Harness& h, std::mt19937& rng) {
           if (fused) {
             ops::attn_prologue(h.gpu(), p);
           } else {
-            ops::KernelTable separate;
-            cuda::register_cuda_kernels(separate);
             ops::KernelTable only;  // the CUDA table without the fused entry: the separate ops
-            only.rms_norm = separate.rms_norm;
-            only.rope = separate.rope;
-            only.kv_write = separate.kv_write;
+            cuda::register_cuda_kernels(only);
+            if (!only.remove_entry("attn_prologue.fused_rows.sm90")) throw std::runtime_error("no fused prologue entry");
             ops::attn_prologue(ops::OpContext{&only, nullptr, Device::kCuda, true}, p);
           }
         });
