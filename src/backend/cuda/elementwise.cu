@@ -1,13 +1,12 @@
 // Embedding gather, Gemma RMSNorm, partial NeoX RoPE, residual add and KV-cache scatter for
 // F32 device tensors; one block per row, fp32 throughout (parity with the CPU reference).
-#include <cuda_bf16.h>
-#include <cuda_fp8.h>
 
 #include <cmath>
 #include <string>
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/cuda_internal.h"
+#include "backend/cuda/row_ops.cuh"
 
 namespace m3::cuda {
 namespace {
@@ -25,33 +24,21 @@ __global__ void rms_norm_gemma_kernel(const float* x, const float* w, float* y, 
   const float* xr = x + row * dim;
   float sum = 0.0f;
   for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) sum += xr[i] * xr[i];
-  for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
-  if ((threadIdx.x & 31) == 0) partial[threadIdx.x >> 5] = sum;
-  __syncthreads();
-  if (threadIdx.x < 32) {
-    sum = threadIdx.x < (blockDim.x + 31) / 32 ? partial[threadIdx.x] : 0.0f;
-    for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
-    if (threadIdx.x == 0) partial[0] = sum;
-  }
-  __syncthreads();
-  const float inv = rsqrtf(partial[0] / float(dim) + eps);
-  for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) y[row * dim + i] = (xr[i] * inv) * (1.0f + w[i]);
+  const float inv = gemma_inv_rms(cta_sum(sum, partial), dim, eps);
+  for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) y[row * dim + i] = gemma_norm(xr[i], inv, w[i]);
 }
 
-// One block per token; threads over the rotary pairs, each rotating every head. The products
-// are rounded separately (no FMA contraction), as the CPU reference computes them.
+// One block per token; threads over the rotary pairs, each rotating every head.
 __global__ void rope_neox_kernel(float* x, const int32_t* positions, int64_t heads, int64_t head_dim, int half,
                                  RopeInvFreq inv_freq) {
   const int64_t t = blockIdx.x;
   const float pos = float(positions[t]);
   for (int i = threadIdx.x; i < half; i += blockDim.x) {
-    const float angle = pos * inv_freq.v[i];
-    const float c = cosf(angle), s = sinf(angle);
+    float c, s;
+    rope_cos_sin(pos, inv_freq.v[i], c, s);
     for (int64_t h = 0; h < heads; ++h) {
       float* v = x + (t * heads + h) * head_dim;
-      const float a = v[i], b = v[i + half];
-      v[i] = __fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s));
-      v[i + half] = __fadd_rn(__fmul_rn(b, c), __fmul_rn(a, s));
+      rope_rotate(c, s, v[i], v[i + half]);
     }
   }
 }
@@ -61,28 +48,12 @@ __global__ void add_kernel(float* x, const float* y, int64_t n) {
   if (i < n) x[i] += y[i];
 }
 
-__global__ void kv_write_kernel(const float* src, const int64_t* slots, float* cache, int64_t row) {
+// F32 rows into an F32, BF16 or F8E4M3 cache (store_cache); one block per token.
+__global__ void kv_write_kernel(const float* src, const int64_t* slots, void* cache, CacheType dt, int64_t row) {
   const int64_t t = blockIdx.x;
   const int64_t slot = slots[t];
   if (slot < 0) return;  // padding token: nothing to cache
-  for (int64_t i = threadIdx.x; i < row; i += blockDim.x) cache[slot * row + i] = src[t * row + i];
-}
-
-// F32 rows into a BF16 (round to nearest even, as f32_to_bf16) or F8E4M3 cache (RNE with
-// saturation to +-448, as f32_to_fp8_e4m3); one block per token.
-__global__ void kv_write_bf16_kernel(const float* src, const int64_t* slots, __nv_bfloat16* cache, int64_t row) {
-  const int64_t t = blockIdx.x;
-  const int64_t slot = slots[t];
-  if (slot < 0) return;
-  for (int64_t i = threadIdx.x; i < row; i += blockDim.x) cache[slot * row + i] = __float2bfloat16_rn(src[t * row + i]);
-}
-
-__global__ void kv_write_fp8_kernel(const float* src, const int64_t* slots, __nv_fp8_storage_t* cache, int64_t row) {
-  const int64_t t = blockIdx.x;
-  const int64_t slot = slots[t];
-  if (slot < 0) return;
-  for (int64_t i = threadIdx.x; i < row; i += blockDim.x)
-    cache[slot * row + i] = __nv_cvt_float_to_fp8(src[t * row + i], __NV_SATFINITE, __NV_E4M3);
+  for (int64_t i = threadIdx.x; i < row; i += blockDim.x) store_cache(cache, dt, slot * row + i, src[t * row + i]);
 }
 
 void launch_embedding_gather(const int32_t* ids, int num_tokens, const TensorView& table, const TensorView& out) {
@@ -117,16 +88,8 @@ void launch_kv_write(const TensorView& src, const int64_t* slot_mapping, const T
   const int64_t tokens = src.shape[0];
   if (tokens == 0) return;
   const int64_t row = src.numel() / tokens;
-  if (cache.dtype == DType::kBF16) {
-    kv_write_bf16_kernel<<<unsigned(tokens), 128, 0, current_stream()>>>(src.as<const float>(), slot_mapping,
-                                                                         cache.as<__nv_bfloat16>(), row);
-  } else if (cache.dtype == DType::kF8E4M3) {
-    kv_write_fp8_kernel<<<unsigned(tokens), 128, 0, current_stream()>>>(src.as<const float>(), slot_mapping,
-                                                                        cache.as<__nv_fp8_storage_t>(), row);
-  } else {
-    kv_write_kernel<<<unsigned(tokens), 128, 0, current_stream()>>>(src.as<const float>(), slot_mapping, cache.as<float>(),
-                                                                    row);
-  }
+  kv_write_kernel<<<unsigned(tokens), 128, 0, current_stream()>>>(src.as<const float>(), slot_mapping, cache.data,
+                                                                  cache_type(cache.dtype), row);
   M3_CUDA_CHECK_LAUNCH();
 }
 

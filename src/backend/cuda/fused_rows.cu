@@ -5,14 +5,13 @@
 //
 // Both launch as programmatic dependents of the kernel before them and wait for it at once: what
 // overlaps is their launch with its tail.
-#include <cuda_bf16.h>
-#include <cuda_fp8.h>
 
 #include <string>
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/cuda_internal.h"
 #include "backend/cuda/pdl.cuh"
+#include "backend/cuda/row_ops.cuh"
 
 namespace m3::cuda {
 namespace {
@@ -23,12 +22,6 @@ namespace {
 constexpr int kRowWarps = 8;      // rms_norm_gemma_kernel's warps per CTA
 constexpr int kMaxRowDim = 32 * kRowWarps;
 constexpr int kNormThreads = 256;  // rms_norm_gemma_kernel's CTA (the per-thread order depends on it)
-
-__device__ __forceinline__ float xor_fold(float s) {
-#pragma unroll
-  for (int off = 16; off > 0; off >>= 1) s += __shfl_xor_sync(0xffffffffu, s, off);
-  return s;
-}
 
 // Sum of squares of a row held as x[c] = element lane + 32 c (zeros past the row).
 __device__ __forceinline__ float row_sum_sq(const float (&x)[kRowWarps], int nch, int lane) {
@@ -42,18 +35,6 @@ __device__ __forceinline__ float row_sum_sq(const float (&x)[kRowWarps], int nch
   }
   return __shfl_sync(0xffffffffu, xor_fold(part), 0);
 }
-
-__device__ __forceinline__ void store_cache(void* cache, int dt, int64_t i, float v) {
-  if (dt == 1) {
-    static_cast<__nv_bfloat16*>(cache)[i] = __float2bfloat16_rn(v);
-  } else if (dt == 2) {
-    static_cast<__nv_fp8_storage_t*>(cache)[i] = __nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E4M3);
-  } else {
-    static_cast<float*>(cache)[i] = v;
-  }
-}
-
-int cache_code(DType dt) { return dt == DType::kBF16 ? 1 : dt == DType::kF8E4M3 ? 2 : 0; }
 
 // x += y, out = rms_norm(x): rms_norm_gemma_kernel with the add in its first pass.
 __global__ void __launch_bounds__(kNormThreads) add_rms_norm_kernel(float* x, const float* y, const float* w, float* out,
@@ -70,17 +51,8 @@ __global__ void __launch_bounds__(kNormThreads) add_rms_norm_kernel(float* x, co
     xr[i] = v;
     sum += v * v;
   }
-  sum = xor_fold(sum);
-  if ((threadIdx.x & 31) == 0) partial[threadIdx.x >> 5] = sum;
-  __syncthreads();
-  if (threadIdx.x < 32) {
-    sum = threadIdx.x < (blockDim.x + 31) / 32 ? partial[threadIdx.x] : 0.0f;
-    sum = xor_fold(sum);
-    if (threadIdx.x == 0) partial[0] = sum;
-  }
-  __syncthreads();
-  const float inv = rsqrtf(partial[0] / float(dim) + eps);
-  for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) out[row * dim + i] = (xr[i] * inv) * (1.0f + w[i]);
+  const float inv = gemma_inv_rms(cta_sum(sum, partial), dim, eps);
+  for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) out[row * dim + i] = gemma_norm(xr[i], inv, w[i]);
 }
 
 // The prologue's rows of one token, in order: Hq query heads, Hkv key heads, Hkv value heads,
@@ -98,7 +70,7 @@ struct PrologueArgs {
   void* k_cache;
   void* v_cache;
   void* ik_cache;
-  int kv_dt, ik_dt;  // cache_code()
+  CacheType kv_dt, ik_dt;
   const int32_t* positions;
   const int64_t* slots;
   int hq, hkv, hi, d, di, half, rows_per_token;
@@ -120,7 +92,8 @@ __global__ void __launch_bounds__(32 * kRowWarps) attn_prologue_kernel(const __g
   const float* src = nullptr;
   const float* nw = nullptr;     // null: cached as is (values)
   void* cache = nullptr;
-  int dim = a.d, dt = a.kv_dt;
+  int dim = a.d;
+  CacheType dt = a.kv_dt;
   int64_t cache_row = int64_t(a.hkv) * a.d, cache_off = 0;  // a slot's elements, this row's offset in it
   if (j < a.hq) {
     row = a.q + (t * a.hq + j) * a.d;
@@ -153,21 +126,19 @@ __global__ void __launch_bounds__(32 * kRowWarps) attn_prologue_kernel(const __g
   for (int c = 0; c < kRowWarps; ++c) x[c] = c < nch && lane + 32 * c < dim ? src[lane + 32 * c] : 0.0f;
   if (nw) {
     // rms_norm_gemma_kernel, then rope_neox_kernel (separately rounded products), as separate calls.
-    const float inv = rsqrtf(row_sum_sq(x, nch, lane) / float(dim) + a.eps);
+    const float inv = gemma_inv_rms(row_sum_sq(x, nch, lane), dim, a.eps);
     float* b = rot[warp];
 #pragma unroll
     for (int c = 0; c < kRowWarps; ++c) {
       const int e = lane + 32 * c;
-      if (c < nch && e < dim) b[e] = (x[c] * inv) * (1.0f + nw[e]);
+      if (c < nch && e < dim) b[e] = gemma_norm(x[c], inv, nw[e]);
     }
     __syncwarp();
     const float pos = float(a.positions[t]);
     for (int i = lane; i < a.half; i += 32) {
-      const float angle = pos * a.inv.v[i];
-      const float cs = cosf(angle), sn = sinf(angle);
-      const float u = b[i], w = b[i + a.half];
-      b[i] = __fsub_rn(__fmul_rn(u, cs), __fmul_rn(w, sn));
-      b[i + a.half] = __fadd_rn(__fmul_rn(w, cs), __fmul_rn(u, sn));
+      float cs, sn;
+      rope_cos_sin(pos, a.inv.v[i], cs, sn);
+      rope_rotate(cs, sn, b[i], b[i + a.half]);
     }
     __syncwarp();
 #pragma unroll
@@ -207,7 +178,7 @@ void launch_attn_prologue(const ops::AttnPrologue& p) {
   a.k_norm = p.k_norm.as<const float>();
   a.k_cache = p.k_cache.data;
   a.v_cache = p.v_cache.data;
-  a.kv_dt = cache_code(p.k_cache.dtype);
+  a.kv_dt = cache_type(p.k_cache.dtype);
   a.hq = int(p.q.shape[1]);
   a.hkv = int(p.k.shape[1]);
   a.d = int(p.q.shape[2]);
@@ -217,7 +188,7 @@ void launch_attn_prologue(const ops::AttnPrologue& p) {
     a.iq_norm = p.index_q_norm.as<const float>();
     a.ik_norm = p.index_k_norm.as<const float>();
     a.ik_cache = p.index_k_cache.data;
-    a.ik_dt = cache_code(p.index_k_cache.dtype);
+    a.ik_dt = cache_type(p.index_k_cache.dtype);
     a.hi = int(p.index_q.shape[1]);
     a.di = int(p.index_q.shape[2]);
   }

@@ -174,6 +174,23 @@ void check_elementwise(Harness& h, std::mt19937& rng) {
       ops::kv_write(h.gpu(), dev(dsrc, DType::kF32, {tokens, row_elems}), dslots.as<int64_t>(),
                     dev(dcache, DType::kF32, {slots_total, row_elems}));
       h.compare("kv_write", dcache.get<float>(cache.size()), ref);
+      // BF16 and F8E4M3 caches: the stored bytes equal the CPU's conversions (RNE; FP8 saturating:
+      // the values scaled past +-448 here).
+      for (DType dt : {DType::kBF16, DType::kF8E4M3}) {
+        std::vector<float> big = src;
+        for (float& v : big) v *= dt == DType::kF8E4M3 ? 200.0f : 1.0f;
+        const size_t es = dtype_size_bytes(dt), bytes = size_t(slots_total) * row_elems * es;
+        std::vector<uint8_t> cref(bytes);
+        for (size_t i = 0; i < bytes; ++i) cref[i] = uint8_t(i * 37 + 11);  // untouched slots keep their bytes
+        DevBuf dbig(big), dq(cref);
+        ops::kv_write(h.cpu(), host(big.data(), DType::kF32, {tokens, row_elems}), slots.data(),
+                      host(cref.data(), dt, {slots_total, row_elems}));
+        ops::kv_write(h.gpu(), dev(dbig, DType::kF32, {tokens, row_elems}), dslots.as<int64_t>(),
+                      dev(dq, dt, {slots_total, row_elems}));
+        const auto got = dq.get<uint8_t>(bytes);
+        h.compare_ints("kv_write", std::vector<int32_t>(got.begin(), got.end()),
+                       std::vector<int32_t>(cref.begin(), cref.end()));
+      }
     }
   });
 }
@@ -563,7 +580,10 @@ void check_linear(Harness& h, std::mt19937& rng) {
                                    // segments in separate CTAs (m <= 256, few tiles) or in one (300 rows),
                                    // ragged N; the rows alone take the split narrow tile.
                                    {130, 300, 1024}, {1, 520, 2048}, {200, 1000, 3072}, {300, 256, 1024},
-                                   {37, 2000, 1024}, {16, 129, 1152}};
+                                   {37, 2000, 1024}, {16, 129, 1152},
+                                   // One or two rows: the x split inside the GEMM launch (split K, and
+                                   // 133 tiles that run their whole K in one CTA).
+                                   {1, 17000, 1024}, {2, 700, 3072}};
   for (DType dt : kWeightTypes) {
     for (bool invariant : {true, false}) {
       const std::string lin = gemm_row("linear", dt);
@@ -622,7 +642,7 @@ void check_linear_group(Harness& h, std::mt19937& rng) {
     h.guarded(row, [&] {
       std::vector<std::unique_ptr<Weight>> ws;
       for (int n : ns) ws.push_back(std::make_unique<Weight>(n, k, dt, rng));
-      for (int m : {1, 5, 8, 16, 24, 33}) {
+      for (int m : {1, 2, 5, 8, 16, 24, 33}) {
         auto x = randn(size_t(m) * k, rng);
         DevBuf dx(x);
         for (int count : {3, 6}) {
