@@ -1,6 +1,7 @@
 // Host-side plan of the tensor-core invariant linear (linear_mma.h): no GPU needed, so CI runs it.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 
@@ -28,6 +29,7 @@ TEST(MmaLinearPlan, SegmentsDependOnTheShapeOnly) {
     EXPECT_GE(one.nseg, 1);
     EXPECT_LT(int64_t(one.seg_stages) * (one.nseg - 1), steps) << "empty last segment";
     EXPECT_GE(int64_t(one.seg_stages) * one.nseg, steps) << "segments do not cover K";
+    EXPECT_GE(int64_t(one.seg_stages), std::min<int64_t>(12, steps)) << "segments of at least 12 stages";
     for (int64_t m : {1, 2, 7, 8, 9, 16, 17, 32, 33, 128, 256, 257, 4096, 65536}) {
       const cuda::MmaLinearPlan p = cuda::mma_linear_plan(m, s.n, s.k, s.dtype);
       EXPECT_EQ(p.seg_stages, one.seg_stages) << s.n << " x " << s.k << ", m " << m;
@@ -42,6 +44,16 @@ TEST(MmaLinearPlan, SegmentsDependOnTheShapeOnly) {
       }
     }
   }
+  // M3's projections at one token: q 64 tiles x 4 segments of 24 stages; k/v/index q 4 tiles x 8
+  // segments of 12; the index key 1 tile x 8 segments; the layer's group 360 CTAs.
+  const cuda::MmaLinearPlan q = cuda::mma_linear_plan(1, 8192, 6144, DType::kF8E4M3);
+  const cuda::MmaLinearPlan kv = cuda::mma_linear_plan(1, 512, 6144, DType::kF8E4M3);
+  const cuda::MmaLinearPlan ik = cuda::mma_linear_plan(1, 128, 6144, DType::kF8E4M3);
+  EXPECT_EQ(q.nseg, 4);
+  EXPECT_EQ(kv.nseg, 8);
+  EXPECT_EQ(kv.seg_stages, 12);
+  EXPECT_EQ(ik.nseg, 8);
+  EXPECT_EQ(q.grid_x * q.grid_z + 3 * kv.grid_x * kv.grid_z + ik.grid_x * ik.grid_z, 360);
   // Shapes the entry refuses keep the row-dot.
   EXPECT_NE(cuda::mma_linear_eligible(DType::kF8E4M3, 4096, 1088), "");  // MXFP8 in % 128 != 0
   EXPECT_NE(cuda::mma_linear_eligible(DType::kBF16, 4096, 512), "");     // small layers
