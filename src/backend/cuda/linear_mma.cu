@@ -4,7 +4,7 @@
 //   split   one CTA per x row: hi and lo pieces (bf16, or f16 of x * 2^k with the row's 2^-k);
 //           several GEMMs over one x (a layer's projections) share it and, with narrow tiles, one
 //           launch (GroupArgs);
-//   gemm    CTAs of 128 weight rows x 8 or 32 tokens (narrow: 8 warps of 16 rows; M <= 32) or
+//   gemm    CTAs of 128 weight rows x 8, 16 or 32 tokens (narrow: 8 warps of 16 rows; M <= 128) or
 //           x 128 tokens (wide: 2 x 4 warps of 64 rows x 32 tokens), a cp.async ring of 64-wide K
 //           stages (weights, e8m0 scales, both x pieces) in shared memory; weights are the MMA's
 //           A operand (so one token costs one n8 tile, not an m16 one); the weights' first stages
@@ -547,10 +547,18 @@ void launch(const GroupArgs& ga) {
 // Tokens per CTA. Narrow tiles (8 warps of 16 weight rows) for decode batches: 8 tokens up to 8
 // rows, 16 up to 16; from 17 to 32 rows one 32-token tile when the weights are far larger than L2
 // (an LM head: one weight read instead of two, 1400 -> 834 us at 32 rows), else two 16-token
-// tiles (L2-resident second read, twice the CTAs: faster for the layer's own linears). The
-// wide tile (2 x 4 warps of 64 rows x 32 tokens) beyond 32 rows.
+// tiles (L2-resident second read, twice the CTAs: faster for the layer's own linears); 32-token
+// tiles up to kNarrowMaxRows for the layer's linears. The wide tile (2 x 4 warps of 64 rows x 32
+// tokens) beyond (the LM head: beyond 32 rows).
+// The wide tile runs one CTA per SM and, split over K at these sizes, ~60 TFLOP/s: at 48-128
+// rows the 32-token tiles (two CTAs per SM, each weight tile read once per 32 rows) took a layer's
+// grouped projections 362-457 -> 109-190 us, o_proj 145-194 -> 92-185, the dense MLP 616-780 ->
+// 379-692 (H200); at 256 rows o_proj and the MLP were 3-20 % slower, so the wide tile stays there.
+constexpr int64_t kNarrowMaxRows = 128;
 int tokens_per_cta(int64_t m, int64_t wbytes) {
-  if (m > 32) return 128;
+  const bool big = wbytes > (int64_t(128) << 20);
+  if (m > (big ? 32 : kNarrowMaxRows)) return 128;
+  if (m > 32) return 32;
   if (m <= 8) return 8;
   if (m <= 16 || wbytes <= (int64_t(128) << 20)) return 16;
   return 32;
