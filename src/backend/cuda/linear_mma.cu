@@ -560,7 +560,7 @@ int tokens_per_cta(int64_t m, int64_t wbytes) {
   if (m > (big ? 32 : kNarrowMaxRows)) return 128;
   if (m > 32) return 32;
   if (m <= 8) return 8;
-  if (m <= 16 || wbytes <= (int64_t(128) << 20)) return 16;
+  if (m <= 16 || !big) return 16;
   return 32;
 }
 
