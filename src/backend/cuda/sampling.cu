@@ -14,6 +14,7 @@
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/cuda_internal.h"
+#include "backend/cuda/row_ops.cuh"
 #include "ops/sample_gumbel.h"
 
 namespace m3::cuda {
@@ -40,18 +41,6 @@ __device__ __forceinline__ void block_argmax(float& v, int32_t& id, float* sv, i
   v = lane < warps ? sv[lane] : -INFINITY;
   id = lane < warps ? sid[lane] : kNone;
   warp_argmax(v, id);  // every warp reduces the same values in the same order
-}
-
-// Block-wide fp32 sum in a fixed order; every thread returns with it. All threads must call.
-__device__ __forceinline__ float block_sum(float s, float* sv) {
-  for (int off = 16; off > 0; off >>= 1) s += __shfl_xor_sync(0xffffffffu, s, off);
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
-  __syncthreads();
-  if (lane == 0) sv[warp] = s;
-  __syncthreads();
-  s = lane < warps ? sv[lane] : 0.0f;
-  for (int off = 16; off > 0; off >>= 1) s += __shfl_xor_sync(0xffffffffu, s, off);
-  return s;
 }
 
 __global__ void __launch_bounds__(kMaxThreads)
@@ -84,7 +73,8 @@ __global__ void __launch_bounds__(kMaxThreads)
 
   float sum = 0.0f;
   for (int64_t i = threadIdx.x; i < vocab; i += blockDim.x) sum += expf(x[i] - m);
-  sum = block_sum(sum, s_val);
+  __syncthreads();  // every thread has read s_val in block_argmax before cta_sum writes it
+  sum = cta_sum(sum, s_val);
   const float log_sum = logf(sum);
 
   if (threadIdx.x == 0) {
