@@ -18,6 +18,7 @@
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/cuda_internal.h"
 #include "backend/cuda/linear_mma.h"
+#include "backend/cuda/linear_wgmma.h"
 #include "backend/cuda/rowdot.cuh"
 
 namespace m3::cuda {
@@ -248,6 +249,20 @@ std::string need_mma_mlp(const ops::Problem& p) {
   return why.empty() ? "" : "down projection: " + why;
 }
 
+// The wgmma form of the invariant linear: MXFP8 weights, prefill-sized calls.
+std::string need_wg(const ops::Problem& p) {
+  std::string why = need_mma(p);
+  if (!why.empty()) return why;
+  if (p.dtype != DType::kF8E4M3) return "MXFP8 weights only (BF16 keeps the mma.sync tiles)";
+  if (p.m < kWgLinearMinRows) return "fewer than " + std::to_string(kWgLinearMinRows) + " rows (mma.sync tiles)";
+  return "";
+}
+std::string need_wg_mlp(const ops::Problem& p) {
+  std::string why = need_wg(p);
+  if (!why.empty()) return why;
+  return need_mma_mlp(p);
+}
+
 std::string need_cublas_weight(const ops::Problem& p) {
   std::string why = need_device(p);
   if (!why.empty()) return why;
@@ -281,11 +296,13 @@ void linear_rowdot(const TensorView& x, const ops::LinearWeight& w, const Tensor
   rowdot_linear(x.as<const float>(), x.shape[1], x.shape[0], w, y.as<float>(), w.out_features());
 }
 
+template <bool kWg>
 void linear_mma(const TensorView& x, const ops::LinearWeight& w, const TensorView& y) {
-  check_rows(x, w.in_features(), "linear.mma_hilo_invariant.sm90");
-  mma_linear(x.as<const float>(), x.shape[1], x.shape[0], w, y.as<float>(), w.out_features());
+  check_rows(x, w.in_features(), kWg ? "linear.wgmma_hilo_invariant.sm90" : "linear.mma_hilo_invariant.sm90");
+  mma_linear(x.as<const float>(), x.shape[1], x.shape[0], w, y.as<float>(), w.out_features(), kWg);
 }
 
+template <bool kWg>
 void linear_group_mma(const TensorView& x, const ops::LinearWeight* const* w, const TensorView* y, int count) {
   std::vector<float*> ys(static_cast<size_t>(count));
   std::vector<int64_t> ldy(static_cast<size_t>(count));
@@ -299,7 +316,7 @@ void linear_group_mma(const TensorView& x, const ops::LinearWeight* const* w, co
     ys[size_t(i)] = y[i].as<float>();
     ldy[size_t(i)] = w[i]->out_features();
   }
-  mma_linear_group(x.as<const float>(), x.shape[1], x.shape[0], w, ys.data(), ldy.data(), count);
+  mma_linear_group(x.as<const float>(), x.shape[1], x.shape[0], w, ys.data(), ldy.data(), count, kWg);
 }
 
 void linear_cublas(const TensorView& x, const ops::LinearWeight& w, const TensorView& y) {
@@ -327,20 +344,22 @@ void dense_mlp_rowdot(const TensorView& x, const ops::LinearWeight& gate, const 
   rowdot_linear(h.as<const float>(), ldh, m, down, out.as<float>(), down.out_features());
 }
 
+template <bool kWg>
 void dense_mlp_mma(const TensorView& x, const ops::LinearWeight& gate, const ops::LinearWeight& up,
                    const ops::LinearWeight& down, const ops::SwigluParams& act, const TensorView& out) {
   const int64_t m = x.shape[0], inter = gate.out_features();
-  check_mlp(x, gate, down, "dense_mlp.mma_hilo_invariant_swiglu_oai.sm90");
+  check_mlp(x, gate, down,
+            kWg ? "dense_mlp.wgmma_hilo_invariant_swiglu_oai.sm90" : "dense_mlp.mma_hilo_invariant_swiglu_oai.sm90");
   if (m == 0) return;
   Scratch g(size_t(m * inter) * 4), u(size_t(m * inter) * 4);
   const ops::LinearWeight* gate_up[2] = {&gate, &up};
   float* gu[2] = {g.as<float>(), u.as<float>()};
   const int64_t ld[2] = {inter, inter};
-  mma_linear_group(x.as<const float>(), x.shape[1], m, gate_up, gu, ld, 2);
+  mma_linear_group(x.as<const float>(), x.shape[1], m, gate_up, gu, ld, 2, kWg);
   swiglu_oai_kernel<<<blocks_for(m * inter, 256), 256, 0, current_stream()>>>(g.as<float>(), u.as<const float>(),
                                                                                m * inter, rowdot_act(act));
   M3_CUDA_CHECK_LAUNCH();
-  mma_linear(g.as<const float>(), inter, m, down, out.as<float>(), down.out_features());
+  mma_linear(g.as<const float>(), inter, m, down, out.as<float>(), down.out_features(), kWg);
 }
 
 void dense_mlp_cublas(const TensorView& x, const ops::LinearWeight& gate, const ops::LinearWeight& up,
@@ -401,19 +420,27 @@ void gemm_xwt(const float* x, int64_t m, const ops::LinearWeight& w, float* y, b
 }
 
 void register_gemm(ops::KernelTable& table) {
+  table.linear.add({"linear.wgmma_hilo_invariant.sm90",
+                    "as linear.mma_hilo_invariant.sm90 (same bits) for MXFP8 weights and prefill-sized calls: "
+                    "wgmma m64n128k16 with the weights as A from registers, the x pieces in the mma.sync "
+                    "fragments' k order, persistent CTAs with a producer warpgroup",
+                    need_wg, linear_mma<true>});
   table.linear.add({"linear.mma_hilo_invariant.sm90",
                     "device BF16 or MXFP8 weight, in_features >= 1024 (MXFP8: % 128, BF16: % 64); taken where the "
                     "row-dot would be (batch invariance requested, or MXFP8): x split into hi + lo pieces (bf16, or f16 "
                     "with a power of two per row), mma.sync m16n8k16 with fp32 accumulation, weights as A (e4m3 -> f16 "
                     "exact, block scale folded in), fixed K segments (a function of N and K) added in order; no host "
                     "sync",
-                    need_mma, linear_mma});
+                    need_mma, linear_mma<false>});
+  table.linear_group.add({"linear_group.wgmma_hilo_invariant.sm90",
+                          "as linear.wgmma_hilo_invariant.sm90 for each weight, one x split",
+                          need_wg, linear_group_mma<true>});
   table.linear_group.add({"linear_group.mma_hilo_invariant.sm90",
                           "as linear.mma_hilo_invariant.sm90 for each weight (same bits as separate calls), one x "
                           "split and one launch for the group's narrow-tile GEMMs (up to 6; decode batches), so "
                           "small projections stream back to back; where not eligible each weight takes the linear "
                           "table",
-                          need_mma, linear_group_mma});
+                          need_mma, linear_group_mma<false>});
   table.linear.add({"linear.rowdot_invariant.sm90",
                     "device F32/BF16/MXFP8 weight (MXFP8: in % 32 == 0, U8 e8m0 scale [out, in/32]); taken when batch "
                     "invariance is requested, and always for MXFP8: tiled warp row-dot (2 weight rows per warp, 16-byte "
@@ -425,10 +452,14 @@ void register_gemm(ops::KernelTable& table) {
   table.linear.add({"linear.cublas_bf16_hilo.sm90",
                     "device BF16 weight: F32 activations split into bf16 hi+lo, two cuBLAS BF16 GEMMs, fp32 accumulate",
                     need_cublas_bf16, linear_cublas});
+  table.mlp.add({"dense_mlp.wgmma_hilo_invariant_swiglu_oai.sm90",
+                 "as dense_mlp.mma_hilo_invariant_swiglu_oai.sm90 (same bits) with its projections on "
+                 "linear.wgmma_hilo_invariant.sm90",
+                 need_wg_mlp, dense_mlp_mma<true>});
   table.mlp.add({"dense_mlp.mma_hilo_invariant_swiglu_oai.sm90",
                  "as linear.mma_hilo_invariant.sm90 for gate, up (x split once) and down, swiglu_oai between them "
                  "in fp32",
-                 need_mma_mlp, dense_mlp_mma});
+                 need_mma_mlp, dense_mlp_mma<false>});
   table.mlp.add({"dense_mlp.rowdot_invariant_swiglu_oai.sm90",
                  "device F32/BF16/MXFP8 weights (gate and up one dtype); taken when batch invariance is requested, and "
                  "always for MXFP8: fused gate+up row-dot writing swiglu_oai, then the down row-dot; no host sync",

@@ -30,6 +30,7 @@
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/cuda_internal.h"
 #include "backend/cuda/linear_mma.h"
+#include "backend/cuda/linear_wgmma.h"
 #include "backend/cuda/mma_operands.cuh"
 #include "backend/cuda/msa_timeline.cuh"
 #include "backend/cuda/pdl.cuh"
@@ -111,8 +112,9 @@ __device__ __forceinline__ void mma(float (&d)[4], const uint32_t (&a)[4], uint3
 
 // One x row per CTA: the hi and lo pieces (and, for f16, the row's power of two). kVec: x rows
 // 16-byte aligned, four elements per access (k is a multiple of 64).
-template <bool kF16>
-__device__ __forceinline__ void split4(const float4 v, float mul, uint16_t* hr, uint16_t* lr) {
+// kWg: columns c..c + 3 (c % 4 == 0) stored in wg_col order (pairs stay adjacent), for the wgmma kernel.
+template <bool kF16, bool kWg = false>
+__device__ __forceinline__ void split4(const float4 v, float mul, uint16_t* hr, uint16_t* lr, int c) {
   const float e[4] = {v.x * mul, v.y * mul, v.z * mul, v.w * mul};
   uint32_t h[4], l[4];
 #pragma unroll
@@ -127,8 +129,15 @@ __device__ __forceinline__ void split4(const float4 v, float mul, uint16_t* hr, 
       l[q] = __bfloat16_as_ushort(__float2bfloat16_rn(e[q] - __bfloat162float(hh)));
     }
   }
-  *reinterpret_cast<uint2*>(hr) = make_uint2(h[0] | (h[1] << 16), h[2] | (h[3] << 16));
-  *reinterpret_cast<uint2*>(lr) = make_uint2(l[0] | (l[1] << 16), l[2] | (l[3] << 16));
+  if constexpr (kWg) {
+    *reinterpret_cast<uint32_t*>(hr + wg_col(c)) = h[0] | (h[1] << 16);
+    *reinterpret_cast<uint32_t*>(hr + wg_col(c + 2)) = h[2] | (h[3] << 16);
+    *reinterpret_cast<uint32_t*>(lr + wg_col(c)) = l[0] | (l[1] << 16);
+    *reinterpret_cast<uint32_t*>(lr + wg_col(c + 2)) = l[2] | (l[3] << 16);
+  } else {
+    *reinterpret_cast<uint2*>(hr + c) = make_uint2(h[0] | (h[1] << 16), h[2] | (h[3] << 16));
+    *reinterpret_cast<uint2*>(lr + c) = make_uint2(l[0] | (l[1] << 16), l[2] | (l[3] << 16));
+  }
 }
 
 // One CTA of kSplitThreads per x row. A row of up to kSplitHold float4s per thread (12288
@@ -136,7 +145,7 @@ __device__ __forceinline__ void split4(const float4 v, float mul, uint16_t* hr, 
 // read twice. CTA 0 also zeroes the GEMMs' split-K tickets (they count only after the GEMMs'
 // pdl_wait, which waits for this grid): one graph node fewer than a memset.
 constexpr int kSplitThreads = 512, kSplitHold = 6;
-template <bool kF16, bool kVec>
+template <bool kF16, bool kVec, bool kWg = false>
 __global__ void __launch_bounds__(kSplitThreads) split_rows_kernel(const float* x, int64_t ldx, int k, uint16_t* hi,
                                                                    uint16_t* lo, float* xscale, int* tickets,
                                                                    int ntickets) {
@@ -189,10 +198,10 @@ __global__ void __launch_bounds__(kSplitThreads) split_rows_kernel(const float* 
 #pragma unroll
     for (int j = 0; j < kSplitHold; ++j) {
       const int c = 4 * tid + j * kStride;
-      if (c < k) split4<kF16>(v[j], mul, hr + c, lr + c);
+      if (c < k) split4<kF16, kWg>(v[j], mul, hr, lr, c);
     }
   } else {
-    for (int c = 4 * tid; c < k; c += kStride) split4<kF16>(load4(c), mul, hr + c, lr + c);
+    for (int c = 4 * tid; c < k; c += kStride) split4<kF16, kWg>(load4(c), mul, hr, lr, c);
   }
   M3_TL_MARK(linear_split, int(blockIdx.x), 3);
   M3_TL_FINISH(linear_split, int(blockIdx.x), int(gridDim.x));
@@ -525,10 +534,12 @@ struct SplitX {
   uint16_t* lo;
   float* scale;
 };
-void split_x(const float* x, int64_t ldx, int64_t m, int64_t k, bool f16, const SplitX& s, int* tickets, int ntickets) {
+void split_x(const float* x, int64_t ldx, int64_t m, int64_t k, bool f16, bool wg, const SplitX& s, int* tickets,
+             int ntickets) {
   const bool vec = ldx % 4 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0;  // k % 64 == 0 always
-  auto kernel = f16 ? (vec ? split_rows_kernel<true, true> : split_rows_kernel<true, false>)
-                    : (vec ? split_rows_kernel<false, true> : split_rows_kernel<false, false>);
+  auto kernel = wg    ? (vec ? split_rows_kernel<true, true, true> : split_rows_kernel<true, false, true>)
+                : f16 ? (vec ? split_rows_kernel<true, true> : split_rows_kernel<true, false>)
+                      : (vec ? split_rows_kernel<false, true> : split_rows_kernel<false, false>);
   // A programmatic dependent of whatever wrote x: its launch overlaps that kernel's tail.
   launch_kernel(kernel, dim3(unsigned(m)), dim3(kSplitThreads), 0, true, x, ldx, int(k), s.hi, s.lo,
                 f16 ? s.scale : nullptr, tickets, ntickets);
@@ -553,8 +564,12 @@ void launch(const GroupArgs& ga) {
 // The wide tile runs one CTA per SM and, split over K at these sizes, ~60 TFLOP/s: at 48-128
 // rows the 32-token tiles (two CTAs per SM, each weight tile read once per 32 rows) took a layer's
 // grouped projections 362-457 -> 109-190 us, o_proj 145-194 -> 92-185, the dense MLP 616-780 ->
-// 379-692 (H200); at 256 rows o_proj and the MLP were 3-20 % slower, so the wide tile stays there.
-constexpr int64_t kNarrowMaxRows = 128;
+// 379-692; at 129-256 rows, with the K split of kNarrowSplitFill, the layer's three calls
+// 1976-2231 -> 1263-1979 us (H200; docs/linear_kernels.md).
+constexpr int64_t kNarrowMaxRows = 256;
+// At 129-256 rows a grid of 32-token tiles whose last wave (264 CTAs: two per SM) is under 85 %
+// full splits K over CTAs too: o_proj at 192 rows 305 -> 253 us (the wide tile 272).
+constexpr int64_t kNarrowSplitFill = 85;
 int tokens_per_cta(int64_t m, int64_t wbytes) {
   const bool big = wbytes > (int64_t(128) << 20);
   if (m > (big ? 32 : kNarrowMaxRows)) return 128;
@@ -644,7 +659,11 @@ MmaLinearPlan mma_linear_plan(int64_t m, int64_t n, int64_t k, DType dtype) {
   p.tokens_per_cta = tokens_per_cta(m, n * k * (dtype == DType::kF8E4M3 ? 1 : 2));
   p.grid_x = (n + kRowsCta - 1) / kRowsCta;
   p.grid_y = (m + p.tokens_per_cta - 1) / p.tokens_per_cta;
-  p.split = p.nseg > 1 && p.grid_x * p.grid_y < 132 && m <= kSplitMaxRows;
+  // K segments in separate CTAs when the tiles alone leave SMs idle: fewer tiles than SMs, or (32-token
+  // tiles past 128 rows, two CTAs per SM) a last wave under kNarrowSplitFill percent full.
+  const int64_t tiles = p.grid_x * p.grid_y, slots = (tiles + 263) / 264 * 264;
+  const bool ragged = p.tokens_per_cta == 32 && m > 128 && tiles * 100 < slots * kNarrowSplitFill;
+  p.split = p.nseg > 1 && (tiles < 132 || ragged) && m <= kSplitMaxRows;
   p.grid_z = p.split ? p.nseg : 1;
   return p;
 }
@@ -661,18 +680,20 @@ std::string mma_linear_eligible(DType dtype, int64_t n, int64_t k) {
 
 namespace {
 
-// Workspace of decode-sized calls (up to 4 MB: M3's linears at B <= ~64), so that a captured
-// step has no alloc and free nodes around every linear. Two calls never overlap on it: the
-// split touches it only after its pdl_wait (every earlier kernel, the previous call's GEMMs
-// included, has completed: each kernel of the chain waits for the one before it) and the GEMMs
-// are dependents of the split.
-__device__ __align__(256) uint4 g_linear_workspace[(size_t(4) << 20) / 16];
+// Workspace of decode-sized calls (64 MB: M3's linears up to 256 rows, split partials included),
+// so that a captured step has no alloc and free nodes around every linear. Two calls never
+// overlap on it: the split touches it only after its pdl_wait (every earlier kernel, the previous
+// call's GEMMs included, has completed: each kernel of the chain waits for the one before it) and
+// the GEMMs are dependents of the split (the wgmma kernel a plain successor).
+__device__ __align__(256) uint4 g_linear_workspace[(size_t(64) << 20) / 16];
 
 // One workspace per call (x pieces, scales, the GEMMs' partials and tickets), the split (zeroing
 // the tickets), then one launch per run of GEMMs with the same weight type and narrow token tile
 // (at most kMaxGroup each; wide tiles one per GEMM), back to back, each a programmatic dependent
 // of the kernel before.
-void run(const float* x, int64_t ldx, int64_t m, int64_t k, bool f16, Gemm* const* gemms, int count) {
+void run(const float* x, int64_t ldx, int64_t m, int64_t k, bool f16, Gemm* const* gemms, int count, bool wgmma) {
+  // MXFP8 at prefill sizes on wgmma (same bits; x pieces in wg_col order, no K split).
+  const bool wg = wgmma && f16 && m >= kWgLinearMinRows;
   auto up = [](size_t b) { return (b + 255) / 256 * 256; };
   const size_t piece = up(size_t(m * k) * 2), scale = up(size_t(m) * 4);
   size_t bytes = 2 * piece + scale, tickets = 0;
@@ -695,7 +716,14 @@ void run(const float* x, int64_t ldx, int64_t m, int64_t k, bool f16, Gemm* cons
     }
     off += up(gemms[i]->partial_bytes);
   }
-  split_x(x, ldx, m, k, f16, xs, reinterpret_cast<int*>(p + bytes), int(tickets));
+  split_x(x, ldx, m, k, f16, wg, xs, reinterpret_cast<int*>(p + bytes), int(tickets));
+  if (wg) {
+    for (int i = 0; i < count; ++i) {
+      const Args& a = gemms[i]->a;
+      launch_linear_wgmma(WgLinearArgs{xs.hi, xs.lo, xs.scale, a.w, a.ws, a.y, a.ldy, a.m, a.n, a.k, a.seg_stages});
+    }
+    return;
+  }
   for (int i = 0; i < count;) {
     int j = i + 1;
     while (j < count && j - i < kMaxGroup && gemms[i]->ct != 128 && gemms[j]->fp8 == gemms[i]->fp8 &&
@@ -708,16 +736,16 @@ void run(const float* x, int64_t ldx, int64_t m, int64_t k, bool f16, Gemm* cons
 
 }  // namespace
 
-void mma_linear(const float* x, int64_t ldx, int64_t m, const ops::LinearWeight& w, float* y, int64_t ldy) {
+void mma_linear(const float* x, int64_t ldx, int64_t m, const ops::LinearWeight& w, float* y, int64_t ldy, bool wgmma) {
   check_weight(w);
   if (m == 0 || w.out_features() == 0) return;
   Gemm g(m, w, y, ldy);
   Gemm* gs[1] = {&g};
-  run(x, ldx, m, w.in_features(), w.data.dtype == DType::kF8E4M3, gs, 1);
+  run(x, ldx, m, w.in_features(), w.data.dtype == DType::kF8E4M3, gs, 1, wgmma);
 }
 
 void mma_linear_group(const float* x, int64_t ldx, int64_t m, const ops::LinearWeight* const* w, float* const* y,
-                      const int64_t* ldy, int count) {
+                      const int64_t* ldy, int count, bool wgmma) {
   if (count < 1) return;
   for (int i = 0; i < count; ++i) {
     check_weight(*w[i]);
@@ -733,7 +761,7 @@ void mma_linear_group(const float* x, int64_t ldx, int64_t m, const ops::LinearW
   std::vector<Gemm*> gs;
   for (Gemm& g : gemms) gs.push_back(&g);
   if (gs.empty()) return;
-  run(x, ldx, m, w[0]->in_features(), w[0]->data.dtype == DType::kF8E4M3, gs.data(), int(gs.size()));
+  run(x, ldx, m, w[0]->in_features(), w[0]->data.dtype == DType::kF8E4M3, gs.data(), int(gs.size()), wgmma);
 }
 
 }  // namespace m3::cuda

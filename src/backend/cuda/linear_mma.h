@@ -34,11 +34,14 @@ MmaLinearPlan mma_linear_plan(int64_t m, int64_t n, int64_t k, DType dtype);
 std::string mma_linear_eligible(DType dtype, int64_t n, int64_t k);
 
 // x F32 [m, k] (row stride ldx), y F32 [m, n] (row stride ldy); all on current_stream().
-void mma_linear(const float* x, int64_t ldx, int64_t m, const ops::LinearWeight& w, float* y, int64_t ldy);
+// wgmma: MXFP8 calls of at least kWgLinearMinRows rows run on the wgmma kernel (linear_wgmma.h;
+// same bits).
+void mma_linear(const float* x, int64_t ldx, int64_t m, const ops::LinearWeight& w, float* y, int64_t ldy,
+                bool wgmma = false);
 
 // Linears over the same x (a layer's q/k/v/index projections; the dense MLP's gate and up): x is
 // split once and the GEMMs share launches (same bits as one call each). Same dtype and in_features.
 void mma_linear_group(const float* x, int64_t ldx, int64_t m, const ops::LinearWeight* const* w, float* const* y,
-                      const int64_t* ldy, int count);
+                      const int64_t* ldy, int count, bool wgmma = false);
 
 }  // namespace m3::cuda

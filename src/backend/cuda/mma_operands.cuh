@@ -125,4 +125,37 @@ __device__ __forceinline__ __half2 pow2_h2(int d) {
   return __float2half2_rn(__uint_as_float(uint32_t(d + 127) << 23));
 }
 
+// Where column c of an f16 operand row sits for the wgmma kernels that keep an mma.sync
+// kernel's bits (the MoE W8A16, the invariant linear): inside each 64-wide chunk, MMA step s (of
+// 4) must see its 16 k in the order the mma.sync fragments pair them (lane tig reads bytes
+// [16 tig, +16) of the chunk, step s its bytes 4s..4s+3), so that both kernels sum the same
+// products in the same order. Real k = 16p + 4s + 2h + e goes to 16s + 8h + 2p + e; pairs (e)
+// stay adjacent.
+__host__ __device__ constexpr int wg_col(int c) {
+  return (c & ~63) | (((c >> 2) & 3) << 4) | (((c >> 1) & 1) << 3) | (((c >> 4) & 3) << 1) | (c & 1);
+}
+
+// mbarriers of a producer/consumer ring in shared memory (the wgmma kernels).
+__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+  uint32_t done = 0;
+  do {
+    asm volatile(
+        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(bar), "r"(parity)
+        : "memory");
+  } while (!done);
+}
+// Arrive on `bar` when this thread's earlier cp.async copies have landed (counts as one of the
+// barrier's expected arrivals).
+__device__ __forceinline__ void cp_async_arrive_noinc(uint32_t bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
+}
+
 }  // namespace m3::cuda::mma_ops

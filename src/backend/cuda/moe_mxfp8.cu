@@ -226,15 +226,6 @@ __device__ __forceinline__ float4 load4(const In* p) {
   }
 }
 
-// Where column c of an f16 operand row sits for the wgmma W8A16 kernel: inside each 64-wide chunk,
-// MMA step s (of 4) must see its 16 k in the order the mma.sync kernel's fragments pair them (that
-// kernel's lane tig reads bytes [16 tig, +16) of the chunk, step s its bytes 4s..4s+3), so that
-// both kernels sum the same products in the same order. Real k = 16p + 4s + 2h + e goes to
-// 16s + 8h + 2p + e; pairs (e) stay adjacent.
-__host__ __device__ constexpr int wg_col(int c) {
-  return (c & ~63) | (((c >> 2) & 3) << 4) | (((c >> 1) & 1) << 3) | (((c >> 4) & 3) << 1) | (c & 1);
-}
-
 // The power of two k a row with this amax is multiplied by: |x| * 2^k < 2^15 (f16) or <= 448 (e4m3).
 template <bool kFp8>
 __device__ __forceinline__ int row_scale_exp(float amax) {
@@ -885,29 +876,6 @@ struct W8Args {
   Act act;
   Group g;
 };
-
-__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
-}
-__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
-}
-__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
-  uint32_t done = 0;
-  do {
-    asm volatile(
-        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-        : "=r"(done)
-        : "r"(bar), "r"(parity)
-        : "memory");
-  } while (!done);
-}
-// Arrive on `bar` when this thread's earlier cp.async copies have landed (counts as one of the
-// barrier's expected arrivals).
-__device__ __forceinline__ void cp_async_arrive_noinc(uint32_t bar) {
-  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
-}
-
 
 template <int N>
 struct Wgmma;

@@ -585,7 +585,13 @@ void check_linear(Harness& h, std::mt19937& rng) {
                                    // 133 tiles that run their whole K in one CTA).
                                    {1, 17000, 1024}, {2, 700, 3072},
                                    // 33-128 rows: 32-token narrow tiles, K split (100 rows, 4 x 4 tiles).
-                                   {100, 520, 3072}};
+                                   {100, 520, 3072},
+                                   // 129-256 rows: 32-token tiles; 48 x 6 tiles fill 55 % of their last wave, so
+                                   // K is split over CTAs as well.
+                                   {192, 6144, 3072},
+                                   // From 512 rows MXFP8 takes the wgmma kernel (row alone: mma.sync): ragged
+                                   // N and M, K of 18 stages (odd segments), deep K.
+                                   {600, 300, 1024}, {700, 520, 3072}, {1030, 1000, 1152}, {512, 128, 6144}};
   for (DType dt : kWeightTypes) {
     for (bool invariant : {true, false}) {
       const std::string lin = gemm_row("linear", dt);
@@ -634,8 +640,8 @@ void check_linear(Harness& h, std::mt19937& rng) {
 // A layer's projections of one x (ops::linear_group: q/k/v and the index projections): every
 // output has the bits of its own ops::linear call, and the CPU reference within tolerance. Groups
 // of 3 and 6 (the most one launch takes) mix wide and narrow N (k/v-like 128 and 64, ragged 300),
-// at row counts that take each narrow tile (1, 2, 5, 8: 8 tokens; 16, 24: 16; 33, 100: 32); K
-// segments split over CTAs throughout. (Wide tiles, past 128 rows, launch per GEMM: check_linear.)
+// at row counts that take each narrow tile (1, 2, 5, 8: 8 tokens; 16, 24: 16; 33, 100, 192: 32); K
+// segments split over CTAs throughout. (Wide tiles, past 256 rows, launch per GEMM: check_linear.)
 void check_linear_group(Harness& h, std::mt19937& rng) {
   const int k = 2048;
   const std::vector<int> ns = {1024, 128, 128, 256, 64, 300};
@@ -644,7 +650,7 @@ void check_linear_group(Harness& h, std::mt19937& rng) {
     h.guarded(row, [&] {
       std::vector<std::unique_ptr<Weight>> ws;
       for (int n : ns) ws.push_back(std::make_unique<Weight>(n, k, dt, rng));
-      for (int m : {1, 2, 5, 8, 16, 24, 33, 100}) {
+      for (int m : {1, 2, 5, 8, 16, 24, 33, 100, 192}) {
         auto x = randn(size_t(m) * k, rng);
         DevBuf dx(x);
         for (int count : {3, 6}) {

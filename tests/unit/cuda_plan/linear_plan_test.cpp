@@ -35,9 +35,9 @@ TEST(MmaLinearPlan, SegmentsDependOnTheShapeOnly) {
       EXPECT_EQ(p.seg_stages, one.seg_stages) << s.n << " x " << s.k << ", m " << m;
       EXPECT_EQ(p.nseg, one.nseg) << s.n << " x " << s.k << ", m " << m;
       EXPECT_TRUE(p.tokens_per_cta == 8 || p.tokens_per_cta == 16 || p.tokens_per_cta == 32 || p.tokens_per_cta == 128);
-      // The wide tile past 128 rows (32 for weights far larger than L2: the LM head).
+      // The wide tile past 256 rows (32 for weights far larger than L2: the LM head).
       const bool big = s.n * s.k * (s.dtype == DType::kBF16 ? 2 : 1) > (int64_t(128) << 20);
-      EXPECT_EQ(p.tokens_per_cta == 128, m > (big ? 32 : 128)) << s.n << " x " << s.k << ", m " << m;
+      EXPECT_EQ(p.tokens_per_cta == 128, m > (big ? 32 : 256)) << s.n << " x " << s.k << ", m " << m;
       EXPECT_GE(p.grid_y * p.tokens_per_cta, m);
       EXPECT_LE(p.grid_y, 65535);
       EXPECT_EQ(p.grid_z, p.split ? p.nseg : 1);
@@ -56,6 +56,17 @@ TEST(MmaLinearPlan, SegmentsDependOnTheShapeOnly) {
   EXPECT_EQ(kv.seg_stages, 12);
   EXPECT_EQ(ik.nseg, 8);
   EXPECT_EQ(q.grid_x * q.grid_z + 3 * kv.grid_x * kv.grid_z + ik.grid_x * ik.grid_z, 360);
+  // 129-256 rows: 32-token tiles, K split where the tiles' last wave of 264 CTAs is under 85 % full
+  // (o_proj at 192 rows: 48 x 6 = 288 tiles -> 5 segments each), not where it is full (q_proj at
+  // 256 rows: 64 x 8 = 512 of 528).
+  const cuda::MmaLinearPlan o192 = cuda::mma_linear_plan(192, 6144, 8192, DType::kF8E4M3);
+  EXPECT_EQ(o192.tokens_per_cta, 32);
+  EXPECT_TRUE(o192.split);
+  EXPECT_EQ(o192.grid_z, o192.nseg);
+  const cuda::MmaLinearPlan q256 = cuda::mma_linear_plan(256, 8192, 6144, DType::kF8E4M3);
+  EXPECT_EQ(q256.tokens_per_cta, 32);
+  EXPECT_FALSE(q256.split);
+  EXPECT_FALSE(cuda::mma_linear_plan(128, 6144, 8192, DType::kF8E4M3).split);  // 192 tiles: the rule starts past 128 rows
   // Shapes the entry refuses keep the row-dot.
   EXPECT_NE(cuda::mma_linear_eligible(DType::kF8E4M3, 4096, 1088), "");  // MXFP8 in % 128 != 0
   EXPECT_NE(cuda::mma_linear_eligible(DType::kBF16, 4096, 512), "");     // small layers

@@ -1,0 +1,236 @@
+// The batch-invariant linear of linear_mma.h on wgmma, for MXFP8 weights at prefill sizes.
+//
+// Same bits as mma_linear_kernel for every output: a chain of wgmma m64nNk16 with A from
+// registers sums a k16 step exactly as mma.sync m16n8k16 does (tools/wgmma_probe), so each thread
+// builds its A fragments as that kernel does (the same 16 weight bytes per lane and 64-wide stage,
+// the same exact e4m3 -> f16 conversion with the block scale folded in relative to the row's
+// largest scale byte), and the x pieces are stored in wg_col order (split_x's kWg form) so that a
+// contiguous k16 step of B holds the k the mma.sync fragments pair. Per K step the hi piece's
+// wgmma precedes the lo piece's into the same accumulators; a K segment starts from +0 (zeroed
+// registers, scale-d 1, as the mma.sync chain) and the segments are added in order; the epilogue
+// multiplies by the same powers of two.
+//
+// Persistent CTAs of 3 warpgroups over tiles of 128 weight rows x 128 tokens (n tile fastest, so
+// the CTAs running together share the token tile in L2):
+//   WG0 (producer): cp.async of both pieces of the token tile, one 64-wide K stage per ring slot
+//       (128-byte swizzled rows), arriving on the slot's mbarrier.
+//   WG1, WG2 (consumers): 64 weight rows each; each thread copies its own 32 weight bytes per
+//       stage into its own shared-memory slots kLwAhead stages ahead (no barrier: it alone reads
+//       them), converts them into its A fragments, and issues the stage's 8 wgmmas. Accumulators:
+//       the segment's and the total (2 x 64 registers at N = 128).
+#include "backend/cuda/linear_wgmma.h"
+
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <stdexcept>
+#include <string>
+
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/cuda_internal.h"
+#include "backend/cuda/mma_operands.cuh"
+#include "backend/cuda/wgmma.cuh"
+
+namespace m3::cuda {
+namespace {
+
+using namespace mma_ops;
+
+constexpr int kLwThreads = 384;
+constexpr int kLwTok = 128;                // tokens per tile (the wgmma N)
+constexpr int kLwRows = 128;               // weight rows per tile (64 per consumer warpgroup)
+constexpr int kLwStages = 4;               // token ring slots, one 64-wide K stage each (6: no faster)
+constexpr int kLwPiece = kLwTok * 128;     // one piece's stage: 128 rows of 64 f16
+constexpr int kLwBStage = 2 * kLwPiece;    // hi, then lo
+constexpr int kLwAhead = 3;                // weight stages a consumer thread has in flight
+constexpr int kLwWBufs = kLwAhead + 1;     // its slots: the stage read now and those in flight
+constexpr int kLwWStage = 256 * 32;        // 32 bytes per consumer thread and stage
+constexpr int kLwProducerRegs = 56, kLwConsumerRegs = 224;  // 128 * 56 + 256 * 224 <= 65536
+constexpr size_t kLwSmem = size_t(kLwStages) * kLwBStage + size_t(kLwWBufs) * kLwWStage + 2 * kLwStages * 8 + 1024;
+static_assert(kLwSmem <= 232448, "linear wgmma kernel: shared memory per CTA");
+
+struct Smem {
+  uint32_t b, w, full, empty;  // token ring, weight slots, barriers
+};
+
+__device__ __forceinline__ void produce(const WgLinearArgs& a, const Smem& sm, int m0, int& stage, uint32_t& phase,
+                                        int tid) {
+  const int c8 = tid & 7, rb = tid >> 3;  // 16-byte chunk and first row (0..15): rows rb + 16 i
+  const uint32_t sw = uint32_t((c8 ^ (rb & 7)) << 4);
+  int64_t off[8];
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    // Rows past m repeat row m - 1: their output columns are never stored, and real values keep
+    // the products finite.
+    off[i] = int64_t(min(m0 + rb + 16 * i, a.m - 1)) * a.k + c8 * 8;
+  }
+  const int kst = a.k / 64;
+  for (int st = 0; st < kst; ++st) {
+    mbar_wait(sm.empty + 8u * uint32_t(stage), phase ^ 1u);
+    const uint32_t dst = sm.b + uint32_t(stage * kLwBStage + rb * 128) + sw;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      cp_async16(dst + uint32_t(16 * i * 128), a.xhi + off[i] + st * 64, 16u);
+      cp_async16(dst + uint32_t(kLwPiece + 16 * i * 128), a.xlo + off[i] + st * 64, 16u);
+    }
+    cp_async_arrive_noinc(sm.full + 8u * uint32_t(stage));
+    if (++stage == kLwStages) stage = 0, phase ^= 1u;
+  }
+}
+
+__device__ __forceinline__ void consume(const WgLinearArgs& a, const Smem& sm, int n0, int m0, int& stage,
+                                        uint32_t& phase, int cw, int tw) {
+  const int w4 = tw >> 5, lane = tw & 31, g = lane >> 2, tig = lane & 3;
+  const int kst = a.k / 64;
+  const int row_lo = n0 + 64 * cw + 16 * w4 + g;  // and row_lo + 8
+  const int r_lo = min(row_lo, a.n - 1), r_hi = min(row_lo + 8, a.n - 1);  // rows past n load row n - 1
+  const uint8_t* p_lo = a.w + int64_t(r_lo) * a.k + 16 * tig;
+  const uint8_t* p_hi = a.w + int64_t(r_hi) * a.k + 16 * tig;
+  const uint32_t* s_lo = reinterpret_cast<const uint32_t*>(a.ws + int64_t(r_lo) * (a.k / 32));
+  const uint32_t* s_hi = reinterpret_cast<const uint32_t*>(a.ws + int64_t(r_hi) * (a.k / 32));
+  const uint32_t slot = sm.w + uint32_t((128 * cw + tw) * 32);
+  auto copy_w = [&](int st) {
+    if (st < kst) {
+      const uint32_t dst = slot + uint32_t((st % kLwWBufs) * kLwWStage);
+      cp_async16_w(dst, p_lo + int64_t(st) * 64);
+      cp_async16_w(dst + 16, p_hi + int64_t(st) * 64);
+    }
+    cp_async_commit();  // one group per stage, empty or not, so wait_group counts stages
+  };
+#pragma unroll
+  for (int d = 0; d < kLwAhead; ++d) copy_w(d);
+  // Scale words of the 128-wide windows: [0, 1] the current window's (lo, hi rows), [2, 3] the next.
+  uint32_t sc[4];
+  sc[0] = __ldg(s_lo);
+  sc[1] = __ldg(s_hi);
+  sc[2] = kst > 2 ? __ldg(s_lo + 1) : 0u;
+  sc[3] = kst > 2 ? __ldg(s_hi + 1) : 0u;
+  int ref[2];
+  {
+    const uint32_t* const rows[2] = {s_lo, s_hi};
+    rows_max_byte<2, 8>(rows, a.k / 128, tig, ref);
+  }
+  float acc[64], tot[64];
+#pragma unroll
+  for (int i = 0; i < 64; ++i) acc[i] = tot[i] = 0.0f;
+  bool first = true;
+  int seg_left = a.seg_stages;
+  for (int st = 0; st < kst; ++st) {
+    cp_async_wait<kLwAhead - 1>();  // this thread's weights of stage st have landed
+    uint4 ql, qh;
+    const uint32_t src = slot + uint32_t((st % kLwWBufs) * kLwWStage);
+    asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n" : "=r"(ql.x), "=r"(ql.y), "=r"(ql.z), "=r"(ql.w) : "r"(src));
+    asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n" : "=r"(qh.x), "=r"(qh.y), "=r"(qh.z), "=r"(qh.w) : "r"(src + 16));
+    copy_w(st + kLwAhead);  // into the slots stage st - 1 used
+    const int sh = 8 * (2 * (st & 1) + (tig >> 1));  // this lane's 32-wide block in the 128-wide window
+    const __half2 mul_lo = pow2_h2(int((sc[0] >> sh) & 0xffu) - ref[0]);
+    const __half2 mul_hi = pow2_h2(int((sc[1] >> sh) & 0xffu) - ref[1]);
+    if (st & 1) {  // the window ends: the next one's words move up, the one after is requested
+      sc[0] = sc[2];
+      sc[1] = sc[3];
+      const int nw = (st >> 1) + 2;
+      if (2 * nw < kst) {
+        sc[2] = __ldg(s_lo + nw);
+        sc[3] = __ldg(s_hi + nw);
+      }
+    }
+    uint32_t af[4][4];
+#pragma unroll
+    for (int s4 = 0; s4 < 4; ++s4) {
+      const uint32_t wl = word_of(ql, s4), wh = word_of(qh, s4);
+      af[s4][0] = e4m3x2_scaled(wl, mul_lo);
+      af[s4][1] = e4m3x2_scaled(wh, mul_hi);
+      af[s4][2] = e4m3x2_scaled<true>(wl, mul_lo);
+      af[s4][3] = e4m3x2_scaled<true>(wh, mul_hi);
+    }
+    mbar_wait(sm.full + 8u * uint32_t(stage), phase);
+    wgmma::fence_proxy_async();
+    const uint32_t bh = sm.b + uint32_t(stage * kLwBStage), bl = bh + uint32_t(kLwPiece);
+    wgmma::fence_regs(acc);
+    wgmma::fence();
+#pragma unroll
+    for (int s4 = 0; s4 < 4; ++s4) {
+      wgmma::WgmmaRS<false, kLwTok>::run(acc, af[s4], wgmma::desc_sw128(bh + uint32_t(32 * s4)));
+      wgmma::WgmmaRS<false, kLwTok>::run(acc, af[s4], wgmma::desc_sw128(bl + uint32_t(32 * s4)));
+    }
+    wgmma::commit();
+    wgmma::wait<0>();
+    wgmma::fence_regs(acc);
+    if (lane == 0) mbar_arrive(sm.empty + 8u * uint32_t(stage));
+    if (++stage == kLwStages) stage = 0, phase ^= 1u;
+    if (--seg_left == 0 || st + 1 == kst) {  // end of a K segment: fold in order
+      seg_left = a.seg_stages;
+#pragma unroll
+      for (int i = 0; i < 64; ++i) {
+        tot[i] = first ? acc[i] : tot[i] + acc[i];
+        acc[i] = 0.0f;
+      }
+      first = false;
+    }
+  }
+  cp_async_wait<0>();
+
+  // Fragment: acc[4 j + cc] row row_lo, token 8 j + 2 tig + cc; acc[4 j + 2 + cc] row row_lo + 8.
+  const float f_lo = ldexpf(1.0f, ref[0] - 127), f_hi = ldexpf(1.0f, ref[1] - 127);
+#pragma unroll
+  for (int j = 0; j < kLwTok / 8; ++j) {
+#pragma unroll
+    for (int cc = 0; cc < 2; ++cc) {
+      const int tok = m0 + 8 * j + 2 * tig + cc;
+      if (tok >= a.m) continue;
+      const float xs = a.xscale ? __ldcg(a.xscale + tok) : 1.0f;
+      float* y = a.y + int64_t(tok) * a.ldy;
+      if (row_lo < a.n) y[row_lo] = a.xscale ? (tot[4 * j + cc] * f_lo) * xs : tot[4 * j + cc] * f_lo;
+      if (row_lo + 8 < a.n) y[row_lo + 8] = a.xscale ? (tot[4 * j + 2 + cc] * f_hi) * xs : tot[4 * j + 2 + cc] * f_hi;
+    }
+  }
+}
+
+__global__ void __launch_bounds__(kLwThreads, 1) linear_wgmma_kernel(const __grid_constant__ WgLinearArgs a) {
+  extern __shared__ unsigned char lw_smem[];
+  Smem sm;
+  sm.b = smem_u32(wgmma::align_1024(lw_smem));
+  sm.w = sm.b + uint32_t(kLwStages * kLwBStage);
+  sm.full = sm.w + uint32_t(kLwWBufs * kLwWStage);
+  sm.empty = sm.full + 8u * kLwStages;
+  const int tid = int(threadIdx.x), wg = tid >> 7;
+  if (tid == 0) {
+    for (int s = 0; s < kLwStages; ++s) {
+      mbar_init(sm.full + 8u * uint32_t(s), 128);
+      mbar_init(sm.empty + 8u * uint32_t(s), 8);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncthreads();
+  const int gx = (a.n + kLwRows - 1) / kLwRows, tiles = gx * ((a.m + kLwTok - 1) / kLwTok);
+  int stage = 0;
+  uint32_t phase = 0;
+  if (wg == 0) {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kLwProducerRegs));
+    for (int t = int(blockIdx.x); t < tiles; t += int(gridDim.x)) {
+      produce(a, sm, (t / gx) * kLwTok, stage, phase, tid);
+    }
+    cp_async_wait<0>();
+  } else {
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kLwConsumerRegs));
+    for (int t = int(blockIdx.x); t < tiles; t += int(gridDim.x)) {
+      consume(a, sm, (t % gx) * kLwRows, (t / gx) * kLwTok, stage, phase, wg - 1, tid - 128 * wg);
+    }
+  }
+}
+
+}  // namespace
+
+void launch_linear_wgmma(const WgLinearArgs& a) {
+  if (a.m < 1 || a.n < 1 || a.k % 128 != 0 || a.ws == nullptr) {
+    throw std::runtime_error("linear.wgmma_hilo_invariant.sm90: MXFP8 weights with in_features % 128 == 0 only");
+  }
+  const int64_t tiles = (int64_t(a.n) + kLwRows - 1) / kLwRows * ((int64_t(a.m) + kLwTok - 1) / kLwTok);
+  if (tiles > INT32_MAX) throw std::runtime_error("linear.wgmma_hilo_invariant.sm90: problem too large");
+  const int sms = allow_dynamic_smem(reinterpret_cast<const void*>(linear_wgmma_kernel), kLwSmem);
+  linear_wgmma_kernel<<<unsigned(std::min<int64_t>(sms, tiles)), kLwThreads, kLwSmem, current_stream()>>>(a);
+  M3_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace m3::cuda

@@ -1,0 +1,26 @@
+#pragma once
+// The batch-invariant linear (linear_mma.h's numerics) on wgmma for MXFP8 weights: launched by
+// linear_mma.cu's run() for calls of at least kWgLinearMinRows rows, after the x split has written
+// the pieces in wg_col order. Same bits as the mma.sync kernel for every output.
+#include <cstdint>
+
+namespace m3::cuda {
+
+// Fewest rows for the wgmma path (below it the mma.sync tiles; see docs/linear_kernels.md).
+constexpr int64_t kWgLinearMinRows = 512;
+
+struct WgLinearArgs {
+  const uint16_t* xhi;  // [m][k] f16 pieces in wg_col order
+  const uint16_t* xlo;
+  const float* xscale;  // [m] the rows' powers of two
+  const uint8_t* w;     // [n][k] e4m3
+  const uint8_t* ws;    // [n][k / 32] e8m0
+  float* y;
+  int64_t ldy;
+  int m, n, k;
+  int seg_stages;       // the fixed K segments (mma_linear_plan)
+};
+
+void launch_linear_wgmma(const WgLinearArgs& a);
+
+}  // namespace m3::cuda
