@@ -570,6 +570,7 @@ constexpr int64_t kNarrowMaxRows = 256;
 // At 129-256 rows a grid of 32-token tiles whose last wave (264 CTAs: two per SM) is under 85 %
 // full splits K over CTAs too: o_proj at 192 rows 305 -> 253 us (the wide tile 272).
 constexpr int64_t kNarrowSplitFill = 85;
+constexpr int64_t kSms = 132, kNarrowWave = 2 * kSms;  // H100 / H200 SMs; 32-token tiles run two per SM
 int tokens_per_cta(int64_t m, int64_t wbytes) {
   const bool big = wbytes > (int64_t(128) << 20);
   if (m > (big ? 32 : kNarrowMaxRows)) return 128;
@@ -661,9 +662,9 @@ MmaLinearPlan mma_linear_plan(int64_t m, int64_t n, int64_t k, DType dtype) {
   p.grid_y = (m + p.tokens_per_cta - 1) / p.tokens_per_cta;
   // K segments in separate CTAs when the tiles alone leave SMs idle: fewer tiles than SMs, or (32-token
   // tiles past 128 rows, two CTAs per SM) a last wave under kNarrowSplitFill percent full.
-  const int64_t tiles = p.grid_x * p.grid_y, slots = (tiles + 263) / 264 * 264;
+  const int64_t tiles = p.grid_x * p.grid_y, slots = (tiles + kNarrowWave - 1) / kNarrowWave * kNarrowWave;
   const bool ragged = p.tokens_per_cta == 32 && m > 128 && tiles * 100 < slots * kNarrowSplitFill;
-  p.split = p.nseg > 1 && (tiles < 132 || ragged) && m <= kSplitMaxRows;
+  p.split = p.nseg > 1 && (tiles < kSms || ragged) && m <= kSplitMaxRows;
   p.grid_z = p.split ? p.nseg : 1;
   return p;
 }
