@@ -6,12 +6,21 @@
 //   cublas   BF16 weights only: the non-invariant cuBLAS hi+lo entry (two BF16 GEMMs).
 // attn_proj: a layer's five projections of one x (q, k, v, index q, index k) as one linear_group
 // call ("group") and as five linear calls ("separate"); max_rel is their difference (0 expected).
+// --variants wgmma,narrow,nosplit,wide,auto: the same call on one kernel forced through
+// cuda::MmaLinearRule (bypassing the table), to find where the engine's rule should switch:
+//   wgmma    the wgmma kernel at any row count (MXFP8);      narrow   32-token tiles at any count;
+//   nosplit  narrow without the ragged-wave K split;         wide     the 128-token mma.sync tile;
+//   auto     the engine's own rule, called directly.
+// Each row's max_rel is against the table's output ("mma"): 0 expected, the bits do not depend on
+// the kernel. A dense_mlp variant times its gate+up group and down projection (no SwiGLU between,
+// max_rel against the same pair under the engine's rule).
 // GPU time of one CUDA-graph replay with L2 flushed (median of --iters). Bytes that must move:
 // weights (+ e8m0 scales) + x + y (F32); the ratio to the copy bandwidth of the same run. TFLOP/s
 // on 2 M N K (the hi + lo pieces make our MMA work twice that); the BF16 ceiling is cuBLAS's BF16
 // GEMM on 8192^3 in the same run (gpu_bench_ceiling.h). max_rel: max |mma - rowdot| / max |rowdot| on the same inputs.
 //   linear_bench [--rows 1,8,32,128,512,4096,8192] [--iters 10] [--rowdot-max 4096]
-//                [--shapes q_proj,o_proj,dense_mlp,kv_proj,lm_head,attn_proj] [--json linear_bench.json]
+//                [--shapes q_proj,o_proj,dense_mlp,kv_proj,lm_head,attn_proj] [--variants LIST]
+//                [--json linear_bench.json]
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -23,12 +32,14 @@
 #include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/cuda_internal.h"
+#include "backend/cuda/linear_mma.h"
 #include "gpu_bench_ceiling.h"
 #include "gpu_bench_common.h"
 #include "moe_bench_fill.h"
@@ -107,16 +118,56 @@ void emit_row(const Row& r, double copy_bw, double bf16_tf, nlohmann::json& rows
                   {"max_rel", r.max_rel}, {"entry", r.entry}});
 }
 
+// A forced kernel choice (--variants): whether wgmma is allowed, and the rule.
+struct Variant {
+  std::string name;
+  bool wgmma;
+  cuda::MmaLinearRule rule;
+};
+Variant variant_of(const std::string& name) {
+  constexpr int64_t kNever = int64_t(1) << 62;
+  Variant v{name, true, {}};
+  if (name == "wgmma") v.rule.wgmma_min_rows = 1;
+  else if (name == "narrow") v.rule = {kNever, kNever, cuda::MmaLinearRule{}.split_fill};
+  else if (name == "nosplit") v.rule = {kNever, kNever, 0};
+  else if (name == "wide") v.rule = {kNever, 0, 0};
+  else if (name != "auto") throw std::runtime_error("--variants: unknown variant '" + name + "' (wgmma, narrow, nosplit, wide, auto)");
+  return v;
+}
+
+std::vector<std::string> split_names(const std::string& list) {
+  std::vector<std::string> out;
+  size_t at = 0;
+  while (at <= list.size()) {
+    const size_t end = std::min(list.find(',', at), list.size());
+    if (end > at) out.push_back(list.substr(at, end - at));
+    at = end + 1;
+  }
+  return out;
+}
+
+// What the plan of a forced call is, for the entry column: kernel, token tile, split.
+std::string plan_name(int64_t m, const ops::LinearWeight& w, const Variant& v) {
+  const cuda::MmaLinearPlan p = cuda::mma_linear_plan(m, w.out_features(), w.in_features(), w.data.dtype, v.wgmma, v.rule);
+  std::string s = std::string("forced ") + cuda::mma_linear_kernel_name(p.kernel) + " " + std::to_string(p.tokens_per_cta) + " tok";
+  if (p.split) s += " split " + std::to_string(p.nseg);
+  return s;
+}
+
 int run(int argc, char** argv) {
   std::vector<int> rows_list = {1, 8, 32, 128, 512, 4096, 8192};
   int iters = 10, rowdot_max = 4096;
   std::string json_path = "linear_bench.json", only;
+  std::vector<Variant> variants;
   for (Options o(argc, argv); o.next();) {
     if (o.key() == "--rows") rows_list = parse_list(o.value());
     else if (o.key() == "--iters") iters = std::stoi(o.value());
     else if (o.key() == "--rowdot-max") rowdot_max = std::stoi(o.value());
     else if (o.key() == "--json") json_path = o.value();
     else if (o.key() == "--shapes") (only = ",").append(o.value()).append(",");
+    else if (o.key() == "--variants") {
+      for (const std::string& n : split_names(o.value())) variants.push_back(variant_of(n));
+    }
     else o.unknown();
   }
   BenchDevice bench_device = open_bench_device();
@@ -205,6 +256,30 @@ int run(int argc, char** argv) {
         const Timing t_cb = time_graph([&] { call(ctx(true, false), y_old); }, stream, flush, iters);
         emit("cublas", t_cb, 0.0, entry_of(stats));
       }
+      // Forced kernels: a linear's output against the table's; a dense MLP's gate+up and down
+      // (down fed x's first 12288 columns) against the same pair under the engine's rule.
+      Dev g(s.mlp ? size_t(m) * s.n * 4 : 4), u(s.mlp ? size_t(m) * s.n * 4 : 4);
+      auto forced = [&](const Variant& v, Dev& out) {
+        if (!s.mlp) {
+          cuda::mma_linear(xbuf.as<const float>(), s.k, m, a.w, out.as<float>(), s.n, v.wgmma, v.rule);
+          return;
+        }
+        const ops::LinearWeight* gu[2] = {&a.w, &up.w};
+        float* gy[2] = {g.as<float>(), u.as<float>()};
+        const int64_t ld[2] = {s.n, s.n};
+        cuda::mma_linear_group(xbuf.as<const float>(), s.k, m, gu, gy, ld, 2, v.wgmma, v.rule);
+        cuda::mma_linear(xbuf.as<const float>(), s.n, m, down.w, out.as<float>(), s.k, v.wgmma, v.rule);
+      };
+      if (!variants.empty() && s.mlp) {
+        forced(variant_of("auto"), y);
+        M3_CUDA_CHECK(cudaStreamSynchronize(stream));
+      }
+      for (const Variant& v : variants) {
+        if (v.name == "wgmma" && !s.mxfp8) continue;
+        const Timing t_v = time_graph([&] { forced(v, y_old); }, stream, flush, iters);
+        emit(v.name.c_str(), t_v, max_rel_diff(y_old, y, size_t(m) * out_n),
+             plan_name(m, a.w, v) + (s.mlp ? " (gate+up, down; no SwiGLU)" : ""));
+      }
     }
   }
   // A layer's projections of one x at M3 TP1 (q, k, v, index q, index k; MXFP8 6144 -> 8192, 512,
@@ -254,6 +329,22 @@ int run(int argc, char** argv) {
                rows);
       emit_row(Row{"attn_proj", m, total_n, k, false, "mxfp8", "separate", t_s, bytes, flops, 0.0, e_s}, copy_bw,
                bf16_tf, rows);
+      for (const Variant& v : variants) {
+        std::vector<float*> yp;
+        std::vector<int64_t> ld;
+        int64_t off = 0;
+        for (int64_t n : ns) {
+          yp.push_back(ys.as<float>() + m * off);
+          ld.push_back(n);
+          off += n;
+        }
+        const Timing t_v = time_graph(
+            [&] { cuda::mma_linear_group(xbuf.as<const float>(), k, m, wp.data(), yp.data(), ld.data(), int(wp.size()), v.wgmma, v.rule); },
+            stream, flush, iters);
+        emit_row(Row{"attn_proj", m, total_n, k, false, "mxfp8", v.name.c_str(), t_v, bytes, flops,
+                     max_rel_diff(ys, yg, size_t(m) * total_n), plan_name(m, *wp[0], v) + " (q_proj's plan)"},
+                 copy_bw, bf16_tf, rows);
+      }
     }
   }
   nlohmann::json doc = {{"device", prop.name},          {"sms", prop.multiProcessorCount}, {"copy_gbps", copy_bw / 1e9},

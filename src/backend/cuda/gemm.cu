@@ -18,7 +18,6 @@
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/cuda_internal.h"
 #include "backend/cuda/linear_mma.h"
-#include "backend/cuda/linear_wgmma.h"
 #include "backend/cuda/rowdot.cuh"
 
 namespace m3::cuda {
@@ -254,7 +253,9 @@ std::string need_wg(const ops::Problem& p) {
   std::string why = need_mma(p);
   if (!why.empty()) return why;
   if (p.dtype != DType::kF8E4M3) return "MXFP8 weights only (BF16 keeps the mma.sync tiles)";
-  if (p.m < kWgLinearMinRows) return "fewer than " + std::to_string(kWgLinearMinRows) + " rows (mma.sync tiles)";
+  if (mma_linear_plan(p.m, p.n, p.k, p.dtype, true).kernel != MmaLinearKernel::kWgmma) {
+    return "fewer than " + std::to_string(MmaLinearRule{}.wgmma_min_rows) + " rows (mma.sync tiles)";
+  }
   return "";
 }
 std::string need_wg_mlp(const ops::Problem& p) {

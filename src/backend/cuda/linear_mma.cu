@@ -555,25 +555,16 @@ void launch(const GroupArgs& ga) {
                 ga);
 }
 
-// Tokens per CTA. Narrow tiles (8 warps of 16 weight rows) for decode batches: 8 tokens up to 8
-// rows, 16 up to 16; from 17 to 32 rows one 32-token tile when the weights are far larger than L2
-// (an LM head: one weight read instead of two, 1400 -> 834 us at 32 rows), else two 16-token
-// tiles (L2-resident second read, twice the CTAs: faster for the layer's own linears); 32-token
-// tiles up to kNarrowMaxRows for the layer's linears. The wide tile (2 x 4 warps of 64 rows x 32
-// tokens) beyond (the LM head: beyond 32 rows).
-// The wide tile runs one CTA per SM and, split over K at these sizes, ~60 TFLOP/s: at 48-128
-// rows the 32-token tiles (two CTAs per SM, each weight tile read once per 32 rows) took a layer's
-// grouped projections 362-457 -> 109-190 us, o_proj 145-194 -> 92-185, the dense MLP 616-780 ->
-// 379-692; at 129-256 rows, with the K split of kNarrowSplitFill, the layer's three calls
-// 1976-2231 -> 1263-1979 us (H200; docs/linear_kernels.md).
-constexpr int64_t kNarrowMaxRows = 256;
-// At 129-256 rows a grid of 32-token tiles whose last wave (264 CTAs: two per SM) is under 85 %
-// full splits K over CTAs too: o_proj at 192 rows 305 -> 253 us (the wide tile 272).
-constexpr int64_t kNarrowSplitFill = 85;
+// Tokens per CTA of the mma.sync tiles (the bits do not depend on it). Narrow tiles (8 warps of
+// 16 weight rows) for decode batches: 8 tokens up to 8 rows, 16 up to 16; from 17 to 32 rows one
+// 32-token tile when the weights are far larger than L2 (an LM head: one weight read instead of
+// two, 1400 -> 834 us at 32 rows), else two 16-token tiles (L2-resident second read, twice the
+// CTAs: faster for the layer's own linears); 32-token tiles up to rule.narrow_max_rows. The wide
+// tile (2 x 4 warps of 64 rows x 32 tokens) beyond.
 constexpr int64_t kSms = 132, kNarrowWave = 2 * kSms;  // H100 / H200 SMs; 32-token tiles run two per SM
-int tokens_per_cta(int64_t m, int64_t wbytes) {
+int tokens_per_cta(int64_t m, int64_t wbytes, const MmaLinearRule& rule) {
   const bool big = wbytes > (int64_t(128) << 20);
-  if (m > (big ? 32 : kNarrowMaxRows)) return 128;
+  if (m > (big ? 32 : rule.narrow_max_rows)) return 128;
   if (m > 32) return 32;
   if (m <= 8) return 8;
   if (m <= 16 || !big) return 16;
@@ -587,10 +578,12 @@ struct Gemm {
   int64_t ctas = 0;
   bool fp8 = false;
   int ct = 0;  // tokens per CTA
-  Gemm(int64_t m, const ops::LinearWeight& w, float* y, int64_t ldy) {
+  bool wg = false;  // the wgmma kernel
+  Gemm(int64_t m, const ops::LinearWeight& w, float* y, int64_t ldy, bool wgmma, const MmaLinearRule& rule) {
     const int64_t n = w.out_features(), k = w.in_features();
     fp8 = w.data.dtype == DType::kF8E4M3;
-    const MmaLinearPlan plan = mma_linear_plan(m, n, k, w.data.dtype);
+    const MmaLinearPlan plan = mma_linear_plan(m, n, k, w.data.dtype, wgmma, rule);
+    wg = plan.kernel == MmaLinearKernel::kWgmma;
     // The grid is 1-D (fire() bounds its CTA count); rows and tiles are ints in the kernel.
     if (m > INT32_MAX) throw std::runtime_error("linear.mma_hilo_invariant.sm90: too many rows (" + std::to_string(m) + ")");
     ct = plan.tokens_per_cta;
@@ -652,18 +645,37 @@ void check_weight(const ops::LinearWeight& w) {
 
 }  // namespace
 
-MmaLinearPlan mma_linear_plan(int64_t m, int64_t n, int64_t k, DType dtype) {
+const char* mma_linear_kernel_name(MmaLinearKernel k) {
+  switch (k) {
+    case MmaLinearKernel::kNarrow: return "narrow";
+    case MmaLinearKernel::kWide: return "wide";
+    case MmaLinearKernel::kWgmma: return "wgmma";
+  }
+  return "?";
+}
+
+MmaLinearPlan mma_linear_plan(int64_t m, int64_t n, int64_t k, DType dtype, bool wgmma, const MmaLinearRule& rule) {
   MmaLinearPlan p;
   const Plan kp = k_plan(n, k);
   p.seg_stages = kp.seg_stages;
   p.nseg = kp.nseg;
-  p.tokens_per_cta = tokens_per_cta(m, n * k * (dtype == DType::kF8E4M3 ? 1 : 2));
+  static_assert(kRowsCta == kWgLinearTileRows, "grid_x counts the weight tiles of both kernels");
   p.grid_x = (n + kRowsCta - 1) / kRowsCta;
+  if (wgmma && dtype == DType::kF8E4M3 && m >= rule.wgmma_min_rows) {
+    // 128 x 128 tiles walked by persistent CTAs, every segment in the tile's CTA (no K split).
+    p.kernel = MmaLinearKernel::kWgmma;
+    p.tokens_per_cta = kWgLinearTileTokens;
+    p.grid_y = (m + kWgLinearTileTokens - 1) / kWgLinearTileTokens;
+    p.grid_z = 1;
+    return p;
+  }
+  p.tokens_per_cta = tokens_per_cta(m, n * k * (dtype == DType::kF8E4M3 ? 1 : 2), rule);
+  p.kernel = p.tokens_per_cta == 128 ? MmaLinearKernel::kWide : MmaLinearKernel::kNarrow;
   p.grid_y = (m + p.tokens_per_cta - 1) / p.tokens_per_cta;
   // K segments in separate CTAs when the tiles alone leave SMs idle: fewer tiles than SMs, or (32-token
-  // tiles past 128 rows, two CTAs per SM) a last wave under kNarrowSplitFill percent full.
+  // tiles past 128 rows, two CTAs per SM) a last wave under rule.split_fill percent full.
   const int64_t tiles = p.grid_x * p.grid_y, slots = (tiles + kNarrowWave - 1) / kNarrowWave * kNarrowWave;
-  const bool ragged = p.tokens_per_cta == 32 && m > 128 && tiles * 100 < slots * kNarrowSplitFill;
+  const bool ragged = p.tokens_per_cta == 32 && m > 128 && tiles * 100 < slots * rule.split_fill;
   p.split = p.nseg > 1 && (tiles < kSms || ragged) && m <= kSplitMaxRows;
   p.grid_z = p.split ? p.nseg : 1;
   return p;
@@ -692,9 +704,10 @@ __device__ __align__(256) uint4 g_linear_workspace[(size_t(64) << 20) / 16];
 // the tickets), then one launch per run of GEMMs with the same weight type and narrow token tile
 // (at most kMaxGroup each; wide tiles one per GEMM), back to back, each a programmatic dependent
 // of the kernel before.
-void run(const float* x, int64_t ldx, int64_t m, int64_t k, bool f16, Gemm* const* gemms, int count, bool wgmma) {
-  // MXFP8 at prefill sizes on wgmma (same bits; x pieces in wg_col order, no K split).
-  const bool wg = wgmma && f16 && m >= kWgLinearMinRows;
+void run(const float* x, int64_t ldx, int64_t m, int64_t k, bool f16, Gemm* const* gemms, int count) {
+  // The wgmma kernel (the plan's choice depends on m and the weight type, the same for every GEMM
+  // of a call) takes the x pieces in wg_col order.
+  const bool wg = gemms[0]->wg;
   auto up = [](size_t b) { return (b + 255) / 256 * 256; };
   const size_t piece = up(size_t(m * k) * 2), scale = up(size_t(m) * 4);
   size_t bytes = 2 * piece + scale, tickets = 0;
@@ -737,16 +750,17 @@ void run(const float* x, int64_t ldx, int64_t m, int64_t k, bool f16, Gemm* cons
 
 }  // namespace
 
-void mma_linear(const float* x, int64_t ldx, int64_t m, const ops::LinearWeight& w, float* y, int64_t ldy, bool wgmma) {
+void mma_linear(const float* x, int64_t ldx, int64_t m, const ops::LinearWeight& w, float* y, int64_t ldy, bool wgmma,
+                const MmaLinearRule& rule) {
   check_weight(w);
   if (m == 0 || w.out_features() == 0) return;
-  Gemm g(m, w, y, ldy);
+  Gemm g(m, w, y, ldy, wgmma, rule);
   Gemm* gs[1] = {&g};
-  run(x, ldx, m, w.in_features(), w.data.dtype == DType::kF8E4M3, gs, 1, wgmma);
+  run(x, ldx, m, w.in_features(), w.data.dtype == DType::kF8E4M3, gs, 1);
 }
 
 void mma_linear_group(const float* x, int64_t ldx, int64_t m, const ops::LinearWeight* const* w, float* const* y,
-                      const int64_t* ldy, int count, bool wgmma) {
+                      const int64_t* ldy, int count, bool wgmma, const MmaLinearRule& rule) {
   if (count < 1) return;
   for (int i = 0; i < count; ++i) {
     check_weight(*w[i]);
@@ -758,11 +772,11 @@ void mma_linear_group(const float* x, int64_t ldx, int64_t m, const ops::LinearW
   std::vector<Gemm> gemms;
   gemms.reserve(size_t(count));
   for (int i = 0; i < count; ++i)
-    if (w[i]->out_features() > 0) gemms.emplace_back(m, *w[i], y[i], ldy[i]);
+    if (w[i]->out_features() > 0) gemms.emplace_back(m, *w[i], y[i], ldy[i], wgmma, rule);
   std::vector<Gemm*> gs;
   for (Gemm& g : gemms) gs.push_back(&g);
   if (gs.empty()) return;
-  run(x, ldx, m, w[0]->in_features(), w[0]->data.dtype == DType::kF8E4M3, gs.data(), int(gs.size()), wgmma);
+  run(x, ldx, m, w[0]->in_features(), w[0]->data.dtype == DType::kF8E4M3, gs.data(), int(gs.size()));
 }
 
 }  // namespace m3::cuda

@@ -15,33 +15,59 @@
 #include <cstdint>
 #include <string>
 
+#include "backend/cuda/linear_wgmma.h"
 #include "ops/ops.h"
 
 namespace m3::cuda {
 
+// Which kernel runs a call: the narrow tiles (8-32 tokens per CTA, mma.sync), the wide tile (128
+// tokens, mma.sync) or the wgmma kernel (MXFP8, 128 x 128 tiles; linear_wgmma.h). No choice
+// changes a bit.
+enum class MmaLinearKernel { kNarrow, kWide, kWgmma };
+const char* mma_linear_kernel_name(MmaLinearKernel k);
+
+// Where the tile rules switch. The defaults are the engine's, measured on the H200
+// (docs/linear_kernels.md); linear_bench passes others to time every kernel at every size.
+//   wgmma_min_rows: MXFP8 calls of at least this many rows run on wgmma (where the entry allows).
+//   narrow_max_rows: 32-token tiles up to this many rows (weights over 128 MB, an LM head: 32),
+//     the wide tile beyond. At 48-128 rows the 32-token tiles (two CTAs per SM, each weight tile
+//     read once per 32 rows) took a layer's grouped projections 362-457 -> 109-190 us against the
+//     wide tile (one CTA per SM, ~60 TFLOP/s split over K at these sizes), o_proj 145-194 -> 92-185,
+//     the dense MLP 616-780 -> 379-692; at 129-256 rows, with the split below, the layer's three
+//     calls 1976-2231 -> 1263-1979 us.
+//   split_fill: past 128 rows, 32-token tiles whose last wave (two CTAs per SM) is under this
+//     percentage full split K over CTAs too (o_proj at 192 rows 305 -> 253 us; the wide tile 272).
+struct MmaLinearRule {
+  int64_t wgmma_min_rows = kWgLinearMinRows;
+  int64_t narrow_max_rows = 256;
+  int split_fill = 85;
+};
+
 // How one call is cut (host-side; the launch uses it, tests check it). The K segments are a
 // function of (n, k) only; the rest may follow m, as no tile choice changes a bit.
 struct MmaLinearPlan {
+  MmaLinearKernel kernel = MmaLinearKernel::kNarrow;
   int seg_stages = 0;      // 64-wide K steps per segment (the last may be shorter)
   int nseg = 0;            // segments, added in order
-  int tokens_per_cta = 0;  // 8, 16 or 32 (narrow tiles) or 128 (wide)
+  int tokens_per_cta = 0;  // 8, 16 or 32 (narrow tiles) or 128 (wide, wgmma)
   bool split = false;      // one segment per CTA (grid z), partials added by the tile's last CTA
-  int64_t grid_x = 0, grid_y = 0, grid_z = 0;
+  int64_t grid_x = 0, grid_y = 0, grid_z = 0;  // tiles over n, over m, and segments (wgmma: persistent CTAs walk the tiles)
 };
-MmaLinearPlan mma_linear_plan(int64_t m, int64_t n, int64_t k, DType dtype);
+// wgmma: whether the call may take the wgmma kernel (its dispatch entry was chosen).
+MmaLinearPlan mma_linear_plan(int64_t m, int64_t n, int64_t k, DType dtype, bool wgmma = false,
+                              const MmaLinearRule& rule = {});
 
 // "" when the tensor-core invariant linear takes weights of this type and shape.
 std::string mma_linear_eligible(DType dtype, int64_t n, int64_t k);
 
 // x F32 [m, k] (row stride ldx), y F32 [m, n] (row stride ldy); all on current_stream().
-// wgmma: MXFP8 calls of at least kWgLinearMinRows rows run on the wgmma kernel (linear_wgmma.h;
-// same bits).
+// wgmma and rule as for mma_linear_plan, which decides the kernel of the call.
 void mma_linear(const float* x, int64_t ldx, int64_t m, const ops::LinearWeight& w, float* y, int64_t ldy,
-                bool wgmma = false);
+                bool wgmma = false, const MmaLinearRule& rule = {});
 
 // Linears over the same x (a layer's q/k/v/index projections; the dense MLP's gate and up): x is
 // split once and the GEMMs share launches (same bits as one call each). Same dtype and in_features.
 void mma_linear_group(const float* x, int64_t ldx, int64_t m, const ops::LinearWeight* const* w, float* const* y,
-                      const int64_t* ldy, int count, bool wgmma = false);
+                      const int64_t* ldy, int count, bool wgmma = false, const MmaLinearRule& rule = {});
 
 }  // namespace m3::cuda

@@ -38,8 +38,8 @@ namespace {
 using namespace mma_ops;
 
 constexpr int kLwThreads = 384;
-constexpr int kLwTok = 128;                // tokens per tile (the wgmma N)
-constexpr int kLwRows = 128;               // weight rows per tile (64 per consumer warpgroup)
+constexpr int kLwTok = kWgLinearTileTokens;  // tokens per tile (the wgmma N)
+constexpr int kLwRows = kWgLinearTileRows;   // weight rows per tile (64 per consumer warpgroup)
 constexpr int kLwStages = 4;               // token ring slots, one 64-wide K stage each (6: no faster)
 constexpr int kLwPiece = kLwTok * 128;     // one piece's stage: 128 rows of 64 f16
 constexpr int kLwBStage = 2 * kLwPiece;    // hi, then lo

@@ -6,8 +6,11 @@
 
 namespace m3::cuda {
 
-// Fewest rows for the wgmma path (below it the mma.sync tiles; see docs/linear_kernels.md).
+// Fewest rows for the wgmma path (below it the mma.sync tiles; see docs/linear_kernels.md), the
+// default of MmaLinearRule::wgmma_min_rows.
 constexpr int64_t kWgLinearMinRows = 512;
+// A tile: 128 weight rows (64 per consumer warpgroup) x 128 tokens (the wgmma N).
+constexpr int kWgLinearTileRows = 128, kWgLinearTileTokens = 128;
 
 struct WgLinearArgs {
   const uint16_t* xhi;  // [m][k] f16 pieces in wg_col order

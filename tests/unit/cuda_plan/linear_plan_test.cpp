@@ -67,6 +67,33 @@ TEST(MmaLinearPlan, SegmentsDependOnTheShapeOnly) {
   EXPECT_EQ(q256.tokens_per_cta, 32);
   EXPECT_FALSE(q256.split);
   EXPECT_FALSE(cuda::mma_linear_plan(128, 6144, 8192, DType::kF8E4M3).split);  // 192 tiles: the rule starts past 128 rows
+  // The plan names its kernel: narrow up to 256 rows, the wide tile beyond, and with the wgmma
+  // entry MXFP8 calls of 512 rows or more on wgmma (128 x 128 tiles, never split); BF16 never.
+  EXPECT_EQ(q256.kernel, cuda::MmaLinearKernel::kNarrow);
+  EXPECT_EQ(cuda::mma_linear_plan(257, 8192, 6144, DType::kF8E4M3).kernel, cuda::MmaLinearKernel::kWide);
+  EXPECT_EQ(cuda::mma_linear_plan(511, 8192, 6144, DType::kF8E4M3, true).kernel, cuda::MmaLinearKernel::kWide);
+  const cuda::MmaLinearPlan wg = cuda::mma_linear_plan(512, 8192, 6144, DType::kF8E4M3, true);
+  EXPECT_EQ(wg.kernel, cuda::MmaLinearKernel::kWgmma);
+  EXPECT_EQ(wg.tokens_per_cta, 128);
+  EXPECT_EQ(wg.grid_x * wg.grid_y, 64 * 4);
+  EXPECT_FALSE(wg.split);
+  EXPECT_EQ(wg.nseg, q.nseg);  // the same K segments: the same bits
+  EXPECT_EQ(cuda::mma_linear_plan(4096, 8192, 6144, DType::kF8E4M3, false).kernel, cuda::MmaLinearKernel::kWide);
+  EXPECT_EQ(cuda::mma_linear_plan(4096, 8192, 6144, DType::kBF16, true).kernel, cuda::MmaLinearKernel::kWide);
+  // Other rules (linear_bench --variants) move the switches, never the segments.
+  cuda::MmaLinearRule low;
+  low.wgmma_min_rows = 1;
+  const cuda::MmaLinearPlan wg1 = cuda::mma_linear_plan(1, 8192, 6144, DType::kF8E4M3, true, low);
+  EXPECT_EQ(wg1.kernel, cuda::MmaLinearKernel::kWgmma);
+  EXPECT_EQ(wg1.grid_y, 1);
+  EXPECT_EQ(wg1.seg_stages, q.seg_stages);
+  cuda::MmaLinearRule narrow{int64_t(1) << 62, int64_t(1) << 62, 85};
+  EXPECT_EQ(cuda::mma_linear_plan(4096, 8192, 6144, DType::kF8E4M3, true, narrow).tokens_per_cta, 32);
+  cuda::MmaLinearRule nosplit = narrow;
+  nosplit.split_fill = 0;
+  EXPECT_FALSE(cuda::mma_linear_plan(192, 6144, 8192, DType::kF8E4M3, false, nosplit).split);
+  cuda::MmaLinearRule wide{int64_t(1) << 62, 0, 0};
+  EXPECT_EQ(cuda::mma_linear_plan(33, 6144, 8192, DType::kF8E4M3, true, wide).kernel, cuda::MmaLinearKernel::kWide);
   // Shapes the entry refuses keep the row-dot.
   EXPECT_NE(cuda::mma_linear_eligible(DType::kF8E4M3, 4096, 1088), "");  // MXFP8 in % 128 != 0
   EXPECT_NE(cuda::mma_linear_eligible(DType::kBF16, 4096, 512), "");     // small layers
