@@ -6,9 +6,10 @@
 //   cublas   BF16 weights only: the non-invariant cuBLAS hi+lo entry (two BF16 GEMMs).
 // attn_proj: a layer's five projections of one x (q, k, v, index q, index k) as one linear_group
 // call ("group") and as five linear calls ("separate"); max_rel is their difference (0 expected).
-// --variants wgmma,narrow,nosplit,wide,auto: the same call on one kernel forced through
+// --variants wgmma,wgmma_ov,narrow,nosplit,wide,auto: the same call on one kernel forced through
 // cuda::MmaLinearRule (bypassing the table), to find where the engine's rule should switch:
-//   wgmma    the wgmma kernel at any row count (MXFP8);      narrow   32-token tiles at any count;
+//   wgmma    the wgmma kernel at any row count (MXFP8);      wgmma_ov the same, conversion overlapped;
+//   narrow   32-token tiles at any count;
 //   nosplit  narrow without the ragged-wave K split;         wide     the 128-token mma.sync tile;
 //   auto     the engine's own rule, called directly.
 // Each row's max_rel is against the table's output ("mma"): 0 expected, the bits do not depend on
@@ -128,10 +129,13 @@ Variant variant_of(const std::string& name) {
   constexpr int64_t kNever = int64_t(1) << 62;
   Variant v{name, true, {}};
   if (name == "wgmma") v.rule.wgmma_min_rows = 1;
+  else if (name == "wgmma_ov") v.rule.wgmma_min_rows = 1, v.rule.wgmma_overlap = true;
   else if (name == "narrow") v.rule = {kNever, kNever, cuda::MmaLinearRule{}.split_fill};
   else if (name == "nosplit") v.rule = {kNever, kNever, 0};
   else if (name == "wide") v.rule = {kNever, 0, 0};
-  else if (name != "auto") throw std::runtime_error("--variants: unknown variant '" + name + "' (wgmma, narrow, nosplit, wide, auto)");
+  else if (name != "auto") {
+    throw std::runtime_error("--variants: unknown variant '" + name + "' (wgmma, wgmma_ov, narrow, nosplit, wide, auto)");
+  }
   return v;
 }
 
@@ -151,6 +155,7 @@ std::string plan_name(int64_t m, const ops::LinearWeight& w, const Variant& v) {
   const cuda::MmaLinearPlan p = cuda::mma_linear_plan(m, w.out_features(), w.in_features(), w.data.dtype, v.wgmma, v.rule);
   std::string s = std::string("forced ") + cuda::mma_linear_kernel_name(p.kernel) + " " + std::to_string(p.tokens_per_cta) + " tok";
   if (p.split) s += " split " + std::to_string(p.nseg);
+  if (p.kernel == cuda::MmaLinearKernel::kWgmma && v.rule.wgmma_overlap) s += " overlap";
   return s;
 }
 
@@ -275,7 +280,7 @@ int run(int argc, char** argv) {
         M3_CUDA_CHECK(cudaStreamSynchronize(stream));
       }
       for (const Variant& v : variants) {
-        if (v.name == "wgmma" && !s.mxfp8) continue;
+        if (v.name.rfind("wgmma", 0) == 0 && !s.mxfp8) continue;
         const Timing t_v = time_graph([&] { forced(v, y_old); }, stream, flush, iters);
         emit(v.name.c_str(), t_v, max_rel_diff(y_old, y, size_t(m) * out_n),
              plan_name(m, a.w, v) + (s.mlp ? " (gate+up, down; no SwiGLU)" : ""));

@@ -578,12 +578,13 @@ struct Gemm {
   int64_t ctas = 0;
   bool fp8 = false;
   int ct = 0;  // tokens per CTA
-  bool wg = false;  // the wgmma kernel
+  bool wg = false, wg_overlap = false;  // the wgmma kernel, and its form
   Gemm(int64_t m, const ops::LinearWeight& w, float* y, int64_t ldy, bool wgmma, const MmaLinearRule& rule) {
     const int64_t n = w.out_features(), k = w.in_features();
     fp8 = w.data.dtype == DType::kF8E4M3;
     const MmaLinearPlan plan = mma_linear_plan(m, n, k, w.data.dtype, wgmma, rule);
     wg = plan.kernel == MmaLinearKernel::kWgmma;
+    wg_overlap = wg && rule.wgmma_overlap;
     // The grid is 1-D (fire() bounds its CTA count); rows and tiles are ints in the kernel.
     if (m > INT32_MAX) throw std::runtime_error("linear.mma_hilo_invariant.sm90: too many rows (" + std::to_string(m) + ")");
     ct = plan.tokens_per_cta;
@@ -734,7 +735,8 @@ void run(const float* x, int64_t ldx, int64_t m, int64_t k, bool f16, Gemm* cons
   if (wg) {
     for (int i = 0; i < count; ++i) {
       const Args& a = gemms[i]->a;
-      launch_linear_wgmma(WgLinearArgs{xs.hi, xs.lo, xs.scale, a.w, a.ws, a.y, a.ldy, a.m, a.n, a.k, a.seg_stages});
+      launch_linear_wgmma(
+          WgLinearArgs{xs.hi, xs.lo, xs.scale, a.w, a.ws, a.y, a.ldy, a.m, a.n, a.k, a.seg_stages, gemms[i]->wg_overlap});
     }
     return;
   }

@@ -79,6 +79,7 @@ __device__ __forceinline__ void produce(const WgLinearArgs& a, const Smem& sm, i
   }
 }
 
+template <bool kOverlap>
 __device__ __forceinline__ void consume(const WgLinearArgs& a, const Smem& sm, int n0, int m0, int& stage,
                                         uint32_t& phase, int cw, int tw) {
   const int w4 = tw >> 5, lane = tw & 31, g = lane >> 2, tig = lane & 3;
@@ -114,59 +115,143 @@ __device__ __forceinline__ void consume(const WgLinearArgs& a, const Smem& sm, i
   float acc[64], tot[64];
 #pragma unroll
   for (int i = 0; i < 64; ++i) acc[i] = tot[i] = 0.0f;
-  bool first = true;
-  int seg_left = a.seg_stages;
-  for (int st = 0; st < kst; ++st) {
-    cp_async_wait<kLwAhead - 1>();  // this thread's weights of stage st have landed
-    uint4 ql, qh;
-    const uint32_t src = slot + uint32_t((st % kLwWBufs) * kLwWStage);
-    asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n" : "=r"(ql.x), "=r"(ql.y), "=r"(ql.z), "=r"(ql.w) : "r"(src));
-    asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n" : "=r"(qh.x), "=r"(qh.y), "=r"(qh.z), "=r"(qh.w) : "r"(src + 16));
-    copy_w(st + kLwAhead);  // into the slots stage st - 1 used
-    const int sh = 8 * (2 * (st & 1) + (tig >> 1));  // this lane's 32-wide block in the 128-wide window
-    const __half2 mul_lo = pow2_h2(int((sc[0] >> sh) & 0xffu) - ref[0]);
-    const __half2 mul_hi = pow2_h2(int((sc[1] >> sh) & 0xffu) - ref[1]);
-    if (st & 1) {  // the window ends: the next one's words move up, the one after is requested
-      sc[0] = sc[2];
-      sc[1] = sc[3];
-      const int nw = (st >> 1) + 2;
-      if (2 * nw < kst) {
-        sc[2] = __ldg(s_lo + nw);
-        sc[3] = __ldg(s_hi + nw);
+  if constexpr (!kOverlap) {
+    bool first = true;
+    int seg_left = a.seg_stages;
+    for (int st = 0; st < kst; ++st) {
+      cp_async_wait<kLwAhead - 1>();  // this thread's weights of stage st have landed
+      uint4 ql, qh;
+      const uint32_t src = slot + uint32_t((st % kLwWBufs) * kLwWStage);
+      asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n" : "=r"(ql.x), "=r"(ql.y), "=r"(ql.z), "=r"(ql.w) : "r"(src));
+      asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n" : "=r"(qh.x), "=r"(qh.y), "=r"(qh.z), "=r"(qh.w) : "r"(src + 16));
+      copy_w(st + kLwAhead);  // into the slots stage st - 1 used
+      const int sh = 8 * (2 * (st & 1) + (tig >> 1));  // this lane's 32-wide block in the 128-wide window
+      const __half2 mul_lo = pow2_h2(int((sc[0] >> sh) & 0xffu) - ref[0]);
+      const __half2 mul_hi = pow2_h2(int((sc[1] >> sh) & 0xffu) - ref[1]);
+      if (st & 1) {  // the window ends: the next one's words move up, the one after is requested
+        sc[0] = sc[2];
+        sc[1] = sc[3];
+        const int nw = (st >> 1) + 2;
+        if (2 * nw < kst) {
+          sc[2] = __ldg(s_lo + nw);
+          sc[3] = __ldg(s_hi + nw);
+        }
+      }
+      uint32_t af[4][4];
+#pragma unroll
+      for (int s4 = 0; s4 < 4; ++s4) {
+        const uint32_t wl = word_of(ql, s4), wh = word_of(qh, s4);
+        af[s4][0] = e4m3x2_scaled(wl, mul_lo);
+        af[s4][1] = e4m3x2_scaled(wh, mul_hi);
+        af[s4][2] = e4m3x2_scaled<true>(wl, mul_lo);
+        af[s4][3] = e4m3x2_scaled<true>(wh, mul_hi);
+      }
+      mbar_wait(sm.full + 8u * uint32_t(stage), phase);
+      wgmma::fence_proxy_async();
+      const uint32_t bh = sm.b + uint32_t(stage * kLwBStage), bl = bh + uint32_t(kLwPiece);
+      wgmma::fence_regs(acc);
+      wgmma::fence();
+#pragma unroll
+      for (int s4 = 0; s4 < 4; ++s4) {
+        wgmma::WgmmaRS<false, kLwTok>::run(acc, af[s4], wgmma::desc_sw128(bh + uint32_t(32 * s4)));
+        wgmma::WgmmaRS<false, kLwTok>::run(acc, af[s4], wgmma::desc_sw128(bl + uint32_t(32 * s4)));
+      }
+      wgmma::commit();
+      wgmma::wait<0>();
+      wgmma::fence_regs(acc);
+      if (lane == 0) mbar_arrive(sm.empty + 8u * uint32_t(stage));
+      if (++stage == kLwStages) stage = 0, phase ^= 1u;
+      if (--seg_left == 0 || st + 1 == kst) {  // end of a K segment: fold in order
+        seg_left = a.seg_stages;
+#pragma unroll
+        for (int i = 0; i < 64; ++i) {
+          tot[i] = first ? acc[i] : tot[i] + acc[i];
+          acc[i] = 0.0f;
+        }
+        first = false;
       }
     }
-    uint32_t af[4][4];
-#pragma unroll
-    for (int s4 = 0; s4 < 4; ++s4) {
-      const uint32_t wl = word_of(ql, s4), wh = word_of(qh, s4);
-      af[s4][0] = e4m3x2_scaled(wl, mul_lo);
-      af[s4][1] = e4m3x2_scaled(wh, mul_hi);
-      af[s4][2] = e4m3x2_scaled<true>(wl, mul_lo);
-      af[s4][3] = e4m3x2_scaled<true>(wh, mul_hi);
-    }
-    mbar_wait(sm.full + 8u * uint32_t(stage), phase);
-    wgmma::fence_proxy_async();
-    const uint32_t bh = sm.b + uint32_t(stage * kLwBStage), bl = bh + uint32_t(kLwPiece);
-    wgmma::fence_regs(acc);
-    wgmma::fence();
-#pragma unroll
-    for (int s4 = 0; s4 < 4; ++s4) {
-      wgmma::WgmmaRS<false, kLwTok>::run(acc, af[s4], wgmma::desc_sw128(bh + uint32_t(32 * s4)));
-      wgmma::WgmmaRS<false, kLwTok>::run(acc, af[s4], wgmma::desc_sw128(bl + uint32_t(32 * s4)));
-    }
-    wgmma::commit();
-    wgmma::wait<0>();
-    wgmma::fence_regs(acc);
-    if (lane == 0) mbar_arrive(sm.empty + 8u * uint32_t(stage));
-    if (++stage == kLwStages) stage = 0, phase ^= 1u;
-    if (--seg_left == 0 || st + 1 == kst) {  // end of a K segment: fold in order
-      seg_left = a.seg_stages;
-#pragma unroll
-      for (int i = 0; i < 64; ++i) {
-        tot[i] = first ? acc[i] : tot[i] + acc[i];
-        acc[i] = 0.0f;
+  } else {
+    // kOverlap (MmaLinearRule::wgmma_overlap; not the default until measured on a GPU): the
+    // same steps as the loop above, as build / issue / retire, with stage st + 1's build moved
+    // between stage st's issue and retire.
+    bool first = true;
+    int seg_left = a.seg_stages;
+    // Stage st's A fragments from this thread's weight slot (one cp.async group per stage: the
+    // calls run in stage order).
+    auto build = [&](int st, uint32_t(&af)[4][4]) {
+      cp_async_wait<kLwAhead - 1>();  // this thread's weights of stage st have landed
+      uint4 ql, qh;
+      const uint32_t src = slot + uint32_t((st % kLwWBufs) * kLwWStage);
+      asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n" : "=r"(ql.x), "=r"(ql.y), "=r"(ql.z), "=r"(ql.w) : "r"(src));
+      asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n" : "=r"(qh.x), "=r"(qh.y), "=r"(qh.z), "=r"(qh.w) : "r"(src + 16));
+      copy_w(st + kLwAhead);  // into the slots stage st - 1 used
+      const int sh = 8 * (2 * (st & 1) + (tig >> 1));  // this lane's 32-wide block in the 128-wide window
+      const __half2 mul_lo = pow2_h2(int((sc[0] >> sh) & 0xffu) - ref[0]);
+      const __half2 mul_hi = pow2_h2(int((sc[1] >> sh) & 0xffu) - ref[1]);
+      if (st & 1) {  // the window ends: the next one's words move up, the one after is requested
+        sc[0] = sc[2];
+        sc[1] = sc[3];
+        const int nw = (st >> 1) + 2;
+        if (2 * nw < kst) {
+          sc[2] = __ldg(s_lo + nw);
+          sc[3] = __ldg(s_hi + nw);
+        }
       }
-      first = false;
+#pragma unroll
+      for (int s4 = 0; s4 < 4; ++s4) {
+        const uint32_t wl = word_of(ql, s4), wh = word_of(qh, s4);
+        af[s4][0] = e4m3x2_scaled(wl, mul_lo);
+        af[s4][1] = e4m3x2_scaled(wh, mul_hi);
+        af[s4][2] = e4m3x2_scaled<true>(wl, mul_lo);
+        af[s4][3] = e4m3x2_scaled<true>(wh, mul_hi);
+      }
+    };
+    // Stage st's 8 wgmmas (hi then lo per k16 step) on the token slot, committed as one group.
+    auto issue = [&](const uint32_t(&af)[4][4]) {
+      mbar_wait(sm.full + 8u * uint32_t(stage), phase);
+      wgmma::fence_proxy_async();
+      const uint32_t bh = sm.b + uint32_t(stage * kLwBStage), bl = bh + uint32_t(kLwPiece);
+      wgmma::fence_regs(acc);
+      wgmma::fence();
+#pragma unroll
+      for (int s4 = 0; s4 < 4; ++s4) {
+        wgmma::WgmmaRS<false, kLwTok>::run(acc, af[s4], wgmma::desc_sw128(bh + uint32_t(32 * s4)));
+        wgmma::WgmmaRS<false, kLwTok>::run(acc, af[s4], wgmma::desc_sw128(bl + uint32_t(32 * s4)));
+      }
+      wgmma::commit();
+    };
+    // The group's end: the token slot goes back to the producer; a K segment's end folds it in order.
+    auto retire = [&](int st) {
+      wgmma::wait<0>();
+      wgmma::fence_regs(acc);
+      if (lane == 0) mbar_arrive(sm.empty + 8u * uint32_t(stage));
+      if (++stage == kLwStages) stage = 0, phase ^= 1u;
+      if (--seg_left == 0 || st + 1 == kst) {  // end of a K segment: fold in order
+        seg_left = a.seg_stages;
+#pragma unroll
+        for (int i = 0; i < 64; ++i) {
+          tot[i] = first ? acc[i] : tot[i] + acc[i];
+          acc[i] = 0.0f;
+        }
+        first = false;
+      }
+    };
+    // Stage st + 1's fragments are built while stage st's wgmmas run: two fragment sets taking
+    // turns (two stages per trip, so each set keeps its registers), the set in flight fenced
+    // until its group's wait. The same operands in the same order: the same bits.
+    uint32_t f0[4][4], f1[4][4];
+    build(0, f0);
+    for (int st = 0; st < kst; st += 2) {
+      issue(f0);
+      if (st + 1 < kst) build(st + 1, f1);
+      retire(st);
+      wgmma::fence_regs(f0);
+      if (st + 1 == kst) break;
+      issue(f1);
+      if (st + 2 < kst) build(st + 2, f0);
+      retire(st + 1);
+      wgmma::fence_regs(f1);
     }
   }
   cp_async_wait<0>();
@@ -187,6 +272,7 @@ __device__ __forceinline__ void consume(const WgLinearArgs& a, const Smem& sm, i
   }
 }
 
+template <bool kOverlap>
 __global__ void __launch_bounds__(kLwThreads, 1) linear_wgmma_kernel(const __grid_constant__ WgLinearArgs a) {
   extern __shared__ unsigned char lw_smem[];
   Smem sm;
@@ -215,7 +301,7 @@ __global__ void __launch_bounds__(kLwThreads, 1) linear_wgmma_kernel(const __gri
   } else {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kLwConsumerRegs));
     for (int t = int(blockIdx.x); t < tiles; t += int(gridDim.x)) {
-      consume(a, sm, (t % gx) * kLwRows, (t / gx) * kLwTok, stage, phase, wg - 1, tid - 128 * wg);
+      consume<kOverlap>(a, sm, (t % gx) * kLwRows, (t / gx) * kLwTok, stage, phase, wg - 1, tid - 128 * wg);
     }
   }
 }
@@ -228,8 +314,9 @@ void launch_linear_wgmma(const WgLinearArgs& a) {
   }
   const int64_t tiles = (int64_t(a.n) + kLwRows - 1) / kLwRows * ((int64_t(a.m) + kLwTok - 1) / kLwTok);
   if (tiles > INT32_MAX) throw std::runtime_error("linear.wgmma_hilo_invariant.sm90: problem too large");
-  const int sms = allow_dynamic_smem(reinterpret_cast<const void*>(linear_wgmma_kernel), kLwSmem);
-  linear_wgmma_kernel<<<unsigned(std::min<int64_t>(sms, tiles)), kLwThreads, kLwSmem, current_stream()>>>(a);
+  const auto kernel = a.overlap ? linear_wgmma_kernel<true> : linear_wgmma_kernel<false>;
+  const int sms = allow_dynamic_smem(reinterpret_cast<const void*>(kernel), kLwSmem);
+  kernel<<<unsigned(std::min<int64_t>(sms, tiles)), kLwThreads, kLwSmem, current_stream()>>>(a);
   M3_CUDA_CHECK_LAUNCH();
 }
 

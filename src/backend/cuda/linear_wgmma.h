@@ -22,6 +22,7 @@ struct WgLinearArgs {
   int64_t ldy;
   int m, n, k;
   int seg_stages;       // the fixed K segments (mma_linear_plan)
+  bool overlap = false; // build stage s + 1's weight fragments while stage s's wgmmas run (same bits)
 };
 
 void launch_linear_wgmma(const WgLinearArgs& a);

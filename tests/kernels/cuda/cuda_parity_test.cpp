@@ -26,6 +26,7 @@
 #include "backend/cuda/graph_capture.h"
 #include "backend/cuda/cuda_internal.h"
 #include "backend/cuda/device_pool.h"
+#include "backend/cuda/linear_mma.h"
 #include "device_test_util.h"
 #include "parity_table.h"
 #include "test_routing.h"
@@ -630,6 +631,22 @@ void check_linear(Harness& h, std::mt19937& rng) {
           const auto unaligned = dy.get<float>(ref.size());
           same.push_back(same_bits(unaligned.data(), batch.data(), batch.size()));
           want.push_back(1);
+          // Every kernel of the tensor-core entry, forced at this size through a rule (the
+          // engine's switches moved), gives the batch's bits: wgmma in both forms (MXFP8), the
+          // 32-token tiles with and without the ragged-wave split, the wide tile.
+          if (invariant && cuda::mma_linear_eligible(dt, n, k).empty()) {
+            constexpr int64_t kNever = int64_t(1) << 62;
+            std::vector<cuda::MmaLinearRule> rules = {{kNever, kNever, 85, false}, {kNever, kNever, 0, false},
+                                                      {kNever, 0, 0, false}};
+            if (dt == DType::kF8E4M3) rules.insert(rules.end(), {{1, 256, 85, false}, {1, 256, 85, true}});
+            for (const cuda::MmaLinearRule& rule : rules) {
+              dy.poison();
+              cuda::mma_linear(dx.as<float>(), k, m, w.dev_w, dy.as<float>(), n, true, rule);
+              const auto forced = dy.get<float>(ref.size());
+              same.push_back(same_bits(forced.data(), batch.data(), batch.size()));
+              want.push_back(1);
+            }
+          }
           h.compare_ints("linear_invariance", same, want);
         }
       });
