@@ -663,11 +663,13 @@ MmaLinearPlan mma_linear_plan(int64_t m, int64_t n, int64_t k, DType dtype, bool
   static_assert(kRowsCta == kWgLinearTileRows, "grid_x counts the weight tiles of both kernels");
   p.grid_x = (n + kRowsCta - 1) / kRowsCta;
   if (wgmma && dtype == DType::kF8E4M3 && m >= rule.wgmma_min_rows) {
-    // 128 x 128 tiles walked by persistent CTAs, every segment in the tile's CTA (no K split).
+    // 128 x 128 tiles walked by persistent CTAs; K segments as work items of their own (the
+    // overlapped form only) when the tiles alone leave SMs idle, as the mma.sync split.
     p.kernel = MmaLinearKernel::kWgmma;
     p.tokens_per_cta = kWgLinearTileTokens;
     p.grid_y = (m + kWgLinearTileTokens - 1) / kWgLinearTileTokens;
-    p.grid_z = 1;
+    p.split = rule.wgmma_overlap && p.nseg > 1 && p.grid_x * p.grid_y < kSms && m <= kSplitMaxRows;
+    p.grid_z = p.split ? p.nseg : 1;
     return p;
   }
   p.tokens_per_cta = tokens_per_cta(m, n * k * (dtype == DType::kF8E4M3 ? 1 : 2), rule);
@@ -735,8 +737,8 @@ void run(const float* x, int64_t ldx, int64_t m, int64_t k, bool f16, Gemm* cons
   if (wg) {
     for (int i = 0; i < count; ++i) {
       const Args& a = gemms[i]->a;
-      launch_linear_wgmma(
-          WgLinearArgs{xs.hi, xs.lo, xs.scale, a.w, a.ws, a.y, a.ldy, a.m, a.n, a.k, a.seg_stages, gemms[i]->wg_overlap});
+      launch_linear_wgmma(WgLinearArgs{xs.hi, xs.lo, xs.scale, a.w, a.ws, a.y, a.ldy, a.m, a.n, a.k, a.seg_stages,
+                                       gemms[i]->wg_overlap, a.split ? a.nseg : 1, a.partial, a.tickets});
     }
     return;
   }

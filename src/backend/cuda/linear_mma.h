@@ -38,8 +38,8 @@ const char* mma_linear_kernel_name(MmaLinearKernel k);
 //   split_fill: past 128 rows, 32-token tiles whose last wave (two CTAs per SM) is under this
 //     percentage full split K over CTAs too (o_proj at 192 rows 305 -> 253 us; the wide tile 272).
 //   wgmma_overlap: the wgmma kernel builds stage s + 1's weight fragments while stage s's wgmmas
-//     run (WgLinearArgs::overlap; same bits). Off until measured on a GPU (linear_bench
-//     --variants wgmma,wgmma_ov).
+//     run, and splits K over work items where its tiles alone leave SMs idle (WgLinearArgs::overlap,
+//     nsplit; same bits). Off until measured on a GPU (linear_bench --variants wgmma,wgmma_ov).
 struct MmaLinearRule {
   int64_t wgmma_min_rows = kWgLinearMinRows;
   int64_t narrow_max_rows = 256;

@@ -54,8 +54,9 @@ struct Smem {
   uint32_t b, w, full, empty;  // token ring, weight slots, barriers
 };
 
-__device__ __forceinline__ void produce(const WgLinearArgs& a, const Smem& sm, int m0, int& stage, uint32_t& phase,
-                                        int tid) {
+// Stages [s0, s1) of the token tile at m0 into the ring.
+__device__ __forceinline__ void produce(const WgLinearArgs& a, const Smem& sm, int m0, int s0, int s1, int& stage,
+                                        uint32_t& phase, int tid) {
   const int c8 = tid & 7, rb = tid >> 3;  // 16-byte chunk and first row (0..15): rows rb + 16 i
   const uint32_t sw = uint32_t((c8 ^ (rb & 7)) << 4);
   int64_t off[8];
@@ -65,8 +66,7 @@ __device__ __forceinline__ void produce(const WgLinearArgs& a, const Smem& sm, i
     // the products finite.
     off[i] = int64_t(min(m0 + rb + 16 * i, a.m - 1)) * a.k + c8 * 8;
   }
-  const int kst = a.k / 64;
-  for (int st = 0; st < kst; ++st) {
+  for (int st = s0; st < s1; ++st) {
     mbar_wait(sm.empty + 8u * uint32_t(stage), phase ^ 1u);
     const uint32_t dst = sm.b + uint32_t(stage * kLwBStage + rb * 128) + sw;
 #pragma unroll
@@ -79,9 +79,11 @@ __device__ __forceinline__ void produce(const WgLinearArgs& a, const Smem& sm, i
   }
 }
 
+// Stages [s0, s1) of the tile (n0, m0): the whole K, or (kOverlap, a.nsplit > 1) K segment seg of
+// tile t.
 template <bool kOverlap>
-__device__ __forceinline__ void consume(const WgLinearArgs& a, const Smem& sm, int n0, int m0, int& stage,
-                                        uint32_t& phase, int cw, int tw) {
+__device__ __forceinline__ void consume(const WgLinearArgs& a, const Smem& sm, int n0, int m0, int s0, int s1, int seg,
+                                        int t, int& stage, uint32_t& phase, int cw, int tw) {
   const int w4 = tw >> 5, lane = tw & 31, g = lane >> 2, tig = lane & 3;
   const int kst = a.k / 64;
   const int row_lo = n0 + 64 * cw + 16 * w4 + g;  // and row_lo + 8
@@ -92,7 +94,7 @@ __device__ __forceinline__ void consume(const WgLinearArgs& a, const Smem& sm, i
   const uint32_t* s_hi = reinterpret_cast<const uint32_t*>(a.ws + int64_t(r_hi) * (a.k / 32));
   const uint32_t slot = sm.w + uint32_t((128 * cw + tw) * 32);
   auto copy_w = [&](int st) {
-    if (st < kst) {
+    if (st < s1) {
       const uint32_t dst = slot + uint32_t((st % kLwWBufs) * kLwWStage);
       cp_async16_w(dst, p_lo + int64_t(st) * 64);
       cp_async16_w(dst + 16, p_hi + int64_t(st) * 64);
@@ -100,13 +102,14 @@ __device__ __forceinline__ void consume(const WgLinearArgs& a, const Smem& sm, i
     cp_async_commit();  // one group per stage, empty or not, so wait_group counts stages
   };
 #pragma unroll
-  for (int d = 0; d < kLwAhead; ++d) copy_w(d);
+  for (int d = 0; d < kLwAhead; ++d) copy_w(s0 + d);
   // Scale words of the 128-wide windows: [0, 1] the current window's (lo, hi rows), [2, 3] the next.
+  const int w0 = s0 >> 1;
   uint32_t sc[4];
-  sc[0] = __ldg(s_lo);
-  sc[1] = __ldg(s_hi);
-  sc[2] = kst > 2 ? __ldg(s_lo + 1) : 0u;
-  sc[3] = kst > 2 ? __ldg(s_hi + 1) : 0u;
+  sc[0] = __ldg(s_lo + w0);
+  sc[1] = __ldg(s_hi + w0);
+  sc[2] = 2 * (w0 + 1) < kst ? __ldg(s_lo + w0 + 1) : 0u;
+  sc[3] = 2 * (w0 + 1) < kst ? __ldg(s_hi + w0 + 1) : 0u;
   int ref[2];
   {
     const uint32_t* const rows[2] = {s_lo, s_hi};
@@ -118,7 +121,7 @@ __device__ __forceinline__ void consume(const WgLinearArgs& a, const Smem& sm, i
   if constexpr (!kOverlap) {
     bool first = true;
     int seg_left = a.seg_stages;
-    for (int st = 0; st < kst; ++st) {
+    for (int st = s0; st < s1; ++st) {
       cp_async_wait<kLwAhead - 1>();  // this thread's weights of stage st have landed
       uint4 ql, qh;
       const uint32_t src = slot + uint32_t((st % kLwWBufs) * kLwWStage);
@@ -161,7 +164,7 @@ __device__ __forceinline__ void consume(const WgLinearArgs& a, const Smem& sm, i
       wgmma::fence_regs(acc);
       if (lane == 0) mbar_arrive(sm.empty + 8u * uint32_t(stage));
       if (++stage == kLwStages) stage = 0, phase ^= 1u;
-      if (--seg_left == 0 || st + 1 == kst) {  // end of a K segment: fold in order
+      if (--seg_left == 0 || st + 1 == s1) {  // end of a K segment: fold in order
         seg_left = a.seg_stages;
 #pragma unroll
         for (int i = 0; i < 64; ++i) {
@@ -227,7 +230,7 @@ __device__ __forceinline__ void consume(const WgLinearArgs& a, const Smem& sm, i
       wgmma::fence_regs(acc);
       if (lane == 0) mbar_arrive(sm.empty + 8u * uint32_t(stage));
       if (++stage == kLwStages) stage = 0, phase ^= 1u;
-      if (--seg_left == 0 || st + 1 == kst) {  // end of a K segment: fold in order
+      if (--seg_left == 0 || st + 1 == s1) {  // end of a K segment: fold in order
         seg_left = a.seg_stages;
 #pragma unroll
         for (int i = 0; i < 64; ++i) {
@@ -241,15 +244,15 @@ __device__ __forceinline__ void consume(const WgLinearArgs& a, const Smem& sm, i
     // turns (two stages per trip, so each set keeps its registers), the set in flight fenced
     // until its group's wait. The same operands in the same order: the same bits.
     uint32_t f0[4][4], f1[4][4];
-    build(0, f0);
-    for (int st = 0; st < kst; st += 2) {
+    build(s0, f0);
+    for (int st = s0; st < s1; st += 2) {
       issue(f0);
-      if (st + 1 < kst) build(st + 1, f1);
+      if (st + 1 < s1) build(st + 1, f1);
       retire(st);
       wgmma::fence_regs(f0);
-      if (st + 1 == kst) break;
+      if (st + 1 == s1) break;
       issue(f1);
-      if (st + 2 < kst) build(st + 2, f0);
+      if (st + 2 < s1) build(st + 2, f0);
       retire(st + 1);
       wgmma::fence_regs(f1);
     }
@@ -258,6 +261,56 @@ __device__ __forceinline__ void consume(const WgLinearArgs& a, const Smem& sm, i
 
   // Fragment: acc[4 j + cc] row row_lo, token 8 j + 2 tig + cc; acc[4 j + 2 + cc] row row_lo + 8.
   const float f_lo = ldexpf(1.0f, ref[0] - 127), f_hi = ldexpf(1.0f, ref[1] - 127);
+  if constexpr (kOverlap) {
+    if (a.nsplit > 1) {
+      // This segment's partial, then the tile's last item adds all of them in segment order
+      // (the additions the whole-K loop makes in registers) and scales as below.
+      const int64_t plane = int64_t(a.m) * a.n;
+      float* part = a.partial + seg * plane;
+#pragma unroll
+      for (int j = 0; j < kLwTok / 8; ++j) {
+#pragma unroll
+        for (int cc = 0; cc < 2; ++cc) {
+          const int tok = m0 + 8 * j + 2 * tig + cc;
+          if (tok >= a.m) continue;
+          if (row_lo < a.n) part[int64_t(tok) * a.n + row_lo] = tot[4 * j + cc];
+          if (row_lo + 8 < a.n) part[int64_t(tok) * a.n + row_lo + 8] = tot[4 * j + 2 + cc];
+        }
+      }
+      __threadfence();
+      __shared__ int lw_last;
+      asm volatile("bar.sync 1, 256;\n" ::: "memory");  // the two consumer warpgroups
+      if (cw == 0 && tw == 0) lw_last = atomicAdd(a.tickets + t, 1) == a.nsplit - 1;
+      asm volatile("bar.sync 1, 256;\n" ::: "memory");
+      if (!lw_last) return;
+      __threadfence();
+      auto sum = [&](int tok, int row) {
+        const float* p = a.partial + int64_t(tok) * a.n + row;
+        float v = __ldcg(p);
+        for (int s = 1; s < a.nsplit; ++s) v = v + __ldcg(p + s * plane);
+        return v;
+      };
+#pragma unroll 1
+      for (int j = 0; j < kLwTok / 8; ++j) {
+#pragma unroll
+        for (int cc = 0; cc < 2; ++cc) {
+          const int tok = m0 + 8 * j + 2 * tig + cc;
+          if (tok >= a.m) continue;
+          const float xs = a.xscale ? __ldcg(a.xscale + tok) : 1.0f;
+          float* y = a.y + int64_t(tok) * a.ldy;
+          if (row_lo < a.n) {
+            const float v = sum(tok, row_lo);
+            y[row_lo] = a.xscale ? (v * f_lo) * xs : v * f_lo;
+          }
+          if (row_lo + 8 < a.n) {
+            const float v = sum(tok, row_lo + 8);
+            y[row_lo + 8] = a.xscale ? (v * f_hi) * xs : v * f_hi;
+          }
+        }
+      }
+      return;
+    }
+  }
 #pragma unroll
   for (int j = 0; j < kLwTok / 8; ++j) {
 #pragma unroll
@@ -292,16 +345,45 @@ __global__ void __launch_bounds__(kLwThreads, 1) linear_wgmma_kernel(const __gri
   const int gx = (a.n + kLwRows - 1) / kLwRows, tiles = gx * ((a.m + kLwTok - 1) / kLwTok);
   int stage = 0;
   uint32_t phase = 0;
+  if constexpr (!kOverlap) {
+    if (wg == 0) {
+      asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kLwProducerRegs));
+      for (int t = int(blockIdx.x); t < tiles; t += int(gridDim.x)) {
+        produce(a, sm, (t / gx) * kLwTok, 0, a.k / 64, stage, phase, tid);
+      }
+      cp_async_wait<0>();
+    } else {
+      asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kLwConsumerRegs));
+      for (int t = int(blockIdx.x); t < tiles; t += int(gridDim.x)) {
+        consume<false>(a, sm, (t % gx) * kLwRows, (t / gx) * kLwTok, 0, a.k / 64, 0, t, stage, phase, wg - 1,
+                       tid - 128 * wg);
+      }
+    }
+    return;
+  }
+  // Work items: the tiles, or (a.nsplit > 1) each tile's K segments, a tile's segments adjacent;
+  // item i covers stages [s0, s1) of tile i / ns.
+  const int kst = a.k / 64, ns = a.nsplit, items = tiles * ns;
+  auto range = [&](int i, int& s0, int& s1) {
+    s0 = ns > 1 ? (i % ns) * a.seg_stages : 0;
+    s1 = ns > 1 ? min(kst, s0 + a.seg_stages) : kst;
+  };
   if (wg == 0) {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kLwProducerRegs));
-    for (int t = int(blockIdx.x); t < tiles; t += int(gridDim.x)) {
-      produce(a, sm, (t / gx) * kLwTok, stage, phase, tid);
+    for (int i = int(blockIdx.x); i < items; i += int(gridDim.x)) {
+      int s0, s1;
+      range(i, s0, s1);
+      produce(a, sm, (i / ns / gx) * kLwTok, s0, s1, stage, phase, tid);
     }
     cp_async_wait<0>();
   } else {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kLwConsumerRegs));
-    for (int t = int(blockIdx.x); t < tiles; t += int(gridDim.x)) {
-      consume<kOverlap>(a, sm, (t % gx) * kLwRows, (t / gx) * kLwTok, stage, phase, wg - 1, tid - 128 * wg);
+    for (int i = int(blockIdx.x); i < items; i += int(gridDim.x)) {
+      int s0, s1;
+      range(i, s0, s1);
+      const int t = i / ns;
+      consume<true>(a, sm, (t % gx) * kLwRows, (t / gx) * kLwTok, s0, s1, i % ns, t, stage, phase, wg - 1,
+                    tid - 128 * wg);
     }
   }
 }
@@ -312,7 +394,11 @@ void launch_linear_wgmma(const WgLinearArgs& a) {
   if (a.m < 1 || a.n < 1 || a.k % 128 != 0 || a.ws == nullptr) {
     throw std::runtime_error("linear.wgmma_hilo_invariant.sm90: MXFP8 weights with in_features % 128 == 0 only");
   }
-  const int64_t tiles = (int64_t(a.n) + kLwRows - 1) / kLwRows * ((int64_t(a.m) + kLwTok - 1) / kLwTok);
+  if (a.nsplit > 1 && (!a.overlap || a.partial == nullptr || a.tickets == nullptr)) {
+    throw std::runtime_error("linear.wgmma_hilo_invariant.sm90: a K split needs the overlapped form, partials and tickets");
+  }
+  const int64_t tiles = (int64_t(a.n) + kLwRows - 1) / kLwRows * ((int64_t(a.m) + kLwTok - 1) / kLwTok) *
+                        std::max(1, a.nsplit);
   if (tiles > INT32_MAX) throw std::runtime_error("linear.wgmma_hilo_invariant.sm90: problem too large");
   const auto kernel = a.overlap ? linear_wgmma_kernel<true> : linear_wgmma_kernel<false>;
   const int sms = allow_dynamic_smem(reinterpret_cast<const void*>(kernel), kLwSmem);

@@ -23,6 +23,12 @@ struct WgLinearArgs {
   int m, n, k;
   int seg_stages;       // the fixed K segments (mma_linear_plan)
   bool overlap = false; // build stage s + 1's weight fragments while stage s's wgmmas run (same bits)
+  // K split (overlapped form only): nsplit > 1 (= the plan's segments) runs each K segment of a
+  // tile as its own work item, writing its fp32 partial to partial [nsplit][m][n]; the tile's
+  // last item (tickets[tile], zeroed before the launch) adds them in segment order.
+  int nsplit = 1;
+  float* partial = nullptr;
+  int* tickets = nullptr;
 };
 
 void launch_linear_wgmma(const WgLinearArgs& a);

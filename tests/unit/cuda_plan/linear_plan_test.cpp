@@ -87,6 +87,17 @@ TEST(MmaLinearPlan, SegmentsDependOnTheShapeOnly) {
   EXPECT_EQ(wg1.kernel, cuda::MmaLinearKernel::kWgmma);
   EXPECT_EQ(wg1.grid_y, 1);
   EXPECT_EQ(wg1.seg_stages, q.seg_stages);
+  EXPECT_FALSE(wg1.split);  // the plain wgmma form never splits
+  // The overlapped form splits K where its tiles leave SMs idle (q_proj at 128 rows: 64 tiles x 4
+  // segments), not where they fill them (384 rows: 192 tiles) nor past 256 rows.
+  cuda::MmaLinearRule ov = low;
+  ov.wgmma_overlap = true;
+  const cuda::MmaLinearPlan q128 = cuda::mma_linear_plan(128, 8192, 6144, DType::kF8E4M3, true, ov);
+  EXPECT_EQ(q128.kernel, cuda::MmaLinearKernel::kWgmma);
+  EXPECT_TRUE(q128.split);
+  EXPECT_EQ(q128.grid_z, q.nseg);
+  EXPECT_FALSE(cuda::mma_linear_plan(384, 8192, 6144, DType::kF8E4M3, true, ov).split);  // 192 tiles
+  EXPECT_FALSE(cuda::mma_linear_plan(512, 512, 6144, DType::kF8E4M3, true, ov).split);   // past 256 rows
   cuda::MmaLinearRule narrow{int64_t(1) << 62, int64_t(1) << 62, 85};
   EXPECT_EQ(cuda::mma_linear_plan(4096, 8192, 6144, DType::kF8E4M3, true, narrow).tokens_per_cta, 32);
   cuda::MmaLinearRule nosplit = narrow;
