@@ -364,25 +364,19 @@ __global__ void __launch_bounds__(kLwThreads, 1) linear_wgmma_kernel(const __gri
   // Work items: the tiles, or (a.nsplit > 1) each tile's K segments, a tile's segments adjacent;
   // item i covers stages [s0, s1) of tile i / ns.
   const int kst = a.k / 64, ns = a.nsplit, items = tiles * ns;
-  auto range = [&](int i, int& s0, int& s1) {
-    s0 = ns > 1 ? (i % ns) * a.seg_stages : 0;
-    s1 = ns > 1 ? min(kst, s0 + a.seg_stages) : kst;
-  };
   if (wg == 0) {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kLwProducerRegs));
     for (int i = int(blockIdx.x); i < items; i += int(gridDim.x)) {
-      int s0, s1;
-      range(i, s0, s1);
-      produce(a, sm, (i / ns / gx) * kLwTok, s0, s1, stage, phase, tid);
+      const WgStageRange r = wg_item_stages(i, ns, a.seg_stages, kst);
+      produce(a, sm, (i / ns / gx) * kLwTok, r.s0, r.s1, stage, phase, tid);
     }
     cp_async_wait<0>();
   } else {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kLwConsumerRegs));
     for (int i = int(blockIdx.x); i < items; i += int(gridDim.x)) {
-      int s0, s1;
-      range(i, s0, s1);
+      const WgStageRange r = wg_item_stages(i, ns, a.seg_stages, kst);
       const int t = i / ns;
-      consume<true>(a, sm, (t % gx) * kLwRows, (t / gx) * kLwTok, s0, s1, i % ns, t, stage, phase, wg - 1,
+      consume<true>(a, sm, (t % gx) * kLwRows, (t / gx) * kLwTok, r.s0, r.s1, i % ns, t, stage, phase, wg - 1,
                     tid - 128 * wg);
     }
   }

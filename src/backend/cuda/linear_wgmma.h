@@ -31,6 +31,19 @@ struct WgLinearArgs {
   int* tickets = nullptr;
 };
 
+// The K stages [s0, s1) of work item i (overlapped form): with nsplit > 1 the items of a tile are
+// its K segments in order, each exactly one segment of seg_stages (the last shorter), so that an
+// item's partial is the segment sum the whole-K loop folds; with nsplit == 1 the whole K. (Device
+// code calls it as a constexpr function: --expt-relaxed-constexpr.)
+struct WgStageRange {
+  int s0, s1;
+};
+constexpr WgStageRange wg_item_stages(int i, int nsplit, int seg_stages, int kst) {
+  if (nsplit <= 1) return {0, kst};
+  const int s0 = (i % nsplit) * seg_stages;
+  return {s0, s0 + seg_stages < kst ? s0 + seg_stages : kst};
+}
+
 void launch_linear_wgmma(const WgLinearArgs& a);
 
 }  // namespace m3::cuda

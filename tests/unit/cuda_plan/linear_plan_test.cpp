@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "backend/cuda/linear_mma.h"
@@ -105,6 +106,27 @@ TEST(MmaLinearPlan, SegmentsDependOnTheShapeOnly) {
   EXPECT_FALSE(cuda::mma_linear_plan(192, 6144, 8192, DType::kF8E4M3, false, nosplit).split);
   cuda::MmaLinearRule wide{int64_t(1) << 62, 0, 0};
   EXPECT_EQ(cuda::mma_linear_plan(33, 6144, 8192, DType::kF8E4M3, true, wide).kernel, cuda::MmaLinearKernel::kWide);
+  // The split wgmma form's work items: a tile's items cover its K stages once, in order, each
+  // one of the plan's segments (the partial the whole-K loop folds), for every shape above.
+  for (const auto& [n, k] : std::vector<std::pair<int64_t, int64_t>>{
+           {8192, 6144}, {6144, 8192}, {512, 6144}, {128, 6144}, {1000, 1152}, {300, 1024}, {129, 1152}}) {
+    const cuda::MmaLinearPlan p = cuda::mma_linear_plan(1, n, k, DType::kF8E4M3);
+    const int kst = int(k / 64);
+    for (int tile = 0; tile < 3; ++tile) {
+      int next = 0;
+      for (int seg = 0; seg < p.nseg; ++seg) {
+        const cuda::WgStageRange r = cuda::wg_item_stages(tile * p.nseg + seg, p.nseg, p.seg_stages, kst);
+        EXPECT_EQ(r.s0, next) << n << " x " << k << " segment " << seg;
+        EXPECT_EQ(r.s1 - r.s0, std::min(p.seg_stages, kst - r.s0)) << n << " x " << k << " segment " << seg;
+        EXPECT_GT(r.s1, r.s0);
+        next = r.s1;
+      }
+      EXPECT_EQ(next, kst) << n << " x " << k;
+    }
+    const cuda::WgStageRange whole = cuda::wg_item_stages(5, 1, p.seg_stages, kst);
+    EXPECT_EQ(whole.s0, 0);
+    EXPECT_EQ(whole.s1, kst);
+  }
   // Shapes the entry refuses keep the row-dot.
   EXPECT_NE(cuda::mma_linear_eligible(DType::kF8E4M3, 4096, 1088), "");  // MXFP8 in % 128 != 0
   EXPECT_NE(cuda::mma_linear_eligible(DType::kBF16, 4096, 512), "");     // small layers
