@@ -303,7 +303,9 @@ int main(int argc, char** argv) {
                               {"layers", layers}});
   }
   nlohmann::json paths;
-  for (const auto& r : stats.first_uses()) paths.push_back({{"op", r.op}, {"entry", r.entry}, {"shape", r.shape_class}});
+  for (const auto& r : stats.first_uses()) {
+    paths.push_back({{"op", r.op}, {"entry", r.entry}, {"shape", r.shape_class}, {"plan", r.plan}});
+  }
   out["dispatch_first_uses"] = paths;
   std::ofstream(json_path) << out.dump(2);
   std::printf("\nwrote %s\n", json_path.c_str());

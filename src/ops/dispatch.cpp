@@ -21,18 +21,30 @@ std::string Problem::shape_class() const {
          bucket(n) + " k" + bucket(k) + (extra ? " x" + std::to_string(extra) : "") + (batch_invariant ? " batch-invariant" : "");
 }
 
-void DispatchStats::record(const Problem& problem, const std::string& entry, const std::string& reason) {
+void DispatchStats::record(const Problem& problem, const std::string& entry, const std::string& reason,
+                           const PlanFn* plan) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (recording_) recorded_.push_back({problem, entry, reason});
+  record_locked(problem, entry, reason, plan, nullptr);
+}
+
+// plan_text: a plan already computed (a replayed selection); else plan is asked when needed.
+void DispatchStats::record_locked(const Problem& problem, const std::string& entry, const std::string& reason,
+                                  const PlanFn* plan, const std::string* plan_text) {
   counts_[{problem.op, entry}]++;
   shapes_[problem.op][{problem.m, problem.n, problem.k}]++;
   step_paths_.insert(std::string(problem.op) + "=" + entry);
   auto key = std::make_tuple(std::string(problem.op), entry, problem.shape_class());
-  if (seen_.insert(key).second) {
-    first_uses_.push_back({problem.op, entry, problem.shape_class(), reason});
+  const bool first = seen_.insert(key).second;
+  std::string how;
+  if (plan_text) how = *plan_text;
+  else if ((first || recording_) && plan && *plan) how = (*plan)(problem);
+  if (recording_) recorded_.push_back({problem, entry, reason, how});
+  if (first) {
+    const std::string at = how.empty() ? "" : "m=" + std::to_string(problem.m) + ": " + how;
+    first_uses_.push_back({problem.op, entry, problem.shape_class(), reason, at});
     if (trace_to_log_) {
       log_line(LogLevel::kInfo, "dispatch: " + std::string(problem.op) + " -> " + entry + " [" +
-                                    problem.shape_class() + "] because " + reason);
+                                    problem.shape_class() + "] because " + reason + (at.empty() ? "" : "; plan " + at));
     }
   }
 }
@@ -72,7 +84,8 @@ std::vector<DispatchStats::Selection> DispatchStats::end_recording() {
 }
 
 void DispatchStats::replay(const std::vector<Selection>& selections) {
-  for (const auto& s : selections) record(s.problem, s.entry, s.reason);
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const auto& s : selections) record_locked(s.problem, s.entry, s.reason, nullptr, &s.plan);
 }
 
 void throw_no_kernel_error(const Problem& problem, const std::string& reasons) {

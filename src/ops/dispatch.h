@@ -31,12 +31,20 @@ struct Problem {
 
 struct DispatchRecord {
   std::string op, entry, shape_class, reason;
+  std::string plan;  // "m=M: ..." how the entry ran the class's first problem (tiles, splits), if it says
 };
+
+// An entry's account of how it runs a problem ("" when it has nothing to add): traced with the
+// first use of each shape class, so the trace shows the kernel and tiling that ran, not only the
+// entry.
+using PlanFn = std::function<std::string(const Problem&)>;
 
 class DispatchStats {
  public:
   explicit DispatchStats(bool trace_to_log = false) : trace_to_log_(trace_to_log) {}
-  void record(const Problem& problem, const std::string& entry, const std::string& reason);
+  // plan (may be null or empty) is called only for a shape class's first use and while recording.
+  void record(const Problem& problem, const std::string& entry, const std::string& reason,
+              const PlanFn* plan = nullptr);
   void set_trace(bool on) { trace_to_log_ = on; }
 
   std::map<std::pair<std::string, std::string>, int64_t> entry_counts() const;
@@ -50,7 +58,7 @@ class DispatchStats {
   // selections made while recording, and each replay counts them again.
   struct Selection {
     Problem problem;
-    std::string entry, reason;
+    std::string entry, reason, plan;
   };
   void begin_recording();
   std::vector<Selection> end_recording();
@@ -66,6 +74,8 @@ class DispatchStats {
   std::set<std::string> step_paths_;
   bool recording_ = false;
   std::vector<Selection> recorded_;
+  void record_locked(const Problem& problem, const std::string& entry, const std::string& reason, const PlanFn* plan,
+                     const std::string* plan_text);
 };
 
 template <class Fn>
@@ -74,6 +84,7 @@ struct KernelEntry {
   std::string condition;  // human-readable eligibility rule (for docs/kernel_paths.md)
   std::function<std::string(const Problem&)> ineligible;  // "" when eligible
   Fn fn;
+  PlanFn plan = nullptr;  // optional: how it runs a problem (traced at first use)
 };
 
 template <class Fn>
@@ -102,7 +113,7 @@ class OpTable {
   const KernelEntry<Fn>* find(const Problem& problem, DispatchStats* stats) const {
     for (const auto& e : entries_) {
       if (e.ineligible(problem).empty()) {
-        if (stats) stats->record(problem, e.name, e.condition);
+        if (stats) stats->record(problem, e.name, e.condition, e.plan ? &e.plan : nullptr);
         return &e;
       }
     }

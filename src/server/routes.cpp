@@ -151,7 +151,8 @@ void ApiServer::handle_debug_kernels(httplib::Response& res) const {
     entries.push_back(OrderedJson{{"op", e.op}, {"entry", e.entry}, {"condition", e.condition}, {"count", by_entry[e.entry]}});
   OrderedJson first = OrderedJson::array();
   for (const auto& r : stats.first_uses())
-    first.push_back(OrderedJson{{"op", r.op}, {"entry", r.entry}, {"shape_class", r.shape_class}, {"reason", r.reason}});
+    first.push_back(OrderedJson{
+        {"op", r.op}, {"entry", r.entry}, {"shape_class", r.shape_class}, {"reason", r.reason}, {"plan", r.plan}});
   send_json(res, OrderedJson{{"entries", std::move(entries)}, {"counts", std::move(raw)}, {"first_uses", std::move(first)}});
 }
 

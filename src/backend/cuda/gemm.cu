@@ -264,6 +264,26 @@ std::string need_wg_mlp(const ops::Problem& p) {
   return need_mma_mlp(p);
 }
 
+// The dispatch trace's plan of the tensor-core entries (the kernel, its tiles, the K split).
+template <bool kWg>
+std::string plan_linear(const ops::Problem& p) {
+  return mma_linear_plan_text(mma_linear_plan(p.m, p.n, p.k, p.dtype, kWg));
+}
+// A group's problem carries the summed outputs: the kernel and token tile are the group's, the
+// K split each weight's own.
+template <bool kWg>
+std::string plan_group(const ops::Problem& p) {
+  const MmaLinearPlan q = mma_linear_plan(p.m, p.n, p.k, p.dtype, kWg);
+  return std::string(mma_linear_kernel_name(q.kernel)) + " " +
+         (q.kernel == MmaLinearKernel::kWgmma ? "128 x 128" : std::to_string(q.tokens_per_cta) + "-token") +
+         " tiles for each of " + std::to_string(p.extra) + " weights (K split per weight as linear)";
+}
+template <bool kWg>
+std::string plan_mlp(const ops::Problem& p) {
+  return "gate, up: " + mma_linear_plan_text(mma_linear_plan(p.m, p.n, p.k, p.dtype, kWg)) +
+         "; down: " + mma_linear_plan_text(mma_linear_plan(p.m, p.k, p.n, p.dtype, kWg));
+}
+
 std::string need_cublas_weight(const ops::Problem& p) {
   std::string why = need_device(p);
   if (!why.empty()) return why;
@@ -425,23 +445,23 @@ void register_gemm(ops::KernelTable& table) {
                     "as linear.mma_hilo_invariant.sm90 (same bits) for MXFP8 weights and calls of >= 512 rows "
                     "(prefill chunks): wgmma m64n128k16 with the weights as A from registers, the x pieces in the "
                     "mma.sync fragments' k order, persistent CTAs with a producer warpgroup",
-                    need_wg, linear_mma<true>});
+                    need_wg, linear_mma<true>, plan_linear<true>});
   table.linear.add({"linear.mma_hilo_invariant.sm90",
                     "device BF16 or MXFP8 weight, in_features >= 1024 (MXFP8: % 128, BF16: % 64); taken where the "
                     "row-dot would be (batch invariance requested, or MXFP8): x split into hi + lo pieces (bf16, or f16 "
                     "with a power of two per row), mma.sync m16n8k16 with fp32 accumulation, weights as A (e4m3 -> f16 "
                     "exact, block scale folded in), fixed K segments (a function of N and K) added in order; no host "
                     "sync",
-                    need_mma, linear_mma<false>});
+                    need_mma, linear_mma<false>, plan_linear<false>});
   table.linear_group.add({"linear_group.wgmma_hilo_invariant.sm90",
                           "as linear.wgmma_hilo_invariant.sm90 for each weight, one x split",
-                          need_wg, linear_group_mma<true>});
+                          need_wg, linear_group_mma<true>, plan_group<true>});
   table.linear_group.add({"linear_group.mma_hilo_invariant.sm90",
                           "as linear.mma_hilo_invariant.sm90 for each weight (same bits as separate calls), one x "
                           "split and one launch for the group's narrow-tile GEMMs (up to 6; decode batches), so "
                           "small projections stream back to back; where not eligible each weight takes the linear "
                           "table",
-                          need_mma, linear_group_mma<false>});
+                          need_mma, linear_group_mma<false>, plan_group<false>});
   table.linear.add({"linear.rowdot_invariant.sm90",
                     "device F32/BF16/MXFP8 weight (MXFP8: in % 32 == 0, U8 e8m0 scale [out, in/32]); taken when batch "
                     "invariance is requested, and always for MXFP8: tiled warp row-dot (2 weight rows per warp, 16-byte "
@@ -456,11 +476,11 @@ void register_gemm(ops::KernelTable& table) {
   table.mlp.add({"dense_mlp.wgmma_hilo_invariant_swiglu_oai.sm90",
                  "as dense_mlp.mma_hilo_invariant_swiglu_oai.sm90 (same bits) with its projections on "
                  "linear.wgmma_hilo_invariant.sm90",
-                 need_wg_mlp, dense_mlp_mma<true>});
+                 need_wg_mlp, dense_mlp_mma<true>, plan_mlp<true>});
   table.mlp.add({"dense_mlp.mma_hilo_invariant_swiglu_oai.sm90",
                  "as linear.mma_hilo_invariant.sm90 for gate, up (x split once) and down, swiglu_oai between them "
                  "in fp32",
-                 need_mma_mlp, dense_mlp_mma<false>});
+                 need_mma_mlp, dense_mlp_mma<false>, plan_mlp<false>});
   table.mlp.add({"dense_mlp.rowdot_invariant_swiglu_oai.sm90",
                  "device F32/BF16/MXFP8 weights (gate and up one dtype); taken when batch invariance is requested, and "
                  "always for MXFP8: fused gate+up row-dot writing swiglu_oai, then the down row-dot; no host sync",

@@ -655,6 +655,16 @@ const char* mma_linear_kernel_name(MmaLinearKernel k) {
   return "?";
 }
 
+std::string mma_linear_plan_text(const MmaLinearPlan& p) {
+  std::string s = std::string(mma_linear_kernel_name(p.kernel)) + " " +
+                  (p.kernel == MmaLinearKernel::kWgmma ? "128 x 128" : std::to_string(p.tokens_per_cta) + "-token") +
+                  " tiles x " + std::to_string(p.grid_x) + " x " + std::to_string(p.grid_y) + ", K in " +
+                  std::to_string(p.nseg) + " segment" + (p.nseg == 1 ? "" : "s") + " of " + std::to_string(p.seg_stages) +
+                  " x 64";
+  if (p.split) s += p.kernel == MmaLinearKernel::kWgmma ? " as separate work items" : " on separate CTAs";
+  return s;
+}
+
 MmaLinearPlan mma_linear_plan(int64_t m, int64_t n, int64_t k, DType dtype, bool wgmma, const MmaLinearRule& rule) {
   MmaLinearPlan p;
   const Plan kp = k_plan(n, k);

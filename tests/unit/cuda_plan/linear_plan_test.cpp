@@ -3,10 +3,13 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <string>
 #include <utility>
 #include <vector>
 
+#include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/linear_mma.h"
+#include "ops/ops.h"
 
 namespace m3 {
 namespace {
@@ -131,6 +134,38 @@ TEST(MmaLinearPlan, SegmentsDependOnTheShapeOnly) {
   EXPECT_NE(cuda::mma_linear_eligible(DType::kF8E4M3, 4096, 1088), "");  // MXFP8 in % 128 != 0
   EXPECT_NE(cuda::mma_linear_eligible(DType::kBF16, 4096, 512), "");     // small layers
   EXPECT_NE(cuda::mma_linear_eligible(DType::kF32, 4096, 4096), "");
+}
+
+// The tensor-core entries trace their plan: the kernel, tiles and K split that run a problem.
+TEST(MmaLinearPlan, EntriesTraceTheirPlan) {
+  ops::KernelTable table;
+  cuda::register_cuda_kernels(table);
+  auto plan_of = [&](const auto& entries, const std::string& name, const ops::Problem& p) {
+    for (const auto& e : entries)
+      if (e.name == name) return e.plan ? e.plan(p) : std::string("<no plan>");
+    return std::string("<no entry>");
+  };
+  ops::Problem p;
+  p.device = Device::kCuda;
+  p.dtype = DType::kF8E4M3;
+  p.batch_invariant = true;
+  p.op = "linear";
+  p.n = 6144, p.k = 8192;
+  p.m = 192;
+  EXPECT_EQ(plan_of(table.linear.entries(), "linear.mma_hilo_invariant.sm90", p),
+            "narrow 32-token tiles x 48 x 6, K in 5 segments of 26 x 64 on separate CTAs");
+  p.m = 4096;
+  EXPECT_EQ(plan_of(table.linear.entries(), "linear.wgmma_hilo_invariant.sm90", p),
+            "wgmma 128 x 128 tiles x 48 x 32, K in 5 segments of 26 x 64");
+  p.op = "dense_mlp";
+  p.n = 12288, p.k = 6144, p.m = 1;
+  const std::string mlp = plan_of(table.mlp.entries(), "dense_mlp.mma_hilo_invariant_swiglu_oai.sm90", p);
+  EXPECT_EQ(mlp.rfind("gate, up: narrow 8-token tiles x 96 x 1", 0), 0u) << mlp;
+  EXPECT_NE(mlp.find("; down: narrow 8-token tiles x 48 x 1"), std::string::npos) << mlp;
+  p.op = "linear_group";
+  p.n = 8192 + 3 * 512 + 128, p.k = 6144, p.m = 1024, p.extra = 5;
+  EXPECT_EQ(plan_of(table.linear_group.entries(), "linear_group.wgmma_hilo_invariant.sm90", p),
+            "wgmma 128 x 128 tiles for each of 5 weights (K split per weight as linear)");
 }
 
 }  // namespace

@@ -276,6 +276,55 @@ TEST(Dispatch, TraceRecordsEntryAndReasonAndNoKernelErrorListsReasons) {
   }
 }
 
+// An entry's plan (how it runs a problem) is asked at a shape class's first use only, kept with
+// the first use and in recorded selections, and a replay into fresh stats carries it.
+TEST(Dispatch, PlanIsTracedAtFirstUseAndSurvivesReplay) {
+  ops::OpTable<ops::LinearFn> table("linear");
+  int asked = 0;
+  ops::KernelEntry<ops::LinearFn> e{"linear.stand_in.cpu", "always", [](const ops::Problem&) { return std::string(); },
+                                     nullptr};
+  e.plan = [&](const ops::Problem& p) {
+    ++asked;
+    return "tiles of " + std::to_string(p.m);
+  };
+  table.add(e);
+  ops::KernelEntry<ops::LinearFn> quiet{"linear.quiet.cpu", "m > 100", [](const ops::Problem& p) {
+                                          return p.m > 100 ? std::string() : std::string("small");
+                                        }, nullptr};
+  ops::OpTable<ops::LinearFn> second("linear");
+  second.add(quiet);
+  ops::DispatchStats stats;
+  ops::Problem p;
+  p.op = "linear";
+  p.m = 5, p.n = 64, p.k = 64;
+  ASSERT_NE(table.find(p, &stats), nullptr);
+  p.m = 7;  // same class (m <= 8): not asked again
+  ASSERT_NE(table.find(p, &stats), nullptr);
+  EXPECT_EQ(asked, 1);
+  auto uses = stats.first_uses();
+  ASSERT_EQ(uses.size(), 1u);
+  EXPECT_EQ(uses[0].plan, "m=5: tiles of 5");
+  EXPECT_EQ(uses[0].reason, "always");
+  // Recorded (asked even for a seen class), replayed into fresh stats without asking again.
+  stats.begin_recording();
+  p.m = 6;
+  table.find(p, &stats);
+  const auto sel = stats.end_recording();
+  ASSERT_EQ(sel.size(), 1u);
+  EXPECT_EQ(sel[0].plan, "tiles of 6");
+  EXPECT_EQ(asked, 2);
+  ops::DispatchStats fresh;
+  fresh.replay(sel);
+  EXPECT_EQ(asked, 2);
+  ASSERT_EQ(fresh.first_uses().size(), 1u);
+  EXPECT_EQ(fresh.first_uses()[0].plan, "m=6: tiles of 6");
+  // An entry without a plan records none.
+  p.m = 200;
+  ASSERT_NE(second.find(p, &fresh), nullptr);
+  EXPECT_EQ(fresh.first_uses().back().entry, "linear.quiet.cpu");
+  EXPECT_EQ(fresh.first_uses().back().plan, "");
+}
+
 // ops::linear_group: a run of weights of one dtype and in_features goes to the first eligible
 // linear_group entry, one weight alone (or a table without group entries) to the linear table.
 // The stand-in entry counts its calls and computes the same products as the CPU linear.
