@@ -273,10 +273,8 @@ std::string plan_linear(const ops::Problem& p) {
 // K split each weight's own.
 template <bool kWg>
 std::string plan_group(const ops::Problem& p) {
-  const MmaLinearPlan q = mma_linear_plan(p.m, p.n, p.k, p.dtype, kWg);
-  return std::string(mma_linear_kernel_name(q.kernel)) + " " +
-         (q.kernel == MmaLinearKernel::kWgmma ? "128 x 128" : std::to_string(q.tokens_per_cta) + "-token") +
-         " tiles for each of " + std::to_string(p.extra) + " weights (K split per weight as linear)";
+  return mma_linear_tile_text(mma_linear_plan(p.m, p.n, p.k, p.dtype, kWg)) + " for each of " + std::to_string(p.extra) +
+         " weights (K split per weight as linear)";
 }
 template <bool kWg>
 std::string plan_mlp(const ops::Problem& p) {

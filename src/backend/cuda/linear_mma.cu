@@ -655,10 +655,13 @@ const char* mma_linear_kernel_name(MmaLinearKernel k) {
   return "?";
 }
 
+std::string mma_linear_tile_text(const MmaLinearPlan& p) {
+  return std::string(mma_linear_kernel_name(p.kernel)) + " " +
+         (p.kernel == MmaLinearKernel::kWgmma ? "128 x 128" : std::to_string(p.tokens_per_cta) + "-token") + " tiles";
+}
+
 std::string mma_linear_plan_text(const MmaLinearPlan& p) {
-  std::string s = std::string(mma_linear_kernel_name(p.kernel)) + " " +
-                  (p.kernel == MmaLinearKernel::kWgmma ? "128 x 128" : std::to_string(p.tokens_per_cta) + "-token") +
-                  " tiles x " + std::to_string(p.grid_x) + " x " + std::to_string(p.grid_y) + ", K in " +
+  std::string s = mma_linear_tile_text(p) + " x " + std::to_string(p.grid_x) + " x " + std::to_string(p.grid_y) + ", K in " +
                   std::to_string(p.nseg) + " segment" + (p.nseg == 1 ? "" : "s") + " of " + std::to_string(p.seg_stages) +
                   " x 64";
   if (p.split) s += p.kernel == MmaLinearKernel::kWgmma ? " as separate work items" : " on separate CTAs";

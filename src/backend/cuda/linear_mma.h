@@ -64,6 +64,7 @@ MmaLinearPlan mma_linear_plan(int64_t m, int64_t n, int64_t k, DType dtype, bool
 // The plan in words for the dispatch trace: "narrow 32-token tiles x 48 x 6, K in 5 segments on
 // separate CTAs", "wgmma 128 x 128 tiles x 64 x 4", ...
 std::string mma_linear_plan_text(const MmaLinearPlan& p);
+std::string mma_linear_tile_text(const MmaLinearPlan& p);  // "narrow 32-token tiles", "wgmma 128 x 128 tiles"
 
 // "" when the tensor-core invariant linear takes weights of this type and shape.
 std::string mma_linear_eligible(DType dtype, int64_t n, int64_t k);
