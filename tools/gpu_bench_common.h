@@ -27,6 +27,12 @@ inline std::vector<int> parse_list(const std::string& s) {
   for (std::string x; std::getline(ss, x, ',');) v.push_back(std::stoi(x));
   return v;
 }
+inline std::vector<std::string> parse_words(const std::string& s) {
+  std::vector<std::string> v;
+  std::stringstream ss(s);
+  for (std::string x; std::getline(ss, x, ',');) v.push_back(x);
+  return v;
+}
 
 // Command-line options: for (Options o(argc, argv); o.next();) { if (o.key() == "--x") x = o.value();
 // ... else o.unknown(); }

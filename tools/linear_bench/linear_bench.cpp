@@ -139,24 +139,11 @@ Variant variant_of(const std::string& name) {
   return v;
 }
 
-std::vector<std::string> split_names(const std::string& list) {
-  std::vector<std::string> out;
-  size_t at = 0;
-  while (at <= list.size()) {
-    const size_t end = std::min(list.find(',', at), list.size());
-    if (end > at) out.push_back(list.substr(at, end - at));
-    at = end + 1;
-  }
-  return out;
-}
-
-// What the plan of a forced call is, for the entry column: kernel, token tile, split.
+// What the plan of a forced call is, for the entry column (the dispatch trace's words).
 std::string plan_name(int64_t m, const ops::LinearWeight& w, const Variant& v) {
   const cuda::MmaLinearPlan p = cuda::mma_linear_plan(m, w.out_features(), w.in_features(), w.data.dtype, v.wgmma, v.rule);
-  std::string s = std::string("forced ") + cuda::mma_linear_kernel_name(p.kernel) + " " + std::to_string(p.tokens_per_cta) + " tok";
-  if (p.split) s += " split " + std::to_string(p.nseg);
-  if (p.kernel == cuda::MmaLinearKernel::kWgmma && v.rule.wgmma_overlap) s += " overlap";
-  return s;
+  const bool overlap = p.kernel == cuda::MmaLinearKernel::kWgmma && v.rule.wgmma_overlap;
+  return "forced " + cuda::mma_linear_plan_text(p) + (overlap ? ", overlapped" : "");
 }
 
 int run(int argc, char** argv) {
@@ -171,7 +158,7 @@ int run(int argc, char** argv) {
     else if (o.key() == "--json") json_path = o.value();
     else if (o.key() == "--shapes") (only = ",").append(o.value()).append(",");
     else if (o.key() == "--variants") {
-      for (const std::string& n : split_names(o.value())) variants.push_back(variant_of(n));
+      for (const std::string& n : parse_words(o.value())) variants.push_back(variant_of(n));
     }
     else o.unknown();
   }
@@ -334,15 +321,13 @@ int run(int argc, char** argv) {
                rows);
       emit_row(Row{"attn_proj", m, total_n, k, false, "mxfp8", "separate", t_s, bytes, flops, 0.0, e_s}, copy_bw,
                bf16_tf, rows);
+      std::vector<float*> yp;  // the forced group's outputs, in ys
+      std::vector<int64_t> ld;
+      for (const TensorView& t : vs) {
+        yp.push_back(t.as<float>());
+        ld.push_back(t.shape[1]);
+      }
       for (const Variant& v : variants) {
-        std::vector<float*> yp;
-        std::vector<int64_t> ld;
-        int64_t off = 0;
-        for (int64_t n : ns) {
-          yp.push_back(ys.as<float>() + m * off);
-          ld.push_back(n);
-          off += n;
-        }
         const Timing t_v = time_graph(
             [&] { cuda::mma_linear_group(xbuf.as<const float>(), k, m, wp.data(), yp.data(), ld.data(), int(wp.size()), v.wgmma, v.rule); },
             stream, flush, iters);

@@ -53,12 +53,6 @@ using msa_bench::Elem;
 
 constexpr int kQHeads = 64, kKvHeads = 4, kHeadDim = 128, kIndexHeads = 4, kIndexDim = 128, kBlock = 128, kTopK = 16;
 
-std::vector<std::string> parse_words(const std::string& s) {
-  std::vector<std::string> v;
-  std::stringstream ss(s);
-  for (std::string x; std::getline(ss, x, ',');) v.push_back(x);
-  return v;
-}
 
 // Batch metadata: B sequences at position context-1, pages shuffled over the pool. The block
 // table has `table_blocks` entries per sequence (at least the context's; the engine's decode

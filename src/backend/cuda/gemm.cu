@@ -248,9 +248,9 @@ std::string need_mma_mlp(const ops::Problem& p) {
   return why.empty() ? "" : "down projection: " + why;
 }
 
-// The wgmma form of the invariant linear: MXFP8 weights, prefill-sized calls.
-std::string need_wg(const ops::Problem& p) {
-  std::string why = need_mma(p);
+// The wgmma form of the invariant linear: MXFP8 weights, prefill-sized calls (the plan decides),
+// on top of the mma.sync entry's own conditions.
+std::string wg_only(const ops::Problem& p, std::string why) {
   if (!why.empty()) return why;
   if (p.dtype != DType::kF8E4M3) return "MXFP8 weights only (BF16 keeps the mma.sync tiles)";
   if (mma_linear_plan(p.m, p.n, p.k, p.dtype, true).kernel != MmaLinearKernel::kWgmma) {
@@ -258,11 +258,8 @@ std::string need_wg(const ops::Problem& p) {
   }
   return "";
 }
-std::string need_wg_mlp(const ops::Problem& p) {
-  std::string why = need_wg(p);
-  if (!why.empty()) return why;
-  return need_mma_mlp(p);
-}
+std::string need_wg(const ops::Problem& p) { return wg_only(p, need_mma(p)); }
+std::string need_wg_mlp(const ops::Problem& p) { return wg_only(p, need_mma_mlp(p)); }
 
 // The dispatch trace's plan of the tensor-core entries (the kernel, its tiles, the K split).
 template <bool kWg>
