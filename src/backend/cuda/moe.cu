@@ -290,6 +290,14 @@ std::string need_moe(const ops::Problem& p) {
   return "";
 }
 
+// moe_router problems carry tokens (m), experts (n), hidden (k) and top_k (extra).
+std::string plan_router(const ops::Problem& p) {
+  if (!fused_router_problem(p.n, p.k, int(p.extra), nullptr, p.k, nullptr).empty()) {
+    return "row-dot logits, a thread per token selects";
+  }
+  return fused_router_plan_text(fused_router_plan(p.m, p.n, p.k));
+}
+
 }  // namespace
 
 void register_moe(ops::KernelTable& table) {
@@ -304,7 +312,7 @@ void register_moe(ops::KernelTable& table) {
                       if (p.extra < 1 || p.extra > p.n) return "top_k must be in [1, experts]";
                       return "";
                     },
-                    router_entry});
+                    router_entry, plan_router});
   table.moe.add({"moe_experts.grouped_rowdot.sm90",
                  "device F32/BF16/MXFP8 expert weights (gate+up one dtype, down one dtype, across experts; any "
                  "intermediate size per expert), <= 256 experts incl. the shared one (last, weight 1), top_k <= 64, any "

@@ -1655,6 +1655,61 @@ int rows_per_item(Path path, int64_t tokens) {
   return tokens < 64 ? 16 : 64;  // W8A16: 2 or 8 sub-tiles of 8 rows (kTMT)
 }
 
+GemmPlan gemm_plan(Path path, int64_t tokens, int64_t inter, int64_t hidden) {
+  GemmPlan p;
+  p.path = path;
+  p.rows_per_item = rows_per_item(path, tokens);
+  if (path == Path::kW8A16) {
+    p.token_tile = p.rows_per_item == 16 ? 2 : 0;  // 64-row items: the tile follows each item's rows
+    p.threads = w16_threads(p.token_tile);
+    p.gu_cols = 8 * (p.threads / 32);   // a warp's 8 gate rows and their 8 up rows
+    p.dn_cols = 16 * (p.threads / 32);  // a warp's 16 weight rows
+    p.stages = kW16Deep;
+  } else if (path == Path::kW8A16Wg) {
+    p.threads = kWgThreads;
+    p.persistent = true;
+    p.gu_cols = 128;
+    p.dn_cols = 256;
+    p.stages = kWgStages;
+  } else {
+    p.threads = kW8Threads;
+    p.persistent = true;
+    p.gu_cols = kW8ARows / 2;  // gate and up rows interleaved in one 128-row tile
+    p.dn_cols = kW8ARows;
+    p.stages = tokens <= kW8DeepMaxTokens ? kW8StagesDeep : kW8StagesShallow;
+  }
+  p.gu_col_tiles = (inter + p.gu_cols - 1) / p.gu_cols;
+  p.dn_col_tiles = (hidden + p.dn_cols - 1) / p.dn_cols;
+  // Small batches spread a token's hidden over several CTAs (more SMs reading y); from
+  // kCombineWholeRow tokens a CTA takes the whole row, so its setup (the token's rows and
+  // weights, read by one thread) is paid once per token.
+  p.combine_ctas_per_token = tokens >= kCombineWholeRow ? 1 : (hidden + 4 * kCombineThreads - 1) / (4 * kCombineThreads);
+  return p;
+}
+
+std::string plan_text(const GemmPlan& p) {
+  const auto n = [](int64_t v) { return std::to_string(v); };
+  std::string s;
+  if (p.path == Path::kW8A16) {
+    s = "W8A16 mma.sync, items of <= " + n(p.rows_per_item) + " rows, ";
+    s += p.token_tile == 2 ? "16-token tiles (8 for items of <= 8 rows) with a " + n(p.stages) + "-stage shared-memory weight ring"
+                           : "per item a 16-token tile with a " + n(p.stages) +
+                                 "-stage shared-memory weight ring (<= 16 rows) or a 64-token tile with weights in registers";
+    s += "; gate+up: CTAs of " + n(p.threads / 32) + " warps over " + n(p.gu_cols) + " columns, " + n(p.gu_col_tiles) +
+         " per item; down: " + n(p.dn_cols) + " columns, " + n(p.dn_col_tiles) + " per item";
+  } else {
+    s = std::string(p.path == Path::kW8A8 ? "W8A8 wgmma e4m3" : "W8A16 wgmma f16") + ", items of <= " + n(p.rows_per_item) +
+        " rows, persistent CTAs (a producer and two consumer warpgroups), " + n(p.stages) +
+        "-stage pipeline, 32..128-token tiles per item; gate+up: " + n(p.gu_cols) + "-column tiles, " + n(p.gu_col_tiles) +
+        " per item; ";
+    if (p.path == Path::kW8A8) s += "h to e4m3 per row; ";
+    s += "down: " + n(p.dn_cols) + "-column tiles, " + n(p.dn_col_tiles) + " per item";
+    if (p.path == Path::kW8A8) s += ", y in bf16";
+  }
+  s += "; combine: " + n(p.combine_ctas_per_token) + (p.combine_ctas_per_token == 1 ? " CTA" : " CTAs") + " per token";
+  return s;
+}
+
 int64_t item_bound(int64_t tokens, int64_t top_k, int total_experts, int rows_per_item) {
   const int64_t rows = tokens * (top_k + 1);
   return (rows + rows_per_item - 1) / rows_per_item + std::min<int64_t>(total_experts, rows);
@@ -1730,6 +1785,7 @@ void run(const TensorView& x, const TensorView& expert_ids, const TensorView& ex
   float* y = reinterpret_cast<float*>(ws + l.y);
   const cudaStream_t stream = current_stream();
   const bool w8 = path == Path::kW8A8, wg = path == Path::kW8A16Wg;
+  const GemmPlan gp = gemm_plan(path, tokens, l.inter, hidden);
   const float hscale = intermediate_scale(act);
   const Act a{act.alpha, act.limit, act.beta};
 
@@ -1762,26 +1818,24 @@ void run(const TensorView& x, const TensorView& expert_ids, const TensorView& ex
     if (wg) {
       WgArgs gu = grouped_args<WgArgs>(reinterpret_cast<const __half*>(ws + l.xc), perm, hidden, xs, hscale, h16,
                                        l.inter, items, meta, a, g_gu);
-      gu.col_tiles = int(l.inter / 128);
+      gu.col_tiles = int(gp.gu_col_tiles);
       launch_wg<true>(gu);
       WgArgs dn = grouped_args<WgArgs>(h16, nullptr, l.inter, nullptr, 1.0f / hscale, y, hidden, items, meta, a, g_dn);
-      dn.col_tiles = int((hidden + 255) / 256);
+      dn.col_tiles = int(gp.dn_col_tiles);
       launch_wg<false>(dn);
     } else if (!w8) {
-      const int tmt = l.bt == 16 ? 2 : 0;  // 64-row items: the tile follows each item's rows
       const W16Args gu = grouped_args<W16Args>(reinterpret_cast<const __half*>(ws + l.xc), perm, hidden, xs, hscale, h16,
                                                l.inter, items, meta, a, g_gu);
-      const int warps = w16_threads(tmt) / 32;  // a CTA's columns: 8 per warp (gate_up), 16 (down)
-      launch_w16<true>(tmt, dim3(unsigned(l.items), unsigned((l.inter + 8 * warps - 1) / (8 * warps))), gu);
+      launch_w16<true>(gp.token_tile, dim3(unsigned(l.items), unsigned(gp.gu_col_tiles)), gu);
       const W16Args dn =
           grouped_args<W16Args>(h16, nullptr, l.inter, nullptr, 1.0f / hscale, y, hidden, items, meta, a, g_dn);
-      launch_w16<false>(tmt, dim3(unsigned(l.items), unsigned(hidden / (16 * warps))), dn);
+      launch_w16<false>(gp.token_tile, dim3(unsigned(l.items), unsigned(gp.dn_col_tiles)), dn);
     } else {
       uint8_t* hq = reinterpret_cast<uint8_t*>(ws + l.hq);
       float* hs = reinterpret_cast<float*>(ws + l.hs);
       W8Args gu = grouped_args<W8Args>(reinterpret_cast<const uint8_t*>(ws + l.xc), perm, hidden, xs, hscale, h16,
                                        l.inter, items, meta, a, g_gu);
-      gu.col_tiles = int(l.inter / (kW8ARows / 2));
+      gu.col_tiles = int(gp.gu_col_tiles);
       const int n_experts = experts.num_routed + (experts.has_shared ? 1 : 0);
       gu.s_log = scale_words_log(g_gu, n_experts);
       // Row scales come from each row's amax over the widest intermediate: experts narrower than
@@ -1791,7 +1845,7 @@ void run(const TensorView& x, const TensorView& expert_ids, const TensorView& ex
         uniform = uniform && experts.gate[e].out_features() == l.inter;
       }
       if (!uniform) M3_CUDA_CHECK(cudaMemsetAsync(h16, 0, size_t(l.rows) * size_t(l.inter) * 2, stream));
-      const bool deep = tokens <= kW8DeepMaxTokens;
+      const bool deep = gp.stages == kW8StagesDeep;
       launch_w8<true>(gu, deep);
       // Rows past the routed ones (ids outside [0, routed)) are never written: their quantised
       // copies are never read either.
@@ -1805,18 +1859,13 @@ void run(const TensorView& x, const TensorView& expert_ids, const TensorView& ex
       }
       M3_CUDA_CHECK_LAUNCH();
       W8Args dn = grouped_args<W8Args>(hq, nullptr, l.inter, hs, 1.0f / hscale, y, hidden, items, meta, a, g_dn);
-      dn.col_tiles = int(hidden / kW8ARows);
+      dn.col_tiles = int(gp.dn_col_tiles);
       dn.s_log = scale_words_log(g_dn, n_experts);
       launch_w8<false>(dn, deep);
     }
   }
   if (stages & kCombine) {
-    // Small batches spread a token's hidden over several CTAs (more SMs reading y); from
-    // kCombineWholeRow tokens a CTA takes the whole row, so its setup (the token's rows and
-    // weights, read by one thread) is paid once per token.
-    const unsigned split =
-        tokens >= kCombineWholeRow ? 1u : unsigned((hidden + 4 * kCombineThreads - 1) / (4 * kCombineThreads));
-    const dim3 grid(unsigned(tokens), split);
+    const dim3 grid(unsigned(tokens), unsigned(gp.combine_ctas_per_token));
     // A programmatic dependent of the down projection when the GEMMs ran in this call (the
     // routing finished before they began); alone, a plain launch.
     auto combine = [&](auto* yv) {  // y as written by the down projection: bf16 (W8A8) or float
@@ -1908,6 +1957,13 @@ void w8a16_entry(const TensorView& x, const TensorView& ids, const TensorView& w
   run_entry(x, ids, wts, experts, act, out, moe_mxfp8::Path::kW8A16);
 }
 
+// The trace's account of a call: moe_experts problems carry tokens (m), the first expert's
+// intermediate size (n), hidden (k) and top_k (extra).
+template <moe_mxfp8::Path kPath>
+std::string plan_moe(const ops::Problem& p) {
+  return moe_mxfp8::plan_text(moe_mxfp8::gemm_plan(kPath, p.m, p.n, p.k));
+}
+
 }  // namespace
 
 void register_moe_mxfp8(ops::KernelTable& table) {
@@ -1918,7 +1974,7 @@ void register_moe_mxfp8(ops::KernelTable& table) {
                  "wgmma m64nNk32 e4m3 with the weight's e8m0 block scale applied per 32-wide K step in fp32, "
                  "persistent warp-specialised CTAs (6 pipeline stages up to 1024 tokens, 4 above), fused gate+up "
                  "SwiGLU-OAI, device routing, expert outputs in bf16, combine in the CPU's order; no host sync",
-                 need_w8a8, w8a8_entry});
+                 need_w8a8, w8a8_entry, plan_moe<moe_mxfp8::Path::kW8A8>});
   table.moe.add({"moe_experts.mxfp8_w8a16_wgmma.sm90",
                  "device MXFP8 experts, hidden >= 1024, hidden and intermediate sizes multiples of 128, top_k <= 64, "
                  "<= 256 experts incl. the shared one; tokens >= 384, any batch-invariance setting (batch-invariant: the "
@@ -1926,7 +1982,7 @@ void register_moe_mxfp8(ops::KernelTable& table) {
                  "on wgmma m64nNk16 (A = weights dequantised in registers, B = token tile in shared memory from a "
                  "cp.async producer warpgroup), persistent CTAs, fused gate+up SwiGLU-OAI, device routing, combine "
                  "in the CPU's order; no host sync",
-                 need_w16wg, w16wg_entry});
+                 need_w16wg, w16wg_entry, plan_moe<moe_mxfp8::Path::kW8A16Wg>});
   table.moe.add({"moe_experts.mxfp8_w8a16_mma.sm90",
                  "device MXFP8 experts, hidden >= 1024, hidden and intermediate sizes multiples of 128, top_k <= 64, "
                  "<= 256 experts incl. the shared one; any token count, any batch-invariance setting (batch-invariant: fixed "
@@ -1934,7 +1990,7 @@ void register_moe_mxfp8(ops::KernelTable& table) {
                  "scale per token, e4m3 weights dequantised exactly to f16 in registers, mma.sync m16n8k16 with "
                  "fp32 accumulation, many CTAs per expert over N, fused gate+up SwiGLU-OAI, device routing, "
                  "combine in the CPU's order; no host sync",
-                 need_mxfp8_moe, w8a16_entry});
+                 need_mxfp8_moe, w8a16_entry, plan_moe<moe_mxfp8::Path::kW8A16>});
 }
 
 }  // namespace m3::cuda

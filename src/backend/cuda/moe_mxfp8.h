@@ -64,6 +64,26 @@ float intermediate_scale(const ops::SwigluParams& act);
 // Rows per work item each path uses at a token count (the routing's tile size).
 int rows_per_item(Path path, int64_t tokens);
 
+// How `run` lays out a call's GEMMs and combine, from shapes alone (the work items are counted on
+// the device, so grids over items are sized by their bound). `run` takes its launch geometry from
+// here, and the dispatch trace prints it (plan_text), so the two cannot disagree.
+struct GemmPlan {
+  Path path = Path::kW8A16;
+  int rows_per_item = 0;
+  // W8A16 mma.sync: the token tile in 8-row sub-tiles (2: 16 rows, 8 for items of <= 8 rows; 0:
+  // per item, 16 rows with the weight ring or 64 with weights in registers). wgmma paths: 0 (N
+  // = the item's rows rounded up to 32, at most 128, per tile).
+  int token_tile = 0;
+  int threads = 0;                             // per CTA
+  bool persistent = false;                     // CTAs walk the (item, column tile) list
+  int gu_cols = 0, dn_cols = 0;                // output columns per tile (gate_up: SwiGLU columns)
+  int64_t gu_col_tiles = 0, dn_col_tiles = 0;  // per item, over the widest expert
+  int stages = 0;  // W8A16 mma: shared-memory weight stages (the 64-row tile keeps weights in registers); wgmma: pipeline
+  int64_t combine_ctas_per_token = 0;
+};
+GemmPlan gemm_plan(Path path, int64_t tokens, int64_t inter, int64_t hidden);
+std::string plan_text(const GemmPlan& plan);
+
 // The routing step alone (for the parity test): perm [tokens * top_k + tokens * has_shared]
 // (token of each permuted row), pos [tokens * top_k] (row of each assignment, -1 for ids outside
 // [0, routed)), items [item_bound] int4 (expert, row_begin, row_end, 0), meta[0] = item count,

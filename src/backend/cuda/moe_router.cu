@@ -433,38 +433,75 @@ std::string fused_router_problem(int64_t experts, int64_t hidden, int top_k, con
 // it and the experts' first kernel.
 __device__ __align__(256) uint4 g_router_partials[(size_t(2) << 20) / 16];
 
+RouterPlan fused_router_plan(int64_t tokens, int64_t experts, int64_t hidden) {
+  RouterPlan p;
+  const Order o = order_of(hidden);
+  p.nseg = o.nseg;
+  p.spg = o.spg;
+  p.ngroups = o.ngroups;
+  p.wide = tokens > kWideMin;
+  // The tiled kernel writes every segment's partial (a CTA per segment: spg times the CTAs) up to
+  // kSegPartialsMax tokens, where its group-per-CTA grid leaves SMs idle.
+  p.per_seg = !p.wide || tokens <= kSegPartialsMax;
+  p.nstored = p.per_seg ? o.nseg : o.ngroups;
+  if (!p.wide) {
+    p.tokens_per_cta = tokens <= 32 ? 8 : 32;
+    p.experts_per_cta = kSegExperts;
+    p.grid[0] = (experts + kSegExperts - 1) / kSegExperts;
+    p.grid[1] = o.nseg;
+    p.grid[2] = (tokens + p.tokens_per_cta - 1) / p.tokens_per_cta;
+  } else {
+    p.tokens_per_cta = kTileT;
+    p.experts_per_cta = kTileE;
+    p.grid[0] = (tokens + kTileT - 1) / kTileT;
+    p.grid[1] = (experts + kTileE - 1) / kTileE;
+    p.grid[2] = p.nstored;
+  }
+  p.select_tokens_per_cta = p.per_seg ? 2 : kWideTPC;
+  return p;
+}
+
+std::string fused_router_plan_text(const RouterPlan& p) {
+  const std::string grid = std::to_string(p.grid[0]) + " x " + std::to_string(p.grid[1]) + " x " + std::to_string(p.grid[2]);
+  std::string s = "logits: " + grid + " CTAs of " + std::to_string(p.experts_per_cta) + " experts x " +
+                  std::to_string(p.tokens_per_cta) + " tokens x ";
+  if (!p.wide) {
+    s += "one " + std::to_string(kSeg) + "-wide segment (rows staged in shared memory)";
+  } else if (p.per_seg) {
+    s += "one " + std::to_string(kSeg) + "-wide segment (register-tiled)";
+  } else {
+    s += "one group of " + std::to_string(p.spg) + " segments (register-tiled)";
+  }
+  s += ", " + std::to_string(p.nstored) + (p.per_seg ? " segment" : " group") + " partials; select: " +
+       std::to_string(p.select_tokens_per_cta) + " tokens per CTA";
+  return s;
+}
+
 void launch_fused_router(const float* x, int64_t ldx, int64_t tokens, const float* w, int64_t experts, int64_t hidden,
                          const float* bias, int top_k, float scale, int32_t* ids, float* weights) {
   if (tokens == 0) return;
   if (tokens > INT32_MAX / 2) throw std::runtime_error("moe_router: too many tokens");
-  const Order o = order_of(hidden);
-  const bool wide = tokens > kWideMin;
-  // The tiled kernel writes every segment's partial (a CTA per segment: spg times the CTAs) up to
-  // kSegPartialsMax tokens, where its group-per-CTA grid leaves SMs idle.
-  const bool per_seg = !wide || tokens <= kSegPartialsMax;
-  const int nstored = per_seg ? o.nseg : o.ngroups;
+  const RouterPlan p = fused_router_plan(tokens, experts, hidden);
   static FixedScratch partials_of(g_router_partials);
-  Scratch partial(size_t(nstored) * size_t(tokens) * size_t(experts) * 4, partials_of);
-  const SelectArgs sel{partial.as<const float>(), nstored, per_seg ? o.spg : 1, bias, int(tokens), int(experts), top_k,
+  Scratch partial(size_t(p.nstored) * size_t(tokens) * size_t(experts) * 4, partials_of);
+  const SelectArgs sel{partial.as<const float>(), p.nstored, p.per_seg ? p.spg : 1, bias, int(tokens), int(experts), top_k,
                        scale, ids, weights};
-  const LogitsArgs a{x, w, partial.as<float>(), ldx, int(tokens), int(experts), int(hidden), per_seg ? 1 : o.spg};
-  if (!wide) {
-    const int tok = tokens <= 32 ? 8 : 32;
-    const dim3 grid(unsigned((experts + kSegExperts - 1) / kSegExperts), unsigned(o.nseg), unsigned((tokens + tok - 1) / tok));
-    launch_kernel(tok == 8 ? router_seg_kernel<8> : router_seg_kernel<32>, grid, dim3(kSegThreads), 0, true, a);
+  const LogitsArgs a{x, w, partial.as<float>(), ldx, int(tokens), int(experts), int(hidden), p.per_seg ? 1 : p.spg};
+  const dim3 grid(unsigned(p.grid[0]), unsigned(p.grid[1]), unsigned(p.grid[2]));
+  if (!p.wide) {
+    launch_kernel(p.tokens_per_cta == 8 ? router_seg_kernel<8> : router_seg_kernel<32>, grid, dim3(kSegThreads), 0, true,
+                  a);
   } else {
-    const dim3 grid(unsigned((tokens + kTileT - 1) / kTileT), unsigned((experts + kTileE - 1) / kTileE),
-                    unsigned(nstored));
     allow_dynamic_smem(reinterpret_cast<const void*>(router_tile_kernel), kTileSmemBytes);
     router_tile_kernel<<<grid, kTileThreads, kTileSmemBytes, current_stream()>>>(a);
   }
   M3_CUDA_CHECK_LAUNCH();
   // The selection is launched while the logits drain (it waits before reading them).
-  if (!per_seg) {
-    launch_kernel(router_select_kernel<kWideTPC>, dim3(unsigned((tokens + kWideTPC - 1) / kWideTPC)), dim3(kSelThreads), 0, true,
-                  sel);
+  const unsigned sel_ctas = unsigned((tokens + p.select_tokens_per_cta - 1) / p.select_tokens_per_cta);
+  if (p.select_tokens_per_cta == kWideTPC) {
+    launch_kernel(router_select_kernel<kWideTPC>, dim3(sel_ctas), dim3(kSelThreads), 0, true, sel);
   } else {
-    launch_kernel(router_select_kernel<2>, dim3(unsigned((tokens + 1) / 2)), dim3(kSelThreads), 0, true, sel);
+    launch_kernel(router_select_kernel<2>, dim3(sel_ctas), dim3(kSelThreads), 0, true, sel);
   }
 }
 
