@@ -38,7 +38,10 @@ void DispatchStats::record_locked(const Problem& problem, const std::string& ent
   std::string how;
   if (plan_text) how = *plan_text;
   else if ((first || recording_) && plan && *plan) how = (*plan)(problem);
-  if (recording_) recorded_.push_back({problem, entry, reason, how});
+  if (recording_) {
+    recorded_.push_back({problem, entry, reason, how});
+    recorded_.back().problem.attention = nullptr;  // the caller's metadata does not outlive the call
+  }
   if (first) {
     const std::string at = how.empty() ? "" : "m=" + std::to_string(problem.m) + ": " + how;
     first_uses_.push_back({problem.op, entry, problem.shape_class(), reason, at});

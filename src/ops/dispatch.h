@@ -18,6 +18,8 @@
 
 namespace m3::ops {
 
+struct AttentionMetadata;  // ops/attention_metadata.h
+
 // What an entry's eligibility check sees: the op's local problem shape.
 struct Problem {
   const char* op = "";
@@ -26,6 +28,11 @@ struct Problem {
   int64_t m = 0, n = 0, k = 0;
   int64_t extra = 0;          // op-specific (e.g. top-k, block size)
   bool batch_invariant = false;  // each row's result must not depend on the batch around it
+  // attention / indexer_topk: the batch's layout and the KV heads, for the entries' plans (their
+  // splits follow the sequences and contexts). Points into the caller's frame: read while the
+  // entry is selected, never kept (recorded selections drop it).
+  const AttentionMetadata* attention = nullptr;
+  int64_t kv_heads = 0;
   std::string shape_class() const;  // bucketed (M, N, K) used for first-use tracing
 };
 

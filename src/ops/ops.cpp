@@ -65,18 +65,20 @@ void kv_write(const OpContext& ctx, const TensorView& src, const int64_t* slot_m
 void attention(const OpContext& ctx, const TensorView& q, const TensorView& k_cache, const TensorView& v_cache,
                const AttentionMetadata& meta, const TensorView& selected, int top_k, const TensorView& out) {
   // m = query tokens, n = query heads, k = head dim; extra = top-k blocks (0 = dense).
-  auto& e = ctx.kernels->attention.select(
-      problem(ctx, selected.data ? "attention_sparse" : "attention_dense", k_cache.dtype, q.shape[0], q.shape[1], q.shape[2],
-              selected.data ? top_k : 0),
-      ctx.stats);
+  Problem p = problem(ctx, selected.data ? "attention_sparse" : "attention_dense", k_cache.dtype, q.shape[0], q.shape[1],
+                      q.shape[2], selected.data ? top_k : 0);
+  p.attention = &meta;
+  p.kv_heads = k_cache.shape[1];
+  auto& e = ctx.kernels->attention.select(p, ctx.stats);
   e.fn(q, k_cache, v_cache, meta, selected, top_k, out);
 }
 
 void indexer_topk(const OpContext& ctx, const TensorView& index_q, const TensorView& index_k_cache,
                   const AttentionMetadata& meta, const IndexerParams& params, const TensorView& selected) {
-  auto& e = ctx.kernels->indexer_topk.select(
-      problem(ctx, "indexer_topk", index_k_cache.dtype, index_q.shape[0], index_q.shape[1], index_q.shape[2], params.top_k),
-      ctx.stats);
+  Problem p = problem(ctx, "indexer_topk", index_k_cache.dtype, index_q.shape[0], index_q.shape[1], index_q.shape[2],
+                      params.top_k);
+  p.attention = &meta;
+  auto& e = ctx.kernels->indexer_topk.select(p, ctx.stats);
   e.fn(index_q, index_k_cache, meta, params, selected);
 }
 

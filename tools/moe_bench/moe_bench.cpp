@@ -292,6 +292,14 @@ int run(int argc, char** argv) {
                         {"fp8_ceiling_ratio", fp8_ceiling > 0 ? flops / s / 1e12 / fp8_ceiling : 0.0},
                         {"target", target},
                         {"entries", entries}};
+    // The layout the row's GEMMs ran with (moe_mxfp8::gemm_plan, as the dispatch trace prints it).
+    const auto ends = [&](const char* sfx) {
+      const std::string x(sfx);
+      return what.size() >= x.size() && what.compare(what.size() - x.size(), x.size(), x) == 0;
+    };
+    if (ends("_w8a16_wgmma")) r["plan"] = mx::plan_text(mx::gemm_plan(mx::Path::kW8A16Wg, t, inter, hidden));
+    else if (ends("_w8a8")) r["plan"] = mx::plan_text(mx::gemm_plan(mx::Path::kW8A8, t, inter, hidden));
+    else if (ends("_w8a16")) r["plan"] = mx::plan_text(mx::gemm_plan(mx::Path::kW8A16, t, inter, hidden));
     std::printf("%6d %-16s | %10.1f %9.1f %8.0f %5.1f%% %8.1f %5.1f%% | %-10s %s\n", t, what.c_str(), tm.median_us,
                 bytes / 1e6, bytes / s / 1e9, 100 * bytes / s / copy_bw, flops / s / 1e12,
                 100 * r["fp8_ceiling_ratio"].get<double>(), target.c_str(), entries.c_str());

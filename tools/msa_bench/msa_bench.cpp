@@ -150,6 +150,26 @@ std::string entries_of(ops::DispatchStats& st) {
   return out;
 }
 
+// What the dispatch's kernels plan for this batch (msa.h): the split, groups and buffers the row ran with.
+std::string indexer_plan(const TensorView& iq, const TensorView& ik, const ops::AttentionMetadata& meta, int top_k) {
+  cuda::MsaIndexerShape s;
+  s.tokens = iq.shape[0];
+  s.heads = iq.shape[1];
+  s.dim = iq.shape[2];
+  s.num_seqs = meta.num_seqs;
+  s.max_blocks = meta.max_blocks_per_seq;
+  s.bs = meta.block_size;
+  s.top_k = top_k;
+  s.bf16 = ik.dtype == DType::kBF16;
+  s.fp8 = ik.dtype == DType::kF8E4M3;
+  return cuda::msa_indexer_plan_text(cuda::msa_indexer_plan(s, cuda::current_sm_count()));
+}
+std::string attention_plan(const TensorView& q, const TensorView& k, const TensorView& v, const ops::AttentionMetadata& meta,
+                           const TensorView& sel, int top_k) {
+  return cuda::msa_attention_plan_text(
+      cuda::msa_attention_plan(cuda::msa_attn_shape(q, k, v, meta, sel, top_k), cuda::msa_attention_limits()));
+}
+
 // The indexer alone in one layout (the parity test's forced layouts: what the dispatch chooses between).
 Timing time_indexer_layout(const TensorView& iq, const TensorView& ik, const ops::AttentionMetadata& meta,
                            const ops::IndexerParams& ip, const TensorView& sel, cuda::MsaIndexerLayout layout,
@@ -408,6 +428,8 @@ int run(int argc, char** argv) {
           row["gbps"] = bytes / (step.median_us * 1e-6) / 1e9;
           row["copy_ratio"] = bytes / (step.median_us * 1e-6) / copy_bw;
           row["entries"] = entries;
+          row["indexer_plan"] = indexer_plan(iqv, ikv, p.meta, kTopK);
+          row["attention_plan"] = attention_plan(qv, kv_, vv, p.meta, sv, kTopK);
         }
         if (baseline) {
           const auto key = std::make_pair(ctx, batch);

@@ -2,6 +2,8 @@
 // The tuned MSA entries (msa_indexer.cu, msa_decode.cu, msa_prefill.cu) and the generic
 // kernels of attention.cu they hand shapes they do not take to (so a BF16 cache always has a
 // kernel).
+#include <string>
+
 #include "ops/ops.h"
 
 namespace m3::cuda {
@@ -38,11 +40,61 @@ constexpr int kExactMaxRowBlocks = 8;
 // this (H200, M3 shapes, 128K: BF16 B = 64 and 128, FP8 B = 64 and 128; at 8-16 units per warp,
 // B = 8 and 32K contexts, the counter's round trips cost more than the balance saves).
 constexpr int kDynamicMinUnits = 24;
+// How launch_msa_indexer_layout runs a batch, from its shape and the SM count alone: the kernel,
+// query groups and CTAs per group, the unit counters, the exact scan's limit, the score slices
+// and where the scores go. The launcher takes all of it from here; the dispatch trace prints it.
+struct MsaIndexerShape {
+  int64_t tokens = 0, heads = 0, dim = 0;
+  int num_seqs = 0, max_blocks = 0, bs = 0, top_k = 0;
+  bool bf16 = true, fp8 = false;  // the index-K cache's type (neither: the generic kernel)
+};
+struct MsaIndexerPlan {
+  bool tuned = false;             // else the generic kernel runs
+  bool prefill = false, tiles = false;  // neither: the warp-streamed decode kernel
+  int max_blocks = 0, group_tokens = 0, chunks = 0, ctas_per_sm = 0, exact_max = 0, dyn_min_units = 0;
+  int64_t groups = 0, slice = 0, first_slice = 0, launches = 0;
+  bool unit_counters = false;  // the decode kernel's warps may take units from a counter per group
+  size_t row_bytes = 0, score_bytes = 0;
+  bool fixed_scores = false;   // score rows in a fixed buffer (no memory node in a graph), else the pool
+};
+bool msa_indexer_takes(const MsaIndexerShape& shape);
+MsaIndexerPlan msa_indexer_plan(const MsaIndexerShape& shape, int64_t sms, MsaIndexerLayout layout = MsaIndexerLayout::kAuto);
+std::string msa_indexer_plan_text(const MsaIndexerPlan& plan);
 void launch_msa_indexer(const TensorView& index_q, const TensorView& index_k_cache, const ops::AttentionMetadata& meta,
                         const ops::IndexerParams& params, const TensorView& selected);
 void launch_msa_indexer_layout(const TensorView& index_q, const TensorView& index_k_cache,
                                const ops::AttentionMetadata& meta, const ops::IndexerParams& params,
                                const TensorView& selected, MsaIndexerLayout layout);
+// How the query-major kernel (launch_msa_attention) runs a batch, from its shape and the
+// device's limits alone: row groups, m-tiles, the stage layout, the cluster split and where
+// the split partials go. The launcher takes all of it from here; the dispatch trace prints it.
+struct MsaAttnShape {
+  int64_t tokens = 0, q_heads = 0, kv_heads = 0, head_dim = 0;
+  int num_seqs = 0, max_blocks = 0, bs = 0, top_k = 0;
+  bool sparse = false;  // block-sparse (top_k selected blocks per token and KV group), else dense causal
+  bool bf16 = true;     // K and V caches are BF16
+  bool has_seq_lens = true;  // the metadata carries seq_lens (the block-major kernels need them)
+};
+MsaAttnShape msa_attn_shape(const TensorView& q, const TensorView& k_cache, const TensorView& v_cache,
+                            const ops::AttentionMetadata& meta, const TensorView& selected, int top_k);
+struct MsaAttnLimits {
+  int64_t sms = 132;
+  int cluster_deep = 16, cluster_ring = 16, cluster_four = 16;  // largest cluster each kernel launches with
+};
+struct MsaAttnPlan {
+  bool tuned = false;        // else the generic kernel runs
+  bool pure_decode = false;  // one query token per sequence
+  int tokens_per_group = 0, m_tiles = 0, splits = 1;
+  bool split_ring = false, early = false;
+  int64_t groups = 0, su_cap = 0, ctas = 0;
+  size_t part_bytes = 0;
+  bool fixed_partials = false;  // the split partials in a fixed buffer (no memory node in a graph), else the pool
+};
+bool msa_attention_takes(const MsaAttnShape& shape);
+MsaAttnPlan msa_attention_plan(const MsaAttnShape& shape, const MsaAttnLimits& limits);
+std::string msa_attention_plan_text(const MsaAttnPlan& plan);
+MsaAttnLimits msa_attention_limits();  // the current device's (asks the CUDA runtime)
+
 // Query-major (decode, speculative verification, and the query-major prefill baseline).
 // Launched as a programmatic dependent of the previous kernel on the stream: Q, positions and
 // block tables, and for sparse decode of contexts of at most top_k blocks (early units) the K/V
@@ -51,6 +103,14 @@ void launch_msa_indexer_layout(const TensorView& index_q, const TensorView& inde
 void launch_msa_attention(const TensorView& q, const TensorView& k_cache, const TensorView& v_cache,
                           const ops::AttentionMetadata& meta, const TensorView& selected, int top_k,
                           const TensorView& out);
+// Whether the block-major kernels take a shape (else launch_msa_attention runs it), and their
+// tokens per chunk (a chunk's partials stay under the scratch budget; hilo: the canonical
+// variant's fp32 partials, else the fast one's bf16).
+bool msa_block_major_takes(const MsaAttnShape& shape);
+int64_t msa_block_major_chunk(const MsaAttnShape& shape, bool hilo);
+// Whether the wgmma dense prefill takes a shape, and its tokens per 128-row tile.
+bool msa_dense_prefill_takes(const MsaAttnShape& shape);
+int64_t msa_dense_prefill_tile_tokens(const MsaAttnShape& shape);
 // KV-block-major sparse prefill: selections inverted to {block -> tokens}, each selected block
 // loaded once per CTA for all the tokens that chose it, partials merged per row. Shapes it
 // does not take (dense, pages > 128, > 128 query heads per KV head) run launch_msa_attention.

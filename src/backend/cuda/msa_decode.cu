@@ -63,6 +63,7 @@ constexpr int kMaxTopK = 64;
 constexpr int kMaxCluster = 16;
 constexpr int kDenseSuUnits = 8;    // units per super-unit, dense (sparse: 1)
 constexpr size_t kMaxPartialBytes = size_t(256) << 20;
+constexpr size_t kDecodePartialBytes = size_t(8) << 20;  // the fixed buffer of decode batches' split partials
 
 // kSplit (MT == 1, the decode layout when the grid exceeds one CTA per SM): K and V tiles are
 // separate pipeline steps through a ring of 3 tile slots (K(u), V(u), K(u+1), ...: two tiles in
@@ -778,7 +779,7 @@ __global__ void __launch_bounds__(kThreads, kSplit ? 2 : 1) msa_attention_kernel
 // overlap on it: partials are written after the kernel's wait (every earlier kernel has then
 // completed) or, for early units, before it, once the indexer (a plain launch, begun after all
 // earlier work had completed) has let the kernel start.
-__device__ __align__(256) uint4 g_decode_partials[(size_t(8) << 20) / 16];
+__device__ __align__(256) uint4 g_decode_partials[kDecodePartialBytes / 16];
 
 // Largest cluster the kernel can be launched with on this device (16 where a GPC can hold it).
 template <int MT, bool kSplit>
@@ -814,8 +815,120 @@ int max_cluster() {
 
 }  // namespace
 
+MsaAttnShape msa_attn_shape(const TensorView& q, const TensorView& k_cache, const TensorView& v_cache,
+                            const ops::AttentionMetadata& meta, const TensorView& selected, int top_k) {
+  MsaAttnShape s;
+  s.tokens = q.shape[0];
+  s.q_heads = q.shape[1];
+  s.head_dim = q.shape[2];
+  s.kv_heads = k_cache.shape[1];
+  s.num_seqs = meta.num_seqs;
+  s.max_blocks = meta.max_blocks_per_seq;
+  s.bs = meta.block_size;
+  s.sparse = selected.data != nullptr;
+  s.top_k = top_k;
+  s.bf16 = k_cache.dtype == DType::kBF16 && v_cache.dtype == DType::kBF16;
+  s.has_seq_lens = meta.seq_lens != nullptr;
+  return s;
+}
+
 // Shapes outside the tuned kernel (not BF16, head_dim != 128, query heads per KV head not
 // dividing or above 64, top_k > 64) run the generic kernel.
+bool msa_attention_takes(const MsaAttnShape& s) {
+  return s.bf16 && s.head_dim == kHeadDim && s.kv_heads >= 1 && s.q_heads % s.kv_heads == 0 &&
+         s.q_heads / s.kv_heads <= kMaxRows && (!s.sparse || (s.top_k >= 1 && s.top_k <= kMaxTopK)) && s.bs >= 1 &&
+         s.tokens * s.kv_heads < (int64_t(1) << 27);
+}
+
+MsaAttnLimits msa_attention_limits() {
+  MsaAttnLimits l;
+  l.sms = current_sm_count();
+  l.cluster_deep = max_cluster<1, false>();
+  l.cluster_ring = max_cluster<1, true>();
+  l.cluster_four = max_cluster<4, false>();
+  return l;
+}
+
+MsaAttnPlan msa_attention_plan(const MsaAttnShape& s, const MsaAttnLimits& lim) {
+  MsaAttnPlan p;
+  p.tuned = msa_attention_takes(s);
+  if (!p.tuned || s.tokens == 0) return p;
+  const bool sparse = s.sparse;
+  const int top_k = sparse ? s.top_k : 0;
+  const int64_t tokens = s.tokens, kv_heads = s.kv_heads;
+  const int group = int(s.q_heads / kv_heads);
+  // Row groups: one token per group for pure decode (one query per sequence); otherwise as
+  // many tokens as fit 64 rows (and the selected-id buffer). Numerics do not depend on it.
+  p.pure_decode = tokens == s.num_seqs;
+  int tr = p.pure_decode ? 1 : std::max(1, kMaxRows / group);
+  if (sparse) tr = std::max(1, std::min(tr, kMaxList / top_k));
+  // One m-tile only when the row group fits it and its selected ids fit the decode list.
+  p.m_tiles = (tr * group <= 16 && tr * top_k <= kMaxListDecode) ? 1 : 4;
+  p.tokens_per_group = tr;
+  // Super-units per row group at most (sparse: one per unit of the union of selections).
+  const int64_t units_per_block = (s.bs + kUnitKeys - 1) / kUnitKeys;
+  const int64_t max_blocks = std::max(1, s.max_blocks);
+  p.su_cap = sparse ? std::min<int64_t>(int64_t(tr) * top_k, max_blocks) * units_per_block
+                    : ((max_blocks * s.bs + kUnitKeys - 1) / kUnitKeys + kDenseSuUnits - 1) / kDenseSuUnits;
+  // Cluster split: grow (powers of two, <= 16) while the row groups times the split still fit
+  // about the resident CTAs. One m-tile: a dense context over at most half the SMs keeps the
+  // deep whole-unit stages (each of a few CTAs streams many units); everything else takes the
+  // split ring and two CTAs per SM.
+  p.groups = (p.pure_decode ? tokens : (tokens + tr - 1) / tr + s.num_seqs) * kv_heads;
+  const int64_t groups = p.groups, sms = lim.sms, su_cap = p.su_cap;
+  auto grow = [&](int cap, int64_t target) {
+    int sp = 1;
+    while (sp < cap && groups * sp * 2 <= target + target / 4 && sp * 2 <= su_cap) sp *= 2;
+    return sp;
+  };
+  int splits = 1;
+  if (p.m_tiles == 1) {
+    splits = grow(lim.cluster_deep, sms);
+    p.split_ring = sparse || groups * splits > sms / 2;  // measured: 1 x 128K dense deep, 32 x 128K split
+    // Split ring. Sparse (a few units per row group): about one CTA per SM in all (measured, H200,
+    // top-16 decode, attention alone: B = 4 8 splits 25.8 us vs 16 splits 33.6; B = 8 4 splits
+    // 40.4 vs 44.2; B = 16 2 splits 59.4 vs 69.0), but two splits rather than one up to one row
+    // group per SM (B = 32: 73.6 vs 88.9). Dense contexts keep the previous rule (grow against
+    // the resident CTAs, two per SM): end to end the halved split measured mixed there (dense
+    // layer at 8 x 128K 2.99 vs 2.67 ms, at 16 x 128K 4.71 vs 5.04 ms).
+    if (p.split_ring) {
+      splits = grow(lim.cluster_ring, sparse ? sms : 2 * sms);
+      if (sparse && splits == 1 && groups <= sms && su_cap >= 2) splits = 2;
+    }
+  } else {
+    splits = grow(lim.cluster_four, sms);
+  }
+  // Early units (a variant of the split-ring kernel, so that the others keep their registers: 118
+  // against 128; it checks the context; partial index = block id < top_k <= su_cap).
+  p.early = sparse && p.pure_decode && tokens <= kEarlyUnitsMaxSeqs && p.split_ring && units_per_block == 1;
+  const size_t rows_pad = size_t(p.m_tiles) * 16;
+  p.part_bytes = size_t(tokens) * size_t(kv_heads) * size_t(su_cap) * rows_pad * (kHeadDim + 2) * 4;
+  if (p.part_bytes > kMaxPartialBytes) splits = 1;
+  p.splits = splits;
+  // Decode batches take the fixed buffer where the partials fit (B <= 15 at M3 TP1): no memory
+  // nodes around the launch, so the programmatic edge from the indexer holds in a graph (with
+  // the indexer's fixed scores, H200: B = 8 steps 2-6 % faster; the 2-5 % loss at B = 8 and 16
+  // measured with the early units inside the shared kernel was that kernel's, not the buffers').
+  p.fixed_partials = splits > 1 && p.pure_decode && p.part_bytes <= kDecodePartialBytes;
+  p.ctas = tokens * kv_heads * splits;
+  return p;
+}
+
+std::string msa_attention_plan_text(const MsaAttnPlan& p) {
+  if (!p.tuned) return "the generic kernel (shape outside the tuned one)";
+  std::string s = std::to_string(p.groups) + " row groups of " + std::to_string(p.tokens_per_group) + " token" +
+                  (p.tokens_per_group == 1 ? "" : "s") + " (" + std::to_string(p.m_tiles) + " m-tile" +
+                  (p.m_tiles == 1 ? "" : "s") + "), ";
+  s += p.m_tiles == 4 ? "2 whole-unit stages" : p.split_ring ? "K/V split ring, two CTAs per SM" : "3 whole-unit stages";
+  if (p.early) s += ", early units";
+  s += ", " + std::to_string(p.ctas) + " CTAs";
+  if (p.splits > 1) {
+    s += " in clusters of " + std::to_string(p.splits) + ", up to " + std::to_string(p.su_cap) + " super-unit partials per row group (" +
+         (p.fixed_partials ? "fixed buffer" : "pool") + ")";
+  }
+  return s;
+}
+
 void launch_msa_attention(const TensorView& q, const TensorView& k_cache, const TensorView& v_cache,
                           const ops::AttentionMetadata& meta, const TensorView& selected, int top_k,
                           const TensorView& out) {
@@ -824,10 +937,9 @@ void launch_msa_attention(const TensorView& q, const TensorView& k_cache, const 
   const int64_t kv_heads = k_cache.shape[1];
   const bool sparse = selected.data != nullptr;
   const int bs = meta.block_size;
-  const bool tuned = k_cache.dtype == DType::kBF16 && v_cache.dtype == DType::kBF16 && head_dim == kHeadDim &&
-                     kv_heads >= 1 && q_heads % kv_heads == 0 && q_heads / kv_heads <= kMaxRows &&
-                     (!sparse || (top_k >= 1 && top_k <= kMaxTopK)) && bs >= 1 && tokens * kv_heads < (int64_t(1) << 27);
-  if (!tuned) return launch_generic_attention(q, k_cache, v_cache, meta, selected, top_k, out);
+  const MsaAttnShape shape = msa_attn_shape(q, k_cache, v_cache, meta, selected, top_k);
+  if (!msa_attention_takes(shape)) return launch_generic_attention(q, k_cache, v_cache, meta, selected, top_k, out);
+  const MsaAttnPlan plan = msa_attention_plan(shape, msa_attention_limits());
 
   AttnArgs a{};
   a.q = q.as<const float>();
@@ -847,70 +959,20 @@ void launch_msa_attention(const TensorView& q, const TensorView& k_cache, const 
   a.kv_heads = int(kv_heads);
   a.group = int(q_heads / kv_heads);
   a.scale_log2 = float(1.4426950408889634 / std::sqrt(double(head_dim)));
-  // Row groups: one token per group for pure decode (one query per sequence); otherwise as
-  // many tokens as fit 64 rows (and the selected-id buffer). Numerics do not depend on it.
-  const bool pure_decode = tokens == meta.num_seqs;
-  int tr = pure_decode ? 1 : std::max(1, kMaxRows / a.group);
-  if (sparse) tr = std::max(1, std::min(tr, kMaxList / top_k));
-  // One m-tile only when the row group fits it and its selected ids fit the decode list.
-  const int mt = (tr * a.group <= 16 && tr * a.top_k <= kMaxListDecode) ? 1 : 4;
-  a.tokens_per_group = tr;
-  // Super-units per row group at most (sparse: one per unit of the union of selections).
-  const int64_t units_per_block = (bs + kUnitKeys - 1) / kUnitKeys;
-  const int64_t max_blocks = std::max(1, meta.max_blocks_per_seq);
-  const int64_t su_cap = sparse ? std::min<int64_t>(int64_t(tr) * top_k, max_blocks) * units_per_block
-                                : ((max_blocks * bs + kUnitKeys - 1) / kUnitKeys + kDenseSuUnits - 1) / kDenseSuUnits;
-  // Cluster split: grow (powers of two, <= 16) while the row groups times the split still fit
-  // about the resident CTAs. One m-tile: a dense context over at most half the SMs keeps the
-  // deep whole-unit stages (each of a few CTAs streams many units); everything else takes the
-  // split ring and two CTAs per SM.
-  const int64_t groups = (pure_decode ? tokens : (tokens + tr - 1) / tr + meta.num_seqs) * kv_heads;
-  const int64_t sms = current_sm_count();
-  auto grow = [&](int cap, int64_t target) {
-    int sp = 1;
-    while (sp < cap && groups * sp * 2 <= target + target / 4 && sp * 2 <= su_cap) sp *= 2;
-    return sp;
-  };
-  int splits = 1;
-  bool split_ring = false;
-  if (mt == 1) {
-    splits = grow(max_cluster<1, false>(), sms);
-    split_ring = sparse || groups * splits > sms / 2;  // measured: 1 x 128K dense deep, 32 x 128K split
-    // Split ring. Sparse (a few units per row group): about one CTA per SM in all (measured, H200,
-    // top-16 decode, attention alone: B = 4 8 splits 25.8 us vs 16 splits 33.6; B = 8 4 splits
-    // 40.4 vs 44.2; B = 16 2 splits 59.4 vs 69.0), but two splits rather than one up to one row
-    // group per SM (B = 32: 73.6 vs 88.9). Dense contexts keep the previous rule (grow against
-    // the resident CTAs, two per SM): end to end the halved split measured mixed there (dense
-    // layer at 8 x 128K 2.99 vs 2.67 ms, at 16 x 128K 4.71 vs 5.04 ms).
-    if (split_ring) {
-      splits = grow(max_cluster<1, true>(), sparse ? sms : 2 * sms);
-      if (sparse && splits == 1 && groups <= sms && su_cap >= 2) splits = 2;
-    }
-  } else {
-    splits = grow(max_cluster<4, false>(), sms);
-  }
+  a.tokens_per_group = plan.tokens_per_group;
+  const int mt = plan.m_tiles, splits = plan.splits;
+  const bool split_ring = plan.split_ring, early = plan.early;
   const size_t smem = mt == 4 ? Layout<4, false>::kBytes : split_ring ? Layout<1, true>::kBytes : Layout<1, false>::kBytes;
-  // Early units (a variant of the split-ring kernel, so that the others keep their registers: 118
-  // against 128; it checks the context; partial index = block id < top_k <= su_cap).
-  const bool early = sparse && pure_decode && tokens <= kEarlyUnitsMaxSeqs && split_ring && units_per_block == 1;
-  const size_t rows_pad = size_t(mt) * 16;
-  const size_t part_bytes = size_t(tokens) * size_t(kv_heads) * size_t(su_cap) * rows_pad * (kHeadDim + 2) * 4;
-  if (part_bytes > kMaxPartialBytes) splits = 1;
   a.splits = splits;
-  a.su_cap = int(su_cap);
-
-  // Decode batches take the fixed buffer where the partials fit (B <= 15 at M3 TP1): no memory
-  // nodes around the launch, so the programmatic edge from the indexer holds in a graph (with
-  // the indexer's fixed scores, H200: B = 8 steps 2-6 % faster; the 2-5 % loss at B = 8 and 16
-  // measured with the early units inside the shared kernel was that kernel's, not the buffers').
+  a.su_cap = int(plan.su_cap);
   static FixedScratch part_of(g_decode_partials);
-  const size_t scratch_bytes = splits > 1 ? part_bytes : 0;
-  Scratch part = pure_decode ? Scratch(scratch_bytes, part_of) : Scratch(scratch_bytes);
+  const size_t scratch_bytes = splits > 1 ? plan.part_bytes : 0;
+  Scratch part = plan.pure_decode ? Scratch(scratch_bytes, part_of) : Scratch(scratch_bytes);
   if (splits > 1) {
     a.part_o = part.as<float>();
-    a.part_ml = reinterpret_cast<float2*>(a.part_o + size_t(tokens) * kv_heads * su_cap * rows_pad * kHeadDim);
+    a.part_ml = reinterpret_cast<float2*>(a.part_o + size_t(tokens) * kv_heads * plan.su_cap * size_t(mt) * 16 * kHeadDim);
   }
-  const unsigned grid = unsigned(tokens * kv_heads * splits);
+  const unsigned grid = unsigned(plan.ctas);
   auto run = [&](auto kernel) {
     M3_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
     if (splits > 8) M3_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));

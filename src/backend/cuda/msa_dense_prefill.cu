@@ -313,20 +313,20 @@ __global__ void __launch_bounds__(kThreads, 1) msa_dense_prefill_kernel(DenseArg
 
 }  // namespace
 
-static bool dense_prefill_takes(const TensorView& q, const TensorView& k_cache, const TensorView& v_cache,
-                         const ops::AttentionMetadata& meta) {
-  const int64_t q_heads = q.shape[1], kv_heads = k_cache.shape[1];
-  const int bs = meta.block_size;
-  return k_cache.dtype == DType::kBF16 && v_cache.dtype == DType::kBF16 && q.shape[2] == kHeadDim && kv_heads >= 1 &&
-         q_heads % kv_heads == 0 && q_heads / kv_heads <= kMaxGroup && bs >= 1 && (bs & (bs - 1)) == 0 &&
-         q.shape[0] < (int64_t(1) << 24);
+bool msa_dense_prefill_takes(const MsaAttnShape& s) {
+  return s.bf16 && s.head_dim == kHeadDim && s.kv_heads >= 1 && s.q_heads % s.kv_heads == 0 &&
+         s.q_heads / s.kv_heads <= kMaxGroup && s.bs >= 1 && (s.bs & (s.bs - 1)) == 0 && s.tokens < (int64_t(1) << 24);
 }
+
+int64_t msa_dense_prefill_tile_tokens(const MsaAttnShape& s) { return kRows / (s.q_heads / s.kv_heads); }
 
 void launch_msa_attention_dense_prefill(const TensorView& q, const TensorView& k_cache, const TensorView& v_cache,
                                         const ops::AttentionMetadata& meta, const TensorView& out) {
   const int64_t tokens = q.shape[0];
   if (tokens == 0) return;
-  if (!dense_prefill_takes(q, k_cache, v_cache, meta)) return launch_msa_attention(q, k_cache, v_cache, meta, {}, 0, out);
+  if (!msa_dense_prefill_takes(msa_attn_shape(q, k_cache, v_cache, meta, {}, 0))) {
+    return launch_msa_attention(q, k_cache, v_cache, meta, {}, 0, out);
+  }
   DenseArgs a{};
   a.q = q.as<const float>();
   a.out = out.as<float>();

@@ -48,6 +48,7 @@ constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
 constexpr int kStageBufBytes = 96 * 1024;
 constexpr size_t kMaxScoreBytes = size_t(512) << 20;
+constexpr size_t kFixedScoreBytes = size_t(4) << 20;  // decode batches' score rows (below)
 
 __device__ unsigned g_indexer_counters[msa::kMaxCounters];
 __device__ unsigned g_indexer_unit_counters[msa::kMaxCounters];  // the decode kernel's per-group unit counters
@@ -55,7 +56,7 @@ __device__ unsigned g_indexer_unit_counters[msa::kMaxCounters];  // the decode k
 // Score scratch of decode batches (M3 at 128K: ~16 KB per token; up to 4 MB). Every
 // indexer launch is a plain one (it starts after all earlier work on its stream has completed),
 // so consecutive calls never overlap on it.
-__device__ __align__(256) uint4 g_indexer_scores[(size_t(4) << 20) / 16];
+__device__ __align__(256) uint4 g_indexer_scores[kFixedScoreBytes / 16];
 
 // Tiles: kWM warps along the rows (kMTiles m-tiles each), 8 / kWM along the keys.
 template <class IK, int kWM, int kMTiles>
@@ -390,6 +391,85 @@ int current_sm_count() {
 
 // Shapes outside the tuned kernel (index dim != 128, block size not a power of two in
 // 8..128, more than 16 heads, top_k > 64) run the generic kernel.
+bool msa_indexer_takes(const MsaIndexerShape& s) {
+  return s.dim == kDim && s.bs >= kMinBs && s.bs <= 128 && (s.bs & (s.bs - 1)) == 0 && s.heads >= 1 && s.heads <= 16 &&
+         s.top_k >= 1 && s.top_k <= kMaxTopK && s.tokens < (int64_t(1) << 30) && (s.bf16 || s.fp8);
+}
+
+MsaIndexerPlan msa_indexer_plan(const MsaIndexerShape& s, int64_t sms, MsaIndexerLayout layout) {
+  MsaIndexerPlan p;
+  const int64_t tokens = s.tokens;
+  const int bs = s.bs, heads = int(s.heads);
+  p.tuned = msa_indexer_takes(s);
+  if (!p.tuned || tokens == 0) return p;
+  // Prefills (sequences averaging at least half a 256-row group) with blocks of 128 keys: the
+  // prefill kernel. Else the warp-streamed kernel wherever it takes the shape (groups of 16 rows
+  // re-read a sequence's keys per 4 tokens, from L2 mostly, and still beat the 128-row tiles:
+  // docs/msa_kernels.md); blocks of 8 keys (a 16-key tile would span two) run the tiles.
+  const bool prefill_shaped = 2 * tokens >= int64_t(s.num_seqs) * prefill_group_tokens(heads);
+  const bool sliced = layout == MsaIndexerLayout::kPrefillSliced;
+  p.prefill = prefill_kernel_takes(bs, heads) &&
+              (layout == MsaIndexerLayout::kPrefill || sliced || (layout == MsaIndexerLayout::kAuto && prefill_shaped));
+  // Warp-kernel groups: 8 rows (one MMA n-tile) when every sequence may have one token, else 16.
+  const bool narrow = tokens == s.num_seqs && heads <= 8;
+  p.tiles = !p.prefill && (layout == MsaIndexerLayout::kTiles || !decode_kernel_takes(bs, s.max_blocks));
+  p.max_blocks = std::max(1, s.max_blocks);
+  p.group_tokens = p.prefill ? prefill_group_tokens(heads) : std::max(1, (p.tiles ? 128 : narrow ? 8 : 16) / heads);
+  p.exact_max = layout == MsaIndexerLayout::kExact ? INT_MAX : layout == MsaIndexerLayout::kAuto ? kExactMaxRowBlocks : 0;
+  // Chunks per query group: enough CTAs for the SMs (the tiles run one CTA per SM, the warp
+  // kernel one or two; the prefill kernel four waves, so that its groups of unequal causal
+  // lengths balance) over the groups there are (the host does not know the contexts: chunks
+  // past a sequence's blocks exit).
+  p.groups = tokens == s.num_seqs ? tokens : (tokens + p.group_tokens - 1) / p.group_tokens + s.num_seqs;
+  const int64_t max_scored = std::max(1, p.max_blocks - 1);
+  p.ctas_per_sm = p.prefill ? 4 : p.tiles ? 1 : decode_ctas_per_sm(s.fp8, p.group_tokens * heads);
+  const int64_t target = sms * p.ctas_per_sm;
+  p.chunks = int(std::clamp<int64_t>(target / std::max<int64_t>(1, p.groups), 1, std::min<int64_t>(max_scored, 1024)));
+  // kDynamic (the parity test's): two CTAs per group, so that the counters are shared across CTAs
+  // and every warp's share is at least one unit from 16 units up.
+  if (layout == MsaIndexerLayout::kDynamic) p.chunks = int(std::min<int64_t>(2, max_scored));
+  if (tokens > msa::kMaxCounters) p.chunks = 1;
+  // The warp-streamed kernel's warps take their units from a counter per query group where each
+  // would stream at least kDynamicMinUnits of a fixed split (kAuto; kDynamic: at least one; the
+  // forced kStreamed layout keeps the fixed split: the parity test checks all three).
+  const bool dynamic = layout == MsaIndexerLayout::kAuto || layout == MsaIndexerLayout::kDynamic;
+  p.dyn_min_units = layout == MsaIndexerLayout::kDynamic ? 1 : kDynamicMinUnits;
+  p.unit_counters = !p.prefill && !p.tiles && dynamic && tokens <= msa::kMaxCounters;
+  // Score scratch for a slice of the tokens (long prefills run in several launches). The
+  // remainder is the first slice, the full ones follow: as the last slice (64K at M3 TP1: 65472
+  // + 64 tokens) the remainder's groups, the longest causal prefixes, ran alone on a few SMs
+  // after the rest (H200, BF16 keys: 64K 20.4 -> 16.6 ms, 128K 74.7 -> 66.4 ms). Slices of
+  // equal size were slower at 128K (79.3 ms: five launches of 410 groups of nearly equal
+  // length, so 14 SMs ran a fourth one while the rest idled).
+  p.row_bytes = size_t(heads) * size_t(p.max_blocks) * 4;
+  const size_t budget = sliced && p.prefill ? 4 * size_t(p.group_tokens) * p.row_bytes : kMaxScoreBytes;
+  p.slice = std::max<int64_t>(p.group_tokens, int64_t(budget / p.row_bytes) - p.group_tokens);
+  p.first_slice = tokens - (std::max<int64_t>(1, (tokens + p.slice - 1) / p.slice) - 1) * p.slice;
+  p.launches = (tokens - p.first_slice + p.slice - 1) / p.slice + 1;
+  // Decode batches take the fixed buffer where they fit, so that no free node separates this
+  // launch from the attention, its programmatic dependent (the early units at B <= 4; the
+  // attention's setup during the selection above: H200, B = 8 2-6 % and B = 64 at 2K-8K 1-2 %
+  // faster steps). Prefill slices keep the pool.
+  p.score_bytes = size_t(std::min<int64_t>(tokens, p.slice) + p.group_tokens) * p.row_bytes;
+  p.fixed_scores = !p.prefill && tokens == s.num_seqs && p.score_bytes <= kFixedScoreBytes;
+  return p;
+}
+
+std::string msa_indexer_plan_text(const MsaIndexerPlan& p) {
+  if (!p.tuned) return "the generic kernel (shape outside the tuned ones)";
+  std::string s = p.prefill ? "prefill kernel (a warp per 16 rows, whole blocks)"
+                  : p.tiles ? "128-row tiles"
+                            : "warp-streamed decode kernel";
+  s += ", " + std::to_string(p.groups) + " query groups of " + std::to_string(p.group_tokens) + " token" +
+       (p.group_tokens == 1 ? "" : "s") + " x " + std::to_string(p.chunks) + " CTA" + (p.chunks == 1 ? "" : "s") + " (" +
+       std::to_string(p.ctas_per_sm) + " per SM)";
+  if (p.unit_counters) s += ", units from a counter per group where a warp's share is >= " + std::to_string(p.dyn_min_units);
+  if (p.exact_max > 0 && !p.prefill && !p.tiles) s += ", exact scan in CTAs of <= " + std::to_string(p.exact_max) + " (row, block) pairs";
+  if (p.launches > 1) s += ", " + std::to_string(p.launches) + " launches (score slices)";
+  s += p.fixed_scores ? ", scores in the fixed buffer" : ", scores from the pool";
+  return s;
+}
+
 void launch_msa_indexer_layout(const TensorView& index_q, const TensorView& index_k_cache,
                                const ops::AttentionMetadata& meta, const ops::IndexerParams& params,
                                const TensorView& selected, MsaIndexerLayout layout) {
@@ -397,23 +477,19 @@ void launch_msa_indexer_layout(const TensorView& index_q, const TensorView& inde
   if (tokens == 0) return;
   if (params.block_size != meta.block_size) throw std::runtime_error("indexer_topk: block size differs from the page size");
   const int bs = params.block_size;
-  const bool tuned = dim == kDim && bs >= kMinBs && bs <= 128 && (bs & (bs - 1)) == 0 && heads >= 1 && heads <= 16 &&
-                     params.top_k >= 1 && params.top_k <= kMaxTopK && tokens < (int64_t(1) << 30) &&
-                     (index_k_cache.dtype == DType::kBF16 || index_k_cache.dtype == DType::kF8E4M3);
-  if (!tuned) return launch_generic_indexer_topk(index_q, index_k_cache, meta, params, selected);
-
-  // Prefills (sequences averaging at least half a 256-row group) with blocks of 128 keys: the
-  // prefill kernel. Else the warp-streamed kernel wherever it takes the shape (groups of 16 rows
-  // re-read a sequence's keys per 4 tokens, from L2 mostly, and still beat the 128-row tiles:
-  // docs/msa_kernels.md); blocks of 8 keys (a 16-key tile would span two) run the tiles.
-  const bool prefill_shaped = 2 * tokens >= int64_t(meta.num_seqs) * prefill_group_tokens(int(heads));
-  const bool sliced = layout == MsaIndexerLayout::kPrefillSliced;
-  const bool prefill = prefill_kernel_takes(bs, int(heads)) &&
-                       (layout == MsaIndexerLayout::kPrefill || sliced ||
-                        (layout == MsaIndexerLayout::kAuto && prefill_shaped));
-  // Warp-kernel groups: 8 rows (one MMA n-tile) when every sequence may have one token, else 16.
-  const bool narrow = tokens == meta.num_seqs && heads <= 8;
-  const bool tiles = !prefill && (layout == MsaIndexerLayout::kTiles || !decode_kernel_takes(bs, meta.max_blocks_per_seq));
+  MsaIndexerShape shape;
+  shape.tokens = tokens;
+  shape.heads = heads;
+  shape.dim = dim;
+  shape.num_seqs = meta.num_seqs;
+  shape.max_blocks = meta.max_blocks_per_seq;
+  shape.bs = bs;
+  shape.top_k = params.top_k;
+  shape.bf16 = index_k_cache.dtype == DType::kBF16;
+  shape.fp8 = index_k_cache.dtype == DType::kF8E4M3;
+  if (!msa_indexer_takes(shape)) return launch_generic_indexer_topk(index_q, index_k_cache, meta, params, selected);
+  const MsaIndexerPlan plan = msa_indexer_plan(shape, current_sm_count(), layout);
+  const bool prefill = plan.prefill, tiles = plan.tiles, fp8 = shape.fp8;
   IndexerArgs a{};
   a.q = index_q.as<const float>();
   a.keys = index_k_cache.data;
@@ -423,59 +499,28 @@ void launch_msa_indexer_layout(const TensorView& index_q, const TensorView& inde
   a.block_tables = meta.block_tables;
   a.num_seqs = meta.num_seqs;
   a.num_tokens = int(tokens);
-  a.max_blocks = std::max(1, meta.max_blocks_per_seq);
+  a.max_blocks = plan.max_blocks;
   a.bs = bs;
   a.bs_shift = ilog2(bs);
   a.heads = int(heads);
   a.top_k = params.top_k;
-  a.group_tokens = prefill ? prefill_group_tokens(int(heads)) : std::max(1, (tiles ? 128 : narrow ? 8 : 16) / int(heads));
-  a.exact_max = layout == MsaIndexerLayout::kExact ? INT_MAX : layout == MsaIndexerLayout::kAuto ? kExactMaxRowBlocks : 0;
+  a.group_tokens = plan.group_tokens;
+  a.exact_max = plan.exact_max;
   a.defer = int64_t(a.max_blocks) * bs <= (int64_t(1) << 24) ? 1 : 0;
   a.early_dependents = tokens == meta.num_seqs && tokens <= kEarlyUnitsMaxSeqs ? 1 : 0;
-  // Chunks per query group: enough CTAs for the SMs (the tiles run one CTA per SM, the warp
-  // kernel one or two; the prefill kernel four waves, so that its groups of unequal causal
-  // lengths balance) over the groups there are (the host does not know the contexts: chunks
-  // past a sequence's blocks exit).
-  const int64_t groups = tokens == meta.num_seqs ? tokens : (tokens + a.group_tokens - 1) / a.group_tokens + meta.num_seqs;
-  const int64_t max_scored = std::max(1, a.max_blocks - 1);
-  const bool fp8 = index_k_cache.dtype == DType::kF8E4M3;
-  const int64_t target =
-      current_sm_count() * (prefill ? 4 : tiles ? 1 : decode_ctas_per_sm(fp8, a.group_tokens * int(heads)));
-  a.chunks = int(std::clamp<int64_t>(target / std::max<int64_t>(1, groups), 1, std::min<int64_t>(max_scored, 1024)));
-  // kDynamic (the parity test's): two CTAs per group, so that the counters are shared across CTAs
-  // and every warp's share is at least one unit from 16 units up.
-  if (layout == MsaIndexerLayout::kDynamic) a.chunks = int(std::min<int64_t>(2, max_scored));
-  if (tokens > msa::kMaxCounters) a.chunks = 1;
+  a.chunks = plan.chunks;
   if (a.chunks > 1) {
     static FixedScratch counters_of(g_indexer_counters);  // the layouts' launches never overlap on a stream
     a.counters = static_cast<unsigned*>(counters_of.address());
   }
-  // The warp-streamed kernel's warps take their units from a counter per query group where each
-  // would stream at least kDynamicMinUnits of a fixed split (kAuto; kDynamic: at least one; the
-  // forced kStreamed layout keeps the fixed split: the parity test checks all three).
-  const bool dynamic = layout == MsaIndexerLayout::kAuto || layout == MsaIndexerLayout::kDynamic;
-  a.dyn_min_units = layout == MsaIndexerLayout::kDynamic ? 1 : kDynamicMinUnits;
-  if (!prefill && !tiles && dynamic && tokens <= msa::kMaxCounters) {
+  a.dyn_min_units = plan.dyn_min_units;
+  if (plan.unit_counters) {
     static FixedScratch unit_counters_of(g_indexer_unit_counters);
     a.unit_counters = static_cast<unsigned*>(unit_counters_of.address());
   }
-  // Score scratch for a slice of the tokens (long prefills run in several launches). The
-  // remainder is the first slice, the full ones follow: as the last slice (64K at M3 TP1: 65472
-  // + 64 tokens) the remainder's groups, the longest causal prefixes, ran alone on a few SMs
-  // after the rest (H200, BF16 keys: 64K 20.4 -> 16.6 ms, 128K 74.7 -> 66.4 ms). Slices of
-  // equal size were slower at 128K (79.3 ms: five launches of 410 groups of nearly equal
-  // length, so 14 SMs ran a fourth one while the rest idled).
-  const size_t row_bytes = size_t(heads) * size_t(a.max_blocks) * 4;
-  const size_t budget = sliced && prefill ? 4 * size_t(a.group_tokens) * row_bytes : kMaxScoreBytes;
-  const int64_t slice = std::max<int64_t>(a.group_tokens, int64_t(budget / row_bytes) - a.group_tokens);
-  const int64_t first = tokens - (std::max<int64_t>(1, (tokens + slice - 1) / slice) - 1) * slice;
-  // Decode batches take the fixed buffer where they fit, so that no free node separates this
-  // launch from the attention, its programmatic dependent (the early units at B <= 4; the
-  // attention's setup during the selection above: H200, B = 8 2-6 % and B = 64 at 2K-8K 1-2 %
-  // faster steps). Prefill slices keep the pool.
+  const int64_t slice = plan.slice, first = plan.first_slice;
   static FixedScratch scores_of(g_indexer_scores);
-  const size_t score_bytes = size_t(std::min<int64_t>(tokens, slice) + a.group_tokens) * row_bytes;
-  Scratch scores = !prefill && tokens == meta.num_seqs ? Scratch(score_bytes, scores_of) : Scratch(score_bytes);
+  Scratch scores = !prefill && tokens == meta.num_seqs ? Scratch(plan.score_bytes, scores_of) : Scratch(plan.score_bytes);
   a.scores = scores.as<uint32_t>();
   auto launch_tiles = [&](auto kernel, size_t smem) {
     M3_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));

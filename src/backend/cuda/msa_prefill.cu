@@ -647,6 +647,28 @@ __global__ void bm_merge_bf16(BmArgs a) {
 
 }  // namespace
 
+bool msa_block_major_takes(const MsaAttnShape& s) {
+  const int64_t n_keys = s.kv_heads * int64_t(s.num_seqs) * std::max(1, s.max_blocks);
+  return s.sparse && s.bf16 && s.head_dim == kHeadDim && s.kv_heads >= 1 && s.q_heads % s.kv_heads == 0 &&
+         s.q_heads / s.kv_heads <= kMaxGroup && s.top_k >= 1 && s.top_k <= kMaxTopK && s.bs >= 1 && s.bs <= kUnitKeys &&
+         s.has_seq_lens && n_keys < (int64_t(1) << 24) && s.tokens < (int64_t(1) << 24) &&
+         s.tokens * s.q_heads < (int64_t(1) << 31);
+}
+
+// Tokens per chunk: partials (and per-selection bookkeeping) under the scratch budget. The fast
+// variant's partials are bf16: half the bytes (the merge is bandwidth-bound on them). Chunks of
+// equal size: a short last chunk (8K tokens with bf16 partials were 7930 + 262) pays an item per
+// selected block for a few tokens each.
+int64_t msa_block_major_chunk(const MsaAttnShape& s, bool hilo) {
+  const size_t group = size_t(s.q_heads / s.kv_heads);
+  const size_t po_bytes = hilo ? 4 : 2;
+  const size_t per_token = size_t(s.kv_heads) * size_t(s.top_k) * (group * (kHeadDim * po_bytes + 8) + 12) +
+                           size_t(s.kv_heads) * 4 + (hilo ? 0 : size_t(s.q_heads) * kHeadDim * 2);
+  const int64_t max_chunk = std::clamp<int64_t>(int64_t(kScratchBytes / per_token), 1, std::max<int64_t>(1, s.tokens));
+  const int64_t n_chunks = (s.tokens + max_chunk - 1) / max_chunk;
+  return std::max<int64_t>(1, (s.tokens + n_chunks - 1) / n_chunks);
+}
+
 namespace {
 
 void block_major(const TensorView& q, const TensorView& k_cache, const TensorView& v_cache,
@@ -657,12 +679,8 @@ void block_major(const TensorView& q, const TensorView& k_cache, const TensorVie
   const int64_t kv_heads = k_cache.shape[1];
   const int bs = meta.block_size;
   const int64_t n_keys = kv_heads * int64_t(meta.num_seqs) * std::max(1, meta.max_blocks_per_seq);
-  const bool tuned = selected.data != nullptr && k_cache.dtype == DType::kBF16 && v_cache.dtype == DType::kBF16 &&
-                     head_dim == kHeadDim && kv_heads >= 1 && q_heads % kv_heads == 0 &&
-                     q_heads / kv_heads <= kMaxGroup && top_k >= 1 && top_k <= kMaxTopK && bs >= 1 &&
-                     bs <= kUnitKeys && meta.seq_lens != nullptr && n_keys < (int64_t(1) << 24) &&
-                     tokens < (int64_t(1) << 24) && tokens * q_heads < (int64_t(1) << 31);
-  if (!tuned) return launch_msa_attention(q, k_cache, v_cache, meta, selected, top_k, out);
+  const MsaAttnShape shape = msa_attn_shape(q, k_cache, v_cache, meta, selected, top_k);
+  if (!msa_block_major_takes(shape)) return launch_msa_attention(q, k_cache, v_cache, meta, selected, top_k, out);
 
   BmArgs a{};
   a.q = q.as<const float>();
@@ -685,17 +703,8 @@ void block_major(const TensorView& q, const TensorView& k_cache, const TensorVie
   a.tile_tokens = std::max(1, kTileRows / a.group);
   a.n_keys = int(n_keys);
   a.scale_log2 = float(1.4426950408889634 / std::sqrt(double(head_dim)));
-  // Tokens per chunk: partials (and per-selection bookkeeping) under the scratch budget.
-  // The fast variant's partials are bf16: half the bytes (the merge is bandwidth-bound on them).
   const size_t po_bytes = hilo ? 4 : 2;
-  const size_t per_token =
-      size_t(kv_heads) * size_t(top_k) * (size_t(a.group) * (kHeadDim * po_bytes + 8) + 12) + size_t(kv_heads) * 4 +
-      (hilo ? 0 : size_t(q_heads) * kHeadDim * 2);
-  // Chunks of equal size: a short last chunk (8K tokens with bf16 partials were 7930 + 262) pays
-  // an item per selected block for a few tokens each.
-  const int64_t max_chunk = std::clamp<int64_t>(int64_t(kScratchBytes / per_token), 1, tokens);
-  const int64_t n_chunks = (tokens + max_chunk - 1) / max_chunk;
-  const int64_t chunk = (tokens + n_chunks - 1) / n_chunks;
+  const int64_t chunk = msa_block_major_chunk(shape, hilo);
   a.tiles_per_item = kTilesPerCta;
   // Work items of a chunk of n tokens, at most: full items plus one partial item per key.
   auto items_for = [&](int64_t n) {

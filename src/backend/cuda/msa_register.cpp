@@ -1,6 +1,7 @@
 // Dispatch entries of the tuned MSA kernels. Registered before the generic CUDA entries, so
 // they win wherever eligible; shapes the eligibility cannot see (page size, batch layout)
 // and the kernels do not take are handed to the generic kernels by the launchers.
+#include <algorithm>
 #include <string>
 
 #include "backend/cuda/cuda_internal.h"
@@ -32,6 +33,67 @@ std::string need_block_major(const ops::Problem& p) {
   return "";
 }
 
+std::string plan_indexer(const ops::Problem& p) {
+  if (!p.attention) return "";
+  MsaIndexerShape s;
+  s.tokens = p.m;
+  s.heads = p.n;
+  s.dim = p.k;
+  s.num_seqs = p.attention->num_seqs;
+  s.max_blocks = p.attention->max_blocks_per_seq;
+  s.bs = p.attention->block_size;
+  s.top_k = int(p.extra);
+  s.bf16 = p.dtype == DType::kBF16;
+  s.fp8 = p.dtype == DType::kF8E4M3;
+  return msa_indexer_plan_text(msa_indexer_plan(s, current_sm_count()));
+}
+
+// The attention entries' plans: what their launchers will run for this batch (a prefill entry
+// hands decode-shaped batches to the query-major kernel), from the batch's layout.
+MsaAttnShape shape_of(const ops::Problem& p) {
+  MsaAttnShape s;
+  s.tokens = p.m;
+  s.q_heads = p.n;
+  s.head_dim = p.k;
+  s.kv_heads = p.kv_heads;
+  s.num_seqs = p.attention->num_seqs;
+  s.max_blocks = p.attention->max_blocks_per_seq;
+  s.bs = p.attention->block_size;
+  s.sparse = p.extra >= 1;
+  s.top_k = int(p.extra);
+  s.bf16 = p.dtype == DType::kBF16;
+  s.has_seq_lens = p.attention->seq_lens != nullptr;
+  return s;
+}
+
+std::string plan_query_major(const ops::Problem& p) {
+  if (!p.attention || p.kv_heads < 1) return "";
+  const MsaAttnShape s = shape_of(p);
+  return "query-major: " + msa_attention_plan_text(msa_attention_plan(s, msa_attention_limits()));
+}
+
+// A batch averaging at least 64 tokens per sequence is a prefill for the two prefill entries.
+bool prefill_shaped(const ops::Problem& p) { return p.m >= 64 * int64_t(std::max(1, p.attention->num_seqs)); }
+
+template <bool kHilo>
+std::string plan_block_major(const ops::Problem& p) {
+  if (!p.attention || p.kv_heads < 1) return "";
+  const MsaAttnShape s = shape_of(p);
+  if (!prefill_shaped(p) || !msa_block_major_takes(s)) return plan_query_major(p);
+  const int64_t chunk = msa_block_major_chunk(s, kHilo), chunks = (s.tokens + chunk - 1) / chunk;
+  return "KV-block-major, " + std::to_string(chunks) + " chunk" + (chunks == 1 ? "" : "s") + " of <= " +
+         std::to_string(chunk) + " tokens, " + (kHilo ? "fp32" : "bf16") + " partials merged per row";
+}
+
+std::string plan_dense_prefill(const ops::Problem& p) {
+  if (!p.attention || p.kv_heads < 1) return "";
+  const MsaAttnShape s = shape_of(p);
+  if (!prefill_shaped(p) || !msa_dense_prefill_takes(s)) return plan_query_major(p);
+  const int64_t tt = msa_dense_prefill_tile_tokens(s);
+  return "wgmma dense prefill, tiles of " + std::to_string(tt) + " tokens x " + std::to_string(s.q_heads / s.kv_heads) +
+         " heads, <= " + std::to_string(((s.tokens + tt - 1) / tt + s.num_seqs) * s.kv_heads) + " CTAs";
+}
+
 }  // namespace
 
 void register_msa(ops::KernelTable& table) {
@@ -55,7 +117,7 @@ void register_msa(ops::KernelTable& table) {
          if (p.extra < 1 || p.extra > 64) return "top_k outside 1..64";
          return "";
        },
-       launch_msa_indexer});
+       launch_msa_indexer, plan_indexer});
   table.attention.add(
       {"attention.msa_block_major_prefill_fast.sm90",
        "as attention.msa_block_major_prefill.sm90, with Q and P rounded to bf16 (half the tensor-core work) and bf16 "
@@ -64,14 +126,14 @@ void register_msa(ops::KernelTable& table) {
          if (p.batch_invariant) return "batch invariance requested (the canonical entries are bit-identical)";
          return need_block_major(p);
        },
-       launch_msa_attention_prefill_fast});
+       launch_msa_attention_prefill_fast, plan_block_major<false>});
   table.attention.add(
       {"attention.msa_block_major_prefill.sm90",
        "device BF16 KV cache, head_dim 128, block-sparse with top_k <= 64, >= 1024 query tokens (a prefill: "
        "sequences averaging < 64 tokens, pages > 128 or > 128 query heads per KV head run the query-major entry); "
        "selections inverted to {block -> tokens}, each selected block loaded once for all the tokens that chose it, "
        "canonical unit partials merged in block order (bit-identical to the query-major entry: batch-invariant)",
-       need_block_major, launch_msa_attention_prefill});
+       need_block_major, launch_msa_attention_prefill, plan_block_major<true>});
   table.attention.add(
       {"attention.msa_dense_prefill.sm90",
        "device BF16 KV cache, head_dim 128, dense (causal), >= 64 query tokens (batches averaging fewer per sequence, "
@@ -87,7 +149,7 @@ void register_msa(ops::KernelTable& table) {
          if (p.m < kDensePrefillMinTokens) return "fewer than 64 query tokens (not a prefill)";
          return "";
        },
-       launch_msa_attention_dense});
+       launch_msa_attention_dense, plan_dense_prefill});
   table.attention.add(
       {"attention.msa_query_major.sm90",
        "device BF16 KV cache, head_dim 128, dense or block-sparse with top_k <= 64 (query heads per KV head <= 64, "
@@ -96,7 +158,7 @@ void register_msa(ops::KernelTable& table) {
        "canonical fp32 unit partials folded in a fixed order (batch-invariant), small batches split over a "
        "thread-block cluster (<= 16 CTAs) and merged in parallel through it; one-m-tile decode streams K and V tiles "
        "through a 3-slot ring (two CTAs per SM) unless a dense context runs on at most half the SMs",
-       need_bf16_head128, launch_msa_attention});
+       need_bf16_head128, launch_msa_attention, plan_query_major});
 }
 
 }  // namespace m3::cuda

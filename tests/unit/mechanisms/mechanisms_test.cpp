@@ -305,19 +305,34 @@ TEST(Dispatch, PlanIsTracedAtFirstUseAndSurvivesReplay) {
   ASSERT_EQ(uses.size(), 1u);
   EXPECT_EQ(uses[0].plan, "m=5: tiles of 5");
   EXPECT_EQ(uses[0].reason, "always");
-  // Recorded (asked even for a seen class), replayed into fresh stats without asking again.
+  // Recorded (asked even for a seen class), replayed into fresh stats without asking again. The
+  // batch layout an attention problem points to is the caller's: the plan reads it, the
+  // recording does not keep it.
   stats.begin_recording();
   p.m = 6;
-  table.find(p, &stats);
+  ops::AttentionMetadata meta;
+  meta.num_seqs = 3;
+  p.attention = &meta;
+  p.kv_heads = 4;
+  e.plan = [&](const ops::Problem& q) {
+    ++asked;
+    return "tiles of " + std::to_string(q.m) + (q.attention ? " over " + std::to_string(q.attention->num_seqs) + " sequences" : "");
+  };
+  ops::OpTable<ops::LinearFn> with_layout("linear");
+  with_layout.add(e);
+  with_layout.find(p, &stats);
+  p.attention = nullptr;
   const auto sel = stats.end_recording();
   ASSERT_EQ(sel.size(), 1u);
-  EXPECT_EQ(sel[0].plan, "tiles of 6");
+  EXPECT_EQ(sel[0].plan, "tiles of 6 over 3 sequences");
+  EXPECT_EQ(sel[0].problem.attention, nullptr);
+  EXPECT_EQ(sel[0].problem.kv_heads, 4);
   EXPECT_EQ(asked, 2);
   ops::DispatchStats fresh;
   fresh.replay(sel);
   EXPECT_EQ(asked, 2);
   ASSERT_EQ(fresh.first_uses().size(), 1u);
-  EXPECT_EQ(fresh.first_uses()[0].plan, "m=6: tiles of 6");
+  EXPECT_EQ(fresh.first_uses()[0].plan, "m=6: tiles of 6 over 3 sequences");
   // An entry without a plan records none.
   p.m = 200;
   ASSERT_NE(second.find(p, &fresh), nullptr);

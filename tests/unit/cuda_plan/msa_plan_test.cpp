@@ -1,0 +1,215 @@
+// Host-side plans of the MSA indexer and the query-major attention (msa.h): the split rules the
+// launchers take and the dispatch trace prints, at M3's shapes on an H200's limits (132 SMs,
+// clusters of up to 16). No GPU needed, so CI runs it.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <string>
+
+#include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/msa.h"
+#include "ops/ops.h"
+
+namespace m3 {
+namespace {
+
+using cuda::MsaAttnPlan;
+using cuda::MsaAttnShape;
+
+constexpr int kBlock = 128, kTopK = 16;
+
+// M3 at TP1: 64 query heads over 4 KV heads, head_dim 128, 128-key blocks, top-16.
+MsaAttnShape decode(int64_t batch, int64_t context, bool sparse = true) {
+  MsaAttnShape s;
+  s.tokens = batch;
+  s.num_seqs = int(batch);
+  s.q_heads = 64;
+  s.kv_heads = 4;
+  s.head_dim = 128;
+  s.bs = kBlock;
+  s.max_blocks = int((context + kBlock - 1) / kBlock);
+  s.sparse = sparse;
+  s.top_k = sparse ? kTopK : 0;
+  return s;
+}
+
+const cuda::MsaAttnLimits kH200{132, 16, 16, 16};
+
+TEST(MsaAttentionPlan, DecodeSplitFollowsTheBatch) {
+  // B = 1: a cluster of 16 per KV group over the 16 selected blocks, early units, partials in
+  // the fixed buffer.
+  const MsaAttnPlan one = cuda::msa_attention_plan(decode(1, 8192), kH200);
+  ASSERT_TRUE(one.tuned);
+  EXPECT_TRUE(one.pure_decode);
+  EXPECT_EQ(one.m_tiles, 1);
+  EXPECT_EQ(one.tokens_per_group, 1);
+  EXPECT_EQ(one.su_cap, 16);
+  EXPECT_EQ(one.splits, 16);
+  EXPECT_TRUE(one.split_ring);
+  EXPECT_TRUE(one.early);
+  EXPECT_TRUE(one.fixed_partials);
+  EXPECT_EQ(one.ctas, 64);
+  EXPECT_EQ(cuda::msa_attention_plan_text(one),
+            "4 row groups of 1 token (1 m-tile), K/V split ring, two CTAs per SM, early units, 64 CTAs in clusters of "
+            "16, up to 16 super-unit partials per row group (fixed buffer)");
+  // Early units only up to 4 sequences; the fixed partials up to 15 (532 KB per token).
+  EXPECT_TRUE(cuda::msa_attention_plan(decode(4, 8192), kH200).early);
+  EXPECT_FALSE(cuda::msa_attention_plan(decode(5, 8192), kH200).early);
+  EXPECT_TRUE(cuda::msa_attention_plan(decode(15, 8192), kH200).fixed_partials);
+  // B = 16: 64 clusters of 2 (one CTA per SM), partials from the pool.
+  const MsaAttnPlan b16 = cuda::msa_attention_plan(decode(16, 131072), kH200);
+  EXPECT_EQ(b16.splits, 2);
+  EXPECT_FALSE(b16.fixed_partials);
+  // B = 32: two splits while the row groups fit the SMs; B = 64: none.
+  EXPECT_EQ(cuda::msa_attention_plan(decode(32, 131072), kH200).splits, 2);
+  const MsaAttnPlan b64 = cuda::msa_attention_plan(decode(64, 131072), kH200);
+  EXPECT_EQ(b64.splits, 1);
+  EXPECT_EQ(b64.ctas, 256);
+  EXPECT_EQ(cuda::msa_attention_plan_text(b64), "256 row groups of 1 token (1 m-tile), K/V split ring, two CTAs per SM, 256 CTAs");
+  // A short context bounds the split by its blocks (3 blocks: at most 2 splits).
+  EXPECT_EQ(cuda::msa_attention_plan(decode(1, 300), kH200).splits, 2);
+  // Smaller clusters on a device that launches no 16-CTA ones.
+  EXPECT_EQ(cuda::msa_attention_plan(decode(1, 8192), cuda::MsaAttnLimits{132, 8, 8, 8}).splits, 8);
+}
+
+TEST(MsaAttentionPlan, DenseAndPrefillLayouts) {
+  // A dense 128K context alone keeps the deep whole-unit stages; 32 of them take the split ring.
+  const MsaAttnPlan dense1 = cuda::msa_attention_plan(decode(1, 131072, false), kH200);
+  EXPECT_FALSE(dense1.split_ring);
+  EXPECT_EQ(dense1.splits, 16);
+  EXPECT_EQ(dense1.su_cap, 128);  // 1024 units in super-units of 8
+  EXPECT_NE(cuda::msa_attention_plan_text(dense1).find("3 whole-unit stages"), std::string::npos);
+  const MsaAttnPlan dense32 = cuda::msa_attention_plan(decode(32, 131072, false), kH200);
+  EXPECT_TRUE(dense32.split_ring);
+  EXPECT_EQ(dense32.splits, 2);
+  EXPECT_FALSE(dense32.early);
+  // A prefill: 4 tokens x 16 heads per row group, four m-tiles, partials (when split) from the pool.
+  MsaAttnShape pre = decode(1, 8192);
+  pre.tokens = 8192;
+  const MsaAttnPlan p = cuda::msa_attention_plan(pre, kH200);
+  EXPECT_FALSE(p.pure_decode);
+  EXPECT_EQ(p.tokens_per_group, 4);
+  EXPECT_EQ(p.m_tiles, 4);
+  EXPECT_EQ(p.groups, (2048 + 1) * 4);
+  EXPECT_EQ(p.splits, 1);
+  EXPECT_FALSE(p.fixed_partials);
+  // Shapes outside the tuned kernel.
+  MsaAttnShape odd = decode(1, 8192);
+  odd.head_dim = 64;
+  EXPECT_FALSE(cuda::msa_attention_takes(odd));
+  EXPECT_EQ(cuda::msa_attention_plan_text(cuda::msa_attention_plan(odd, kH200)), "the generic kernel (shape outside the tuned one)");
+  odd = decode(1, 8192);
+  odd.bf16 = false;
+  EXPECT_FALSE(cuda::msa_attention_plan(odd, kH200).tuned);
+}
+
+TEST(MsaPrefillPlan, BlockMajorAndDenseTake) {
+  MsaAttnShape s = decode(1, 8192);
+  s.tokens = 8192;
+  EXPECT_TRUE(cuda::msa_block_major_takes(s));
+  // M3 at 8K under the 2 GB budget: the fp32 partials (~533 KB per token) in three equal
+  // chunks, the fast variant's bf16 ones (~288 KB with its bf16 Q) in two.
+  EXPECT_EQ(cuda::msa_block_major_chunk(s, true), 2731);
+  EXPECT_EQ(cuda::msa_block_major_chunk(s, false), 4096);
+  // 128K tokens: equal chunks under the budget, the fp32 partials in more of them.
+  s.tokens = 131072;
+  const int64_t hilo = cuda::msa_block_major_chunk(s, true), fast = cuda::msa_block_major_chunk(s, false);
+  EXPECT_LT(hilo, fast);
+  EXPECT_GE(hilo * ((s.tokens + hilo - 1) / hilo), s.tokens);
+  s.has_seq_lens = false;
+  EXPECT_FALSE(cuda::msa_block_major_takes(s));
+  MsaAttnShape d = decode(1, 8192, false);
+  d.tokens = 8192;
+  EXPECT_TRUE(cuda::msa_dense_prefill_takes(d));
+  EXPECT_EQ(cuda::msa_dense_prefill_tile_tokens(d), 8);  // 128 rows of 16 heads
+  d.bs = 96;
+  EXPECT_FALSE(cuda::msa_dense_prefill_takes(d));
+}
+
+cuda::MsaIndexerShape index_shape(int64_t tokens, int seqs, int64_t context, bool fp8 = false) {
+  cuda::MsaIndexerShape s;
+  s.tokens = tokens;
+  s.num_seqs = seqs;
+  s.heads = 4;  // M3 at TP1
+  s.dim = 128;
+  s.bs = kBlock;
+  s.max_blocks = int((context + kBlock - 1) / kBlock);
+  s.top_k = kTopK;
+  s.bf16 = !fp8;
+  s.fp8 = fp8;
+  return s;
+}
+
+TEST(MsaIndexerPlan, DecodeSpreadsThePagesAndPrefillTakesItsKernel) {
+  // B = 1 at 8K: the warp-streamed kernel, one query group of 2 tokens' rows (8 rows), split
+  // over every block but the local one, scores in the fixed buffer, one launch.
+  const cuda::MsaIndexerPlan one = cuda::msa_indexer_plan(index_shape(1, 1, 8192), 132);
+  ASSERT_TRUE(one.tuned);
+  EXPECT_FALSE(one.prefill);
+  EXPECT_FALSE(one.tiles);
+  EXPECT_EQ(one.group_tokens, 2);
+  EXPECT_EQ(one.groups, 1);
+  EXPECT_EQ(one.chunks, 63);
+  EXPECT_TRUE(one.fixed_scores);
+  EXPECT_EQ(one.launches, 1);
+  EXPECT_TRUE(one.unit_counters);
+  EXPECT_EQ(one.exact_max, cuda::kExactMaxRowBlocks);
+  EXPECT_EQ(cuda::msa_indexer_plan_text(one).rfind("warp-streamed decode kernel, 1 query groups of 2 tokens x 63 CTAs", 0), 0u)
+      << cuda::msa_indexer_plan_text(one);
+  // B = 64 at 128K: fewer CTAs per group, still the fixed scores (16 KB per token).
+  const cuda::MsaIndexerPlan b64 = cuda::msa_indexer_plan(index_shape(64, 64, 131072, true), 132);
+  EXPECT_EQ(b64.groups, 64);
+  EXPECT_GE(b64.chunks, 2);
+  EXPECT_LE(b64.chunks * b64.groups, 132 * b64.ctas_per_sm);
+  EXPECT_TRUE(b64.fixed_scores);
+  // An 8K prefill: the prefill kernel, 64-token groups, four CTAs per SM, pool scores.
+  const cuda::MsaIndexerPlan pre = cuda::msa_indexer_plan(index_shape(8192, 1, 8192), 132);
+  EXPECT_TRUE(pre.prefill);
+  EXPECT_EQ(pre.group_tokens, 64);
+  EXPECT_EQ(pre.groups, 129);
+  EXPECT_EQ(pre.chunks, 4);
+  EXPECT_FALSE(pre.fixed_scores);
+  EXPECT_EQ(pre.launches, 1);
+  // The sliced layout runs long prefills in several launches, the remainder first.
+  const cuda::MsaIndexerPlan sliced =
+      cuda::msa_indexer_plan(index_shape(8192, 1, 8192), 132, cuda::MsaIndexerLayout::kPrefillSliced);
+  EXPECT_GT(sliced.launches, 1);
+  EXPECT_EQ(sliced.first_slice + (sliced.launches - 1) * sliced.slice, 8192);
+  // Blocks of 8 keys take the 128-row tiles; an index dim of 64 the generic kernel.
+  cuda::MsaIndexerShape small = index_shape(1, 1, 8192);
+  small.bs = 8;
+  small.max_blocks = 1024;
+  EXPECT_TRUE(cuda::msa_indexer_plan(small, 132).tiles);
+  small = index_shape(1, 1, 8192);
+  small.dim = 64;
+  EXPECT_FALSE(cuda::msa_indexer_plan(small, 132).tuned);
+}
+
+// The tuned entries carry these plans; without the batch layout they have nothing to say (and
+// ask the device nothing, so this runs without a GPU).
+TEST(MsaPlans, EntriesCarryPlans) {
+  ops::KernelTable table;
+  cuda::register_cuda_kernels(table);
+  ops::Problem p;
+  p.device = Device::kCuda;
+  p.dtype = DType::kBF16;
+  p.m = 1, p.n = 64, p.k = 128, p.extra = kTopK;
+  int with_plan = 0;
+  for (const auto& e : table.attention.entries()) {
+    if (e.name.rfind("attention.msa_", 0) != 0) continue;
+    ASSERT_TRUE(e.plan) << e.name;
+    EXPECT_EQ(e.plan(p), "") << e.name;
+    ++with_plan;
+  }
+  EXPECT_EQ(with_plan, 4);
+  for (const auto& e : table.indexer_topk.entries()) {
+    if (e.name != "indexer_topk.msa_tc_exact.sm90") continue;
+    ASSERT_TRUE(e.plan);
+    EXPECT_EQ(e.plan(p), "");
+    ++with_plan;
+  }
+  EXPECT_EQ(with_plan, 5);
+}
+
+}  // namespace
+}  // namespace m3
