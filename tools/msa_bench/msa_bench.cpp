@@ -152,17 +152,7 @@ std::string entries_of(ops::DispatchStats& st) {
 
 // What the dispatch's kernels plan for this batch (msa.h): the split, groups and buffers the row ran with.
 std::string indexer_plan(const TensorView& iq, const TensorView& ik, const ops::AttentionMetadata& meta, int top_k) {
-  cuda::MsaIndexerShape s;
-  s.tokens = iq.shape[0];
-  s.heads = iq.shape[1];
-  s.dim = iq.shape[2];
-  s.num_seqs = meta.num_seqs;
-  s.max_blocks = meta.max_blocks_per_seq;
-  s.bs = meta.block_size;
-  s.top_k = top_k;
-  s.bf16 = ik.dtype == DType::kBF16;
-  s.fp8 = ik.dtype == DType::kF8E4M3;
-  return cuda::msa_indexer_plan_text(cuda::msa_indexer_plan(s, cuda::current_sm_count()));
+  return cuda::msa_indexer_plan_text(cuda::msa_indexer_plan(cuda::msa_indexer_shape(iq, ik, meta, top_k), cuda::current_sm_count()));
 }
 std::string attention_plan(const TensorView& q, const TensorView& k, const TensorView& v, const ops::AttentionMetadata& meta,
                            const TensorView& sel, int top_k) {

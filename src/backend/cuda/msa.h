@@ -57,6 +57,8 @@ struct MsaIndexerPlan {
   size_t row_bytes = 0, score_bytes = 0;
   bool fixed_scores = false;   // score rows in a fixed buffer (no memory node in a graph), else the pool
 };
+MsaIndexerShape msa_indexer_shape(const TensorView& index_q, const TensorView& index_k_cache,
+                                  const ops::AttentionMetadata& meta, int top_k);
 bool msa_indexer_takes(const MsaIndexerShape& shape);
 MsaIndexerPlan msa_indexer_plan(const MsaIndexerShape& shape, int64_t sms, MsaIndexerLayout layout = MsaIndexerLayout::kAuto);
 std::string msa_indexer_plan_text(const MsaIndexerPlan& plan);

@@ -391,6 +391,21 @@ int current_sm_count() {
 
 // Shapes outside the tuned kernel (index dim != 128, block size not a power of two in
 // 8..128, more than 16 heads, top_k > 64) run the generic kernel.
+MsaIndexerShape msa_indexer_shape(const TensorView& index_q, const TensorView& index_k_cache,
+                                  const ops::AttentionMetadata& meta, int top_k) {
+  MsaIndexerShape s;
+  s.tokens = index_q.shape[0];
+  s.heads = index_q.shape[1];
+  s.dim = index_q.shape[2];
+  s.num_seqs = meta.num_seqs;
+  s.max_blocks = meta.max_blocks_per_seq;
+  s.bs = meta.block_size;
+  s.top_k = top_k;
+  s.bf16 = index_k_cache.dtype == DType::kBF16;
+  s.fp8 = index_k_cache.dtype == DType::kF8E4M3;
+  return s;
+}
+
 bool msa_indexer_takes(const MsaIndexerShape& s) {
   return s.dim == kDim && s.bs >= kMinBs && s.bs <= 128 && (s.bs & (s.bs - 1)) == 0 && s.heads >= 1 && s.heads <= 16 &&
          s.top_k >= 1 && s.top_k <= kMaxTopK && s.tokens < (int64_t(1) << 30) && (s.bf16 || s.fp8);
@@ -473,20 +488,11 @@ std::string msa_indexer_plan_text(const MsaIndexerPlan& p) {
 void launch_msa_indexer_layout(const TensorView& index_q, const TensorView& index_k_cache,
                                const ops::AttentionMetadata& meta, const ops::IndexerParams& params,
                                const TensorView& selected, MsaIndexerLayout layout) {
-  const int64_t tokens = index_q.shape[0], heads = index_q.shape[1], dim = index_q.shape[2];
+  const int64_t tokens = index_q.shape[0], heads = index_q.shape[1];
   if (tokens == 0) return;
   if (params.block_size != meta.block_size) throw std::runtime_error("indexer_topk: block size differs from the page size");
   const int bs = params.block_size;
-  MsaIndexerShape shape;
-  shape.tokens = tokens;
-  shape.heads = heads;
-  shape.dim = dim;
-  shape.num_seqs = meta.num_seqs;
-  shape.max_blocks = meta.max_blocks_per_seq;
-  shape.bs = bs;
-  shape.top_k = params.top_k;
-  shape.bf16 = index_k_cache.dtype == DType::kBF16;
-  shape.fp8 = index_k_cache.dtype == DType::kF8E4M3;
+  const MsaIndexerShape shape = msa_indexer_shape(index_q, index_k_cache, meta, params.top_k);
   if (!msa_indexer_takes(shape)) return launch_generic_indexer_topk(index_q, index_k_cache, meta, params, selected);
   const MsaIndexerPlan plan = msa_indexer_plan(shape, current_sm_count(), layout);
   const bool prefill = plan.prefill, tiles = plan.tiles, fp8 = shape.fp8;

@@ -10,6 +10,7 @@
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/linear_mma.h"
 #include "ops/ops.h"
+#include "plan_of.h"
 
 namespace m3 {
 namespace {
@@ -140,11 +141,7 @@ TEST(MmaLinearPlan, SegmentsDependOnTheShapeOnly) {
 TEST(MmaLinearPlan, EntriesTraceTheirPlan) {
   ops::KernelTable table;
   cuda::register_cuda_kernels(table);
-  auto plan_of = [&](const auto& entries, const std::string& name, const ops::Problem& p) {
-    for (const auto& e : entries)
-      if (e.name == name) return e.plan ? e.plan(p) : std::string("<no plan>");
-    return std::string("<no entry>");
-  };
+  using test::plan_of;
   ops::Problem p;
   p.device = Device::kCuda;
   p.dtype = DType::kF8E4M3;

@@ -9,6 +9,7 @@
 #include "backend/cuda/moe_mxfp8.h"
 #include "backend/cuda/moe_router.h"
 #include "ops/ops.h"
+#include "plan_of.h"
 
 namespace m3 {
 namespace {
@@ -109,11 +110,7 @@ TEST(MoeRouterPlan, StagedRowsToTiledGroups) {
 TEST(MoePlans, EntriesTraceTheirPlan) {
   ops::KernelTable table;
   cuda::register_cuda_kernels(table);
-  auto plan_of = [&](const auto& entries, const std::string& name, const ops::Problem& p) {
-    for (const auto& e : entries)
-      if (e.name == name) return e.plan ? e.plan(p) : std::string("<no plan>");
-    return std::string("<no entry>");
-  };
+  using test::plan_of;
   ops::Problem p;
   p.device = Device::kCuda;
   p.op = "moe_experts";
