@@ -59,7 +59,7 @@ struct MsaIndexerPlan {
 };
 MsaIndexerShape msa_indexer_shape(const TensorView& index_q, const TensorView& index_k_cache,
                                   const ops::AttentionMetadata& meta, int top_k);
-bool msa_indexer_takes(const MsaIndexerShape& shape);
+std::string msa_indexer_refusal(const MsaIndexerShape& shape);  // "" when the tuned kernels take it
 MsaIndexerPlan msa_indexer_plan(const MsaIndexerShape& shape, int64_t sms, MsaIndexerLayout layout = MsaIndexerLayout::kAuto);
 std::string msa_indexer_plan_text(const MsaIndexerPlan& plan);
 void launch_msa_indexer(const TensorView& index_q, const TensorView& index_k_cache, const ops::AttentionMetadata& meta,
@@ -92,7 +92,8 @@ struct MsaAttnPlan {
   size_t part_bytes = 0;
   bool fixed_partials = false;  // the split partials in a fixed buffer (no memory node in a graph), else the pool
 };
-bool msa_attention_takes(const MsaAttnShape& shape);
+// Why the query-major kernel does not take a shape ("" when it does; else the generic kernel runs).
+std::string msa_attention_refusal(const MsaAttnShape& shape);
 MsaAttnPlan msa_attention_plan(const MsaAttnShape& shape, const MsaAttnLimits& limits);
 std::string msa_attention_plan_text(const MsaAttnPlan& plan);
 MsaAttnLimits msa_attention_limits();  // the current device's (asks the CUDA runtime)
@@ -105,13 +106,13 @@ MsaAttnLimits msa_attention_limits();  // the current device's (asks the CUDA ru
 void launch_msa_attention(const TensorView& q, const TensorView& k_cache, const TensorView& v_cache,
                           const ops::AttentionMetadata& meta, const TensorView& selected, int top_k,
                           const TensorView& out);
-// Whether the block-major kernels take a shape (else launch_msa_attention runs it), and their
-// tokens per chunk (a chunk's partials stay under the scratch budget; hilo: the canonical
-// variant's fp32 partials, else the fast one's bf16).
-bool msa_block_major_takes(const MsaAttnShape& shape);
+// Why the block-major kernels do not take a shape ("" when they do; else launch_msa_attention
+// runs it), and their tokens per chunk (a chunk's partials stay under the scratch budget; hilo:
+// the canonical variant's fp32 partials, else the fast one's bf16).
+std::string msa_block_major_refusal(const MsaAttnShape& shape);
 int64_t msa_block_major_chunk(const MsaAttnShape& shape, bool hilo);
-// Whether the wgmma dense prefill takes a shape, and its tokens per 128-row tile.
-bool msa_dense_prefill_takes(const MsaAttnShape& shape);
+// Why the wgmma dense prefill does not take a shape (""), and its tokens per 128-row tile.
+std::string msa_dense_prefill_refusal(const MsaAttnShape& shape);
 int64_t msa_dense_prefill_tile_tokens(const MsaAttnShape& shape);
 // KV-block-major sparse prefill: selections inverted to {block -> tokens}, each selected block
 // loaded once per CTA for all the tokens that chose it, partials merged per row. Shapes it

@@ -832,12 +832,16 @@ MsaAttnShape msa_attn_shape(const TensorView& q, const TensorView& k_cache, cons
   return s;
 }
 
-// Shapes outside the tuned kernel (not BF16, head_dim != 128, query heads per KV head not
-// dividing or above 64, top_k > 64) run the generic kernel.
-bool msa_attention_takes(const MsaAttnShape& s) {
-  return s.bf16 && s.head_dim == kHeadDim && s.kv_heads >= 1 && s.q_heads % s.kv_heads == 0 &&
-         s.q_heads / s.kv_heads <= kMaxRows && (!s.sparse || (s.top_k >= 1 && s.top_k <= kMaxTopK)) && s.bs >= 1 &&
-         s.tokens * s.kv_heads < (int64_t(1) << 27);
+// Shapes outside the tuned kernel run the generic kernel.
+std::string msa_attention_refusal(const MsaAttnShape& s) {
+  if (!s.bf16) return "K/V caches are not BF16";
+  if (s.head_dim != kHeadDim) return "head_dim is not 128";
+  if (s.kv_heads < 1 || s.q_heads % s.kv_heads != 0) return "query heads are not a multiple of the KV heads";
+  if (s.q_heads / s.kv_heads > kMaxRows) return "more than 64 query heads per KV head";
+  if (s.sparse && (s.top_k < 1 || s.top_k > kMaxTopK)) return "top_k outside 1..64";
+  if (s.bs < 1) return "no page size";
+  if (s.tokens * s.kv_heads >= (int64_t(1) << 27)) return "2^27 or more (token, KV head) row groups";
+  return "";
 }
 
 MsaAttnLimits msa_attention_limits() {
@@ -851,7 +855,7 @@ MsaAttnLimits msa_attention_limits() {
 
 MsaAttnPlan msa_attention_plan(const MsaAttnShape& s, const MsaAttnLimits& lim) {
   MsaAttnPlan p;
-  p.tuned = msa_attention_takes(s);
+  p.tuned = msa_attention_refusal(s).empty();
   if (!p.tuned || s.tokens == 0) return p;
   const bool sparse = s.sparse;
   const int top_k = sparse ? s.top_k : 0;
@@ -938,7 +942,7 @@ void launch_msa_attention(const TensorView& q, const TensorView& k_cache, const 
   const bool sparse = selected.data != nullptr;
   const int bs = meta.block_size;
   const MsaAttnShape shape = msa_attn_shape(q, k_cache, v_cache, meta, selected, top_k);
-  if (!msa_attention_takes(shape)) return launch_generic_attention(q, k_cache, v_cache, meta, selected, top_k, out);
+  if (!msa_attention_refusal(shape).empty()) return launch_generic_attention(q, k_cache, v_cache, meta, selected, top_k, out);
   const MsaAttnPlan plan = msa_attention_plan(shape, msa_attention_limits());
 
   AttnArgs a{};

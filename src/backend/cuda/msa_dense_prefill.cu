@@ -313,9 +313,14 @@ __global__ void __launch_bounds__(kThreads, 1) msa_dense_prefill_kernel(DenseArg
 
 }  // namespace
 
-bool msa_dense_prefill_takes(const MsaAttnShape& s) {
-  return s.bf16 && s.head_dim == kHeadDim && s.kv_heads >= 1 && s.q_heads % s.kv_heads == 0 &&
-         s.q_heads / s.kv_heads <= kMaxGroup && s.bs >= 1 && (s.bs & (s.bs - 1)) == 0 && s.tokens < (int64_t(1) << 24);
+std::string msa_dense_prefill_refusal(const MsaAttnShape& s) {
+  if (!s.bf16) return "K/V caches are not BF16";
+  if (s.head_dim != kHeadDim) return "head_dim is not 128";
+  if (s.kv_heads < 1 || s.q_heads % s.kv_heads != 0) return "query heads are not a multiple of the KV heads";
+  if (s.q_heads / s.kv_heads > kMaxGroup) return "more than 64 query heads per KV head";
+  if (s.bs < 1 || (s.bs & (s.bs - 1)) != 0) return "page size is not a power of two";
+  if (s.tokens >= (int64_t(1) << 24)) return "2^24 or more query tokens";
+  return "";
 }
 
 int64_t msa_dense_prefill_tile_tokens(const MsaAttnShape& s) { return kRows / (s.q_heads / s.kv_heads); }
@@ -324,7 +329,7 @@ void launch_msa_attention_dense_prefill(const TensorView& q, const TensorView& k
                                         const ops::AttentionMetadata& meta, const TensorView& out) {
   const int64_t tokens = q.shape[0];
   if (tokens == 0) return;
-  if (!msa_dense_prefill_takes(msa_attn_shape(q, k_cache, v_cache, meta, {}, 0))) {
+  if (!msa_dense_prefill_refusal(msa_attn_shape(q, k_cache, v_cache, meta, {}, 0)).empty()) {
     return launch_msa_attention(q, k_cache, v_cache, meta, {}, 0, out);
   }
   DenseArgs a{};

@@ -406,16 +406,21 @@ MsaIndexerShape msa_indexer_shape(const TensorView& index_q, const TensorView& i
   return s;
 }
 
-bool msa_indexer_takes(const MsaIndexerShape& s) {
-  return s.dim == kDim && s.bs >= kMinBs && s.bs <= 128 && (s.bs & (s.bs - 1)) == 0 && s.heads >= 1 && s.heads <= 16 &&
-         s.top_k >= 1 && s.top_k <= kMaxTopK && s.tokens < (int64_t(1) << 30) && (s.bf16 || s.fp8);
+std::string msa_indexer_refusal(const MsaIndexerShape& s) {
+  if (!s.bf16 && !s.fp8) return "index-K cache is not BF16 or F8E4M3";
+  if (s.dim != kDim) return "index head dim is not 128";
+  if (s.bs < kMinBs || s.bs > 128 || (s.bs & (s.bs - 1)) != 0) return "page size is not a power of two in 8..128";
+  if (s.heads < 1 || s.heads > 16) return "index heads outside 1..16";
+  if (s.top_k < 1 || s.top_k > kMaxTopK) return "top_k outside 1..64";
+  if (s.tokens >= (int64_t(1) << 30)) return "2^30 or more query tokens";
+  return "";
 }
 
 MsaIndexerPlan msa_indexer_plan(const MsaIndexerShape& s, int64_t sms, MsaIndexerLayout layout) {
   MsaIndexerPlan p;
   const int64_t tokens = s.tokens;
   const int bs = s.bs, heads = int(s.heads);
-  p.tuned = msa_indexer_takes(s);
+  p.tuned = msa_indexer_refusal(s).empty();
   if (!p.tuned || tokens == 0) return p;
   // Prefills (sequences averaging at least half a 256-row group) with blocks of 128 keys: the
   // prefill kernel. Else the warp-streamed kernel wherever it takes the shape (groups of 16 rows
@@ -493,7 +498,7 @@ void launch_msa_indexer_layout(const TensorView& index_q, const TensorView& inde
   if (params.block_size != meta.block_size) throw std::runtime_error("indexer_topk: block size differs from the page size");
   const int bs = params.block_size;
   const MsaIndexerShape shape = msa_indexer_shape(index_q, index_k_cache, meta, params.top_k);
-  if (!msa_indexer_takes(shape)) return launch_generic_indexer_topk(index_q, index_k_cache, meta, params, selected);
+  if (!msa_indexer_refusal(shape).empty()) return launch_generic_indexer_topk(index_q, index_k_cache, meta, params, selected);
   const MsaIndexerPlan plan = msa_indexer_plan(shape, current_sm_count(), layout);
   const bool prefill = plan.prefill, tiles = plan.tiles, fp8 = shape.fp8;
   IndexerArgs a{};

@@ -647,12 +647,20 @@ __global__ void bm_merge_bf16(BmArgs a) {
 
 }  // namespace
 
-bool msa_block_major_takes(const MsaAttnShape& s) {
-  const int64_t n_keys = s.kv_heads * int64_t(s.num_seqs) * std::max(1, s.max_blocks);
-  return s.sparse && s.bf16 && s.head_dim == kHeadDim && s.kv_heads >= 1 && s.q_heads % s.kv_heads == 0 &&
-         s.q_heads / s.kv_heads <= kMaxGroup && s.top_k >= 1 && s.top_k <= kMaxTopK && s.bs >= 1 && s.bs <= kUnitKeys &&
-         s.has_seq_lens && n_keys < (int64_t(1) << 24) && s.tokens < (int64_t(1) << 24) &&
-         s.tokens * s.q_heads < (int64_t(1) << 31);
+std::string msa_block_major_refusal(const MsaAttnShape& s) {
+  if (!s.sparse) return "dense attention";
+  if (!s.bf16) return "K/V caches are not BF16";
+  if (s.head_dim != kHeadDim) return "head_dim is not 128";
+  if (s.kv_heads < 1 || s.q_heads % s.kv_heads != 0) return "query heads are not a multiple of the KV heads";
+  if (s.q_heads / s.kv_heads > kMaxGroup) return "more than 128 query heads per KV head";
+  if (s.top_k < 1 || s.top_k > kMaxTopK) return "top_k outside 1..64";
+  if (s.bs < 1 || s.bs > kUnitKeys) return "pages of more than 128 keys";
+  if (!s.has_seq_lens) return "no sequence lengths in the metadata";
+  if (s.kv_heads * int64_t(s.num_seqs) * std::max(1, s.max_blocks) >= (int64_t(1) << 24)) {
+    return "2^24 or more (KV head, sequence, block) keys";
+  }
+  if (s.tokens >= (int64_t(1) << 24) || s.tokens * s.q_heads >= (int64_t(1) << 31)) return "too many query tokens";
+  return "";
 }
 
 // Tokens per chunk: partials (and per-selection bookkeeping) under the scratch budget. The fast
@@ -680,7 +688,7 @@ void block_major(const TensorView& q, const TensorView& k_cache, const TensorVie
   const int bs = meta.block_size;
   const int64_t n_keys = kv_heads * int64_t(meta.num_seqs) * std::max(1, meta.max_blocks_per_seq);
   const MsaAttnShape shape = msa_attn_shape(q, k_cache, v_cache, meta, selected, top_k);
-  if (!msa_block_major_takes(shape)) return launch_msa_attention(q, k_cache, v_cache, meta, selected, top_k, out);
+  if (!msa_block_major_refusal(shape).empty()) return launch_msa_attention(q, k_cache, v_cache, meta, selected, top_k, out);
 
   BmArgs a{};
   a.q = q.as<const float>();

@@ -1,6 +1,8 @@
 // Dispatch entries of the tuned MSA kernels. Registered before the generic CUDA entries, so
-// they win wherever eligible; shapes the eligibility cannot see (page size, batch layout)
-// and the kernels do not take are handed to the generic kernels by the launchers.
+// they win wherever eligible. Attention and indexer problems carry the batch layout
+// (Problem::attention), so the eligibility sees the page size and the tokens per sequence and the
+// trace names the kernel that runs; the launchers keep their own hand-offs (prefill entries to
+// query-major, tuned to generic) for direct callers and problems without a layout.
 #include <algorithm>
 #include <string>
 
@@ -15,41 +17,7 @@ constexpr int64_t kBlockMajorMinTokens = 1024;
 // Query tokens from which a dense attention call is a prefill for the wgmma dense entry.
 constexpr int64_t kDensePrefillMinTokens = 64;
 
-// What every tuned attention entry needs: device BF16 K/V, head_dim 128, top_k <= 64.
-std::string need_bf16_head128(const ops::Problem& p) {
-  if (p.device != Device::kCuda) return "tensors are not in device memory";
-  if (p.dtype != DType::kBF16) return "KV cache is not BF16";
-  if (p.k != 128) return "head_dim is not 128";
-  if (p.extra > 64) return "top_k above 64";
-  return "";
-}
-
-// The block-major entries: a sparse prefill as well.
-std::string need_block_major(const ops::Problem& p) {
-  std::string why = need_bf16_head128(p);
-  if (!why.empty()) return why;
-  if (p.extra < 1) return "dense attention";
-  if (p.m < kBlockMajorMinTokens) return "fewer than 1024 query tokens (not a prefill)";
-  return "";
-}
-
-std::string plan_indexer(const ops::Problem& p) {
-  if (!p.attention) return "";
-  MsaIndexerShape s;
-  s.tokens = p.m;
-  s.heads = p.n;
-  s.dim = p.k;
-  s.num_seqs = p.attention->num_seqs;
-  s.max_blocks = p.attention->max_blocks_per_seq;
-  s.bs = p.attention->block_size;
-  s.top_k = int(p.extra);
-  s.bf16 = p.dtype == DType::kBF16;
-  s.fp8 = p.dtype == DType::kF8E4M3;
-  return msa_indexer_plan_text(msa_indexer_plan(s, current_sm_count()));
-}
-
-// The attention entries' plans: what their launchers will run for this batch (a prefill entry
-// hands decode-shaped batches to the query-major kernel), from the batch's layout.
+// The batch as the launchers see it (p.attention set: attention problems from ops::attention).
 MsaAttnShape shape_of(const ops::Problem& p) {
   MsaAttnShape s;
   s.tokens = p.m;
@@ -66,32 +34,98 @@ MsaAttnShape shape_of(const ops::Problem& p) {
   return s;
 }
 
-std::string plan_query_major(const ops::Problem& p) {
-  if (!p.attention || p.kv_heads < 1) return "";
-  const MsaAttnShape s = shape_of(p);
-  return "query-major: " + msa_attention_plan_text(msa_attention_plan(s, msa_attention_limits()));
+MsaIndexerShape index_shape_of(const ops::Problem& p) {
+  MsaIndexerShape s;
+  s.tokens = p.m;
+  s.heads = p.n;
+  s.dim = p.k;
+  s.num_seqs = p.attention->num_seqs;
+  s.max_blocks = p.attention->max_blocks_per_seq;
+  s.bs = p.attention->block_size;
+  s.top_k = int(p.extra);
+  s.bf16 = p.dtype == DType::kBF16;
+  s.fp8 = p.dtype == DType::kF8E4M3;
+  return s;
 }
 
-// A batch averaging at least 64 tokens per sequence is a prefill for the two prefill entries.
+bool has_layout(const ops::Problem& p) { return p.attention != nullptr && p.kv_heads >= 1; }
+
+// A batch averaging at least 64 tokens per sequence is a prefill for the two prefill entries
+// (block-major pays off when many tokens of a sequence share blocks).
 bool prefill_shaped(const ops::Problem& p) { return p.m >= 64 * int64_t(std::max(1, p.attention->num_seqs)); }
+
+// What every tuned attention entry needs: device BF16 K/V, head_dim 128, top_k <= 64.
+std::string need_bf16_head128(const ops::Problem& p) {
+  if (p.device != Device::kCuda) return "tensors are not in device memory";
+  if (p.dtype != DType::kBF16) return "KV cache is not BF16";
+  if (p.k != 128) return "head_dim is not 128";
+  if (p.extra > 64) return "top_k above 64";
+  return "";
+}
+
+std::string need_query_major(const ops::Problem& p) {
+  std::string why = need_bf16_head128(p);
+  if (why.empty() && has_layout(p)) why = msa_attention_refusal(shape_of(p));
+  return why;
+}
+
+// The block-major entries: a sparse prefill as well.
+std::string need_block_major(const ops::Problem& p) {
+  std::string why = need_bf16_head128(p);
+  if (!why.empty()) return why;
+  if (p.extra < 1) return "dense attention";
+  if (p.m < kBlockMajorMinTokens) return "fewer than 1024 query tokens (not a prefill)";
+  if (!has_layout(p)) return "";
+  if (!prefill_shaped(p)) return "the batch averages fewer than 64 tokens per sequence (not a prefill)";
+  return msa_block_major_refusal(shape_of(p));
+}
+
+std::string need_dense_prefill(const ops::Problem& p) {
+  std::string why = need_bf16_head128(p);
+  if (!why.empty()) return why;
+  if (p.extra >= 1) return "block-sparse attention";
+  if (p.m < kDensePrefillMinTokens) return "fewer than 64 query tokens (not a prefill)";
+  if (!has_layout(p)) return "";
+  if (!prefill_shaped(p)) return "the batch averages fewer than 64 tokens per sequence (not a prefill)";
+  return msa_dense_prefill_refusal(shape_of(p));
+}
+
+std::string need_indexer(const ops::Problem& p) {
+  if (p.device != Device::kCuda) return "tensors are not in device memory";
+  if (p.dtype != DType::kBF16 && p.dtype != DType::kF8E4M3) return "index-K cache is not BF16 or F8E4M3";
+  if (p.k != 128) return "index head dim is not 128";
+  if (p.n > 16) return "more than 16 index heads";
+  if (p.extra < 1 || p.extra > 64) return "top_k outside 1..64";
+  if (p.attention) return msa_indexer_refusal(index_shape_of(p));
+  return "";
+}
+
+// Plans: what the launchers run for this batch (eligible entries only: the layout passed).
+std::string plan_indexer(const ops::Problem& p) {
+  if (!p.attention) return "";
+  return msa_indexer_plan_text(msa_indexer_plan(index_shape_of(p), current_sm_count()));
+}
+
+std::string plan_query_major(const ops::Problem& p) {
+  if (!has_layout(p)) return "";
+  return msa_attention_plan_text(msa_attention_plan(shape_of(p), msa_attention_limits()));
+}
 
 template <bool kHilo>
 std::string plan_block_major(const ops::Problem& p) {
-  if (!p.attention || p.kv_heads < 1) return "";
+  if (!has_layout(p)) return "";
   const MsaAttnShape s = shape_of(p);
-  if (!prefill_shaped(p) || !msa_block_major_takes(s)) return plan_query_major(p);
   const int64_t chunk = msa_block_major_chunk(s, kHilo), chunks = (s.tokens + chunk - 1) / chunk;
-  return "KV-block-major, " + std::to_string(chunks) + " chunk" + (chunks == 1 ? "" : "s") + " of <= " +
-         std::to_string(chunk) + " tokens, " + (kHilo ? "fp32" : "bf16") + " partials merged per row";
+  return std::to_string(chunks) + " chunk" + (chunks == 1 ? "" : "s") + " of <= " + std::to_string(chunk) + " tokens, " +
+         (kHilo ? "fp32" : "bf16") + " partials merged per row";
 }
 
 std::string plan_dense_prefill(const ops::Problem& p) {
-  if (!p.attention || p.kv_heads < 1) return "";
+  if (!has_layout(p)) return "";
   const MsaAttnShape s = shape_of(p);
-  if (!prefill_shaped(p) || !msa_dense_prefill_takes(s)) return plan_query_major(p);
   const int64_t tt = msa_dense_prefill_tile_tokens(s);
-  return "wgmma dense prefill, tiles of " + std::to_string(tt) + " tokens x " + std::to_string(s.q_heads / s.kv_heads) +
-         " heads, <= " + std::to_string(((s.tokens + tt - 1) / tt + s.num_seqs) * s.kv_heads) + " CTAs";
+  return "tiles of " + std::to_string(tt) + " tokens x " + std::to_string(s.q_heads / s.kv_heads) + " heads, <= " +
+         std::to_string(((s.tokens + tt - 1) / tt + s.num_seqs) * s.kv_heads) + " CTAs";
 }
 
 }  // namespace
@@ -99,8 +133,8 @@ std::string plan_dense_prefill(const ops::Problem& p) {
 void register_msa(ops::KernelTable& table) {
   table.indexer_topk.add(
       {"indexer_topk.msa_tc_exact.sm90",
-       "device BF16 or F8E4M3 index-K cache, index dim 128, <= 16 index heads, 1 <= top_k <= 64 (page size a power "
-       "of two in 8..128, else the generic kernel runs); decode: query groups of 8 or 16 (token, head) rows, pages "
+       "device BF16 or F8E4M3 index-K cache, index dim 128, <= 16 index heads, 1 <= top_k <= 64, page size a power "
+       "of two in 8..128; decode: query groups of 8 or 16 (token, head) rows, pages "
        "split over CTAs, each warp streaming whole 128-key units through its own cp.async ring (blocks of 16..128 "
        "keys; 8-key blocks take the 128-row tiles; long contexts: the units taken from a counter per group shared "
        "by its CTAs), a CTA whose chunk holds <= 8 (row, block) pairs (small "
@@ -109,15 +143,7 @@ void register_msa(ops::KernelTable& table) {
        "approximate dots with a rigorous error bound, the reference's exact dot for the keys that can be a block's "
        "maximum (block scores bit-identical to the CPU), warp selection by ranks of the blocks that can make the "
        "top k (a threshold from each lane's two largest scores; radix passes under heavy ties), ties to the lower id",
-       [](const ops::Problem& p) -> std::string {
-         if (p.device != Device::kCuda) return "tensors are not in device memory";
-         if (p.dtype != DType::kBF16 && p.dtype != DType::kF8E4M3) return "index-K cache is not BF16 or F8E4M3";
-         if (p.k != 128) return "index head dim is not 128";
-         if (p.n > 16) return "more than 16 index heads";
-         if (p.extra < 1 || p.extra > 64) return "top_k outside 1..64";
-         return "";
-       },
-       launch_msa_indexer, plan_indexer});
+       need_indexer, launch_msa_indexer, plan_indexer});
   table.attention.add(
       {"attention.msa_block_major_prefill_fast.sm90",
        "as attention.msa_block_major_prefill.sm90, with Q and P rounded to bf16 (half the tensor-core work) and bf16 "
@@ -129,36 +155,29 @@ void register_msa(ops::KernelTable& table) {
        launch_msa_attention_prefill_fast, plan_block_major<false>});
   table.attention.add(
       {"attention.msa_block_major_prefill.sm90",
-       "device BF16 KV cache, head_dim 128, block-sparse with top_k <= 64, >= 1024 query tokens (a prefill: "
-       "sequences averaging < 64 tokens, pages > 128 or > 128 query heads per KV head run the query-major entry); "
+       "device BF16 KV cache, head_dim 128, block-sparse with top_k <= 64, >= 1024 query tokens averaging "
+       ">= 64 per sequence (a prefill), pages of <= 128 keys, <= 128 query heads per KV head; "
        "selections inverted to {block -> tokens}, each selected block loaded once for all the tokens that chose it, "
        "canonical unit partials merged in block order (bit-identical to the query-major entry: batch-invariant)",
        need_block_major, launch_msa_attention_prefill, plan_block_major<true>});
   table.attention.add(
       {"attention.msa_dense_prefill.sm90",
-       "device BF16 KV cache, head_dim 128, dense (causal), >= 64 query tokens (batches averaging fewer per sequence, "
-       "> 64 query heads per KV head or pages that are not a power of two run the query-major entry); 128 rows "
+       "device BF16 KV cache, head_dim 128, dense (causal), >= 64 query tokens averaging >= 64 per "
+       "sequence (a prefill), <= 64 query heads per KV head, pages a power of two; 128 rows "
        "(the query heads of a KV group x consecutive tokens) per CTA share each 128-key K/V unit, two warpgroups on "
        "wgmma (S over all 128 keys with Q from shared memory, P.V per half of the dims with V read transposed by its "
        "descriptor; one warpgroup's softmax under the other's S), "
        "canonical unit partials folded in registers (bit-identical to the query-major entry: batch-invariant)",
-       [](const ops::Problem& p) -> std::string {
-         std::string why = need_bf16_head128(p);
-         if (!why.empty()) return why;
-         if (p.extra >= 1) return "block-sparse attention";
-         if (p.m < kDensePrefillMinTokens) return "fewer than 64 query tokens (not a prefill)";
-         return "";
-       },
-       launch_msa_attention_dense, plan_dense_prefill});
+       need_dense_prefill, launch_msa_attention_dense, plan_dense_prefill});
   table.attention.add(
       {"attention.msa_query_major.sm90",
-       "device BF16 KV cache, head_dim 128, dense or block-sparse with top_k <= 64 (query heads per KV head <= 64, "
-       "else the generic kernel runs); the query heads of a KV group (and up to 64 rows of consecutive tokens) share "
+       "device BF16 KV cache, head_dim 128, dense or block-sparse with top_k <= 64, query heads per KV head <= 64; "
+       "the query heads of a KV group (and up to 64 rows of consecutive tokens) share "
        "each 128-key K/V tile, m-tiles of tokens that did not choose a block skip it, bf16 hi+lo tensor-core MMAs, "
        "canonical fp32 unit partials folded in a fixed order (batch-invariant), small batches split over a "
        "thread-block cluster (<= 16 CTAs) and merged in parallel through it; one-m-tile decode streams K and V tiles "
        "through a 3-slot ring (two CTAs per SM) unless a dense context runs on at most half the SMs",
-       need_bf16_head128, launch_msa_attention, plan_query_major});
+       need_query_major, launch_msa_attention, plan_query_major});
 }
 
 }  // namespace m3::cuda

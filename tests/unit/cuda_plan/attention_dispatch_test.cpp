@@ -43,5 +43,60 @@ TEST(AttentionDispatch, PrefillAndDecodeReachTheirKernels) {
   EXPECT_EQ(pick(t, 8192, 0, true, DType::kBF16, 64).find("msa_"), std::string::npos);
 }
 
+// With the batch layout (what ops::attention and ops::indexer_topk pass), the eligibility sees
+// what the launchers would otherwise hand on: tokens per sequence, page size, heads per KV head.
+// So the trace names the kernel that runs.
+std::string pick_with(const ops::KernelTable& t, int64_t tokens, int seqs, int64_t top_k, int bs = 128,
+                      int64_t q_heads = 64, int64_t kv_heads = 4) {
+  ops::AttentionMetadata meta;
+  meta.num_seqs = seqs;
+  meta.block_size = bs;
+  meta.max_blocks_per_seq = 64;
+  int32_t lens = 0;
+  meta.seq_lens = &lens;  // only its presence is read
+  ops::Problem p;
+  p.op = "attention";
+  p.device = Device::kCuda;
+  p.dtype = DType::kBF16;
+  p.m = tokens;
+  p.n = q_heads;
+  p.k = 128;
+  p.extra = top_k;
+  p.batch_invariant = true;
+  p.attention = &meta;
+  p.kv_heads = kv_heads;
+  return t.attention.select(p, nullptr).name;
+}
+
+TEST(AttentionDispatch, TheBatchLayoutDecides) {
+  ops::KernelTable t;
+  cuda::register_cuda_kernels(t);
+  EXPECT_EQ(pick_with(t, 8192, 1, 16), "attention.msa_block_major_prefill.sm90");
+  EXPECT_EQ(pick_with(t, 8192, 1, 0), "attention.msa_dense_prefill.sm90");
+  // 1100 tokens over 20 sequences (55 each): chunks of a mixed batch, query-major.
+  EXPECT_EQ(pick_with(t, 1100, 20, 16), "attention.msa_query_major.sm90");
+  EXPECT_EQ(pick_with(t, 1100, 20, 0), "attention.msa_query_major.sm90");
+  EXPECT_EQ(pick_with(t, 1100, 2, 16), "attention.msa_block_major_prefill.sm90");
+  // Pages of 96 keys: the dense wgmma kernel needs a power of two, query-major does not.
+  EXPECT_EQ(pick_with(t, 8192, 1, 0, 96), "attention.msa_query_major.sm90");
+  // 128 query heads per KV head: block-major takes the prefill, a decode runs the generic kernel.
+  EXPECT_EQ(pick_with(t, 8192, 1, 16, 128, 128, 1), "attention.msa_block_major_prefill.sm90");
+  EXPECT_EQ(pick_with(t, 1, 1, 16, 128, 128, 1), "attention.paged_online_softmax.sm90");
+  // The indexer: pages of 96 keys go to the generic kernel.
+  ops::AttentionMetadata meta;
+  meta.num_seqs = 1;
+  meta.block_size = 96;
+  meta.max_blocks_per_seq = 64;
+  ops::Problem p;
+  p.op = "indexer_topk";
+  p.device = Device::kCuda;
+  p.dtype = DType::kBF16;
+  p.m = 1, p.n = 4, p.k = 128, p.extra = 16;
+  p.attention = &meta;
+  EXPECT_EQ(t.indexer_topk.select(p, nullptr).name, "indexer_topk.block_max_rank.sm90");
+  meta.block_size = 128;
+  EXPECT_EQ(t.indexer_topk.select(p, nullptr).name, "indexer_topk.msa_tc_exact.sm90");
+}
+
 }  // namespace
 }  // namespace m3

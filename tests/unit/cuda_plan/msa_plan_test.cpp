@@ -96,7 +96,7 @@ TEST(MsaAttentionPlan, DenseAndPrefillLayouts) {
   // Shapes outside the tuned kernel.
   MsaAttnShape odd = decode(1, 8192);
   odd.head_dim = 64;
-  EXPECT_FALSE(cuda::msa_attention_takes(odd));
+  EXPECT_EQ(cuda::msa_attention_refusal(odd), "head_dim is not 128");
   EXPECT_EQ(cuda::msa_attention_plan_text(cuda::msa_attention_plan(odd, kH200)), "the generic kernel (shape outside the tuned one)");
   odd = decode(1, 8192);
   odd.bf16 = false;
@@ -106,7 +106,7 @@ TEST(MsaAttentionPlan, DenseAndPrefillLayouts) {
 TEST(MsaPrefillPlan, BlockMajorAndDenseTake) {
   MsaAttnShape s = decode(1, 8192);
   s.tokens = 8192;
-  EXPECT_TRUE(cuda::msa_block_major_takes(s));
+  EXPECT_EQ(cuda::msa_block_major_refusal(s), "");
   // M3 at 8K under the 2 GB budget: the fp32 partials (~533 KB per token) in three equal
   // chunks, the fast variant's bf16 ones (~288 KB with its bf16 Q) in two.
   EXPECT_EQ(cuda::msa_block_major_chunk(s, true), 2731);
@@ -117,13 +117,13 @@ TEST(MsaPrefillPlan, BlockMajorAndDenseTake) {
   EXPECT_LT(hilo, fast);
   EXPECT_GE(hilo * ((s.tokens + hilo - 1) / hilo), s.tokens);
   s.has_seq_lens = false;
-  EXPECT_FALSE(cuda::msa_block_major_takes(s));
+  EXPECT_EQ(cuda::msa_block_major_refusal(s), "no sequence lengths in the metadata");
   MsaAttnShape d = decode(1, 8192, false);
   d.tokens = 8192;
-  EXPECT_TRUE(cuda::msa_dense_prefill_takes(d));
+  EXPECT_EQ(cuda::msa_dense_prefill_refusal(d), "");
   EXPECT_EQ(cuda::msa_dense_prefill_tile_tokens(d), 8);  // 128 rows of 16 heads
   d.bs = 96;
-  EXPECT_FALSE(cuda::msa_dense_prefill_takes(d));
+  EXPECT_EQ(cuda::msa_dense_prefill_refusal(d), "page size is not a power of two");
 }
 
 cuda::MsaIndexerShape index_shape(int64_t tokens, int seqs, int64_t context, bool fp8 = false) {
