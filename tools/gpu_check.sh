@@ -4,6 +4,8 @@
 #   0. tools/wgmma_probe: wgmma m64nNk16 chains give mma.sync m16n8k16 chains' bits;
 #   1. kernel parity: every CUDA entry vs the CPU reference over a shape sweep (table), and
 #      the tuned MSA entries (tests/kernels/cuda_msa);
+#      and the MXFP8 MoE paths (tests/kernels/cuda_moe, M3_MOE_QUICK: up to 4096 tokens;
+#      M3_CHECK_MOE=0 skips it, tools/moe_bench.sh runs the whole sweep);
 #   2. the sample op on the GPU vs the CPU reference, and inside a CUDA graph;
 #   3. the model on the GPU: HF goldens (tiny, trained small; MXFP8 native and as BF16) and
 #      the CUDA engine vs the CPU engine (greedy equality, graphs == eager, batch invariance);
@@ -25,6 +27,11 @@ grep -E "FAILED|Failure|error" "$out/kernels_cuda_parity.log" | head -20
 step kernels_cuda_msa 240 "$dir/kernels_cuda_msa"
 sed -n '/^case /,/^wrote/p' "$out/kernels_cuda_msa.log" | tail -40
 grep -E "FAILED|Failure" "$out/kernels_cuda_msa.log" | head -20
+if [[ ${M3_CHECK_MOE:-1} == 1 ]]; then
+  M3_MOE_QUICK=1 step kernels_cuda_moe 180 "$dir/kernels_cuda_moe"
+  sed -n '/^check /,/^wrote/p' "$out/kernels_cuda_moe.log" | tail -30
+  grep -E "FAILED|Failure" "$out/kernels_cuda_moe.log" | head -20
+fi
 step kernels_cuda_sampling 120 "$dir/kernels_cuda_sampling"
 grep -E "^\s*(rows|[0-9]+x)|FAILED|Failure" "$out/kernels_cuda_sampling.log" | head -30
 step model_cuda 400 "$dir/model_cuda"
