@@ -6,6 +6,7 @@
 #include <stdexcept>
 
 #include "app/commands.h"
+#include "app/kernel_plans.h"
 #include "backend/cpu/cpu_backend.h"
 #ifdef M3_HAVE_M3_BACKEND_CUDA
 #include "backend/cuda/cuda_backend.h"
@@ -27,6 +28,7 @@ std::string kernel_paths_markdown() {
         "CPU entries are the reference; see docs/cuda_backend.md for the CUDA notes.\n\n"
         "| op | entry | eligible when |\n|---|---|---|\n";
   for (const auto& e : table.describe()) md << "| " << e.op << " | `" << e.entry << "` | " << e.condition << " |\n";
+  md << kernel_plans_markdown();
   return md.str();
 }
 

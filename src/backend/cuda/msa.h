@@ -97,6 +97,10 @@ std::string msa_attention_refusal(const MsaAttnShape& shape);
 MsaAttnPlan msa_attention_plan(const MsaAttnShape& shape, const MsaAttnLimits& limits);
 std::string msa_attention_plan_text(const MsaAttnPlan& plan);
 MsaAttnLimits msa_attention_limits();  // the current device's (asks the CUDA runtime)
+// The plan a tuned MSA entry (by name) gives for a problem with its batch layout, on a device of
+// these limits ("" without a layout or for other entries): the dispatch trace's text, with the
+// current device's limits there; docs/kernel_paths.md's with an H200's.
+std::string msa_entry_plan(const std::string& entry, const ops::Problem& problem, const MsaAttnLimits& limits);
 
 // Query-major (decode, speculative verification, and the query-major prefill baseline).
 // Launched as a programmatic dependent of the previous kernel on the stream: Q, positions and

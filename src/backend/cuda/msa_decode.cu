@@ -920,7 +920,7 @@ MsaAttnPlan msa_attention_plan(const MsaAttnShape& s, const MsaAttnLimits& lim) 
 
 std::string msa_attention_plan_text(const MsaAttnPlan& p) {
   if (!p.tuned) return "the generic kernel (shape outside the tuned one)";
-  std::string s = std::to_string(p.groups) + " row groups of " + std::to_string(p.tokens_per_group) + " token" +
+  std::string s = std::to_string(p.groups) + (p.groups == 1 ? " row group of " : " row groups of ") + std::to_string(p.tokens_per_group) + " token" +
                   (p.tokens_per_group == 1 ? "" : "s") + " (" + std::to_string(p.m_tiles) + " m-tile" +
                   (p.m_tiles == 1 ? "" : "s") + "), ";
   s += p.m_tiles == 4 ? "2 whole-unit stages" : p.split_ring ? "K/V split ring, two CTAs per SM" : "3 whole-unit stages";

@@ -480,7 +480,7 @@ std::string msa_indexer_plan_text(const MsaIndexerPlan& p) {
   std::string s = p.prefill ? "prefill kernel (a warp per 16 rows, whole blocks)"
                   : p.tiles ? "128-row tiles"
                             : "warp-streamed decode kernel";
-  s += ", " + std::to_string(p.groups) + " query groups of " + std::to_string(p.group_tokens) + " token" +
+  s += ", " + std::to_string(p.groups) + (p.groups == 1 ? " query group of " : " query groups of ") + std::to_string(p.group_tokens) + " token" +
        (p.group_tokens == 1 ? "" : "s") + " x " + std::to_string(p.chunks) + " CTA" + (p.chunks == 1 ? "" : "s") + " (" +
        std::to_string(p.ctas_per_sm) + " per SM)";
   if (p.unit_counters) s += ", units from a counter per group where a warp's share is >= " + std::to_string(p.dyn_min_units);

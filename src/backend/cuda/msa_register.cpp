@@ -12,6 +12,12 @@
 namespace m3::cuda {
 namespace {
 
+constexpr const char* kIndexerName = "indexer_topk.msa_tc_exact.sm90";
+constexpr const char* kBlockMajorFastName = "attention.msa_block_major_prefill_fast.sm90";
+constexpr const char* kBlockMajorName = "attention.msa_block_major_prefill.sm90";
+constexpr const char* kDensePrefillName = "attention.msa_dense_prefill.sm90";
+constexpr const char* kQueryMajorName = "attention.msa_query_major.sm90";
+
 // Query tokens from which a sparse attention call is a prefill for the KV-block-major entry.
 constexpr int64_t kBlockMajorMinTokens = 1024;
 // Query tokens from which a dense attention call is a prefill for the wgmma dense entry.
@@ -101,38 +107,43 @@ std::string need_indexer(const ops::Problem& p) {
 }
 
 // Plans: what the launchers run for this batch (eligible entries only: the layout passed).
-std::string plan_indexer(const ops::Problem& p) {
-  if (!p.attention) return "";
-  return msa_indexer_plan_text(msa_indexer_plan(index_shape_of(p), current_sm_count()));
-}
-
-std::string plan_query_major(const ops::Problem& p) {
-  if (!has_layout(p)) return "";
-  return msa_attention_plan_text(msa_attention_plan(shape_of(p), msa_attention_limits()));
-}
-
-template <bool kHilo>
-std::string plan_block_major(const ops::Problem& p) {
-  if (!has_layout(p)) return "";
+std::string plan_of_entry(const std::string& entry, const ops::Problem& p, const MsaAttnLimits& lim) {
+  if (!has_layout(p) && !(p.attention && entry == kIndexerName)) return "";
+  if (entry == kIndexerName) return msa_indexer_plan_text(msa_indexer_plan(index_shape_of(p), lim.sms));
   const MsaAttnShape s = shape_of(p);
-  const int64_t chunk = msa_block_major_chunk(s, kHilo), chunks = (s.tokens + chunk - 1) / chunk;
+  if (entry == kQueryMajorName) return msa_attention_plan_text(msa_attention_plan(s, lim));
+  if (entry == kDensePrefillName) {
+    const int64_t tt = msa_dense_prefill_tile_tokens(s);
+    return "tiles of " + std::to_string(tt) + " tokens x " + std::to_string(s.q_heads / s.kv_heads) + " heads, <= " +
+           std::to_string(((s.tokens + tt - 1) / tt + s.num_seqs) * s.kv_heads) + " CTAs";
+  }
+  const bool hilo = entry == kBlockMajorName;
+  if (!hilo && entry != kBlockMajorFastName) return "";
+  const int64_t chunk = msa_block_major_chunk(s, hilo), chunks = (s.tokens + chunk - 1) / chunk;
   return std::to_string(chunks) + " chunk" + (chunks == 1 ? "" : "s") + " of <= " + std::to_string(chunk) + " tokens, " +
-         (kHilo ? "fp32" : "bf16") + " partials merged per row";
+         (hilo ? "fp32" : "bf16") + " partials merged per row";
 }
 
-std::string plan_dense_prefill(const ops::Problem& p) {
-  if (!has_layout(p)) return "";
-  const MsaAttnShape s = shape_of(p);
-  const int64_t tt = msa_dense_prefill_tile_tokens(s);
-  return "tiles of " + std::to_string(tt) + " tokens x " + std::to_string(s.q_heads / s.kv_heads) + " heads, <= " +
-         std::to_string(((s.tokens + tt - 1) / tt + s.num_seqs) * s.kv_heads) + " CTAs";
+// The entries ask the current device for its limits only when there is a layout to plan.
+ops::PlanFn device_plan(const char* entry) {
+  return [entry](const ops::Problem& p) -> std::string {
+    if (!p.attention) return "";
+    MsaAttnLimits lim;
+    if (std::string(entry) == kIndexerName) lim.sms = current_sm_count();
+    else if (has_layout(p)) lim = msa_attention_limits();
+    return plan_of_entry(entry, p, lim);
+  };
 }
 
 }  // namespace
 
+std::string msa_entry_plan(const std::string& entry, const ops::Problem& problem, const MsaAttnLimits& limits) {
+  return plan_of_entry(entry, problem, limits);
+}
+
 void register_msa(ops::KernelTable& table) {
   table.indexer_topk.add(
-      {"indexer_topk.msa_tc_exact.sm90",
+      {kIndexerName,
        "device BF16 or F8E4M3 index-K cache, index dim 128, <= 16 index heads, 1 <= top_k <= 64, page size a power "
        "of two in 8..128; decode: query groups of 8 or 16 (token, head) rows, pages "
        "split over CTAs, each warp streaming whole 128-key units through its own cp.async ring (blocks of 16..128 "
@@ -143,41 +154,41 @@ void register_msa(ops::KernelTable& table) {
        "approximate dots with a rigorous error bound, the reference's exact dot for the keys that can be a block's "
        "maximum (block scores bit-identical to the CPU), warp selection by ranks of the blocks that can make the "
        "top k (a threshold from each lane's two largest scores; radix passes under heavy ties), ties to the lower id",
-       need_indexer, launch_msa_indexer, plan_indexer});
+       need_indexer, launch_msa_indexer, device_plan(kIndexerName)});
   table.attention.add(
-      {"attention.msa_block_major_prefill_fast.sm90",
+      {kBlockMajorFastName,
        "as attention.msa_block_major_prefill.sm90, with Q and P rounded to bf16 (half the tensor-core work) and bf16 "
        "partials (half the bytes the merge reads; within 6e-3 of max|ref|): only when batch invariance is not requested",
        [](const ops::Problem& p) -> std::string {
          if (p.batch_invariant) return "batch invariance requested (the canonical entries are bit-identical)";
          return need_block_major(p);
        },
-       launch_msa_attention_prefill_fast, plan_block_major<false>});
+       launch_msa_attention_prefill_fast, device_plan(kBlockMajorFastName)});
   table.attention.add(
-      {"attention.msa_block_major_prefill.sm90",
+      {kBlockMajorName,
        "device BF16 KV cache, head_dim 128, block-sparse with top_k <= 64, >= 1024 query tokens averaging "
        ">= 64 per sequence (a prefill), pages of <= 128 keys, <= 128 query heads per KV head; "
        "selections inverted to {block -> tokens}, each selected block loaded once for all the tokens that chose it, "
        "canonical unit partials merged in block order (bit-identical to the query-major entry: batch-invariant)",
-       need_block_major, launch_msa_attention_prefill, plan_block_major<true>});
+       need_block_major, launch_msa_attention_prefill, device_plan(kBlockMajorName)});
   table.attention.add(
-      {"attention.msa_dense_prefill.sm90",
+      {kDensePrefillName,
        "device BF16 KV cache, head_dim 128, dense (causal), >= 64 query tokens averaging >= 64 per "
        "sequence (a prefill), <= 64 query heads per KV head, pages a power of two; 128 rows "
        "(the query heads of a KV group x consecutive tokens) per CTA share each 128-key K/V unit, two warpgroups on "
        "wgmma (S over all 128 keys with Q from shared memory, P.V per half of the dims with V read transposed by its "
        "descriptor; one warpgroup's softmax under the other's S), "
        "canonical unit partials folded in registers (bit-identical to the query-major entry: batch-invariant)",
-       need_dense_prefill, launch_msa_attention_dense, plan_dense_prefill});
+       need_dense_prefill, launch_msa_attention_dense, device_plan(kDensePrefillName)});
   table.attention.add(
-      {"attention.msa_query_major.sm90",
+      {kQueryMajorName,
        "device BF16 KV cache, head_dim 128, dense or block-sparse with top_k <= 64, query heads per KV head <= 64; "
        "the query heads of a KV group (and up to 64 rows of consecutive tokens) share "
        "each 128-key K/V tile, m-tiles of tokens that did not choose a block skip it, bf16 hi+lo tensor-core MMAs, "
        "canonical fp32 unit partials folded in a fixed order (batch-invariant), small batches split over a "
        "thread-block cluster (<= 16 CTAs) and merged in parallel through it; one-m-tile decode streams K and V tiles "
        "through a 3-slot ring (two CTAs per SM) unless a dense context runs on at most half the SMs",
-       need_query_major, launch_msa_attention, plan_query_major});
+       need_query_major, launch_msa_attention, device_plan(kQueryMajorName)});
 }
 
 }  // namespace m3::cuda

@@ -154,7 +154,7 @@ TEST(MsaIndexerPlan, DecodeSpreadsThePagesAndPrefillTakesItsKernel) {
   EXPECT_EQ(one.launches, 1);
   EXPECT_TRUE(one.unit_counters);
   EXPECT_EQ(one.exact_max, cuda::kExactMaxRowBlocks);
-  EXPECT_EQ(cuda::msa_indexer_plan_text(one).rfind("warp-streamed decode kernel, 1 query groups of 2 tokens x 63 CTAs", 0), 0u)
+  EXPECT_EQ(cuda::msa_indexer_plan_text(one).rfind("warp-streamed decode kernel, 1 query group of 2 tokens x 63 CTAs", 0), 0u)
       << cuda::msa_indexer_plan_text(one);
   // B = 64 at 128K: fewer CTAs per group, still the fixed scores (16 KB per token).
   const cuda::MsaIndexerPlan b64 = cuda::msa_indexer_plan(index_shape(64, 64, 131072, true), 132);
