@@ -117,17 +117,20 @@ std::string kernel_plans_markdown() {
                                   c.num_experts_per_tok, false))
        << " |\n";
   }
+  // A sparse layer's projections of x run as one group (q, k, v, index q, index k: model.cpp).
   const int64_t q = int64_t(c.num_attention_heads) * c.head_dim, kv = int64_t(c.num_key_value_heads) * c.head_dim;
-  md << "\n### Linears (MXFP8 weights)\n\n"
-        "| rows | q_proj [" << q << " x " << c.hidden_size << "] | o_proj [" << c.hidden_size << " x " << q
-     << "] | k_proj, v_proj [" << kv << " x " << c.hidden_size << "] | dense MLP [" << c.dense_intermediate_size << " x "
-     << c.hidden_size << "] |\n|---|---|---|---|---|\n";
+  const int64_t group_n = q + 2 * kv + int64_t(c.index_n_heads) * c.index_head_dim + c.index_head_dim;
+  md << "\n### Linears (MXFP8 weights; the LM head BF16)\n\n"
+        "| rows | q, k, v, index q, index k as one group [" << group_n << " x " << c.hidden_size << "] | o_proj ["
+     << c.hidden_size << " x " << q << "] | dense MLP [" << c.dense_intermediate_size << " x " << c.hidden_size
+     << "] | lm_head [" << c.vocab_size << " x " << c.hidden_size << "] |\n|---|---|---|---|---|\n";
   for (int64_t m : {1, 8, 32, 128, 256, 512, 4096}) {
-    md << "| " << m << " | " << cell(table.linear, problem("linear", DType::kF8E4M3, m, q, c.hidden_size, 0, true)) << " | "
-       << cell(table.linear, problem("linear", DType::kF8E4M3, m, c.hidden_size, q, 0, true)) << " | "
-       << cell(table.linear, problem("linear", DType::kF8E4M3, m, kv, c.hidden_size, 0, true)) << " | "
+    const ops::Problem group = problem("linear_group", DType::kF8E4M3, m, group_n, c.hidden_size, 5, true);
+    md << "| " << m << " | "
+       << (table.linear_group.find(group, nullptr) ? cell(table.linear_group, group) : std::string("each weight as a linear"))
+       << " | " << cell(table.linear, problem("linear", DType::kF8E4M3, m, c.hidden_size, q, 0, true)) << " | "
        << cell(table.mlp, problem("dense_mlp", DType::kF8E4M3, m, c.dense_intermediate_size, c.hidden_size, 0, true))
-       << " |\n";
+       << " | " << cell(table.linear, problem("linear", DType::kBF16, m, c.vocab_size, c.hidden_size, 0, true)) << " |\n";
   }
   return md.str();
 }
