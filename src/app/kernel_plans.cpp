@@ -64,17 +64,29 @@ std::string kernel_plans_markdown() {
     meta.seq_lens = &seq_len_stub;
     return meta;
   };
+  // Heads per GPU: TP1 or TP4 (M3's 64 / 4 query / KV heads and 4 index heads over 4 GPUs).
+  int tp = 1;
   auto attention = [&](int64_t tokens, const ops::AttentionMetadata& meta, bool sparse, bool invariant) {
-    ops::Problem p = problem(sparse ? "attention_sparse" : "attention_dense", DType::kBF16, tokens, c.num_attention_heads,
-                             c.head_dim, sparse ? top_k : 0, invariant);
+    ops::Problem p = problem(sparse ? "attention_sparse" : "attention_dense", DType::kBF16, tokens,
+                             c.num_attention_heads / tp, c.head_dim, sparse ? top_k : 0, invariant);
     p.attention = &meta;
-    p.kv_heads = c.num_key_value_heads;
+    p.kv_heads = c.num_key_value_heads / tp;
     return cell(table.attention, p);
   };
   auto indexer = [&](int64_t tokens, const ops::AttentionMetadata& meta) {
-    ops::Problem p = problem("indexer_topk", DType::kBF16, tokens, c.index_n_heads, c.index_head_dim, top_k, true);
+    ops::Problem p = problem("indexer_topk", DType::kBF16, tokens, c.index_n_heads / tp, c.index_head_dim, top_k, true);
     p.attention = &meta;
     return cell(table.indexer_topk, p);
+  };
+  auto decode_table = [&](std::ostringstream& md) {
+    md << "| context | batch | indexer_topk | attention_sparse |\n|---|---|---|---|\n";
+    for (int64_t context : {int64_t(8192), int64_t(131072)}) {
+      for (int b : {1, 4, 8, 16, 32, 64, 128}) {
+        const ops::AttentionMetadata meta = layout(b, context);
+        md << "| " << k_of(context) << " | " << b << " | " << indexer(b, meta) << " | " << attention(b, meta, true, true)
+           << " |\n";
+      }
+    }
   };
 
   std::ostringstream md;
@@ -85,15 +97,13 @@ std::string kernel_plans_markdown() {
         "a column says otherwise. Page tables here are as wide as the context; the engine's are max_model_len\n"
         "wide, so its decode indexer launches up to one CTA per SM per query group (those past a sequence's\n"
         "blocks exit at once).\n\n"
-        "### An MSA layer's decode step\n\n"
-        "| context | batch | indexer_topk | attention_sparse |\n|---|---|---|---|\n";
-  for (int64_t context : {int64_t(8192), int64_t(131072)}) {
-    for (int b : {1, 4, 8, 16, 32, 64, 128}) {
-      const ops::AttentionMetadata meta = layout(b, context);
-      md << "| " << k_of(context) << " | " << b << " | " << indexer(b, meta) << " | " << attention(b, meta, true, true)
-         << " |\n";
-    }
-  }
+        "### An MSA layer's decode step\n\n";
+  decode_table(md);
+  tp = 4;
+  md << "\n### The same at TP4 (" << c.num_attention_heads / tp << " query heads over " << c.num_key_value_heads / tp
+     << " KV head, " << c.index_n_heads / tp << " index head per GPU)\n\n";
+  decode_table(md);
+  tp = 1;
   md << "\n### A prefill of one sequence\n\n"
         "| tokens | indexer_topk | attention_sparse | attention_sparse, invariance off | attention_dense |\n"
         "|---|---|---|---|---|\n";
@@ -104,7 +114,8 @@ std::string kernel_plans_markdown() {
   }
   md << "\n### A MoE layer (MXFP8 experts, top-" << c.num_experts_per_tok << " of " << c.num_local_experts
      << " + the shared expert)\n\n"
-        "| tokens | moe_router | moe_experts | moe_experts, invariance off |\n|---|---|---|---|\n";
+        "| tokens | moe_router | moe_experts | moe_experts, invariance off | moe_experts at TP4 (intermediate "
+     << c.intermediate_size / 4 << ") |\n|---|---|---|---|---|\n";
   for (int64_t t : {1, 8, 32, 128, 256, 512, 4096, 16384}) {
     md << "| " << t << " | "
        << cell(table.router, problem("moe_router", DType::kF32, t, c.num_local_experts, c.hidden_size,
@@ -115,6 +126,9 @@ std::string kernel_plans_markdown() {
        << " | "
        << cell(table.moe, problem("moe_experts", DType::kF8E4M3, t, c.intermediate_size, c.hidden_size,
                                   c.num_experts_per_tok, false))
+       << " | "
+       << cell(table.moe, problem("moe_experts", DType::kF8E4M3, t, c.intermediate_size / 4, c.hidden_size,
+                                  c.num_experts_per_tok, true))
        << " |\n";
   }
   // A sparse layer's projections of x run as one group (q, k, v, index q, index k: model.cpp).
