@@ -73,18 +73,18 @@ std::string kernel_plans_markdown() {
     p.kv_heads = c.num_key_value_heads / tp;
     return cell(table.attention, p);
   };
-  auto indexer = [&](int64_t tokens, const ops::AttentionMetadata& meta) {
-    ops::Problem p = problem("indexer_topk", DType::kBF16, tokens, c.index_n_heads / tp, c.index_head_dim, top_k, true);
+  auto indexer = [&](int64_t tokens, const ops::AttentionMetadata& meta, DType keys = DType::kBF16) {
+    ops::Problem p = problem("indexer_topk", keys, tokens, c.index_n_heads / tp, c.index_head_dim, top_k, true);
     p.attention = &meta;
     return cell(table.indexer_topk, p);
   };
   auto decode_table = [&](std::ostringstream& md) {
-    md << "| context | batch | indexer_topk | attention_sparse |\n|---|---|---|---|\n";
+    md << "| context | batch | indexer_topk | indexer_topk, FP8 index-K | attention_sparse |\n|---|---|---|---|---|\n";
     for (int64_t context : {int64_t(8192), int64_t(131072)}) {
       for (int b : {1, 4, 8, 16, 32, 64, 128}) {
         const ops::AttentionMetadata meta = layout(b, context);
-        md << "| " << k_of(context) << " | " << b << " | " << indexer(b, meta) << " | " << attention(b, meta, true, true)
-           << " |\n";
+        md << "| " << k_of(context) << " | " << b << " | " << indexer(b, meta) << " | "
+           << indexer(b, meta, DType::kF8E4M3) << " | " << attention(b, meta, true, true) << " |\n";
       }
     }
   };
@@ -93,10 +93,10 @@ std::string kernel_plans_markdown() {
   md << "\n## Plans at M3's shapes\n\n"
         "What the tables above select at M3's TP1 shapes on an H200 (132 SMs, clusters of up to 16 CTAs), and\n"
         "how the entry runs it: the plan its launcher takes its geometry from, as the dispatch trace prints it\n"
-        "at a shape's first use. BF16 KV and index-K caches; batch invariance on (the engine's default) unless\n"
-        "a column says otherwise. Page tables here are as wide as the context; the engine's are max_model_len\n"
-        "wide, so its decode indexer launches up to one CTA per SM per query group (those past a sequence's\n"
-        "blocks exit at once).\n\n"
+        "at a shape's first use. BF16 KV and index-K caches and batch invariance on (the engine's default)\n"
+        "unless a column says otherwise. Page tables here are as wide as the context; the engine's are\n"
+        "max_model_len wide, so its decode indexer launches up to one CTA per SM per query group (those past a\n"
+        "sequence's blocks exit at once).\n\n"
         "### An MSA layer's decode step\n\n";
   decode_table(md);
   tp = 4;
