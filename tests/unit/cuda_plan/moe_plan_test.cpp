@@ -58,6 +58,32 @@ TEST(MoeGemmPlan, W8A16FollowsTheTokenCount) {
   }
 }
 
+// Every path covers the widest expert's columns and the hidden size exactly once per item, for
+// any sizes the entries take (multiples of 128), at any token count.
+TEST(MoeGemmPlan, TilesCoverTheOutputsOnce) {
+  int checked = 0;
+  for (Path path : {Path::kW8A16, Path::kW8A8, Path::kW8A16Wg}) {
+    for (int64_t t : {1, 15, 16, 63, 64, 65, 255, 256, 1024, 1025, 16384}) {
+      for (int64_t inter : {128, 384, 768, 1536, 3072, 12288}) {
+        for (int64_t hidden : {1024, 1152, 6144, 7168}) {
+          const GemmPlan p = gemm_plan(path, t, inter, hidden);
+          const std::string at = cuda::moe_mxfp8::plan_text(p);
+          EXPECT_EQ(p.path, path);
+          EXPECT_EQ(p.rows_per_item, cuda::moe_mxfp8::rows_per_item(path, t)) << at;
+          EXPECT_GE(p.gu_col_tiles * p.gu_cols, inter) << at;
+          EXPECT_LT((p.gu_col_tiles - 1) * p.gu_cols, inter) << at;
+          EXPECT_GE(p.dn_col_tiles * p.dn_cols, hidden) << at;
+          EXPECT_LT((p.dn_col_tiles - 1) * p.dn_cols, hidden) << at;
+          if (path == Path::kW8A16) EXPECT_EQ(hidden % p.dn_cols, 0) << at;  // its down CTAs have no column guard
+          EXPECT_GE(p.combine_ctas_per_token * 4 * 256, t >= 256 ? 1 : hidden) << at;
+          ++checked;
+        }
+      }
+    }
+  }
+  EXPECT_EQ(checked, 3 * 11 * 6 * 4);
+}
+
 TEST(MoeGemmPlan, WgmmaPathsArePersistentWithTheirStages) {
   const GemmPlan w8 = gemm_plan(Path::kW8A8, 512, kInter, kHidden);
   EXPECT_TRUE(w8.persistent);

@@ -213,3 +213,83 @@ TEST(MsaPlans, EntriesCarryPlans) {
 
 }  // namespace
 }  // namespace m3
+
+namespace m3 {
+namespace {
+
+// What the kernels rely on, over a sweep of batches, contexts, head layouts and device limits:
+// a split is a power of two within the cluster limit and never more than the row group's
+// super-units; partials fit their buffer; the early units only where the kernel variant exists;
+// the indexer's chunks and score slices cover the work once.
+TEST(MsaPlans, InvariantsOverASweep) {
+  const cuda::MsaAttnLimits limits[] = {{132, 16, 16, 16}, {132, 8, 8, 8}, {114, 16, 8, 8}, {20, 4, 2, 2}};
+  struct Heads {
+    int64_t q, kv, index;
+  };
+  const Heads heads[] = {{64, 4, 4}, {16, 1, 1}, {8, 2, 2}, {32, 2, 4}};
+  int checked = 0;
+  for (const auto& lim : limits) {
+    for (const Heads& h : heads) {
+      for (int64_t context : {int64_t(1), int64_t(127), int64_t(128), int64_t(300), int64_t(2048), int64_t(8192),
+                              int64_t(131072), int64_t(524288)}) {
+        for (int seqs : {1, 2, 3, 4, 5, 15, 16, 33, 64, 128, 300}) {
+          for (int per_seq : {1, 4, 100}) {
+            for (bool sparse : {true, false}) {
+              MsaAttnShape s;
+              s.tokens = int64_t(seqs) * per_seq;
+              s.num_seqs = seqs;
+              s.q_heads = h.q;
+              s.kv_heads = h.kv;
+              s.head_dim = 128;
+              s.bs = kBlock;
+              s.max_blocks = int((context + kBlock - 1) / kBlock);
+              s.sparse = sparse;
+              s.top_k = sparse ? kTopK : 0;
+              const MsaAttnPlan p = cuda::msa_attention_plan(s, lim);
+              ASSERT_TRUE(p.tuned);
+              const std::string at = std::to_string(seqs) + " x " + std::to_string(per_seq) + " tokens at " +
+                                     std::to_string(context) + (sparse ? " sparse" : " dense");
+              EXPECT_EQ(p.pure_decode, per_seq == 1) << at;
+              EXPECT_GE(p.splits, 1) << at;
+              EXPECT_EQ(p.splits & (p.splits - 1), 0) << at;
+              const int cap = p.m_tiles == 4 ? lim.cluster_four : p.split_ring ? lim.cluster_ring : lim.cluster_deep;
+              EXPECT_LE(p.splits, std::max(cap, 2)) << at;
+              EXPECT_LE(p.splits, std::max<int64_t>(1, p.su_cap)) << at;
+              EXPECT_EQ(p.ctas, s.tokens * s.kv_heads * p.splits) << at;
+              EXPECT_GE(int64_t(p.tokens_per_group) * (sparse ? kTopK : 0), 0);
+              if (sparse) EXPECT_LE(int64_t(p.tokens_per_group) * kTopK, 512) << at;
+              if (p.m_tiles == 1) EXPECT_LE(int64_t(p.tokens_per_group) * (h.q / h.kv), 16) << at;
+              if (p.splits > 1) EXPECT_LE(p.part_bytes, size_t(256) << 20) << at;
+              if (p.fixed_partials) EXPECT_TRUE(p.splits > 1 && p.pure_decode && p.part_bytes <= (size_t(8) << 20)) << at;
+              if (p.early) EXPECT_TRUE(sparse && p.pure_decode && seqs <= cuda::kEarlyUnitsMaxSeqs && p.split_ring) << at;
+
+              cuda::MsaIndexerShape is;
+              is.tokens = s.tokens;
+              is.num_seqs = seqs;
+              is.heads = h.index;
+              is.dim = 128;
+              is.bs = kBlock;
+              is.max_blocks = s.max_blocks;
+              is.top_k = kTopK;
+              const cuda::MsaIndexerPlan ip = cuda::msa_indexer_plan(is, lim.sms);
+              ASSERT_TRUE(ip.tuned);
+              EXPECT_GE(ip.chunks, 1) << at;
+              EXPECT_LE(ip.chunks, std::max(1, std::min(1024, ip.max_blocks - 1))) << at;
+              EXPECT_GE(ip.group_tokens, 1) << at;
+              EXPECT_GE(ip.slice, ip.group_tokens) << at;
+              EXPECT_GE(ip.first_slice, 1) << at;
+              EXPECT_LE(ip.first_slice, ip.slice) << at;
+              EXPECT_EQ(ip.first_slice + (ip.launches - 1) * ip.slice, s.tokens) << at;
+              if (ip.fixed_scores) EXPECT_LE(ip.score_bytes, size_t(4) << 20) << at;
+              ++checked;
+            }
+          }
+        }
+      }
+    }
+  }
+  EXPECT_EQ(checked, 4 * 4 * 8 * 11 * 3 * 2);
+}
+
+}  // namespace
+}  // namespace m3
