@@ -2,10 +2,8 @@
 // op's table selects and how that entry runs it (tiles, splits, buffers), for decode batches,
 // prefills and MoE token counts. Built from the dispatch tables and the launchers' own plan
 // functions, so any change of a rule changes the doc (unit_kernel_paths_doc checks it).
-#include <cstdio>
 #include <sstream>
 #include <string>
-#include <vector>
 
 #include "app/kernel_plans.h"
 #include "model/minimax_m3/config.h"
@@ -23,13 +21,14 @@ namespace {
 // The device the doc describes: an H200 (132 SMs; the attention kernels' largest clusters 16).
 const cuda::MsaAttnLimits kH200{132, 16, 16, 16};
 
-// "`entry`: plan" for the entry the table selects (the MSA entries' plans with kH200's limits).
+// "`entry`: plan" for the entry the table selects. The MSA entries' own plan functions ask the
+// current device for its limits; here they are kH200's.
 template <class Table>
 std::string cell(const Table& table, const ops::Problem& p) {
   const auto* e = table.find(p, nullptr);
   if (!e) return "(no entry)";
-  std::string plan = cuda::msa_entry_plan(e->name, p, kH200);
-  if (plan.empty() && e->plan) plan = e->plan(p);
+  const bool msa = e->name.rfind("attention.msa_", 0) == 0 || e->name.rfind("indexer_topk.msa_", 0) == 0;
+  const std::string plan = msa ? cuda::msa_entry_plan(e->name, p, kH200) : e->plan ? e->plan(p) : "";
   return "`" + e->name + "`" + (plan.empty() ? "" : ": " + plan);
 }
 
