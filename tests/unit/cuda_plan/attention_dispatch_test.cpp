@@ -11,18 +11,23 @@
 namespace m3 {
 namespace {
 
-std::string pick(const ops::KernelTable& t, int64_t tokens, int64_t top_k, bool invariant,
-                 DType kv = DType::kBF16, int64_t head_dim = 128) {
+ops::Problem attention_problem(int64_t tokens, int64_t top_k, bool invariant, DType kv = DType::kBF16,
+                               int64_t head_dim = 128, int64_t q_heads = 64) {
   ops::Problem p;
   p.op = "attention";
   p.device = Device::kCuda;
   p.dtype = kv;
   p.m = tokens;
-  p.n = 64;
+  p.n = q_heads;
   p.k = head_dim;
   p.extra = top_k;
   p.batch_invariant = invariant;
-  return t.attention.select(p, nullptr).name;
+  return p;
+}
+
+std::string pick(const ops::KernelTable& t, int64_t tokens, int64_t top_k, bool invariant,
+                 DType kv = DType::kBF16, int64_t head_dim = 128) {
+  return t.attention.select(attention_problem(tokens, top_k, invariant, kv, head_dim), nullptr).name;
 }
 
 TEST(AttentionDispatch, PrefillAndDecodeReachTheirKernels) {
@@ -54,15 +59,7 @@ std::string pick_with(const ops::KernelTable& t, int64_t tokens, int seqs, int64
   meta.max_blocks_per_seq = 64;
   int32_t lens = 0;
   meta.seq_lens = &lens;  // only its presence is read
-  ops::Problem p;
-  p.op = "attention";
-  p.device = Device::kCuda;
-  p.dtype = DType::kBF16;
-  p.m = tokens;
-  p.n = q_heads;
-  p.k = 128;
-  p.extra = top_k;
-  p.batch_invariant = true;
+  ops::Problem p = attention_problem(tokens, top_k, true, DType::kBF16, 128, q_heads);
   p.attention = &meta;
   p.kv_heads = kv_heads;
   return t.attention.select(p, nullptr).name;
