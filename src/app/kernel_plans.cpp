@@ -137,7 +137,7 @@ std::string kernel_plans_markdown() {
         "| rows | q, k, v, index q, index k as one group [" << group_n << " x " << c.hidden_size << "] | o_proj ["
      << c.hidden_size << " x " << q << "] | dense MLP [" << c.dense_intermediate_size << " x " << c.hidden_size
      << "] | lm_head [" << c.vocab_size << " x " << c.hidden_size << "] |\n|---|---|---|---|---|\n";
-  for (int64_t m : {1, 8, 32, 128, 256, 512, 4096}) {
+  for (int64_t m : {1, 8, 32, 128, 256, 384, 512, 4096}) {
     const ops::Problem group = problem("linear_group", DType::kF8E4M3, m, group_n, c.hidden_size, 5, true);
     md << "| " << m << " | "
        << (table.linear_group.find(group, nullptr) ? cell(table.linear_group, group) : std::string("each weight as a linear"))

@@ -128,7 +128,7 @@ struct Variant {
 Variant variant_of(const std::string& name) {
   constexpr int64_t kNever = int64_t(1) << 62;
   Variant v{name, true, {}};
-  if (name == "wgmma") v.rule.wgmma_min_rows = 1;
+  if (name == "wgmma") v.rule.wgmma_min_rows = 1, v.rule.wgmma_overlap = false;
   else if (name == "wgmma_ov") v.rule.wgmma_min_rows = 1, v.rule.wgmma_overlap = true;
   else if (name == "narrow") v.rule = {kNever, kNever, cuda::MmaLinearRule{}.split_fill};
   else if (name == "nosplit") v.rule = {kNever, kNever, 0};

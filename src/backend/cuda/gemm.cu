@@ -437,9 +437,10 @@ void gemm_xwt(const float* x, int64_t m, const ops::LinearWeight& w, float* y, b
 
 void register_gemm(ops::KernelTable& table) {
   table.linear.add({"linear.wgmma_hilo_invariant.sm90",
-                    "as linear.mma_hilo_invariant.sm90 (same bits) for MXFP8 weights and calls of >= 512 rows "
+                    "as linear.mma_hilo_invariant.sm90 (same bits) for MXFP8 weights and calls of > 256 rows "
                     "(prefill chunks): wgmma m64n128k16 with the weights as A from registers, the x pieces in the "
-                    "mma.sync fragments' k order, persistent CTAs with a producer warpgroup",
+                    "mma.sync fragments' k order, the next stage's weight fragments built under the current "
+                    "stage's wgmmas, persistent CTAs with a producer warpgroup",
                     need_wg, linear_mma<true>, plan_linear<true>});
   table.linear.add({"linear.mma_hilo_invariant.sm90",
                     "device BF16 or MXFP8 weight, in_features >= 1024 (MXFP8: % 128, BF16: % 64); taken where the "

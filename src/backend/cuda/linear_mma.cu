@@ -584,7 +584,7 @@ struct Gemm {
     fp8 = w.data.dtype == DType::kF8E4M3;
     const MmaLinearPlan plan = mma_linear_plan(m, n, k, w.data.dtype, wgmma, rule);
     wg = plan.kernel == MmaLinearKernel::kWgmma;
-    wg_overlap = wg && rule.wgmma_overlap;
+    wg_overlap = wg && plan.overlap;
     // The grid is 1-D (fire() bounds its CTA count); rows and tiles are ints in the kernel.
     if (m > INT32_MAX) throw std::runtime_error("linear.mma_hilo_invariant.sm90: too many rows (" + std::to_string(m) + ")");
     ct = plan.tokens_per_cta;
@@ -656,7 +656,7 @@ const char* mma_linear_kernel_name(MmaLinearKernel k) {
 }
 
 std::string mma_linear_tile_text(const MmaLinearPlan& p) {
-  return std::string(mma_linear_kernel_name(p.kernel)) + " " +
+  return std::string(mma_linear_kernel_name(p.kernel)) + (p.overlap ? " overlapped " : " ") +
          (p.kernel == MmaLinearKernel::kWgmma ? "128 x 128" : std::to_string(p.tokens_per_cta) + "-token") + " tiles";
 }
 
@@ -681,7 +681,8 @@ MmaLinearPlan mma_linear_plan(int64_t m, int64_t n, int64_t k, DType dtype, bool
     p.kernel = MmaLinearKernel::kWgmma;
     p.tokens_per_cta = kWgLinearTileTokens;
     p.grid_y = (m + kWgLinearTileTokens - 1) / kWgLinearTileTokens;
-    p.split = rule.wgmma_overlap && p.nseg > 1 && p.grid_x * p.grid_y < kSms && m <= kSplitMaxRows;
+    p.overlap = rule.wgmma_overlap;
+    p.split = p.overlap && p.nseg > 1 && p.grid_x * p.grid_y < kSms && m <= kSplitMaxRows;
     p.grid_z = p.split ? p.nseg : 1;
     return p;
   }

@@ -7,8 +7,11 @@
 namespace m3::cuda {
 
 // Fewest rows for the wgmma path (below it the mma.sync tiles; see docs/linear_kernels.md), the
-// default of MmaLinearRule::wgmma_min_rows.
-constexpr int64_t kWgLinearMinRows = 512;
+// default of MmaLinearRule::wgmma_min_rows: past the 32-token tiles' 256 rows. H200, every kernel
+// forced (tools/gpu_linear_rule.sh, forty-sixth session): at 320-448 rows the wide mma.sync tile
+// the rule took there was 2-3x the overlapped wgmma form (o_proj 509-597 -> 218-255 us, the dense
+// MLP 1952-2214 -> 823-988, the grouped projections 1301-1386 -> 485-528).
+constexpr int64_t kWgLinearMinRows = 257;
 // A tile: 128 weight rows (64 per consumer warpgroup) x 128 tokens (the wgmma N).
 constexpr int kWgLinearTileRows = 128, kWgLinearTileTokens = 128;
 

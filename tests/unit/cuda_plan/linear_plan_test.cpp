@@ -73,10 +73,13 @@ TEST(MmaLinearPlan, SegmentsDependOnTheShapeOnly) {
   EXPECT_FALSE(q256.split);
   EXPECT_FALSE(cuda::mma_linear_plan(128, 6144, 8192, DType::kF8E4M3).split);  // 192 tiles: the rule starts past 128 rows
   // The plan names its kernel: narrow up to 256 rows, the wide tile beyond, and with the wgmma
-  // entry MXFP8 calls of 512 rows or more on wgmma (128 x 128 tiles, never split); BF16 never.
+  // entry MXFP8 calls of more than 256 rows on wgmma (128 x 128 tiles, the overlapped form, never
+  // split past 256 rows); BF16 never.
   EXPECT_EQ(q256.kernel, cuda::MmaLinearKernel::kNarrow);
+  EXPECT_EQ(cuda::mma_linear_plan(256, 8192, 6144, DType::kF8E4M3, true).kernel, cuda::MmaLinearKernel::kNarrow);
   EXPECT_EQ(cuda::mma_linear_plan(257, 8192, 6144, DType::kF8E4M3).kernel, cuda::MmaLinearKernel::kWide);
-  EXPECT_EQ(cuda::mma_linear_plan(511, 8192, 6144, DType::kF8E4M3, true).kernel, cuda::MmaLinearKernel::kWide);
+  EXPECT_EQ(cuda::mma_linear_plan(257, 8192, 6144, DType::kF8E4M3, true).kernel, cuda::MmaLinearKernel::kWgmma);
+  EXPECT_FALSE(cuda::mma_linear_plan(257, 512, 6144, DType::kF8E4M3, true).split);
   const cuda::MmaLinearPlan wg = cuda::mma_linear_plan(512, 8192, 6144, DType::kF8E4M3, true);
   EXPECT_EQ(wg.kernel, cuda::MmaLinearKernel::kWgmma);
   EXPECT_EQ(wg.tokens_per_cta, 128);
@@ -88,6 +91,7 @@ TEST(MmaLinearPlan, SegmentsDependOnTheShapeOnly) {
   // Other rules (linear_bench --variants) move the switches, never the segments.
   cuda::MmaLinearRule low;
   low.wgmma_min_rows = 1;
+  low.wgmma_overlap = false;
   const cuda::MmaLinearPlan wg1 = cuda::mma_linear_plan(1, 8192, 6144, DType::kF8E4M3, true, low);
   EXPECT_EQ(wg1.kernel, cuda::MmaLinearKernel::kWgmma);
   EXPECT_EQ(wg1.grid_y, 1);
@@ -153,7 +157,7 @@ TEST(MmaLinearPlan, EntriesTraceTheirPlan) {
             "narrow 32-token tiles x 48 x 6, K in 5 segments of 26 x 64 on separate CTAs");
   p.m = 4096;
   EXPECT_EQ(plan_of(table.linear.entries(), "linear.wgmma_hilo_invariant.sm90", p),
-            "wgmma 128 x 128 tiles x 48 x 32, K in 5 segments of 26 x 64");
+            "wgmma overlapped 128 x 128 tiles x 48 x 32, K in 5 segments of 26 x 64");
   p.op = "dense_mlp";
   p.n = 12288, p.k = 6144, p.m = 1;
   const std::string mlp = plan_of(table.mlp.entries(), "dense_mlp.mma_hilo_invariant_swiglu_oai.sm90", p);
@@ -162,7 +166,7 @@ TEST(MmaLinearPlan, EntriesTraceTheirPlan) {
   p.op = "linear_group";
   p.n = 8192 + 3 * 512 + 128, p.k = 6144, p.m = 1024, p.extra = 5;
   EXPECT_EQ(plan_of(table.linear_group.entries(), "linear_group.wgmma_hilo_invariant.sm90", p),
-            "wgmma 128 x 128 tiles for each of 5 weights (K split per weight as linear)");
+            "wgmma overlapped 128 x 128 tiles for each of 5 weights (K split per weight as linear)");
 }
 
 }  // namespace
