@@ -8,7 +8,8 @@
 // call ("group") and as five linear calls ("separate"); max_rel is their difference (0 expected).
 // --variants wgmma,wgmma_ov,narrow,nosplit,wide,auto: the same call on one kernel forced through
 // cuda::MmaLinearRule (bypassing the table), to find where the engine's rule should switch:
-//   wgmma    the wgmma kernel at any row count (MXFP8);      wgmma_ov the same, conversion overlapped;
+//   wgmma    the wgmma kernel at any row count (MXFP8);      wgmma_ov the same, conversion overlapped
+//   (the engine's form); wgmma_ovsplit the overlapped form with K split over work items at <= 256 rows;
 //   narrow   32-token tiles at any count;
 //   nosplit  narrow without the ragged-wave K split;         wide     the 128-token mma.sync tile;
 //   auto     the engine's own rule, called directly.
@@ -130,12 +131,15 @@ Variant variant_of(const std::string& name) {
   Variant v{name, true, {}};
   if (name == "wgmma") v.rule.wgmma_min_rows = 1, v.rule.wgmma_overlap = false;
   else if (name == "wgmma_ov") v.rule.wgmma_min_rows = 1, v.rule.wgmma_overlap = true;
+  else if (name == "wgmma_ovsplit") v.rule.wgmma_min_rows = 1, v.rule.wgmma_overlap = true, v.rule.wgmma_split = true;
   else if (name == "narrow") v.rule = {kNever, kNever, cuda::MmaLinearRule{}.split_fill};
   else if (name == "nosplit") v.rule = {kNever, kNever, 0};
   else if (name == "wide") v.rule = {kNever, 0, 0};
   else if (name != "auto") {
-    throw std::runtime_error("--variants: unknown variant '" + name + "' (wgmma, wgmma_ov, narrow, nosplit, wide, auto)");
+    throw std::runtime_error("--variants: unknown variant '" + name +
+                             "' (wgmma, wgmma_ov, wgmma_ovsplit, narrow, nosplit, wide, auto)");
   }
+  if (name == "narrow" || name == "nosplit" || name == "wide") v.rule.wgmma_wide_min_rows = kNever;
   return v;
 }
 
@@ -328,8 +332,13 @@ int run(int argc, char** argv) {
         ld.push_back(t.shape[1]);
       }
       for (const Variant& v : variants) {
+        cuda::MmaLinearRule group_rule = v.rule;  // groups never take the wide-weight path (mma_group_rule)
+        group_rule.wgmma_wide_min_rows = cuda::mma_group_rule().wgmma_wide_min_rows;
         const Timing t_v = time_graph(
-            [&] { cuda::mma_linear_group(xbuf.as<const float>(), k, m, wp.data(), yp.data(), ld.data(), int(wp.size()), v.wgmma, v.rule); },
+            [&] {
+              cuda::mma_linear_group(xbuf.as<const float>(), k, m, wp.data(), yp.data(), ld.data(), int(wp.size()),
+                                     v.wgmma, group_rule);
+            },
             stream, flush, iters);
         emit_row(Row{"attn_proj", m, total_n, k, false, "mxfp8", v.name.c_str(), t_v, bytes, flops,
                      max_rel_diff(ys, yg, size_t(m) * total_n), plan_name(m, *wp[0], v) + " (q_proj's plan)"},

@@ -250,15 +250,21 @@ std::string need_mma_mlp(const ops::Problem& p) {
 
 // The wgmma form of the invariant linear: MXFP8 weights, prefill-sized calls (the plan decides),
 // on top of the mma.sync entry's own conditions.
-std::string wg_only(const ops::Problem& p, std::string why) {
+std::string wg_only(const ops::Problem& p, std::string why, const MmaLinearRule& rule = {}) {
   if (!why.empty()) return why;
   if (p.dtype != DType::kF8E4M3) return "MXFP8 weights only (BF16 keeps the mma.sync tiles)";
-  if (mma_linear_plan(p.m, p.n, p.k, p.dtype, true).kernel != MmaLinearKernel::kWgmma) {
-    return "fewer than " + std::to_string(MmaLinearRule{}.wgmma_min_rows) + " rows (mma.sync tiles)";
+  if (mma_linear_plan(p.m, p.n, p.k, p.dtype, true, rule).kernel != MmaLinearKernel::kWgmma) {
+    std::string r = "fewer than " + std::to_string(rule.wgmma_min_rows) + " rows";
+    if (rule.wgmma_wide_min_rows < rule.wgmma_min_rows) {
+      r += ", or than " + std::to_string(rule.wgmma_wide_min_rows) + " with >= " + std::to_string(rule.wgmma_wide_n) +
+           " outputs";
+    }
+    return r + " (mma.sync tiles)";
   }
   return "";
 }
 std::string need_wg(const ops::Problem& p) { return wg_only(p, need_mma(p)); }
+std::string need_wg_group(const ops::Problem& p) { return wg_only(p, need_mma(p), mma_group_rule()); }
 std::string need_wg_mlp(const ops::Problem& p) { return wg_only(p, need_mma_mlp(p)); }
 
 // The dispatch trace's plan of the tensor-core entries (the kernel, its tiles, the K split).
@@ -270,7 +276,8 @@ std::string plan_linear(const ops::Problem& p) {
 // K split each weight's own.
 template <bool kWg>
 std::string plan_group(const ops::Problem& p) {
-  return mma_linear_tile_text(mma_linear_plan(p.m, p.n, p.k, p.dtype, kWg)) + " for each of " + std::to_string(p.extra) +
+  return mma_linear_tile_text(mma_linear_plan(p.m, p.n, p.k, p.dtype, kWg, mma_group_rule())) + " for each of " +
+         std::to_string(p.extra) +
          " weights (K split per weight as linear)";
 }
 template <bool kWg>
@@ -332,7 +339,7 @@ void linear_group_mma(const TensorView& x, const ops::LinearWeight* const* w, co
     ys[size_t(i)] = y[i].as<float>();
     ldy[size_t(i)] = w[i]->out_features();
   }
-  mma_linear_group(x.as<const float>(), x.shape[1], x.shape[0], w, ys.data(), ldy.data(), count, kWg);
+  mma_linear_group(x.as<const float>(), x.shape[1], x.shape[0], w, ys.data(), ldy.data(), count, kWg, mma_group_rule());
 }
 
 void linear_cublas(const TensorView& x, const ops::LinearWeight& w, const TensorView& y) {
@@ -438,7 +445,8 @@ void gemm_xwt(const float* x, int64_t m, const ops::LinearWeight& w, float* y, b
 void register_gemm(ops::KernelTable& table) {
   table.linear.add({"linear.wgmma_hilo_invariant.sm90",
                     "as linear.mma_hilo_invariant.sm90 (same bits) for MXFP8 weights and calls of > 256 rows "
-                    "(prefill chunks): wgmma m64n128k16 with the weights as A from registers, the x pieces in the "
+                    "(prefill chunks), or of >= 96 rows for weights of >= 4096 outputs (decode batches; not in "
+                    "groups of weights): wgmma m64n128k16 with the weights as A from registers, the x pieces in the "
                     "mma.sync fragments' k order, the next stage's weight fragments built under the current "
                     "stage's wgmmas, persistent CTAs with a producer warpgroup",
                     need_wg, linear_mma<true>, plan_linear<true>});
@@ -451,7 +459,7 @@ void register_gemm(ops::KernelTable& table) {
                     need_mma, linear_mma<false>, plan_linear<false>});
   table.linear_group.add({"linear_group.wgmma_hilo_invariant.sm90",
                           "as linear.wgmma_hilo_invariant.sm90 for each weight, one x split",
-                          need_wg, linear_group_mma<true>, plan_group<true>});
+                          need_wg_group, linear_group_mma<true>, plan_group<true>});
   table.linear_group.add({"linear_group.mma_hilo_invariant.sm90",
                           "as linear.mma_hilo_invariant.sm90 for each weight (same bits as separate calls), one x "
                           "split and one launch for the group's narrow-tile GEMMs (up to 6; decode batches), so "

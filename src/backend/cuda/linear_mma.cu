@@ -675,14 +675,15 @@ MmaLinearPlan mma_linear_plan(int64_t m, int64_t n, int64_t k, DType dtype, bool
   p.nseg = kp.nseg;
   static_assert(kRowsCta == kWgLinearTileRows, "grid_x counts the weight tiles of both kernels");
   p.grid_x = (n + kRowsCta - 1) / kRowsCta;
-  if (wgmma && dtype == DType::kF8E4M3 && m >= rule.wgmma_min_rows) {
+  const bool wide_weight = n >= rule.wgmma_wide_n && m >= rule.wgmma_wide_min_rows;
+  if (wgmma && dtype == DType::kF8E4M3 && (m >= rule.wgmma_min_rows || wide_weight)) {
     // 128 x 128 tiles walked by persistent CTAs; K segments as work items of their own (the
-    // overlapped form only) when the tiles alone leave SMs idle, as the mma.sync split.
+    // overlapped form with wgmma_split only) when the tiles alone leave SMs idle.
     p.kernel = MmaLinearKernel::kWgmma;
     p.tokens_per_cta = kWgLinearTileTokens;
     p.grid_y = (m + kWgLinearTileTokens - 1) / kWgLinearTileTokens;
     p.overlap = rule.wgmma_overlap;
-    p.split = p.overlap && p.nseg > 1 && p.grid_x * p.grid_y < kSms && m <= kSplitMaxRows;
+    p.split = p.overlap && rule.wgmma_split && p.nseg > 1 && p.grid_x * p.grid_y < kSms && m <= kSplitMaxRows;
     p.grid_z = p.split ? p.nseg : 1;
     return p;
   }
@@ -696,6 +697,12 @@ MmaLinearPlan mma_linear_plan(int64_t m, int64_t n, int64_t k, DType dtype, bool
   p.split = p.nseg > 1 && (tiles < kSms || ragged) && m <= kSplitMaxRows;
   p.grid_z = p.split ? p.nseg : 1;
   return p;
+}
+
+MmaLinearRule mma_group_rule() {
+  MmaLinearRule r;
+  r.wgmma_wide_min_rows = int64_t(1) << 62;
+  return r;
 }
 
 std::string mma_linear_eligible(DType dtype, int64_t n, int64_t k) {
@@ -722,9 +729,12 @@ __device__ __align__(256) uint4 g_linear_workspace[(size_t(64) << 20) / 16];
 // (at most kMaxGroup each; wide tiles one per GEMM), back to back, each a programmatic dependent
 // of the kernel before.
 void run(const float* x, int64_t ldx, int64_t m, int64_t k, bool f16, Gemm* const* gemms, int count) {
-  // The wgmma kernel (the plan's choice depends on m and the weight type, the same for every GEMM
-  // of a call) takes the x pieces in wg_col order.
+  // The wgmma kernel takes the x pieces in wg_col order, so one call's GEMMs share one kernel
+  // (groups of weights plan without the wide-weight path: mma_group_rule).
   const bool wg = gemms[0]->wg;
+  for (int i = 1; i < count; ++i) {
+    if (gemms[i]->wg != wg) throw std::runtime_error("linear.mma_hilo_invariant.sm90: a group mixes wgmma and mma.sync GEMMs");
+  }
   auto up = [](size_t b) { return (b + 255) / 256 * 256; };
   const size_t piece = up(size_t(m * k) * 2), scale = up(size_t(m) * 4);
   size_t bytes = 2 * piece + scale, tickets = 0;

@@ -38,17 +38,28 @@ const char* mma_linear_kernel_name(MmaLinearKernel k);
 //   split_fill: past 128 rows, 32-token tiles whose last wave (two CTAs per SM) is under this
 //     percentage full split K over CTAs too (o_proj at 192 rows 305 -> 253 us; the wide tile 272).
 //   wgmma_overlap: the wgmma kernel builds stage s + 1's weight fragments while stage s's wgmmas
-//     run, and splits K over work items where its tiles alone leave SMs idle at <= 256 rows
-//     (WgLinearArgs::overlap, nsplit; same bits). On: 11-17 % faster than the plain form at 320-1024
-//     rows on every M3 shape (H200, q_proj 1024 rows 403 -> 355 us, o_proj 406 -> 350); its split
-//     at 160-256 rows was slower than the plain form (q_proj 256 rows 108 -> 319 us), but no call
-//     of <= 256 rows takes wgmma under this rule.
+//     run (WgLinearArgs::overlap; same bits). On: 11-17 % faster than the plain form at 320-1024
+//     rows on every M3 shape (H200, q_proj 1024 rows 403 -> 355 us, o_proj 406 -> 350).
+//   wgmma_wide_min_rows, wgmma_wide_n: weights of at least wgmma_wide_n outputs (many 128-row
+//     tiles) take wgmma from this many rows already. H200, plain wgmma against the 32-token tiles
+//     at 96-256 rows: q_proj 99-150 vs 140-280 us, o_proj 132-175 vs 184-331, the dense MLP
+//     381-706 vs 678-1300; at 64 rows the tiles win (q_proj 90 vs 112), and weights of 512
+//     outputs (k/v: 4 tiles) keep them up to 256 rows (38 vs 102 us). Groups of weights do not
+//     take this path (their small weights would follow the large one onto wgmma).
+//   wgmma_split: the overlapped form also splits K over work items where its tiles leave SMs
+//     idle at <= 256 rows (WgLinearArgs::nsplit; same bits). Off: slower than not splitting at
+//     160-256 rows (q_proj 256 rows 108 -> 319 us).
 struct MmaLinearRule {
   int64_t wgmma_min_rows = kWgLinearMinRows;
   int64_t narrow_max_rows = 256;
   int split_fill = 85;
   bool wgmma_overlap = true;
+  int64_t wgmma_wide_min_rows = 96;
+  int64_t wgmma_wide_n = 4096;
+  bool wgmma_split = false;
 };
+// The rule of weight groups (ops::linear_group): the default without the wide-weight path.
+MmaLinearRule mma_group_rule();
 
 // How one call is cut (host-side; the launch uses it, tests check it). The K segments are a
 // function of (n, k) only; the rest may follow m, as no tile choice changes a bit.

@@ -638,7 +638,11 @@ void check_linear(Harness& h, std::mt19937& rng) {
             constexpr int64_t kNever = int64_t(1) << 62;
             std::vector<cuda::MmaLinearRule> rules = {{kNever, kNever, 85, false}, {kNever, kNever, 0, false},
                                                       {kNever, 0, 0, false}};
-            if (dt == DType::kF8E4M3) rules.insert(rules.end(), {{1, 256, 85, false}, {1, 256, 85, true}});
+            if (dt == DType::kF8E4M3) {
+              rules.insert(rules.end(), {{1, 256, 85, false}, {1, 256, 85, true}, {1, 256, 85, true}});
+              rules.back().wgmma_split = true;  // the overlapped form with K split over work items
+            }
+            for (cuda::MmaLinearRule& rule : rules) rule.wgmma_wide_min_rows = rule.wgmma_min_rows;
             for (const cuda::MmaLinearRule& rule : rules) {
               dy.poison();
               cuda::mma_linear(dx.as<float>(), k, m, w.dev_w, dy.as<float>(), n, true, rule);

@@ -76,7 +76,16 @@ TEST(MmaLinearPlan, SegmentsDependOnTheShapeOnly) {
   // entry MXFP8 calls of more than 256 rows on wgmma (128 x 128 tiles, the overlapped form, never
   // split past 256 rows); BF16 never.
   EXPECT_EQ(q256.kernel, cuda::MmaLinearKernel::kNarrow);
-  EXPECT_EQ(cuda::mma_linear_plan(256, 8192, 6144, DType::kF8E4M3, true).kernel, cuda::MmaLinearKernel::kNarrow);
+  // Weights of >= 4096 outputs take wgmma from 96 rows (not in groups); smaller ones keep the tiles.
+  EXPECT_EQ(cuda::mma_linear_plan(256, 8192, 6144, DType::kF8E4M3, true).kernel, cuda::MmaLinearKernel::kWgmma);
+  EXPECT_EQ(cuda::mma_linear_plan(96, 6144, 8192, DType::kF8E4M3, true).kernel, cuda::MmaLinearKernel::kWgmma);
+  EXPECT_FALSE(cuda::mma_linear_plan(96, 6144, 8192, DType::kF8E4M3, true).split);  // no K split by default
+  EXPECT_EQ(cuda::mma_linear_plan(95, 6144, 8192, DType::kF8E4M3, true).kernel, cuda::MmaLinearKernel::kNarrow);
+  EXPECT_EQ(cuda::mma_linear_plan(256, 512, 6144, DType::kF8E4M3, true).kernel, cuda::MmaLinearKernel::kNarrow);
+  EXPECT_EQ(cuda::mma_linear_plan(256, 8192, 6144, DType::kF8E4M3, true, cuda::mma_group_rule()).kernel,
+            cuda::MmaLinearKernel::kNarrow);
+  EXPECT_EQ(cuda::mma_linear_plan(257, 8192, 6144, DType::kF8E4M3, true, cuda::mma_group_rule()).kernel,
+            cuda::MmaLinearKernel::kWgmma);
   EXPECT_EQ(cuda::mma_linear_plan(257, 8192, 6144, DType::kF8E4M3).kernel, cuda::MmaLinearKernel::kWide);
   EXPECT_EQ(cuda::mma_linear_plan(257, 8192, 6144, DType::kF8E4M3, true).kernel, cuda::MmaLinearKernel::kWgmma);
   EXPECT_FALSE(cuda::mma_linear_plan(257, 512, 6144, DType::kF8E4M3, true).split);
@@ -101,6 +110,7 @@ TEST(MmaLinearPlan, SegmentsDependOnTheShapeOnly) {
   // segments), not where they fill them (384 rows: 192 tiles) nor past 256 rows.
   cuda::MmaLinearRule ov = low;
   ov.wgmma_overlap = true;
+  ov.wgmma_split = true;
   const cuda::MmaLinearPlan q128 = cuda::mma_linear_plan(128, 8192, 6144, DType::kF8E4M3, true, ov);
   EXPECT_EQ(q128.kernel, cuda::MmaLinearKernel::kWgmma);
   EXPECT_TRUE(q128.split);
@@ -108,11 +118,13 @@ TEST(MmaLinearPlan, SegmentsDependOnTheShapeOnly) {
   EXPECT_FALSE(cuda::mma_linear_plan(384, 8192, 6144, DType::kF8E4M3, true, ov).split);  // 192 tiles
   EXPECT_FALSE(cuda::mma_linear_plan(512, 512, 6144, DType::kF8E4M3, true, ov).split);   // past 256 rows
   cuda::MmaLinearRule narrow{int64_t(1) << 62, int64_t(1) << 62, 85};
+  narrow.wgmma_wide_min_rows = int64_t(1) << 62;
   EXPECT_EQ(cuda::mma_linear_plan(4096, 8192, 6144, DType::kF8E4M3, true, narrow).tokens_per_cta, 32);
   cuda::MmaLinearRule nosplit = narrow;
   nosplit.split_fill = 0;
   EXPECT_FALSE(cuda::mma_linear_plan(192, 6144, 8192, DType::kF8E4M3, false, nosplit).split);
   cuda::MmaLinearRule wide{int64_t(1) << 62, 0, 0};
+  wide.wgmma_wide_min_rows = int64_t(1) << 62;
   EXPECT_EQ(cuda::mma_linear_plan(33, 6144, 8192, DType::kF8E4M3, true, wide).kernel, cuda::MmaLinearKernel::kWide);
   // The split wgmma form's work items: a tile's items cover its K stages once, in order, each
   // one of the plan's segments (the partial the whole-K loop folds), for every shape above.
