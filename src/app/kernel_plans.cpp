@@ -32,17 +32,14 @@ std::string cell(const Table& table, const ops::Problem& p) {
   return "`" + e->name + "`" + (plan.empty() ? "" : ": " + plan);
 }
 
+template <class Table>
+std::string entry_name(const Table& table, const ops::Problem& p) {
+  const auto* e = table.find(p, nullptr);
+  return e ? "`" + e->name + "`" : "(no entry)";
+}
+
 ops::Problem problem(const char* op, DType dtype, int64_t m, int64_t n, int64_t k, int64_t extra, bool invariant) {
-  ops::Problem p;
-  p.op = op;
-  p.device = Device::kCuda;
-  p.dtype = dtype;
-  p.m = m;
-  p.n = n;
-  p.k = k;
-  p.extra = extra;
-  p.batch_invariant = invariant;
-  return p;
+  return ops::make_problem(op, Device::kCuda, dtype, m, n, k, extra, invariant);
 }
 
 std::string k_of(int64_t tokens) { return tokens % 1024 == 0 ? std::to_string(tokens / 1024) + "K" : std::to_string(tokens); }
@@ -140,7 +137,12 @@ std::string kernel_plans_markdown() {
   for (int64_t m : {1, 8, 32, 128, 256, 384, 512, 4096}) {
     const ops::Problem group = problem("linear_group", DType::kF8E4M3, m, group_n, c.hidden_size, 5, true);
     md << "| " << m << " | "
-       << (table.linear_group.find(group, nullptr) ? cell(table.linear_group, group) : std::string("each weight as a linear"))
+       << (table.linear_group.find(group, nullptr)
+               ? cell(table.linear_group, group)
+               : "each weight as a linear: q " +
+                     entry_name(table.linear, problem("linear", DType::kF8E4M3, m, q, c.hidden_size, 0, true)) +
+                     ", k and v " +
+                     entry_name(table.linear, problem("linear", DType::kF8E4M3, m, kv, c.hidden_size, 0, true)))
        << " | " << cell(table.linear, problem("linear", DType::kF8E4M3, m, c.hidden_size, q, 0, true)) << " | "
        << cell(table.mlp, problem("dense_mlp", DType::kF8E4M3, m, c.dense_intermediate_size, c.hidden_size, 0, true))
        << " | " << cell(table.linear, problem("linear", DType::kBF16, m, c.vocab_size, c.hidden_size, 0, true)) << " |\n";

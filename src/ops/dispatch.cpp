@@ -16,6 +16,20 @@ std::string bucket(int64_t v) {
 const char* device_name(Device d) { return d == Device::kCpu ? "cpu" : "cuda"; }
 }  // namespace
 
+Problem make_problem(const char* op, Device device, DType dtype, int64_t m, int64_t n, int64_t k, int64_t extra,
+                     bool batch_invariant) {
+  Problem p;
+  p.op = op;
+  p.device = device;
+  p.dtype = dtype;
+  p.m = m;
+  p.n = n;
+  p.k = k;
+  p.extra = extra;
+  p.batch_invariant = batch_invariant;
+  return p;
+}
+
 std::string Problem::shape_class() const {
   return std::string(device_name(device)) + " " + std::string(dtype_name(dtype)) + " m" + bucket(m) + " n" +
          bucket(n) + " k" + bucket(k) + (extra ? " x" + std::to_string(extra) : "") + (batch_invariant ? " batch-invariant" : "");

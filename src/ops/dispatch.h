@@ -35,6 +35,10 @@ struct Problem {
   int64_t kv_heads = 0;
   std::string shape_class() const;  // bucketed (M, N, K) used for first-use tracing
 };
+// The problem an op builds (the ops:: functions, and documents that ask the tables what runs a
+// shape, as `m3serve kernel-paths` does).
+Problem make_problem(const char* op, Device device, DType dtype, int64_t m, int64_t n, int64_t k, int64_t extra,
+                     bool batch_invariant);
 
 struct DispatchRecord {
   std::string op, entry, shape_class, reason;

@@ -3,16 +3,7 @@
 namespace m3::ops {
 namespace {
 Problem problem(const OpContext& ctx, const char* op, DType dtype, int64_t m, int64_t n, int64_t k, int64_t extra = 0) {
-  Problem p;
-  p.op = op;
-  p.device = ctx.device;
-  p.dtype = dtype;
-  p.m = m;
-  p.n = n;
-  p.k = k;
-  p.extra = extra;
-  p.batch_invariant = ctx.batch_invariant;
-  return p;
+  return make_problem(op, ctx.device, dtype, m, n, k, extra, ctx.batch_invariant);
 }
 }  // namespace
 

@@ -263,8 +263,22 @@ std::string wg_only(const ops::Problem& p, std::string why, const MmaLinearRule&
   }
   return "";
 }
+// Groups of weights (p.n: their outputs summed): where the wide weight would take wgmma alone and
+// the group not, separate calls are faster (MmaLinearRule::group_separate_min_rows).
+std::string need_mma_group(const ops::Problem& p) {
+  std::string why = need_mma(p);
+  if (!why.empty()) return why;
+  const MmaLinearRule rule;
+  if (p.dtype == DType::kF8E4M3 && p.n >= rule.wgmma_wide_n && p.m >= rule.group_separate_min_rows &&
+      p.m < rule.wgmma_min_rows) {
+    return std::to_string(rule.group_separate_min_rows) + ".." + std::to_string(rule.wgmma_min_rows - 1) +
+           " rows with >= " + std::to_string(rule.wgmma_wide_n) +
+           " outputs in all: separate calls (the wide weight on wgmma) are faster";
+  }
+  return "";
+}
 std::string need_wg(const ops::Problem& p) { return wg_only(p, need_mma(p)); }
-std::string need_wg_group(const ops::Problem& p) { return wg_only(p, need_mma(p), mma_group_rule()); }
+std::string need_wg_group(const ops::Problem& p) { return wg_only(p, need_mma_group(p), mma_group_rule()); }
 std::string need_wg_mlp(const ops::Problem& p) { return wg_only(p, need_mma_mlp(p)); }
 
 // The dispatch trace's plan of the tensor-core entries (the kernel, its tiles, the K split).
@@ -463,9 +477,9 @@ void register_gemm(ops::KernelTable& table) {
   table.linear_group.add({"linear_group.mma_hilo_invariant.sm90",
                           "as linear.mma_hilo_invariant.sm90 for each weight (same bits as separate calls), one x "
                           "split and one launch for the group's narrow-tile GEMMs (up to 6; decode batches), so "
-                          "small projections stream back to back; where not eligible each weight takes the linear "
-                          "table",
-                          need_mma, linear_group_mma<false>, plan_group<false>});
+                          "small projections stream back to back; where not eligible (also 192-256 rows with a "
+                          "wide weight) each weight takes the linear table",
+                          need_mma_group, linear_group_mma<false>, plan_group<false>});
   table.linear.add({"linear.rowdot_invariant.sm90",
                     "device F32/BF16/MXFP8 weight (MXFP8: in % 32 == 0, U8 e8m0 scale [out, in/32]); taken when batch "
                     "invariance is requested, and always for MXFP8: tiled warp row-dot (2 weight rows per warp, 16-byte "

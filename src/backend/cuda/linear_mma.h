@@ -46,6 +46,11 @@ const char* mma_linear_kernel_name(MmaLinearKernel k);
 //     381-706 vs 678-1300; at 64 rows the tiles win (q_proj 90 vs 112), and weights of 512
 //     outputs (k/v: 4 tiles) keep them up to 256 rows (38 vs 102 us). Groups of weights do not
 //     take this path (their small weights would follow the large one onto wgmma).
+//   group_separate_min_rows: groups of weights (ops::linear_group) of at least this many rows,
+//     below wgmma_min_rows, whose outputs total >= wgmma_wide_n leave the group entries and run
+//     as separate calls (each weight on its own rule: the wide one on wgmma, the small ones on
+//     the 32-token tiles; same bits). H200, a sparse layer's five projections: 192 rows 294 ->
+//     256 us, 256 rows 351 -> 228 (at 128 rows the group is faster: 189 against 207).
 //   wgmma_split: the overlapped form also splits K over work items where its tiles leave SMs
 //     idle at <= 256 rows (WgLinearArgs::nsplit; same bits). Off: slower than not splitting at
 //     160-256 rows (q_proj 256 rows 108 -> 319 us).
@@ -57,6 +62,7 @@ struct MmaLinearRule {
   int64_t wgmma_wide_min_rows = 96;
   int64_t wgmma_wide_n = 4096;
   bool wgmma_split = false;
+  int64_t group_separate_min_rows = 192;
 };
 // The rule of weight groups (ops::linear_group): the default without the wide-weight path.
 MmaLinearRule mma_group_rule();

@@ -59,6 +59,7 @@ struct MsaIndexerPlan {
 };
 MsaIndexerShape msa_indexer_shape(const TensorView& index_q, const TensorView& index_k_cache,
                                   const ops::AttentionMetadata& meta, int top_k);
+MsaIndexerShape msa_indexer_shape(const ops::Problem& p);  // p.attention set (ops::indexer_topk)
 std::string msa_indexer_refusal(const MsaIndexerShape& shape);  // "" when the tuned kernels take it
 MsaIndexerPlan msa_indexer_plan(const MsaIndexerShape& shape, int64_t sms, MsaIndexerLayout layout = MsaIndexerLayout::kAuto);
 std::string msa_indexer_plan_text(const MsaIndexerPlan& plan);
@@ -79,6 +80,7 @@ struct MsaAttnShape {
 };
 MsaAttnShape msa_attn_shape(const TensorView& q, const TensorView& k_cache, const TensorView& v_cache,
                             const ops::AttentionMetadata& meta, const TensorView& selected, int top_k);
+MsaAttnShape msa_attn_shape(const ops::Problem& p);  // p.attention set (ops::attention)
 struct MsaAttnLimits {
   int64_t sms = 132;
   int cluster_deep = 16, cluster_ring = 16, cluster_four = 16;  // largest cluster each kernel launches with

@@ -29,7 +29,9 @@
 #include <cuda_bf16.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
+#include <mutex>
 #include <stdexcept>
 #include <string>
 
@@ -815,21 +817,35 @@ int max_cluster() {
 
 }  // namespace
 
-MsaAttnShape msa_attn_shape(const TensorView& q, const TensorView& k_cache, const TensorView& v_cache,
-                            const ops::AttentionMetadata& meta, const TensorView& selected, int top_k) {
+namespace {
+MsaAttnShape attn_shape(int64_t tokens, int64_t q_heads, int64_t head_dim, int64_t kv_heads,
+                        const ops::AttentionMetadata& meta, bool sparse, int top_k, bool bf16) {
   MsaAttnShape s;
-  s.tokens = q.shape[0];
-  s.q_heads = q.shape[1];
-  s.head_dim = q.shape[2];
-  s.kv_heads = k_cache.shape[1];
+  s.tokens = tokens;
+  s.q_heads = q_heads;
+  s.head_dim = head_dim;
+  s.kv_heads = kv_heads;
   s.num_seqs = meta.num_seqs;
   s.max_blocks = meta.max_blocks_per_seq;
   s.bs = meta.block_size;
-  s.sparse = selected.data != nullptr;
+  s.sparse = sparse;
   s.top_k = top_k;
-  s.bf16 = k_cache.dtype == DType::kBF16 && v_cache.dtype == DType::kBF16;
+  s.bf16 = bf16;
   s.has_seq_lens = meta.seq_lens != nullptr;
   return s;
+}
+}  // namespace
+
+MsaAttnShape msa_attn_shape(const TensorView& q, const TensorView& k_cache, const TensorView& v_cache,
+                            const ops::AttentionMetadata& meta, const TensorView& selected, int top_k) {
+  return attn_shape(q.shape[0], q.shape[1], q.shape[2], k_cache.shape[1], meta, selected.data != nullptr, top_k,
+                    k_cache.dtype == DType::kBF16 && v_cache.dtype == DType::kBF16);
+}
+
+// ops::attention's problem: m tokens, n query heads, k head dim, extra top_k (0: dense), the K
+// cache's dtype (V is the K cache's type in the engine), kv_heads and the batch's metadata.
+MsaAttnShape msa_attn_shape(const ops::Problem& p) {
+  return attn_shape(p.m, p.n, p.k, p.kv_heads, *p.attention, p.extra >= 1, int(p.extra), p.dtype == DType::kBF16);
 }
 
 // Shapes outside the tuned kernel run the generic kernel.
@@ -844,13 +860,21 @@ std::string msa_attention_refusal(const MsaAttnShape& s) {
   return "";
 }
 
+// Asked of the runtime once per device (every eager launch plans with them).
 MsaAttnLimits msa_attention_limits() {
-  MsaAttnLimits l;
-  l.sms = current_sm_count();
-  l.cluster_deep = max_cluster<1, false>();
-  l.cluster_ring = max_cluster<1, true>();
-  l.cluster_four = max_cluster<4, false>();
-  return l;
+  static std::array<std::once_flag, 64> once;
+  static std::array<MsaAttnLimits, 64> cached;
+  int dev = 0;
+  M3_CUDA_CHECK(cudaGetDevice(&dev));
+  dev &= 63;
+  std::call_once(once[size_t(dev)], [&] {
+    MsaAttnLimits& l = cached[size_t(dev)];
+    l.sms = current_sm_count();
+    l.cluster_deep = max_cluster<1, false>();
+    l.cluster_ring = max_cluster<1, true>();
+    l.cluster_four = max_cluster<4, false>();
+  });
+  return cached[size_t(dev)];
 }
 
 MsaAttnPlan msa_attention_plan(const MsaAttnShape& s, const MsaAttnLimits& lim) {

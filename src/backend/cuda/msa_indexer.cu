@@ -391,19 +391,32 @@ int current_sm_count() {
 
 // Shapes outside the tuned kernel (index dim != 128, block size not a power of two in
 // 8..128, more than 16 heads, top_k > 64) run the generic kernel.
-MsaIndexerShape msa_indexer_shape(const TensorView& index_q, const TensorView& index_k_cache,
-                                  const ops::AttentionMetadata& meta, int top_k) {
+namespace {
+MsaIndexerShape indexer_shape(int64_t tokens, int64_t heads, int64_t dim, const ops::AttentionMetadata& meta,
+                              int top_k, DType keys) {
   MsaIndexerShape s;
-  s.tokens = index_q.shape[0];
-  s.heads = index_q.shape[1];
-  s.dim = index_q.shape[2];
+  s.tokens = tokens;
+  s.heads = heads;
+  s.dim = dim;
   s.num_seqs = meta.num_seqs;
   s.max_blocks = meta.max_blocks_per_seq;
   s.bs = meta.block_size;
   s.top_k = top_k;
-  s.bf16 = index_k_cache.dtype == DType::kBF16;
-  s.fp8 = index_k_cache.dtype == DType::kF8E4M3;
+  s.bf16 = keys == DType::kBF16;
+  s.fp8 = keys == DType::kF8E4M3;
   return s;
+}
+}  // namespace
+
+MsaIndexerShape msa_indexer_shape(const TensorView& index_q, const TensorView& index_k_cache,
+                                  const ops::AttentionMetadata& meta, int top_k) {
+  return indexer_shape(index_q.shape[0], index_q.shape[1], index_q.shape[2], meta, top_k, index_k_cache.dtype);
+}
+
+// ops::indexer_topk's problem: m tokens, n index heads, k index dim, extra top_k, the index-K
+// cache's dtype and the batch's metadata.
+MsaIndexerShape msa_indexer_shape(const ops::Problem& p) {
+  return indexer_shape(p.m, p.n, p.k, *p.attention, int(p.extra), p.dtype);
 }
 
 std::string msa_indexer_refusal(const MsaIndexerShape& s) {

@@ -23,37 +23,6 @@ constexpr int64_t kBlockMajorMinTokens = 1024;
 // Query tokens from which a dense attention call is a prefill for the wgmma dense entry.
 constexpr int64_t kDensePrefillMinTokens = 64;
 
-// The batch as the launchers see it (p.attention set: attention problems from ops::attention).
-MsaAttnShape shape_of(const ops::Problem& p) {
-  MsaAttnShape s;
-  s.tokens = p.m;
-  s.q_heads = p.n;
-  s.head_dim = p.k;
-  s.kv_heads = p.kv_heads;
-  s.num_seqs = p.attention->num_seqs;
-  s.max_blocks = p.attention->max_blocks_per_seq;
-  s.bs = p.attention->block_size;
-  s.sparse = p.extra >= 1;
-  s.top_k = int(p.extra);
-  s.bf16 = p.dtype == DType::kBF16;
-  s.has_seq_lens = p.attention->seq_lens != nullptr;
-  return s;
-}
-
-MsaIndexerShape index_shape_of(const ops::Problem& p) {
-  MsaIndexerShape s;
-  s.tokens = p.m;
-  s.heads = p.n;
-  s.dim = p.k;
-  s.num_seqs = p.attention->num_seqs;
-  s.max_blocks = p.attention->max_blocks_per_seq;
-  s.bs = p.attention->block_size;
-  s.top_k = int(p.extra);
-  s.bf16 = p.dtype == DType::kBF16;
-  s.fp8 = p.dtype == DType::kF8E4M3;
-  return s;
-}
-
 bool has_layout(const ops::Problem& p) { return p.attention != nullptr && p.kv_heads >= 1; }
 
 // A batch averaging at least 64 tokens per sequence is a prefill for the two prefill entries
@@ -71,7 +40,7 @@ std::string need_bf16_head128(const ops::Problem& p) {
 
 std::string need_query_major(const ops::Problem& p) {
   std::string why = need_bf16_head128(p);
-  if (why.empty() && has_layout(p)) why = msa_attention_refusal(shape_of(p));
+  if (why.empty() && has_layout(p)) why = msa_attention_refusal(msa_attn_shape(p));
   return why;
 }
 
@@ -83,7 +52,7 @@ std::string need_block_major(const ops::Problem& p) {
   if (p.m < kBlockMajorMinTokens) return "fewer than 1024 query tokens (not a prefill)";
   if (!has_layout(p)) return "";
   if (!prefill_shaped(p)) return "the batch averages fewer than 64 tokens per sequence (not a prefill)";
-  return msa_block_major_refusal(shape_of(p));
+  return msa_block_major_refusal(msa_attn_shape(p));
 }
 
 std::string need_dense_prefill(const ops::Problem& p) {
@@ -93,7 +62,7 @@ std::string need_dense_prefill(const ops::Problem& p) {
   if (p.m < kDensePrefillMinTokens) return "fewer than 64 query tokens (not a prefill)";
   if (!has_layout(p)) return "";
   if (!prefill_shaped(p)) return "the batch averages fewer than 64 tokens per sequence (not a prefill)";
-  return msa_dense_prefill_refusal(shape_of(p));
+  return msa_dense_prefill_refusal(msa_attn_shape(p));
 }
 
 std::string need_indexer(const ops::Problem& p) {
@@ -102,15 +71,15 @@ std::string need_indexer(const ops::Problem& p) {
   if (p.k != 128) return "index head dim is not 128";
   if (p.n > 16) return "more than 16 index heads";
   if (p.extra < 1 || p.extra > 64) return "top_k outside 1..64";
-  if (p.attention) return msa_indexer_refusal(index_shape_of(p));
+  if (p.attention) return msa_indexer_refusal(msa_indexer_shape(p));
   return "";
 }
 
 // Plans: what the launchers run for this batch (eligible entries only: the layout passed).
 std::string plan_of_entry(const std::string& entry, const ops::Problem& p, const MsaAttnLimits& lim) {
   if (!has_layout(p) && !(p.attention && entry == kIndexerName)) return "";
-  if (entry == kIndexerName) return msa_indexer_plan_text(msa_indexer_plan(index_shape_of(p), lim.sms));
-  const MsaAttnShape s = shape_of(p);
+  if (entry == kIndexerName) return msa_indexer_plan_text(msa_indexer_plan(msa_indexer_shape(p), lim.sms));
+  const MsaAttnShape s = msa_attn_shape(p);
   if (entry == kQueryMajorName) return msa_attention_plan_text(msa_attention_plan(s, lim));
   if (entry == kDensePrefillName) {
     const int64_t tt = msa_dense_prefill_tile_tokens(s);

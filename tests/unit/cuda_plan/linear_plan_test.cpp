@@ -181,5 +181,40 @@ TEST(MmaLinearPlan, EntriesTraceTheirPlan) {
             "wgmma overlapped 128 x 128 tiles for each of 5 weights (K split per weight as linear)");
 }
 
+// A group of weights with a wide one runs as one launch of 32-token tiles up to 191 rows, as
+// separate calls (the wide weight on wgmma) at 192-256, and as one wgmma launch from 257.
+TEST(MmaLinearPlan, GroupsWithAWideWeightSplitAt192Rows) {
+  ops::KernelTable table;
+  cuda::register_cuda_kernels(table);
+  ops::Problem p;
+  p.device = Device::kCuda;
+  p.dtype = DType::kF8E4M3;
+  p.batch_invariant = true;
+  p.op = "linear_group";
+  p.n = 8192 + 3 * 512 + 128, p.k = 6144, p.extra = 5;
+  const auto name = [&](int64_t m) {
+    p.m = m;
+    const auto* e = table.linear_group.find(p, nullptr);
+    return e ? e->name : std::string("separate");
+  };
+  EXPECT_EQ(name(128), "linear_group.mma_hilo_invariant.sm90");
+  EXPECT_EQ(name(191), "linear_group.mma_hilo_invariant.sm90");
+  EXPECT_EQ(name(192), "separate");
+  EXPECT_EQ(name(256), "separate");
+  EXPECT_EQ(name(257), "linear_group.wgmma_hilo_invariant.sm90");
+  // Each weight then takes its own rule: the wide one wgmma, the 512-output ones the tiles.
+  ops::Problem w = p;
+  w.op = "linear", w.extra = 0, w.m = 224, w.n = 8192;
+  EXPECT_EQ(table.linear.find(w, nullptr)->name, "linear.wgmma_hilo_invariant.sm90");
+  w.n = 512;
+  EXPECT_EQ(table.linear.find(w, nullptr)->name, "linear.mma_hilo_invariant.sm90");
+  // A group of small weights keeps its launch.
+  p.n = 3 * 512 + 128;
+  EXPECT_EQ(name(224), "linear_group.mma_hilo_invariant.sm90");
+  // BF16 groups are not affected (no wgmma form).
+  p.dtype = DType::kBF16, p.n = 8192 + 3 * 512 + 128;
+  EXPECT_EQ(name(224), "linear_group.mma_hilo_invariant.sm90");
+}
+
 }  // namespace
 }  // namespace m3
