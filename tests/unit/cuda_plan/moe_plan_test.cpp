@@ -74,7 +74,9 @@ TEST(MoeGemmPlan, TilesCoverTheOutputsOnce) {
           EXPECT_LT((p.gu_col_tiles - 1) * p.gu_cols, inter) << at;
           EXPECT_GE(p.dn_col_tiles * p.dn_cols, hidden) << at;
           EXPECT_LT((p.dn_col_tiles - 1) * p.dn_cols, hidden) << at;
-          if (path == Path::kW8A16) EXPECT_EQ(hidden % p.dn_cols, 0) << at;  // its down CTAs have no column guard
+          if (path == Path::kW8A16) {
+            EXPECT_EQ(hidden % p.dn_cols, 0) << at;  // its down CTAs have no column guard
+          }
           EXPECT_GE(p.combine_ctas_per_token * 4 * 256, t >= 256 ? 1 : hidden) << at;
           ++checked;
         }

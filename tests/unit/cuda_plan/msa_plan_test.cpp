@@ -257,11 +257,21 @@ TEST(MsaPlans, InvariantsOverASweep) {
               EXPECT_LE(p.splits, std::max<int64_t>(1, p.su_cap)) << at;
               EXPECT_EQ(p.ctas, s.tokens * s.kv_heads * p.splits) << at;
               EXPECT_GE(int64_t(p.tokens_per_group) * (sparse ? kTopK : 0), 0);
-              if (sparse) EXPECT_LE(int64_t(p.tokens_per_group) * kTopK, 512) << at;
-              if (p.m_tiles == 1) EXPECT_LE(int64_t(p.tokens_per_group) * (h.q / h.kv), 16) << at;
-              if (p.splits > 1) EXPECT_LE(p.part_bytes, size_t(256) << 20) << at;
-              if (p.fixed_partials) EXPECT_TRUE(p.splits > 1 && p.pure_decode && p.part_bytes <= (size_t(8) << 20)) << at;
-              if (p.early) EXPECT_TRUE(sparse && p.pure_decode && seqs <= cuda::kEarlyUnitsMaxSeqs && p.split_ring) << at;
+              if (sparse) {
+                EXPECT_LE(int64_t(p.tokens_per_group) * kTopK, 512) << at;
+              }
+              if (p.m_tiles == 1) {
+                EXPECT_LE(int64_t(p.tokens_per_group) * (h.q / h.kv), 16) << at;
+              }
+              if (p.splits > 1) {
+                EXPECT_LE(p.part_bytes, size_t(256) << 20) << at;
+              }
+              if (p.fixed_partials) {
+                EXPECT_TRUE(p.splits > 1 && p.pure_decode && p.part_bytes <= (size_t(8) << 20)) << at;
+              }
+              if (p.early) {
+                EXPECT_TRUE(sparse && p.pure_decode && seqs <= cuda::kEarlyUnitsMaxSeqs && p.split_ring) << at;
+              }
 
               cuda::MsaIndexerShape is;
               is.tokens = s.tokens;
@@ -280,7 +290,9 @@ TEST(MsaPlans, InvariantsOverASweep) {
               EXPECT_GE(ip.first_slice, 1) << at;
               EXPECT_LE(ip.first_slice, ip.slice) << at;
               EXPECT_EQ(ip.first_slice + (ip.launches - 1) * ip.slice, s.tokens) << at;
-              if (ip.fixed_scores) EXPECT_LE(ip.score_bytes, size_t(4) << 20) << at;
+              if (ip.fixed_scores) {
+                EXPECT_LE(ip.score_bytes, size_t(4) << 20) << at;
+              }
               ++checked;
             }
           }
