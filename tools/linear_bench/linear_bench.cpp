@@ -140,6 +140,7 @@ Variant variant_of(const std::string& name) {
                              "' (wgmma, wgmma_ov, wgmma_ovsplit, narrow, nosplit, wide, auto)");
   }
   if (name == "narrow" || name == "nosplit" || name == "wide") v.rule.wgmma_wide_min_rows = kNever;
+  if (name.rfind("wgmma", 0) == 0) v.rule.wgmma_bf16 = true;  // BF16 weights (the LM head) too, where the form allows
   return v;
 }
 

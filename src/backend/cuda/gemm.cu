@@ -248,11 +248,12 @@ std::string need_mma_mlp(const ops::Problem& p) {
   return why.empty() ? "" : "down projection: " + why;
 }
 
-// The wgmma form of the invariant linear: MXFP8 weights, prefill-sized calls (the plan decides),
-// on top of the mma.sync entry's own conditions.
+// The wgmma form of the invariant linear: MXFP8 or BF16 weights (BF16: the LM head), prefill-sized
+// calls or wide weights at decode batches (the plan decides), on top of the mma.sync entry's own
+// conditions.
 std::string wg_only(const ops::Problem& p, std::string why, const MmaLinearRule& rule = {}) {
   if (!why.empty()) return why;
-  if (p.dtype != DType::kF8E4M3) return "MXFP8 weights only (BF16 keeps the mma.sync tiles)";
+  if (p.dtype != DType::kF8E4M3 && p.dtype != DType::kBF16) return "MXFP8 or BF16 weights only";
   if (mma_linear_plan(p.m, p.n, p.k, p.dtype, true, rule).kernel != MmaLinearKernel::kWgmma) {
     std::string r = "fewer than " + std::to_string(rule.wgmma_min_rows) + " rows";
     if (rule.wgmma_wide_min_rows < rule.wgmma_min_rows) {
@@ -458,7 +459,7 @@ void gemm_xwt(const float* x, int64_t m, const ops::LinearWeight& w, float* y, b
 
 void register_gemm(ops::KernelTable& table) {
   table.linear.add({"linear.wgmma_hilo_invariant.sm90",
-                    "as linear.mma_hilo_invariant.sm90 (same bits) for MXFP8 weights and calls of > 256 rows "
+                    "as linear.mma_hilo_invariant.sm90 (same bits) for MXFP8 weights (BF16 too with MmaLinearRule::wgmma_bf16) and calls of > 256 rows "
                     "(prefill chunks), or of >= 96 rows for weights of >= 4096 outputs (decode batches; not in "
                     "groups of weights): wgmma m64n128k16 with the weights as A from registers, the x pieces in the "
                     "mma.sync fragments' k order, the next stage's weight fragments built under the current "

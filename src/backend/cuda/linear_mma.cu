@@ -537,7 +537,8 @@ struct SplitX {
 void split_x(const float* x, int64_t ldx, int64_t m, int64_t k, bool f16, bool wg, const SplitX& s, int* tickets,
              int ntickets) {
   const bool vec = ldx % 4 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0;  // k % 64 == 0 always
-  auto kernel = wg    ? (vec ? split_rows_kernel<true, true, true> : split_rows_kernel<true, false, true>)
+  auto kernel = wg ? (f16 ? (vec ? split_rows_kernel<true, true, true> : split_rows_kernel<true, false, true>)
+                         : (vec ? split_rows_kernel<false, true, true> : split_rows_kernel<false, false, true>))
                 : f16 ? (vec ? split_rows_kernel<true, true> : split_rows_kernel<true, false>)
                       : (vec ? split_rows_kernel<false, true> : split_rows_kernel<false, false>);
   // A programmatic dependent of whatever wrote x: its launch overlaps that kernel's tail.
@@ -676,7 +677,9 @@ MmaLinearPlan mma_linear_plan(int64_t m, int64_t n, int64_t k, DType dtype, bool
   static_assert(kRowsCta == kWgLinearTileRows, "grid_x counts the weight tiles of both kernels");
   p.grid_x = (n + kRowsCta - 1) / kRowsCta;
   const bool wide_weight = n >= rule.wgmma_wide_n && m >= rule.wgmma_wide_min_rows;
-  if (wgmma && dtype == DType::kF8E4M3 && (m >= rule.wgmma_min_rows || wide_weight)) {
+  // BF16 weights (the LM head) in the overlapped form only (their kernel has no other).
+  const bool wg_type = dtype == DType::kF8E4M3 || (dtype == DType::kBF16 && rule.wgmma_bf16 && rule.wgmma_overlap);
+  if (wgmma && wg_type && (m >= rule.wgmma_min_rows || wide_weight)) {
     // 128 x 128 tiles walked by persistent CTAs; K segments as work items of their own (the
     // overlapped form with wgmma_split only) when the tiles alone leave SMs idle.
     p.kernel = MmaLinearKernel::kWgmma;
@@ -761,8 +764,10 @@ void run(const float* x, int64_t ldx, int64_t m, int64_t k, bool f16, Gemm* cons
   if (wg) {
     for (int i = 0; i < count; ++i) {
       const Args& a = gemms[i]->a;
-      launch_linear_wgmma(WgLinearArgs{xs.hi, xs.lo, xs.scale, a.w, a.ws, a.y, a.ldy, a.m, a.n, a.k, a.seg_stages,
-                                       gemms[i]->wg_overlap, a.split ? a.nseg : 1, a.partial, a.tickets});
+      WgLinearArgs wa{xs.hi, xs.lo, f16 ? xs.scale : nullptr, a.w, a.ws, a.y, a.ldy, a.m, a.n, a.k, a.seg_stages,
+                      gemms[i]->wg_overlap, a.split ? a.nseg : 1, a.partial, a.tickets};
+      wa.bf16 = !f16;
+      launch_linear_wgmma(wa);
     }
     return;
   }

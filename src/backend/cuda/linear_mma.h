@@ -21,8 +21,8 @@
 namespace m3::cuda {
 
 // Which kernel runs a call: the narrow tiles (8-32 tokens per CTA, mma.sync), the wide tile (128
-// tokens, mma.sync) or the wgmma kernel (MXFP8, 128 x 128 tiles; linear_wgmma.h). No choice
-// changes a bit.
+// tokens, mma.sync) or the wgmma kernel (MXFP8, and BF16 in its overlapped form; 128 x 128 tiles;
+// linear_wgmma.h). No choice changes a bit.
 enum class MmaLinearKernel { kNarrow, kWide, kWgmma };
 const char* mma_linear_kernel_name(MmaLinearKernel k);
 
@@ -63,6 +63,11 @@ struct MmaLinearRule {
   int64_t wgmma_wide_n = 4096;
   bool wgmma_split = false;
   int64_t group_separate_min_rows = 192;
+  //   wgmma_bf16: BF16 weights (the LM head) take the wgmma kernel too, in its overlapped form,
+  //     where the rules above send them (the wide-weight rule: an LM head from 96 rows). Off until
+  //     the H200 has run its parity (kernels_cuda_parity forces it) and timed it against the wide
+  //     tile (linear_bench --shapes lm_head --variants wgmma_ov,wide).
+  bool wgmma_bf16 = false;
 };
 // The rule of weight groups (ops::linear_group): the default without the wide-weight path.
 MmaLinearRule mma_group_rule();

@@ -1,4 +1,6 @@
-// The batch-invariant linear of linear_mma.h on wgmma, for MXFP8 weights at prefill sizes.
+// The batch-invariant linear of linear_mma.h on wgmma, for MXFP8 weights at prefill sizes (and
+// BF16 weights: the LM head; the same structure, the weight bytes loaded as the mma.sync kernel's
+// BF16 fragments, bf16 wgmmas, no block scales).
 //
 // Same bits as mma_linear_kernel for every output: a chain of wgmma m64nNk16 with A from
 // registers sums a k16 step exactly as mma.sync m16n8k16 does (tools/wgmma_probe), so each thread
@@ -45,10 +47,13 @@ constexpr int kLwPiece = kLwTok * 128;     // one piece's stage: 128 rows of 64 
 constexpr int kLwBStage = 2 * kLwPiece;    // hi, then lo
 constexpr int kLwAhead = 3;                // weight stages a consumer thread has in flight
 constexpr int kLwWBufs = kLwAhead + 1;     // its slots: the stage read now and those in flight
-constexpr int kLwWStage = 256 * 32;        // 32 bytes per consumer thread and stage
+// Weight bytes per consumer thread and stage: 16 of each of its two rows (e4m3), 32 (bf16).
+template <bool kBf16>
+constexpr int kLwWStage = 256 * (kBf16 ? 64 : 32);
 constexpr int kLwProducerRegs = 56, kLwConsumerRegs = 224;  // 128 * 56 + 256 * 224 <= 65536
-constexpr size_t kLwSmem = size_t(kLwStages) * kLwBStage + size_t(kLwWBufs) * kLwWStage + 2 * kLwStages * 8 + 1024;
-static_assert(kLwSmem <= 232448, "linear wgmma kernel: shared memory per CTA");
+template <bool kBf16>
+constexpr size_t kLwSmem = size_t(kLwStages) * kLwBStage + size_t(kLwWBufs) * kLwWStage<kBf16> + 2 * kLwStages * 8 + 1024;
+static_assert(kLwSmem<true> <= 232448, "linear wgmma kernel: shared memory per CTA");
 
 struct Smem {
   uint32_t b, w, full, empty;  // token ring, weight slots, barriers
@@ -80,24 +85,34 @@ __device__ __forceinline__ void produce(const WgLinearArgs& a, const Smem& sm, i
 }
 
 // Stages [s0, s1) of the tile (n0, m0): the whole K, or (kOverlap, a.nsplit > 1) K segment seg of
-// tile t.
-template <bool kOverlap>
+// tile t. kBf16: BF16 weights (no block scales; the x pieces bf16, no row powers of two).
+template <bool kOverlap, bool kBf16>
 __device__ __forceinline__ void consume(const WgLinearArgs& a, const Smem& sm, int n0, int m0, int s0, int s1, int seg,
                                         int t, int& stage, uint32_t& phase, int cw, int tw) {
   const int w4 = tw >> 5, lane = tw & 31, g = lane >> 2, tig = lane & 3;
   const int kst = a.k / 64;
   const int row_lo = n0 + 64 * cw + 16 * w4 + g;  // and row_lo + 8
   const int r_lo = min(row_lo, a.n - 1), r_hi = min(row_lo + 8, a.n - 1);  // rows past n load row n - 1
-  const uint8_t* p_lo = a.w + int64_t(r_lo) * a.k + 16 * tig;
-  const uint8_t* p_hi = a.w + int64_t(r_hi) * a.k + 16 * tig;
-  const uint32_t* s_lo = reinterpret_cast<const uint32_t*>(a.ws + int64_t(r_lo) * (a.k / 32));
-  const uint32_t* s_hi = reinterpret_cast<const uint32_t*>(a.ws + int64_t(r_hi) * (a.k / 32));
-  const uint32_t slot = sm.w + uint32_t((128 * cw + tw) * 32);
+  // A lane's 16 k of a 64-wide stage: 16 bytes of each row (e4m3) or 32 (bf16), the k the
+  // mma.sync kernel's lane holds.
+  constexpr int kEb = kBf16 ? 2 : 1, kSlot = 32 * kEb;
+  const uint8_t* p_lo = a.w + (int64_t(r_lo) * a.k + 16 * tig) * kEb;
+  const uint8_t* p_hi = a.w + (int64_t(r_hi) * a.k + 16 * tig) * kEb;
+  const uint32_t* s_lo = kBf16 ? nullptr : reinterpret_cast<const uint32_t*>(a.ws + int64_t(r_lo) * (a.k / 32));
+  const uint32_t* s_hi = kBf16 ? nullptr : reinterpret_cast<const uint32_t*>(a.ws + int64_t(r_hi) * (a.k / 32));
+  const uint32_t slot = sm.w + uint32_t((128 * cw + tw) * kSlot);
   auto copy_w = [&](int st) {
     if (st < s1) {
-      const uint32_t dst = slot + uint32_t((st % kLwWBufs) * kLwWStage);
-      cp_async16_w(dst, p_lo + int64_t(st) * 64);
-      cp_async16_w(dst + 16, p_hi + int64_t(st) * 64);
+      const uint32_t dst = slot + uint32_t((st % kLwWBufs) * kLwWStage<kBf16>);
+      if constexpr (kBf16) {
+        cp_async16_w(dst, p_lo + int64_t(st) * 128);
+        cp_async16_w(dst + 16, p_lo + int64_t(st) * 128 + 16);
+        cp_async16_w(dst + 32, p_hi + int64_t(st) * 128);
+        cp_async16_w(dst + 48, p_hi + int64_t(st) * 128 + 16);
+      } else {
+        cp_async16_w(dst, p_lo + int64_t(st) * 64);
+        cp_async16_w(dst + 16, p_hi + int64_t(st) * 64);
+      }
     }
     cp_async_commit();  // one group per stage, empty or not, so wait_group counts stages
   };
@@ -105,13 +120,13 @@ __device__ __forceinline__ void consume(const WgLinearArgs& a, const Smem& sm, i
   for (int d = 0; d < kLwAhead; ++d) copy_w(s0 + d);
   // Scale words of the 128-wide windows: [0, 1] the current window's (lo, hi rows), [2, 3] the next.
   const int w0 = s0 >> 1;
-  uint32_t sc[4];
-  sc[0] = __ldg(s_lo + w0);
-  sc[1] = __ldg(s_hi + w0);
-  sc[2] = 2 * (w0 + 1) < kst ? __ldg(s_lo + w0 + 1) : 0u;
-  sc[3] = 2 * (w0 + 1) < kst ? __ldg(s_hi + w0 + 1) : 0u;
-  int ref[2];
-  {
+  uint32_t sc[4] = {0u, 0u, 0u, 0u};
+  int ref[2] = {127, 127};  // BF16: the epilogue's factors are 1
+  if constexpr (!kBf16) {
+    sc[0] = __ldg(s_lo + w0);
+    sc[1] = __ldg(s_hi + w0);
+    sc[2] = 2 * (w0 + 1) < kst ? __ldg(s_lo + w0 + 1) : 0u;
+    sc[3] = 2 * (w0 + 1) < kst ? __ldg(s_hi + w0 + 1) : 0u;
     const uint32_t* const rows[2] = {s_lo, s_hi};
     rows_max_byte<2, 8>(rows, a.k / 128, tig, ref);
   }
@@ -119,12 +134,13 @@ __device__ __forceinline__ void consume(const WgLinearArgs& a, const Smem& sm, i
 #pragma unroll
   for (int i = 0; i < 64; ++i) acc[i] = tot[i] = 0.0f;
   if constexpr (!kOverlap) {
+    static_assert(!kBf16, "BF16 weights run the overlapped form only");
     bool first = true;
     int seg_left = a.seg_stages;
     for (int st = s0; st < s1; ++st) {
       cp_async_wait<kLwAhead - 1>();  // this thread's weights of stage st have landed
       uint4 ql, qh;
-      const uint32_t src = slot + uint32_t((st % kLwWBufs) * kLwWStage);
+      const uint32_t src = slot + uint32_t((st % kLwWBufs) * kLwWStage<kBf16>);
       asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n" : "=r"(ql.x), "=r"(ql.y), "=r"(ql.z), "=r"(ql.w) : "r"(src));
       asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n" : "=r"(qh.x), "=r"(qh.y), "=r"(qh.z), "=r"(qh.w) : "r"(src + 16));
       copy_w(st + kLwAhead);  // into the slots stage st - 1 used
@@ -156,8 +172,8 @@ __device__ __forceinline__ void consume(const WgLinearArgs& a, const Smem& sm, i
       wgmma::fence();
 #pragma unroll
       for (int s4 = 0; s4 < 4; ++s4) {
-        wgmma::WgmmaRS<false, kLwTok>::run(acc, af[s4], wgmma::desc_sw128(bh + uint32_t(32 * s4)));
-        wgmma::WgmmaRS<false, kLwTok>::run(acc, af[s4], wgmma::desc_sw128(bl + uint32_t(32 * s4)));
+        wgmma::WgmmaRS<kBf16, kLwTok>::run(acc, af[s4], wgmma::desc_sw128(bh + uint32_t(32 * s4)));
+        wgmma::WgmmaRS<kBf16, kLwTok>::run(acc, af[s4], wgmma::desc_sw128(bl + uint32_t(32 * s4)));
       }
       wgmma::commit();
       wgmma::wait<0>();
@@ -184,30 +200,52 @@ __device__ __forceinline__ void consume(const WgLinearArgs& a, const Smem& sm, i
     // calls run in stage order).
     auto build = [&](int st, uint32_t(&af)[4][4]) {
       cp_async_wait<kLwAhead - 1>();  // this thread's weights of stage st have landed
-      uint4 ql, qh;
-      const uint32_t src = slot + uint32_t((st % kLwWBufs) * kLwWStage);
-      asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n" : "=r"(ql.x), "=r"(ql.y), "=r"(ql.z), "=r"(ql.w) : "r"(src));
-      asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n" : "=r"(qh.x), "=r"(qh.y), "=r"(qh.z), "=r"(qh.w) : "r"(src + 16));
-      copy_w(st + kLwAhead);  // into the slots stage st - 1 used
-      const int sh = 8 * (2 * (st & 1) + (tig >> 1));  // this lane's 32-wide block in the 128-wide window
-      const __half2 mul_lo = pow2_h2(int((sc[0] >> sh) & 0xffu) - ref[0]);
-      const __half2 mul_hi = pow2_h2(int((sc[1] >> sh) & 0xffu) - ref[1]);
-      if (st & 1) {  // the window ends: the next one's words move up, the one after is requested
-        sc[0] = sc[2];
-        sc[1] = sc[3];
-        const int nw = (st >> 1) + 2;
-        if (2 * nw < kst) {
-          sc[2] = __ldg(s_lo + nw);
-          sc[3] = __ldg(s_hi + nw);
-        }
-      }
+      const uint32_t src = slot + uint32_t((st % kLwWBufs) * kLwWStage<kBf16>);
+      if constexpr (kBf16) {
+        // The mma.sync kernel's BF16 fragments: k16 step s4 = (half, s2) takes words 2 s2, 2 s2 + 1
+        // of the half's 16 bytes of each row.
+        uint4 q[4];  // row lo halves 0, 1; row hi halves 0, 1
 #pragma unroll
-      for (int s4 = 0; s4 < 4; ++s4) {
-        const uint32_t wl = word_of(ql, s4), wh = word_of(qh, s4);
-        af[s4][0] = e4m3x2_scaled(wl, mul_lo);
-        af[s4][1] = e4m3x2_scaled(wh, mul_hi);
-        af[s4][2] = e4m3x2_scaled<true>(wl, mul_lo);
-        af[s4][3] = e4m3x2_scaled<true>(wh, mul_hi);
+        for (int i = 0; i < 4; ++i) {
+          asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                       : "=r"(q[i].x), "=r"(q[i].y), "=r"(q[i].z), "=r"(q[i].w)
+                       : "r"(src + 16u * uint32_t(i)));
+        }
+        copy_w(st + kLwAhead);  // into the slots stage st - 1 used
+#pragma unroll
+        for (int s4 = 0; s4 < 4; ++s4) {
+          const uint4& l = q[s4 >> 1];
+          const uint4& h = q[2 + (s4 >> 1)];
+          af[s4][0] = word_of(l, 2 * (s4 & 1));
+          af[s4][1] = word_of(h, 2 * (s4 & 1));
+          af[s4][2] = word_of(l, 2 * (s4 & 1) + 1);
+          af[s4][3] = word_of(h, 2 * (s4 & 1) + 1);
+        }
+      } else {
+        uint4 ql, qh;
+        asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n" : "=r"(ql.x), "=r"(ql.y), "=r"(ql.z), "=r"(ql.w) : "r"(src));
+        asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n" : "=r"(qh.x), "=r"(qh.y), "=r"(qh.z), "=r"(qh.w) : "r"(src + 16));
+        copy_w(st + kLwAhead);  // into the slots stage st - 1 used
+        const int sh = 8 * (2 * (st & 1) + (tig >> 1));  // this lane's 32-wide block in the 128-wide window
+        const __half2 mul_lo = pow2_h2(int((sc[0] >> sh) & 0xffu) - ref[0]);
+        const __half2 mul_hi = pow2_h2(int((sc[1] >> sh) & 0xffu) - ref[1]);
+        if (st & 1) {  // the window ends: the next one's words move up, the one after is requested
+          sc[0] = sc[2];
+          sc[1] = sc[3];
+          const int nw = (st >> 1) + 2;
+          if (2 * nw < kst) {
+            sc[2] = __ldg(s_lo + nw);
+            sc[3] = __ldg(s_hi + nw);
+          }
+        }
+#pragma unroll
+        for (int s4 = 0; s4 < 4; ++s4) {
+          const uint32_t wl = word_of(ql, s4), wh = word_of(qh, s4);
+          af[s4][0] = e4m3x2_scaled(wl, mul_lo);
+          af[s4][1] = e4m3x2_scaled(wh, mul_hi);
+          af[s4][2] = e4m3x2_scaled<true>(wl, mul_lo);
+          af[s4][3] = e4m3x2_scaled<true>(wh, mul_hi);
+        }
       }
     };
     // Stage st's 8 wgmmas (hi then lo per k16 step) on the token slot, committed as one group.
@@ -219,8 +257,8 @@ __device__ __forceinline__ void consume(const WgLinearArgs& a, const Smem& sm, i
       wgmma::fence();
 #pragma unroll
       for (int s4 = 0; s4 < 4; ++s4) {
-        wgmma::WgmmaRS<false, kLwTok>::run(acc, af[s4], wgmma::desc_sw128(bh + uint32_t(32 * s4)));
-        wgmma::WgmmaRS<false, kLwTok>::run(acc, af[s4], wgmma::desc_sw128(bl + uint32_t(32 * s4)));
+        wgmma::WgmmaRS<kBf16, kLwTok>::run(acc, af[s4], wgmma::desc_sw128(bh + uint32_t(32 * s4)));
+        wgmma::WgmmaRS<kBf16, kLwTok>::run(acc, af[s4], wgmma::desc_sw128(bl + uint32_t(32 * s4)));
       }
       wgmma::commit();
     };
@@ -325,13 +363,13 @@ __device__ __forceinline__ void consume(const WgLinearArgs& a, const Smem& sm, i
   }
 }
 
-template <bool kOverlap>
+template <bool kOverlap, bool kBf16>
 __global__ void __launch_bounds__(kLwThreads, 1) linear_wgmma_kernel(const __grid_constant__ WgLinearArgs a) {
   extern __shared__ unsigned char lw_smem[];
   Smem sm;
   sm.b = smem_u32(wgmma::align_1024(lw_smem));
   sm.w = sm.b + uint32_t(kLwStages * kLwBStage);
-  sm.full = sm.w + uint32_t(kLwWBufs * kLwWStage);
+  sm.full = sm.w + uint32_t(kLwWBufs * kLwWStage<kBf16>);
   sm.empty = sm.full + 8u * kLwStages;
   const int tid = int(threadIdx.x), wg = tid >> 7;
   if (tid == 0) {
@@ -345,7 +383,7 @@ __global__ void __launch_bounds__(kLwThreads, 1) linear_wgmma_kernel(const __gri
   const int gx = (a.n + kLwRows - 1) / kLwRows, tiles = gx * ((a.m + kLwTok - 1) / kLwTok);
   int stage = 0;
   uint32_t phase = 0;
-  if constexpr (!kOverlap) {
+  if constexpr (!kOverlap && !kBf16) {
     if (wg == 0) {
       asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kLwProducerRegs));
       for (int t = int(blockIdx.x); t < tiles; t += int(gridDim.x)) {
@@ -355,7 +393,7 @@ __global__ void __launch_bounds__(kLwThreads, 1) linear_wgmma_kernel(const __gri
     } else {
       asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kLwConsumerRegs));
       for (int t = int(blockIdx.x); t < tiles; t += int(gridDim.x)) {
-        consume<false>(a, sm, (t % gx) * kLwRows, (t / gx) * kLwTok, 0, a.k / 64, 0, t, stage, phase, wg - 1,
+        consume<false, kBf16>(a, sm, (t % gx) * kLwRows, (t / gx) * kLwTok, 0, a.k / 64, 0, t, stage, phase, wg - 1,
                        tid - 128 * wg);
       }
     }
@@ -376,7 +414,7 @@ __global__ void __launch_bounds__(kLwThreads, 1) linear_wgmma_kernel(const __gri
     for (int i = int(blockIdx.x); i < items; i += int(gridDim.x)) {
       const WgStageRange r = wg_item_stages(i, ns, a.seg_stages, kst);
       const int t = i / ns;
-      consume<true>(a, sm, (t % gx) * kLwRows, (t / gx) * kLwTok, r.s0, r.s1, i % ns, t, stage, phase, wg - 1,
+      consume<true, kBf16>(a, sm, (t % gx) * kLwRows, (t / gx) * kLwTok, r.s0, r.s1, i % ns, t, stage, phase, wg - 1,
                     tid - 128 * wg);
     }
   }
@@ -385,8 +423,13 @@ __global__ void __launch_bounds__(kLwThreads, 1) linear_wgmma_kernel(const __gri
 }  // namespace
 
 void launch_linear_wgmma(const WgLinearArgs& a) {
-  if (a.m < 1 || a.n < 1 || a.k % 128 != 0 || a.ws == nullptr) {
-    throw std::runtime_error("linear.wgmma_hilo_invariant.sm90: MXFP8 weights with in_features % 128 == 0 only");
+  if (a.m < 1 || a.n < 1 || (a.bf16 ? a.k % 64 != 0 || a.xscale != nullptr : a.k % 128 != 0 || a.ws == nullptr)) {
+    throw std::runtime_error(
+        "linear.wgmma_hilo_invariant.sm90: MXFP8 weights with in_features % 128 == 0, or BF16 weights with "
+        "in_features % 64 == 0 and bf16 x pieces, only");
+  }
+  if (a.bf16 && !a.overlap) {
+    throw std::runtime_error("linear.wgmma_hilo_invariant.sm90: BF16 weights run the overlapped form only");
   }
   if (a.nsplit > 1 && (!a.overlap || a.partial == nullptr || a.tickets == nullptr)) {
     throw std::runtime_error("linear.wgmma_hilo_invariant.sm90: a K split needs the overlapped form, partials and tickets");
@@ -394,9 +437,12 @@ void launch_linear_wgmma(const WgLinearArgs& a) {
   const int64_t tiles = (int64_t(a.n) + kLwRows - 1) / kLwRows * ((int64_t(a.m) + kLwTok - 1) / kLwTok) *
                         std::max(1, a.nsplit);
   if (tiles > INT32_MAX) throw std::runtime_error("linear.wgmma_hilo_invariant.sm90: problem too large");
-  const auto kernel = a.overlap ? linear_wgmma_kernel<true> : linear_wgmma_kernel<false>;
-  const int sms = allow_dynamic_smem(reinterpret_cast<const void*>(kernel), kLwSmem);
-  kernel<<<unsigned(std::min<int64_t>(sms, tiles)), kLwThreads, kLwSmem, current_stream()>>>(a);
+  const auto kernel = a.bf16 ? linear_wgmma_kernel<true, true>
+                      : a.overlap ? linear_wgmma_kernel<true, false>
+                                  : linear_wgmma_kernel<false, false>;
+  const size_t smem = a.bf16 ? kLwSmem<true> : kLwSmem<false>;
+  const int sms = allow_dynamic_smem(reinterpret_cast<const void*>(kernel), smem);
+  kernel<<<unsigned(std::min<int64_t>(sms, tiles)), kLwThreads, smem, current_stream()>>>(a);
   M3_CUDA_CHECK_LAUNCH();
 }
 

@@ -1,5 +1,5 @@
 #pragma once
-// The batch-invariant linear (linear_mma.h's numerics) on wgmma for MXFP8 weights: launched by
+// The batch-invariant linear (linear_mma.h's numerics) on wgmma for MXFP8 and BF16 weights: launched by
 // linear_mma.cu's run() for calls of at least kWgLinearMinRows rows, after the x split has written
 // the pieces in wg_col order. Same bits as the mma.sync kernel for every output.
 #include <cstdint>
@@ -16,11 +16,11 @@ constexpr int64_t kWgLinearMinRows = 257;
 constexpr int kWgLinearTileRows = 128, kWgLinearTileTokens = 128;
 
 struct WgLinearArgs {
-  const uint16_t* xhi;  // [m][k] f16 pieces in wg_col order
+  const uint16_t* xhi;  // [m][k] pieces in wg_col order: f16 (MXFP8 weights) or bf16 (BF16 weights)
   const uint16_t* xlo;
-  const float* xscale;  // [m] the rows' powers of two
-  const uint8_t* w;     // [n][k] e4m3
-  const uint8_t* ws;    // [n][k / 32] e8m0
+  const float* xscale;  // [m] the rows' powers of two (f16 pieces), else null
+  const uint8_t* w;     // [n][k] e4m3 or bf16
+  const uint8_t* ws;    // [n][k / 32] e8m0 (MXFP8), else null
   float* y;
   int64_t ldy;
   int m, n, k;
@@ -32,6 +32,9 @@ struct WgLinearArgs {
   int nsplit = 1;
   float* partial = nullptr;
   int* tickets = nullptr;
+  // BF16 weights (the LM head): the mma.sync kernel's BF16 fragments and bf16 wgmmas, no block
+  // scales; the overlapped form only.
+  bool bf16 = false;
 };
 
 // The K stages [s0, s1) of work item i (overlapped form): with nsplit > 1 the items of a tile are

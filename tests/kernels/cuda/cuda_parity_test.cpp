@@ -633,7 +633,8 @@ void check_linear(Harness& h, std::mt19937& rng) {
           want.push_back(1);
           // Every kernel of the tensor-core entry, forced at this size through a rule (the
           // engine's switches moved), gives the batch's bits: wgmma in both forms (MXFP8), the
-          // 32-token tiles with and without the ragged-wave split, the wide tile.
+          // 32-token tiles with and without the ragged-wave split, the wide tile; wgmma's overlapped
+          // form for BF16 weights too.
           if (invariant && cuda::mma_linear_eligible(dt, n, k).empty()) {
             constexpr int64_t kNever = int64_t(1) << 62;
             std::vector<cuda::MmaLinearRule> rules = {{kNever, kNever, 85, false}, {kNever, kNever, 0, false},
@@ -641,6 +642,10 @@ void check_linear(Harness& h, std::mt19937& rng) {
             if (dt == DType::kF8E4M3) {
               rules.insert(rules.end(), {{1, 256, 85, false}, {1, 256, 85, true}, {1, 256, 85, true}});
               rules.back().wgmma_split = true;  // the overlapped form with K split over work items
+            } else if (dt == DType::kBF16) {  // BF16 weights: the overlapped form, K unsplit and split
+              rules.insert(rules.end(), {{1, 256, 85, true}, {1, 256, 85, true}});
+              rules.back().wgmma_split = true;
+              rules[rules.size() - 2].wgmma_bf16 = rules.back().wgmma_bf16 = true;
             }
             for (cuda::MmaLinearRule& rule : rules) rule.wgmma_wide_min_rows = rule.wgmma_min_rows;
             for (const cuda::MmaLinearRule& rule : rules) {

@@ -96,7 +96,18 @@ TEST(MmaLinearPlan, SegmentsDependOnTheShapeOnly) {
   EXPECT_FALSE(wg.split);
   EXPECT_EQ(wg.nseg, q.nseg);  // the same K segments: the same bits
   EXPECT_EQ(cuda::mma_linear_plan(4096, 8192, 6144, DType::kF8E4M3, false).kernel, cuda::MmaLinearKernel::kWide);
-  EXPECT_EQ(cuda::mma_linear_plan(4096, 8192, 6144, DType::kBF16, true).kernel, cuda::MmaLinearKernel::kWide);
+  // BF16 weights (the LM head) take wgmma where the rule allows it, in its overlapped form only.
+  cuda::MmaLinearRule bf16;
+  bf16.wgmma_bf16 = true;
+  EXPECT_EQ(cuda::mma_linear_plan(4096, 8192, 6144, DType::kBF16, true).kernel,
+            cuda::MmaLinearRule{}.wgmma_bf16 ? cuda::MmaLinearKernel::kWgmma : cuda::MmaLinearKernel::kWide);
+  EXPECT_EQ(cuda::mma_linear_plan(4096, 8192, 6144, DType::kBF16, true, bf16).kernel, cuda::MmaLinearKernel::kWgmma);
+  EXPECT_TRUE(cuda::mma_linear_plan(4096, 8192, 6144, DType::kBF16, true, bf16).overlap);
+  EXPECT_EQ(cuda::mma_linear_plan(128, 200064, 6144, DType::kBF16, true, bf16).kernel, cuda::MmaLinearKernel::kWgmma);
+  cuda::MmaLinearRule plain = bf16;
+  plain.wgmma_overlap = false;
+  EXPECT_EQ(cuda::mma_linear_plan(4096, 8192, 6144, DType::kBF16, true, plain).kernel, cuda::MmaLinearKernel::kWide);
+  EXPECT_EQ(cuda::mma_linear_plan(4096, 8192, 6144, DType::kF8E4M3, true, plain).kernel, cuda::MmaLinearKernel::kWgmma);
   // Other rules (linear_bench --variants) move the switches, never the segments.
   cuda::MmaLinearRule low;
   low.wgmma_min_rows = 1;
