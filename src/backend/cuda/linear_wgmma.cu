@@ -133,14 +133,38 @@ __device__ __forceinline__ void consume(const WgLinearArgs& a, const Smem& sm, i
   float acc[64], tot[64];
 #pragma unroll
   for (int i = 0; i < 64; ++i) acc[i] = tot[i] = 0.0f;
-  if constexpr (!kOverlap) {
-    static_assert(!kBf16, "BF16 weights run the overlapped form only");
-    bool first = true;
-    int seg_left = a.seg_stages;
-    for (int st = s0; st < s1; ++st) {
-      cp_async_wait<kLwAhead - 1>();  // this thread's weights of stage st have landed
+  // A stage's steps: build (its A fragments), issue (its wgmmas), retire (their end). The plain
+  // form runs them in order; the overlapped one (MmaLinearRule::wgmma_overlap, the default: 11-17 %
+  // faster on the H200) moves stage st + 1's build between stage st's issue and retire.
+  bool first = true;
+  int seg_left = a.seg_stages;
+  // Stage st's A fragments from this thread's weight slot (one cp.async group per stage: the
+  // calls run in stage order).
+  auto build = [&](int st, uint32_t(&af)[4][4]) {
+    cp_async_wait<kLwAhead - 1>();  // this thread's weights of stage st have landed
+    const uint32_t src = slot + uint32_t((st % kLwWBufs) * kLwWStage<kBf16>);
+    if constexpr (kBf16) {
+      // The mma.sync kernel's BF16 fragments: k16 step s4 = (half, s2) takes words 2 s2, 2 s2 + 1
+      // of the half's 16 bytes of each row.
+      uint4 q[4];  // row lo halves 0, 1; row hi halves 0, 1
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                     : "=r"(q[i].x), "=r"(q[i].y), "=r"(q[i].z), "=r"(q[i].w)
+                     : "r"(src + 16u * uint32_t(i)));
+      }
+      copy_w(st + kLwAhead);  // into the slots stage st - 1 used
+#pragma unroll
+      for (int s4 = 0; s4 < 4; ++s4) {
+        const uint4& l = q[s4 >> 1];
+        const uint4& h = q[2 + (s4 >> 1)];
+        af[s4][0] = word_of(l, 2 * (s4 & 1));
+        af[s4][1] = word_of(h, 2 * (s4 & 1));
+        af[s4][2] = word_of(l, 2 * (s4 & 1) + 1);
+        af[s4][3] = word_of(h, 2 * (s4 & 1) + 1);
+      }
+    } else {
       uint4 ql, qh;
-      const uint32_t src = slot + uint32_t((st % kLwWBufs) * kLwWStage<kBf16>);
       asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n" : "=r"(ql.x), "=r"(ql.y), "=r"(ql.z), "=r"(ql.w) : "r"(src));
       asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n" : "=r"(qh.x), "=r"(qh.y), "=r"(qh.z), "=r"(qh.w) : "r"(src + 16));
       copy_w(st + kLwAhead);  // into the slots stage st - 1 used
@@ -156,7 +180,6 @@ __device__ __forceinline__ void consume(const WgLinearArgs& a, const Smem& sm, i
           sc[3] = __ldg(s_hi + nw);
         }
       }
-      uint32_t af[4][4];
 #pragma unroll
       for (int s4 = 0; s4 < 4; ++s4) {
         const uint32_t wl = word_of(ql, s4), wh = word_of(qh, s4);
@@ -165,119 +188,47 @@ __device__ __forceinline__ void consume(const WgLinearArgs& a, const Smem& sm, i
         af[s4][2] = e4m3x2_scaled<true>(wl, mul_lo);
         af[s4][3] = e4m3x2_scaled<true>(wh, mul_hi);
       }
-      mbar_wait(sm.full + 8u * uint32_t(stage), phase);
-      wgmma::fence_proxy_async();
-      const uint32_t bh = sm.b + uint32_t(stage * kLwBStage), bl = bh + uint32_t(kLwPiece);
-      wgmma::fence_regs(acc);
-      wgmma::fence();
+    }
+  };
+  // Stage st's 8 wgmmas (hi then lo per k16 step) on the token slot, committed as one group.
+  auto issue = [&](const uint32_t(&af)[4][4]) {
+    mbar_wait(sm.full + 8u * uint32_t(stage), phase);
+    wgmma::fence_proxy_async();
+    const uint32_t bh = sm.b + uint32_t(stage * kLwBStage), bl = bh + uint32_t(kLwPiece);
+    wgmma::fence_regs(acc);
+    wgmma::fence();
 #pragma unroll
-      for (int s4 = 0; s4 < 4; ++s4) {
-        wgmma::WgmmaRS<kBf16, kLwTok>::run(acc, af[s4], wgmma::desc_sw128(bh + uint32_t(32 * s4)));
-        wgmma::WgmmaRS<kBf16, kLwTok>::run(acc, af[s4], wgmma::desc_sw128(bl + uint32_t(32 * s4)));
-      }
-      wgmma::commit();
-      wgmma::wait<0>();
-      wgmma::fence_regs(acc);
-      if (lane == 0) mbar_arrive(sm.empty + 8u * uint32_t(stage));
-      if (++stage == kLwStages) stage = 0, phase ^= 1u;
-      if (--seg_left == 0 || st + 1 == s1) {  // end of a K segment: fold in order
-        seg_left = a.seg_stages;
+    for (int s4 = 0; s4 < 4; ++s4) {
+      wgmma::WgmmaRS<kBf16, kLwTok>::run(acc, af[s4], wgmma::desc_sw128(bh + uint32_t(32 * s4)));
+      wgmma::WgmmaRS<kBf16, kLwTok>::run(acc, af[s4], wgmma::desc_sw128(bl + uint32_t(32 * s4)));
+    }
+    wgmma::commit();
+  };
+  // The group's end: the token slot goes back to the producer; a K segment's end folds it in order.
+  auto retire = [&](int st) {
+    wgmma::wait<0>();
+    wgmma::fence_regs(acc);
+    if (lane == 0) mbar_arrive(sm.empty + 8u * uint32_t(stage));
+    if (++stage == kLwStages) stage = 0, phase ^= 1u;
+    if (--seg_left == 0 || st + 1 == s1) {  // end of a K segment: fold in order
+      seg_left = a.seg_stages;
 #pragma unroll
-        for (int i = 0; i < 64; ++i) {
-          tot[i] = first ? acc[i] : tot[i] + acc[i];
-          acc[i] = 0.0f;
-        }
-        first = false;
+      for (int i = 0; i < 64; ++i) {
+        tot[i] = first ? acc[i] : tot[i] + acc[i];
+        acc[i] = 0.0f;
       }
+      first = false;
+    }
+  };
+  if constexpr (!kOverlap) {
+    static_assert(!kBf16, "BF16 weights run the overlapped form only");
+    for (int st = s0; st < s1; ++st) {
+      uint32_t af[4][4];
+      build(st, af);
+      issue(af);
+      retire(st);
     }
   } else {
-    // kOverlap (MmaLinearRule::wgmma_overlap, the default: 11-17 % faster on the H200): the
-    // same steps as the loop above, as build / issue / retire, with stage st + 1's build moved
-    // between stage st's issue and retire.
-    bool first = true;
-    int seg_left = a.seg_stages;
-    // Stage st's A fragments from this thread's weight slot (one cp.async group per stage: the
-    // calls run in stage order).
-    auto build = [&](int st, uint32_t(&af)[4][4]) {
-      cp_async_wait<kLwAhead - 1>();  // this thread's weights of stage st have landed
-      const uint32_t src = slot + uint32_t((st % kLwWBufs) * kLwWStage<kBf16>);
-      if constexpr (kBf16) {
-        // The mma.sync kernel's BF16 fragments: k16 step s4 = (half, s2) takes words 2 s2, 2 s2 + 1
-        // of the half's 16 bytes of each row.
-        uint4 q[4];  // row lo halves 0, 1; row hi halves 0, 1
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
-                       : "=r"(q[i].x), "=r"(q[i].y), "=r"(q[i].z), "=r"(q[i].w)
-                       : "r"(src + 16u * uint32_t(i)));
-        }
-        copy_w(st + kLwAhead);  // into the slots stage st - 1 used
-#pragma unroll
-        for (int s4 = 0; s4 < 4; ++s4) {
-          const uint4& l = q[s4 >> 1];
-          const uint4& h = q[2 + (s4 >> 1)];
-          af[s4][0] = word_of(l, 2 * (s4 & 1));
-          af[s4][1] = word_of(h, 2 * (s4 & 1));
-          af[s4][2] = word_of(l, 2 * (s4 & 1) + 1);
-          af[s4][3] = word_of(h, 2 * (s4 & 1) + 1);
-        }
-      } else {
-        uint4 ql, qh;
-        asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n" : "=r"(ql.x), "=r"(ql.y), "=r"(ql.z), "=r"(ql.w) : "r"(src));
-        asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n" : "=r"(qh.x), "=r"(qh.y), "=r"(qh.z), "=r"(qh.w) : "r"(src + 16));
-        copy_w(st + kLwAhead);  // into the slots stage st - 1 used
-        const int sh = 8 * (2 * (st & 1) + (tig >> 1));  // this lane's 32-wide block in the 128-wide window
-        const __half2 mul_lo = pow2_h2(int((sc[0] >> sh) & 0xffu) - ref[0]);
-        const __half2 mul_hi = pow2_h2(int((sc[1] >> sh) & 0xffu) - ref[1]);
-        if (st & 1) {  // the window ends: the next one's words move up, the one after is requested
-          sc[0] = sc[2];
-          sc[1] = sc[3];
-          const int nw = (st >> 1) + 2;
-          if (2 * nw < kst) {
-            sc[2] = __ldg(s_lo + nw);
-            sc[3] = __ldg(s_hi + nw);
-          }
-        }
-#pragma unroll
-        for (int s4 = 0; s4 < 4; ++s4) {
-          const uint32_t wl = word_of(ql, s4), wh = word_of(qh, s4);
-          af[s4][0] = e4m3x2_scaled(wl, mul_lo);
-          af[s4][1] = e4m3x2_scaled(wh, mul_hi);
-          af[s4][2] = e4m3x2_scaled<true>(wl, mul_lo);
-          af[s4][3] = e4m3x2_scaled<true>(wh, mul_hi);
-        }
-      }
-    };
-    // Stage st's 8 wgmmas (hi then lo per k16 step) on the token slot, committed as one group.
-    auto issue = [&](const uint32_t(&af)[4][4]) {
-      mbar_wait(sm.full + 8u * uint32_t(stage), phase);
-      wgmma::fence_proxy_async();
-      const uint32_t bh = sm.b + uint32_t(stage * kLwBStage), bl = bh + uint32_t(kLwPiece);
-      wgmma::fence_regs(acc);
-      wgmma::fence();
-#pragma unroll
-      for (int s4 = 0; s4 < 4; ++s4) {
-        wgmma::WgmmaRS<kBf16, kLwTok>::run(acc, af[s4], wgmma::desc_sw128(bh + uint32_t(32 * s4)));
-        wgmma::WgmmaRS<kBf16, kLwTok>::run(acc, af[s4], wgmma::desc_sw128(bl + uint32_t(32 * s4)));
-      }
-      wgmma::commit();
-    };
-    // The group's end: the token slot goes back to the producer; a K segment's end folds it in order.
-    auto retire = [&](int st) {
-      wgmma::wait<0>();
-      wgmma::fence_regs(acc);
-      if (lane == 0) mbar_arrive(sm.empty + 8u * uint32_t(stage));
-      if (++stage == kLwStages) stage = 0, phase ^= 1u;
-      if (--seg_left == 0 || st + 1 == s1) {  // end of a K segment: fold in order
-        seg_left = a.seg_stages;
-#pragma unroll
-        for (int i = 0; i < 64; ++i) {
-          tot[i] = first ? acc[i] : tot[i] + acc[i];
-          acc[i] = 0.0f;
-        }
-        first = false;
-      }
-    };
     // Stage st + 1's fragments are built while stage st's wgmmas run: two fragment sets taking
     // turns (two stages per trip, so each set keeps its registers), the set in flight fenced
     // until its group's wait. The same operands in the same order: the same bits.
