@@ -13,16 +13,7 @@ namespace {
 
 ops::Problem attention_problem(int64_t tokens, int64_t top_k, bool invariant, DType kv = DType::kBF16,
                                int64_t head_dim = 128, int64_t q_heads = 64) {
-  ops::Problem p;
-  p.op = "attention";
-  p.device = Device::kCuda;
-  p.dtype = kv;
-  p.m = tokens;
-  p.n = q_heads;
-  p.k = head_dim;
-  p.extra = top_k;
-  p.batch_invariant = invariant;
-  return p;
+  return ops::make_problem("attention", Device::kCuda, kv, tokens, q_heads, head_dim, top_k, invariant);
 }
 
 std::string pick(const ops::KernelTable& t, int64_t tokens, int64_t top_k, bool invariant,
