@@ -93,14 +93,11 @@ std::string plan_of_entry(const std::string& entry, const ops::Problem& p, const
          (hilo ? "fp32" : "bf16") + " partials merged per row";
 }
 
-// The entries ask the current device for its limits only when there is a layout to plan.
+// The entries plan on the current device's limits (asked of the runtime once per device), when
+// there is a layout to plan.
 ops::PlanFn device_plan(const char* entry) {
   return [entry](const ops::Problem& p) -> std::string {
-    if (!p.attention) return "";
-    MsaAttnLimits lim;
-    if (std::string(entry) == kIndexerName) lim.sms = current_sm_count();
-    else if (has_layout(p)) lim = msa_attention_limits();
-    return plan_of_entry(entry, p, lim);
+    return p.attention ? plan_of_entry(entry, p, msa_attention_limits()) : "";
   };
 }
 
