@@ -37,7 +37,8 @@ struct RequestState {
 // What the on-device sample op implements; everything else goes to the host Sampler.
 bool device_samplable(const SamplingParams& p) {
   return p.repetition_penalty == 1.0f && p.presence_penalty == 0.0f && p.frequency_penalty == 0.0f &&
-         p.top_p >= 1.0f && p.top_k <= 0 && p.min_p <= 0.0f && p.logprobs <= ops::kMaxTopLogprobs;
+         p.top_p >= 1.0f && p.top_k <= 0 && p.min_p <= 0.0f && p.logprobs <= ops::kMaxTopLogprobs &&
+         p.logit_bias.empty();
 }
 
 // Decode batches are padded up to one of these sizes so a few graphs cover every batch.
@@ -79,6 +80,11 @@ class EngineImpl final : public Engine {
     for (int32_t id : request.prompt_token_ids) {
       if (id < 0 || id >= summary_.vocab_size)
         return Status::error("prompt token id " + std::to_string(id) + " is outside the vocabulary [0, " +
+                             std::to_string(summary_.vocab_size) + ")");
+    }
+    for (const auto& [token, bias] : request.sampling.logit_bias) {
+      if (token >= summary_.vocab_size)
+        return Status::error("logit_bias token id " + std::to_string(token) + " is outside the vocabulary [0, " +
                              std::to_string(summary_.vocab_size) + ")");
     }
     const RequestId id = next_id_++;

@@ -19,6 +19,15 @@ std::vector<std::string> SamplingParams::validate() const {
   if (!(frequency_penalty >= -2.0f && frequency_penalty <= 2.0f)) p.push_back("frequency_penalty must be in [-2, 2]");
   if (max_tokens < 1) p.push_back("max_tokens must be >= 1");
   if (logprobs > 20) p.push_back("logprobs must be <= 20");
+  if (logit_bias.size() > size_t(kMaxLogitBias))
+    p.push_back("logit_bias may hold at most " + std::to_string(kMaxLogitBias) + " tokens");
+  bool bad_id = false, bad_bias = false;
+  for (const auto& [token, bias] : logit_bias) {
+    bad_id = bad_id || token < 0;
+    bad_bias = bad_bias || !(bias >= -100.0f && bias <= 100.0f);
+  }
+  if (bad_id) p.push_back("logit_bias token ids must be >= 0");
+  if (bad_bias) p.push_back("logit_bias values must be in [-100, 100]");
   return p;
 }
 
@@ -45,7 +54,11 @@ SampleResult Sampler::sample(float* logits, int64_t vocab, const std::vector<int
   std::vector<float> logp;
   if (params_.logprobs >= 0) log_softmax(logits, vocab, logp);
 
-  // Penalties (vLLM semantics): repetition over prompt + output; presence/frequency over output.
+  // logit_bias, then the penalties (vLLM semantics): repetition over prompt + output;
+  // presence/frequency over output.
+  for (const auto& [token, bias] : params_.logit_bias) {
+    if (token >= 0 && token < vocab) logits[token] += bias;
+  }
   if (params_.repetition_penalty != 1.0f) {
     std::vector<char> seen(size_t(vocab), 0);
     for (int32_t t : prompt_ids) if (t >= 0 && t < vocab) seen[size_t(t)] = 1;

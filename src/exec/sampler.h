@@ -1,14 +1,18 @@
 #pragma once
-// Per-request sampling on host logits: penalties, temperature, top-k, top-p, min-p, a seeded
+// Per-request sampling on host logits: logit bias, penalties, temperature, top-k, top-p, min-p, a seeded
 // generator per request, and top-N logprobs. Greedy (temperature 0) is deterministic argmax
 // with ties to the lower token id.
 #include <cstdint>
 #include <random>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "core/status.h"
 
 namespace m3 {
+
+inline constexpr int kMaxLogitBias = 1024;  // logit_bias entries per request
 
 struct SamplingParams {
   float temperature = 1.0f;  // 0 = greedy
@@ -23,6 +27,9 @@ struct SamplingParams {
   std::vector<int32_t> stop_token_ids;
   bool ignore_eos = false;
   int logprobs = -1;          // -1 = none; N >= 0 = the sampled token's plus the top N
+  // OpenAI logit_bias: (token id, bias in [-100, 100]) added to the logits before the penalties
+  // and the sampling (vLLM's order); reported logprobs stay those of the unmodified distribution.
+  std::vector<std::pair<int32_t, float>> logit_bias;
 
   // Every problem at once, phrased for an API error ("temperature must be >= 0").
   std::vector<std::string> validate() const;

@@ -185,8 +185,26 @@ std::optional<ApiError> parse_common(const OrderedJson& body, bool chat, CommonR
   }
   M3_TRY(get_bool(body, "ignore_eos", s.ignore_eos));
   // Constraints the engine cannot honour are refused rather than silently ignored.
-  if (const OrderedJson* v = member(body, "logit_bias"); v && !(v->is_object() && v->empty()))
-    return invalid_request("'logit_bias' is not supported", "logit_bias");
+  if (const OrderedJson* v = member(body, "logit_bias")) {
+    // {"<token id>": bias in [-100, 100]}; the ids are checked against the vocabulary by the route.
+    if (!v->is_object()) return wrong_type("logit_bias", "an object mapping token ids to numbers", *v);
+    if (v->size() > size_t(kMaxLogitBias))
+      return invalid_request("'logit_bias' may hold at most " + std::to_string(kMaxLogitBias) + " tokens", "logit_bias");
+    for (auto it = v->begin(); it != v->end(); ++it) {
+      const std::string& key = it.key();
+      const bool digits = !key.empty() && key.size() <= 10 &&
+                          key.find_first_not_of("0123456789") == std::string::npos && std::stoll(key) <= INT32_MAX;
+      if (!digits)
+        return invalid_request("'logit_bias' keys must be token ids (non-negative integers), got '" + key + "'",
+                               "logit_bias");
+      if (!it.value().is_number())
+        return wrong_type("logit_bias[\"" + key + "\"]", "a number", it.value());
+      const double bias = it.value().get<double>();
+      if (!(bias >= -100.0 && bias <= 100.0))
+        return invalid_request("'logit_bias[\"" + key + "\"]' must be in [-100, 100]", "logit_bias");
+      s.logit_bias.emplace_back(int32_t(std::stoll(key)), float(bias));
+    }
+  }
   if (const OrderedJson* v = member(body, "response_format");
       v && !(v->is_object() && v->value("type", std::string("text")) == "text"))
     return invalid_request("'response_format' other than {\"type\": \"text\"} is not supported", "response_format");

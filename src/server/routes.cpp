@@ -230,6 +230,13 @@ void ApiServer::handle_generation(const httplib::Request& req, httplib::Response
     }
   }
   const int32_t max_len = engine_.model().max_model_len;
+  for (const auto& [token, bias] : common.sampling.logit_bias) {
+    if (token >= engine_.model().vocab_size)
+      return send_error(res, invalid_request("'logit_bias' holds token id " + std::to_string(token) +
+                                                 ", outside the vocabulary [0, " +
+                                                 std::to_string(engine_.model().vocab_size) + ")",
+                                             "logit_bias"));
+  }
   const std::string model_name = options_.served_model_names.front();
   GenerationSpec spec;
   spec.chat = chat;

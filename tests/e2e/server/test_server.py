@@ -172,6 +172,33 @@ class ServerTest(unittest.TestCase):
             self.assertAlmostEqual(max(top.values()), lps, places=4)  # greedy picks the top token
         self.assertEqual(lp.text_offset[0], 0)
 
+    def test_logit_bias(self):
+        c = self.server.client()
+        kw = dict(model=MODEL, prompt="The", temperature=0, extra_body={"ignore_eos": True})
+        detok = lambda ids: self.server.json("POST", "/detokenize", {"tokens": ids})[1]["prompt"]
+        a, b = 7, 8
+        self.assertNotEqual(detok([a]), detok([b]))
+        # +100 makes one token the greedy choice at every step; logprobs stay the model's own.
+        base = c.completions.create(max_tokens=4, logprobs=1, **kw)
+        r = c.completions.create(max_tokens=4, logprobs=1, logit_bias={str(a): 100}, **kw)
+        self.assertEqual(r.choices[0].text, detok([a] * 4))
+        self.assertEqual(r.choices[0].logprobs.top_logprobs[0], base.choices[0].logprobs.top_logprobs[0])
+        # Both boosted: the model's own order decides; -100 on the winner leaves the other.
+        both = {str(a): 100, str(b): 100}
+        won = c.completions.create(max_tokens=1, logit_bias=both, **kw).choices[0].text
+        self.assertIn(won, (detok([a]), detok([b])))
+        winner, other = (a, b) if won == detok([a]) else (b, a)
+        both[str(winner)] = -100
+        self.assertEqual(c.completions.create(max_tokens=1, logit_bias=both, **kw).choices[0].text, detok([other]))
+        # Chat takes it too, and streams the same text as without streaming.
+        ck = dict(model=MODEL, messages=[{"role": "user", "content": "Hi"}], max_tokens=3, temperature=0,
+                  logit_bias={str(a): 100}, extra_body={"ignore_eos": True})
+        whole = c.chat.completions.create(**ck).choices[0].message.content
+        streamed = "".join(ch.choices[0].delta.content or "" for ch in c.chat.completions.create(stream=True, **ck)
+                           if ch.choices)
+        self.assertEqual(whole, streamed)
+        self.assertEqual(whole, detok([a] * 3))
+
     def test_completion_stream_and_usage(self):
         stream = self.server.client().completions.create(model=MODEL, prompt="Once upon", max_tokens=6, temperature=0,
                                                          stream=True, stream_options={"include_usage": True},
@@ -401,6 +428,9 @@ class ServerTest(unittest.TestCase):
         self.check_error({"model": MODEL, "prompt": "hi", "max_tokens": 2100}, "max_tokens", path="/v1/completions")
         self.check_error({"model": MODEL, "prompt": [99999], "max_tokens": 2}, "", path="/v1/completions")
         self.check_error({"model": MODEL, "max_tokens": 2}, "prompt", path="/v1/completions")
+        self.check_error(self.chat(logit_bias={"99999": 1}), "logit_bias")
+        self.check_error(self.chat(logit_bias={"5": 150}), "logit_bias")
+        self.check_error(self.chat(logit_bias={"x": 1}), "logit_bias")
         err = self.check_error(self.chat(model="gpt-9"), "gpt-9", status=404, etype="NotFoundError", param="model")
         self.assertEqual(err["param"], "model")
         # Unknown route, bad key, /health without a key.

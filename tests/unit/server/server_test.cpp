@@ -404,7 +404,12 @@ TEST(Protocol, ErrorsNameTheField) {
       {R"({"messages":[{"role":"user","content":"x"}],"chat_template_kwargs":{"thinking_mode":"maybe"}})",
        "chat_template_kwargs.thinking_mode"},
       {R"({"model":3,"messages":[{"role":"user","content":"x"}]})", "model"},
-      {R"({"messages":[{"role":"user","content":"x"}],"logit_bias":{"5":100}})", "logit_bias"},
+      {R"({"messages":[{"role":"user","content":"x"}],"logit_bias":[5]})", "logit_bias"},
+      {R"({"messages":[{"role":"user","content":"x"}],"logit_bias":{"5":100.5}})", "logit_bias"},
+      {R"({"messages":[{"role":"user","content":"x"}],"logit_bias":{"-5":1}})", "logit_bias"},
+      {R"({"messages":[{"role":"user","content":"x"}],"logit_bias":{"five":1}})", "logit_bias"},
+      {R"({"messages":[{"role":"user","content":"x"}],"logit_bias":{"99999999999":1}})", "logit_bias"},
+      {R"({"messages":[{"role":"user","content":"x"}],"logit_bias":{"5":"1"}})", "logit_bias[\"5\"]"},
       {R"({"messages":[{"role":"user","content":"x"}],"response_format":{"type":"json_object"}})", "response_format"},
       {R"([])", ""},
   };
@@ -428,7 +433,8 @@ TEST(Protocol, ValidRequestsParse) {
       "stop":["a",""],"stop_token_ids":[9],"logprobs":true,"top_logprobs":3,"presence_penalty":0.5,
       "frequency_penalty":-0.5,"repetition_penalty":1.1,"stream":true,"stream_options":{"include_usage":true},
       "tools":[{"type":"function","function":{"name":"f","parameters":{"type":"object","properties":{}}}}],
-      "tool_choice":{"type":"function","function":{"name":"f"}},"chat_template_kwargs":{"thinking_mode":"enabled"}})"),
+      "tool_choice":{"type":"function","function":{"name":"f"}},"chat_template_kwargs":{"thinking_mode":"enabled"},
+      "logit_bias":{"7":-100,"12":2.5}})"),
                                 chat);
   ASSERT_FALSE(err) << err->message;
   EXPECT_EQ(chat.common.n, 2);
@@ -439,6 +445,10 @@ TEST(Protocol, ValidRequestsParse) {
   EXPECT_TRUE(chat.common.include_usage);
   EXPECT_EQ(chat.tool_choice, ToolChoice::kNamed);
   EXPECT_EQ(chat.thinking_mode, ThinkingMode::kEnabled);
+  using Bias = std::vector<std::pair<int32_t, float>>;
+  Bias bias = chat.common.sampling.logit_bias;
+  std::sort(bias.begin(), bias.end());
+  EXPECT_EQ(bias, (Bias{{7, -100.0f}, {12, 2.5f}}));
   CompletionRequest comp;
   ASSERT_FALSE(parse_completion_request(OrderedJson::parse(R"({"prompt":[[1,2],"text"],"logprobs":2,"max_tokens":3})"),
                                         comp));
