@@ -38,7 +38,7 @@ struct RequestState {
 bool device_samplable(const SamplingParams& p) {
   return p.repetition_penalty == 1.0f && p.presence_penalty == 0.0f && p.frequency_penalty == 0.0f &&
          p.top_p >= 1.0f && p.top_k <= 0 && p.min_p <= 0.0f && p.logprobs <= ops::kMaxTopLogprobs &&
-         p.logit_bias.empty();
+         p.logit_bias.empty() && p.min_tokens == 0 && p.allowed_token_ids.empty();
 }
 
 // Decode batches are padded up to one of these sizes so a few graphs cover every batch.
@@ -87,6 +87,11 @@ class EngineImpl final : public Engine {
         return Status::error("logit_bias token id " + std::to_string(token) + " is outside the vocabulary [0, " +
                              std::to_string(summary_.vocab_size) + ")");
     }
+    for (int32_t token : request.sampling.allowed_token_ids) {
+      if (token >= summary_.vocab_size)
+        return Status::error("allowed_token_ids holds " + std::to_string(token) + ", outside the vocabulary [0, " +
+                             std::to_string(summary_.vocab_size) + ")");
+    }
     const RequestId id = next_id_++;
     RequestSpec spec;
     spec.request_id = id;
@@ -95,12 +100,13 @@ class EngineImpl final : public Engine {
     spec.stop_token_ids = request.sampling.stop_token_ids;
     if (!request.sampling.ignore_eos)
       spec.stop_token_ids.insert(spec.stop_token_ids.end(), summary_.eos_token_ids.begin(), summary_.eos_token_ids.end());
+    std::vector<int32_t> stop_ids = spec.stop_token_ids;  // what min_tokens bans
     Status st = scheduler_.submit(std::move(spec));
     if (!st.is_ok()) return st;
     RequestState state;
     state.prompt = std::move(request.prompt_token_ids);
     state.sampling = request.sampling;
-    state.sampler = std::make_unique<Sampler>(request.sampling);
+    state.sampler = std::make_unique<Sampler>(request.sampling, std::move(stop_ids));
     state.device_sampling = rt_->device() != Device::kCpu && device_samplable(request.sampling);
     state.device_seed = request.sampling.seed >= 0 ? uint64_t(request.sampling.seed) : seed_source_();
     requests_.emplace(id, std::move(state));

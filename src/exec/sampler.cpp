@@ -18,21 +18,26 @@ std::vector<std::string> SamplingParams::validate() const {
   if (!(presence_penalty >= -2.0f && presence_penalty <= 2.0f)) p.push_back("presence_penalty must be in [-2, 2]");
   if (!(frequency_penalty >= -2.0f && frequency_penalty <= 2.0f)) p.push_back("frequency_penalty must be in [-2, 2]");
   if (max_tokens < 1) p.push_back("max_tokens must be >= 1");
+  if (min_tokens < 0 || min_tokens > max_tokens) p.push_back("min_tokens must be in [0, max_tokens]");
   if (logprobs > 20) p.push_back("logprobs must be <= 20");
   if (logit_bias.size() > size_t(kMaxLogitBias))
     p.push_back("logit_bias may hold at most " + std::to_string(kMaxLogitBias) + " tokens");
-  bool bad_id = false, bad_bias = false;
+  bool bad_id = false, bad_bias = false, bad_allowed = false;
   for (const auto& [token, bias] : logit_bias) {
     bad_id = bad_id || token < 0;
     bad_bias = bad_bias || !(bias >= -100.0f && bias <= 100.0f);
   }
+  for (int32_t t : allowed_token_ids) bad_allowed = bad_allowed || t < 0;
   if (bad_id) p.push_back("logit_bias token ids must be >= 0");
+  if (bad_allowed) p.push_back("allowed_token_ids must be >= 0");
   if (bad_bias) p.push_back("logit_bias values must be in [-100, 100]");
   return p;
 }
 
-Sampler::Sampler(const SamplingParams& params)
-    : params_(params), rng_(params.seed >= 0 ? uint64_t(params.seed) : std::random_device{}()) {}
+Sampler::Sampler(const SamplingParams& params, std::vector<int32_t> stop_ids)
+    : params_(params),
+      stop_ids_(std::move(stop_ids)),
+      rng_(params.seed >= 0 ? uint64_t(params.seed) : std::random_device{}()) {}
 
 namespace {
 
@@ -54,8 +59,22 @@ SampleResult Sampler::sample(float* logits, int64_t vocab, const std::vector<int
   std::vector<float> logp;
   if (params_.logprobs >= 0) log_softmax(logits, vocab, logp);
 
-  // logit_bias, then the penalties (vLLM semantics): repetition over prompt + output;
-  // presence/frequency over output.
+  // allowed ids, min_tokens, logit_bias, then the penalties (vLLM's order): repetition over
+  // prompt + output; presence/frequency over output.
+  if (!params_.allowed_token_ids.empty()) {
+    std::vector<char> allowed(size_t(vocab), 0);
+    for (int32_t t : params_.allowed_token_ids) {
+      if (t >= 0 && t < vocab) allowed[size_t(t)] = 1;
+    }
+    for (int64_t i = 0; i < vocab; ++i) {
+      if (!allowed[size_t(i)]) logits[i] = -std::numeric_limits<float>::infinity();
+    }
+  }
+  if (int64_t(output_ids.size()) < params_.min_tokens) {
+    for (int32_t t : stop_ids_) {
+      if (t >= 0 && t < vocab) logits[t] = -std::numeric_limits<float>::infinity();
+    }
+  }
   for (const auto& [token, bias] : params_.logit_bias) {
     if (token >= 0 && token < vocab) logits[token] += bias;
   }

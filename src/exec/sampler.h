@@ -1,5 +1,5 @@
 #pragma once
-// Per-request sampling on host logits: logit bias, penalties, temperature, top-k, top-p, min-p, a seeded
+// Per-request sampling on host logits: allowed ids, min_tokens, logit bias, penalties, temperature, top-k, top-p, min-p, a seeded
 // generator per request, and top-N logprobs. Greedy (temperature 0) is deterministic argmax
 // with ties to the lower token id.
 #include <cstdint>
@@ -24,12 +24,15 @@ struct SamplingParams {
   float frequency_penalty = 0.0f;
   int64_t seed = -1;          // -1 = nondeterministic
   int max_tokens = 16;
+  int min_tokens = 0;         // the stop ids (EOS included) are banned until this many tokens exist
   std::vector<int32_t> stop_token_ids;
   bool ignore_eos = false;
   int logprobs = -1;          // -1 = none; N >= 0 = the sampled token's plus the top N
   // OpenAI logit_bias: (token id, bias in [-100, 100]) added to the logits before the penalties
   // and the sampling (vLLM's order); reported logprobs stay those of the unmodified distribution.
   std::vector<std::pair<int32_t, float>> logit_bias;
+  // vLLM's allowed_token_ids: when non-empty, only these ids can be sampled (applied first).
+  std::vector<int32_t> allowed_token_ids;
 
   // Every problem at once, phrased for an API error ("temperature must be >= 0").
   std::vector<std::string> validate() const;
@@ -48,13 +51,16 @@ struct SampleResult {
 
 class Sampler {
  public:
-  explicit Sampler(const SamplingParams& params);
+  // stop_ids: the ids that end the request (its stop_token_ids and, unless ignore_eos, the EOS
+  // ids), which min_tokens bans.
+  explicit Sampler(const SamplingParams& params, std::vector<int32_t> stop_ids = {});
   // logits: [vocab]; prompt/output ids feed the penalties. `logits` is modified in place.
   SampleResult sample(float* logits, int64_t vocab, const std::vector<int32_t>& prompt_ids,
                       const std::vector<int32_t>& output_ids);
 
  private:
   SamplingParams params_;
+  std::vector<int32_t> stop_ids_;
   std::mt19937_64 rng_;
 };
 

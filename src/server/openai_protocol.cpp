@@ -184,6 +184,24 @@ std::optional<ApiError> parse_common(const OrderedJson& body, bool chat, CommonR
     }
   }
   M3_TRY(get_bool(body, "ignore_eos", s.ignore_eos));
+  if (const OrderedJson* v = member(body, "allowed_token_ids")) {
+    // vLLM's: only these ids may be sampled; the route checks them against the vocabulary.
+    if (!v->is_array() || v->empty()) return wrong_type("allowed_token_ids", "a non-empty array of token ids", *v);
+    for (size_t k = 0; k < v->size(); ++k) {
+      const auto& t = (*v)[k];
+      if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() > INT32_MAX)
+        return invalid_request("'allowed_token_ids[" + std::to_string(k) + "]' must be a non-negative integer",
+                               "allowed_token_ids");
+      s.allowed_token_ids.push_back(int32_t(t.get<int64_t>()));
+    }
+  }
+  M3_TRY(get_bool(body, "include_stop_str_in_output", out.include_stop_str_in_output));
+  i.reset();
+  M3_TRY(get_int(body, "min_tokens", i));  // vLLM's: no EOS, stop id or stop string before this many
+  if (i) {
+    if (*i < 0 || *i > INT32_MAX) return invalid_request("'min_tokens' must be a non-negative integer", "min_tokens");
+    s.min_tokens = int(*i);
+  }
   // Constraints the engine cannot honour are refused rather than silently ignored.
   if (const OrderedJson* v = member(body, "logit_bias")) {
     // {"<token id>": bias in [-100, 100]}; the ids are checked against the vocabulary by the route.
@@ -208,6 +226,11 @@ std::optional<ApiError> parse_common(const OrderedJson& body, bool chat, CommonR
   if (const OrderedJson* v = member(body, "response_format");
       v && !(v->is_object() && v->value("type", std::string("text")) == "text"))
     return invalid_request("'response_format' other than {\"type\": \"text\"} is not supported", "response_format");
+  // vLLM extensions that would change the output and that this engine does not implement.
+  for (const char* key : {"guided_json", "guided_regex", "guided_choice", "guided_grammar", "structured_outputs",
+                          "prompt_logprobs", "bad_words", "truncate_prompt_tokens", "use_beam_search"}) {
+    if (member(body, key)) return invalid_request(quoted(key) + " is not supported", key);
+  }
   i.reset();
   M3_TRY(get_int(body, "best_of", i));
   if (i && *i != out.n && *i != 1) return invalid_request("'best_of' is not supported", "best_of");
@@ -317,9 +340,41 @@ std::optional<ApiError> validate_tools(const OrderedJson& tools) {
   return std::nullopt;
 }
 
+namespace {
+
+// The fields each endpoint reads, and those that change nothing here (OpenAI bookkeeping, vLLM
+// detokenizer options whose defaults this server follows); anything else is reported as ignored.
+const char* const kCommonFields[] = {
+    "model", "n", "max_tokens", "temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty",
+    "repetition_penalty", "seed", "stop", "stop_token_ids", "ignore_eos", "logit_bias", "allowed_token_ids",
+    "include_stop_str_in_output", "min_tokens", "response_format", "best_of", "stream", "stream_options",
+    "logprobs", "user", "metadata", "store", "service_tier", "request_id", "priority", "skip_special_tokens",
+    "spaces_between_special_tokens"};
+const char* const kCompletionFields[] = {"prompt", "echo", "suffix"};
+const char* const kChatFields[] = {"messages", "tools", "tool_choice", "chat_template_kwargs", "add_generation_prompt",
+                                   "max_completion_tokens", "top_logprobs", "parallel_tool_calls"};
+
+template <size_t N>
+bool listed(const std::string& key, const char* const (&fields)[N]) {
+  for (const char* f : fields)
+    if (key == f) return true;
+  return false;
+}
+
+void note_ignored(const OrderedJson& body, bool chat, CommonRequest& out) {
+  for (auto it = body.begin(); it != body.end(); ++it) {
+    const std::string& key = it.key();
+    if (!listed(key, kCommonFields) && !(chat ? listed(key, kChatFields) : listed(key, kCompletionFields)))
+      out.ignored_fields.push_back(key);
+  }
+}
+
+}  // namespace
+
 std::optional<ApiError> parse_completion_request(const OrderedJson& body, CompletionRequest& out) {
   if (!body.is_object()) return invalid_request("the request body must be a JSON object");
   M3_TRY(parse_common(body, false, out.common));
+  note_ignored(body, false, out.common);
   const OrderedJson* p = member(body, "prompt");
   if (!p) return invalid_request("'prompt' is required", "prompt");
   auto as_ids = [](const OrderedJson& arr, std::vector<int32_t>& ids) {
@@ -362,6 +417,7 @@ std::optional<ApiError> parse_completion_request(const OrderedJson& body, Comple
 std::optional<ApiError> parse_chat_request(const OrderedJson& body, ChatRequest& out) {
   if (!body.is_object()) return invalid_request("the request body must be a JSON object");
   M3_TRY(parse_common(body, true, out.common));
+  note_ignored(body, true, out.common);
   const OrderedJson* messages = member(body, "messages");
   if (!messages) return invalid_request("'messages' is required", "messages");
   M3_TRY(check_messages(*messages));

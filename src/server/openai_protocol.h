@@ -36,6 +36,8 @@ struct CommonRequest {
   bool stream = false;
   bool include_usage = false;       // stream_options.include_usage
   int logprobs = -1;                // -1: none; N: the sampled token plus the top N
+  bool include_stop_str_in_output = false;  // vLLM's: a matched stop string stays in the text
+  std::vector<std::string> ignored_fields;  // present in the body, unknown to the server (logged)
 };
 
 struct CompletionRequest {

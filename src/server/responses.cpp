@@ -51,6 +51,7 @@ ChoiceDelta ChoiceAssembler::push(const std::vector<TokenOutput>& tokens) {
     ++num_tokens_;
     if (options_.stop_token_ids.count(t.token)) continue;  // EOS / stop ids end the text, never appear in it
     raw += decoder_.push(t.token);
+    if (num_tokens_ <= options_.min_tokens) protected_ = pending_.size() + raw.size();
     if (options_.logprobs >= 0) {
       LogprobEntry e{t.token, t.logprob, t.top_logprobs};
       if (e.top.size() > size_t(options_.logprobs)) e.top.resize(size_t(options_.logprobs));
@@ -59,12 +60,12 @@ ChoiceDelta ChoiceAssembler::push(const std::vector<TokenOutput>& tokens) {
     }
   }
   pending_ += raw;
-  size_t match = std::string::npos;
-  for (const auto& s : options_.stop) match = std::min(match, pending_.find(s));
+  const size_t match = find_stop();
   if (match != std::string::npos) {
     stop_matched_ = true;
     std::string keep = pending_.substr(0, match);
     pending_.clear();
+    protected_ = 0;
     route(std::move(keep), out, false);
     return out;
   }
@@ -74,9 +75,22 @@ ChoiceDelta ChoiceAssembler::push(const std::vector<TokenOutput>& tokens) {
   if (release > 0) {
     std::string head = pending_.substr(0, release);
     pending_.erase(0, release);
+    protected_ -= std::min(protected_, release);
     route(std::move(head), out, false);
   }
   return out;
+}
+
+size_t ChoiceAssembler::find_stop() const {
+  size_t match = std::string::npos, cut = std::string::npos;
+  for (const auto& s : options_.stop) {
+    // The earliest occurrence that ends past the protected bytes (vLLM checks stop strings only
+    // once min_tokens tokens exist, on the text they add).
+    const size_t from = protected_ >= s.size() ? protected_ - s.size() + 1 : 0;
+    const size_t at = pending_.find(s, from);
+    if (at < match) match = at, cut = options_.include_stop_str ? at + s.size() : at;
+  }
+  return cut;
 }
 
 ChoiceDelta ChoiceAssembler::finish(FinishReason reason) {
@@ -85,8 +99,7 @@ ChoiceDelta ChoiceAssembler::finish(FinishReason reason) {
   finished_ = true;
   if (!stop_matched_) {
     pending_ += decoder_.flush();
-    size_t match = std::string::npos;
-    for (const auto& s : options_.stop) match = std::min(match, pending_.find(s));
+    const size_t match = find_stop();
     if (match != std::string::npos) {
       stop_matched_ = true;
       pending_.resize(match);

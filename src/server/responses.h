@@ -21,6 +21,8 @@ struct ChoiceOptions {
   bool drop_tool_calls = false;      // tool_choice "none": calls are parsed and dropped
   OutputParserOptions parser;
   int logprobs = -1;                 // -1: none; N: the sampled token plus the top N
+  int min_tokens = 0;                // stop strings inside the text of the first min_tokens tokens do not count
+  bool include_stop_str = false;     // a matched stop string stays at the end of the text
 };
 
 struct LogprobEntry {
@@ -59,12 +61,16 @@ class ChoiceAssembler {
 
  private:
   void route(std::string raw, ChoiceDelta& out, bool final);
+  // Where the text ends at the first stop string match in pending_ that ends past its protected
+  // bytes (before the string, or after it with include_stop_str), or npos.
+  size_t find_stop() const;
 
   const Tokenizer& tokenizer_;
   ChoiceOptions options_;
   StreamDecoder decoder_;
   OutputParser parser_;
   std::string pending_;  // decoded, not yet released (may be the start of a stop string)
+  size_t protected_ = 0;  // bytes at pending_'s front from the first min_tokens tokens
   size_t max_stop_bytes_ = 0;
   bool stop_matched_ = false;
   bool finished_ = false;

@@ -5,6 +5,7 @@
 #include <cstdio>
 
 #include "chat/chat_template.h"
+#include "core/log.h"
 #include "server/generation.h"
 
 namespace m3::server {
@@ -230,12 +231,20 @@ void ApiServer::handle_generation(const httplib::Request& req, httplib::Response
     }
   }
   const int32_t max_len = engine_.model().max_model_len;
-  for (const auto& [token, bias] : common.sampling.logit_bias) {
-    if (token >= engine_.model().vocab_size)
-      return send_error(res, invalid_request("'logit_bias' holds token id " + std::to_string(token) +
-                                                 ", outside the vocabulary [0, " +
-                                                 std::to_string(engine_.model().vocab_size) + ")",
-                                             "logit_bias"));
+  const int64_t vocab = engine_.model().vocab_size;
+  auto outside = [&](const char* field, int32_t token) {
+    return invalid_request("'" + std::string(field) + "' holds token id " + std::to_string(token) +
+                               ", outside the vocabulary [0, " + std::to_string(vocab) + ")",
+                           field);
+  };
+  for (const auto& [token, bias] : common.sampling.logit_bias)
+    if (token >= vocab) return send_error(res, outside("logit_bias", token));
+  for (int32_t token : common.sampling.allowed_token_ids)
+    if (token >= vocab) return send_error(res, outside("allowed_token_ids", token));
+  if (!common.ignored_fields.empty()) {
+    std::string names;
+    for (const auto& f : common.ignored_fields) names += (names.empty() ? "" : ", ") + f;
+    M3_LOG_WARN("request fields ignored (unknown to this server): " + names);
   }
   const std::string model_name = options_.served_model_names.front();
   GenerationSpec spec;
@@ -271,6 +280,8 @@ void ApiServer::handle_generation(const httplib::Request& req, httplib::Response
       if (g.sampling.seed >= 0) g.sampling.seed += int64_t(requests.size());  // distinct choices, still reproducible
       ChoiceOptions opts;
       opts.stop = common.stop;
+      opts.include_stop_str = common.include_stop_str_in_output;
+      opts.min_tokens = g.sampling.min_tokens;
       opts.stop_token_ids.insert(g.sampling.stop_token_ids.begin(), g.sampling.stop_token_ids.end());
       if (!g.sampling.ignore_eos)
         opts.stop_token_ids.insert(engine_.model().eos_token_ids.begin(), engine_.model().eos_token_ids.end());

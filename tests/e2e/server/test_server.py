@@ -190,6 +190,12 @@ class ServerTest(unittest.TestCase):
         winner, other = (a, b) if won == detok([a]) else (b, a)
         both[str(winner)] = -100
         self.assertEqual(c.completions.create(max_tokens=1, logit_bias=both, **kw).choices[0].text, detok([other]))
+        # allowed_token_ids: only those can come (a bias cannot bring others back).
+        r = c.completions.create(model=MODEL, prompt="The", temperature=0, max_tokens=1, logit_bias={str(a): 100},
+                                 extra_body={"ignore_eos": True, "allowed_token_ids": [b]})
+        self.assertEqual(r.choices[0].text, detok([b]))
+        self.check_error({"model": MODEL, "prompt": "x", "allowed_token_ids": [99999]}, "allowed_token_ids",
+                         path="/v1/completions")
         # Chat takes it too, and streams the same text as without streaming.
         ck = dict(model=MODEL, messages=[{"role": "user", "content": "Hi"}], max_tokens=3, temperature=0,
                   logit_bias={str(a): 100}, extra_body={"ignore_eos": True})
@@ -198,6 +204,18 @@ class ServerTest(unittest.TestCase):
                            if ch.choices)
         self.assertEqual(whole, streamed)
         self.assertEqual(whole, detok([a] * 3))
+
+    def test_min_tokens(self):
+        # EOS (id 2 in the fixture) pushed to the top ends the completion at once; min_tokens holds it off.
+        c = self.server.client()
+        kw = dict(model=MODEL, prompt="The", max_tokens=8, temperature=0, logit_bias={"2": 100})
+        r = c.completions.create(**kw)
+        self.assertEqual((r.choices[0].finish_reason, r.usage.completion_tokens), ("stop", 1))
+        r = c.completions.create(extra_body={"min_tokens": 3}, **kw)
+        self.assertEqual((r.choices[0].finish_reason, r.usage.completion_tokens), ("stop", 4))
+        self.assertNotEqual(r.choices[0].text, "")
+        # min_tokens above max_tokens is refused.
+        self.check_error(self.chat(min_tokens=5, max_tokens=4), "min_tokens")
 
     def test_completion_stream_and_usage(self):
         stream = self.server.client().completions.create(model=MODEL, prompt="Once upon", max_tokens=6, temperature=0,

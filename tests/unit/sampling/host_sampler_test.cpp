@@ -144,6 +144,38 @@ TEST(HostSampler, ASeedGivesTheSameSequence) {
   EXPECT_EQ(draw(), draw());
 }
 
+TEST(HostSampler, MinTokensBansTheStopIdsUntilEnoughTokensExist) {
+  SamplingParams p = greedy();
+  p.min_tokens = 2;
+  p.max_tokens = 5;
+  Sampler s(p, /*stop_ids=*/{2, 3});
+  const std::vector<float> logits = {0.0f, 1.0f, 5.0f, 4.0f};  // the stop ids lead
+  auto next = [&](const std::vector<int32_t>& out) {
+    std::vector<float> l = logits;
+    return s.sample(l.data(), 4, {}, out).token;
+  };
+  EXPECT_EQ(next({}), 1);
+  EXPECT_EQ(next({1}), 1);
+  EXPECT_EQ(next({1, 1}), 2);  // two tokens exist: EOS may come
+  // Without stop ids (ignore_eos and none given) nothing is banned.
+  Sampler free(p);
+  std::vector<float> l = logits;
+  EXPECT_EQ(free.sample(l.data(), 4, {}, {}).token, 2);
+}
+
+TEST(HostSampler, AllowedTokenIdsComeBeforeTheBias) {
+  SamplingParams p = greedy();
+  p.allowed_token_ids = {0, 2};
+  EXPECT_EQ(sample_once(p, {1.0f, 9.0f, 2.0f}).token, 2);
+  p.logit_bias = {{1, 100.0f}};  // a bias cannot bring back an id outside the list
+  EXPECT_EQ(sample_once(p, {1.0f, 9.0f, 2.0f}).token, 2);
+  SamplingParams q;
+  q.temperature = 1.0f;
+  q.seed = 5;
+  q.allowed_token_ids = {1, 3};
+  expect_distribution(q, {0.0f, std::log(1.0f), 5.0f, std::log(3.0f)}, {0.0, 0.25, 0.0, 0.75});
+}
+
 TEST(HostSampler, ValidateNamesEveryProblemOnce) {
   SamplingParams p;
   EXPECT_TRUE(p.validate().empty());
@@ -156,6 +188,11 @@ TEST(HostSampler, ValidateNamesEveryProblemOnce) {
   const auto many = p.validate();
   ASSERT_EQ(many.size(), 1u);
   EXPECT_NE(many[0].find("at most"), std::string::npos);
+  SamplingParams q;
+  q.max_tokens = 4;
+  q.min_tokens = 5;
+  ASSERT_EQ(q.validate().size(), 1u);
+  EXPECT_EQ(q.validate()[0].rfind("min_tokens", 0), 0u);  // the route takes the first word as the param
 }
 
 }  // namespace

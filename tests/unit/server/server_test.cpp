@@ -152,6 +152,38 @@ TEST(ChoiceAssembler, StopStringSpanningTokensIsCutAndAborts) {
   EXPECT_TRUE(gen.on_events({event(9, {}, FinishReason::kAborted)}, to_abort).empty());
 }
 
+TEST(ChoiceAssembler, StopStringsCountOnlyPastTheFirstMinTokens) {
+  // One token per character: "abxa" are the first four tokens, so with min_tokens 4 the "ab" at 0
+  // does not count and the one at 3 (ending in the fifth token) does.
+  for (int min_tokens : {0, 4, 8}) {
+    ChoiceOptions opts;
+    opts.stop = {"ab"};
+    opts.min_tokens = min_tokens;
+    Generation gen(test_tokenizer(), spec_for(false, 1, opts));
+    gen.bind({3});
+    std::vector<RequestId> to_abort;
+    feed_one_by_one(gen, 3, tokens_of("abxabyab"), FinishReason::kMaxTokens, to_abort);
+    const auto body = gen.response();
+    const char* want = min_tokens == 0 ? "" : min_tokens == 4 ? "abx" : "abxabyab";
+    EXPECT_EQ(body["choices"][0]["text"], want) << "min_tokens " << min_tokens;
+    EXPECT_EQ(body["choices"][0]["finish_reason"], min_tokens == 8 ? "length" : "stop");
+  }
+}
+
+TEST(ChoiceAssembler, IncludeStopStrKeepsTheMatchedString) {
+  for (bool include : {false, true}) {
+    ChoiceOptions opts;
+    opts.stop = {"xyz", "END"};
+    opts.include_stop_str = include;
+    Generation gen(test_tokenizer(), spec_for(false, 1, opts));
+    gen.bind({4});
+    std::vector<RequestId> to_abort;
+    feed_one_by_one(gen, 4, tokens_of("one END two xyz"), FinishReason::kMaxTokens, to_abort);
+    EXPECT_EQ(gen.response()["choices"][0]["text"], include ? "one END" : "one ");
+    EXPECT_EQ(gen.response()["choices"][0]["finish_reason"], "stop");
+  }
+}
+
 TEST(ChoiceAssembler, HeldBackPrefixOfStopStringIsReleasedAtTheEnd) {
   ChoiceOptions opts;
   opts.stop = {"STOP"};
@@ -404,6 +436,14 @@ TEST(Protocol, ErrorsNameTheField) {
       {R"({"messages":[{"role":"user","content":"x"}],"chat_template_kwargs":{"thinking_mode":"maybe"}})",
        "chat_template_kwargs.thinking_mode"},
       {R"({"model":3,"messages":[{"role":"user","content":"x"}]})", "model"},
+      {R"({"messages":[{"role":"user","content":"x"}],"min_tokens":-1})", "min_tokens"},
+      {R"({"messages":[{"role":"user","content":"x"}],"allowed_token_ids":[]})", "allowed_token_ids"},
+      {R"({"messages":[{"role":"user","content":"x"}],"allowed_token_ids":[1,-1]})", "allowed_token_ids"},
+      {R"({"messages":[{"role":"user","content":"x"}],"include_stop_str_in_output":1})", "include_stop_str_in_output"},
+      {R"({"messages":[{"role":"user","content":"x"}],"guided_json":{}})", "guided_json"},
+      {R"({"messages":[{"role":"user","content":"x"}],"structured_outputs":{"regex":"a"}})", "structured_outputs"},
+      {R"({"messages":[{"role":"user","content":"x"}],"prompt_logprobs":1})", "prompt_logprobs"},
+      {R"({"messages":[{"role":"user","content":"x"}],"min_tokens":"2"})", "min_tokens"},
       {R"({"messages":[{"role":"user","content":"x"}],"logit_bias":[5]})", "logit_bias"},
       {R"({"messages":[{"role":"user","content":"x"}],"logit_bias":{"5":100.5}})", "logit_bias"},
       {R"({"messages":[{"role":"user","content":"x"}],"logit_bias":{"-5":1}})", "logit_bias"},
@@ -434,7 +474,8 @@ TEST(Protocol, ValidRequestsParse) {
       "frequency_penalty":-0.5,"repetition_penalty":1.1,"stream":true,"stream_options":{"include_usage":true},
       "tools":[{"type":"function","function":{"name":"f","parameters":{"type":"object","properties":{}}}}],
       "tool_choice":{"type":"function","function":{"name":"f"}},"chat_template_kwargs":{"thinking_mode":"enabled"},
-      "logit_bias":{"7":-100,"12":2.5}})"),
+      "logit_bias":{"7":-100,"12":2.5},"min_tokens":3,"allowed_token_ids":[4,5],"include_stop_str_in_output":true,
+      "user":"u","metadata":{"k":"v"},"no_such_field":1,"another":null})"),
                                 chat);
   ASSERT_FALSE(err) << err->message;
   EXPECT_EQ(chat.common.n, 2);
@@ -449,6 +490,10 @@ TEST(Protocol, ValidRequestsParse) {
   Bias bias = chat.common.sampling.logit_bias;
   std::sort(bias.begin(), bias.end());
   EXPECT_EQ(bias, (Bias{{7, -100.0f}, {12, 2.5f}}));
+  EXPECT_EQ(chat.common.sampling.min_tokens, 3);
+  EXPECT_EQ(chat.common.sampling.allowed_token_ids, (std::vector<int32_t>{4, 5}));
+  EXPECT_TRUE(chat.common.include_stop_str_in_output);
+  EXPECT_EQ(chat.common.ignored_fields, (std::vector<std::string>{"no_such_field", "another"}));
   CompletionRequest comp;
   ASSERT_FALSE(parse_completion_request(OrderedJson::parse(R"({"prompt":[[1,2],"text"],"logprobs":2,"max_tokens":3})"),
                                         comp));
