@@ -81,6 +81,23 @@ std::optional<ApiError> get_int(const OrderedJson& body, const char* key, std::o
   return wrong_type(key, "an integer", *v);
 }
 
+// An array of token ids (non-negative 32-bit integers); non_empty: at least one.
+std::optional<ApiError> get_token_ids(const OrderedJson& body, const char* key, bool non_empty,
+                                      std::vector<int32_t>& out) {
+  const OrderedJson* v = member(body, key);
+  if (!v) return std::nullopt;
+  if (!v->is_array()) return wrong_type(key, "an array of token ids", *v);
+  if (non_empty && v->empty()) return invalid_request(quoted(key) + " must hold at least one token id", key);
+  for (size_t k = 0; k < v->size(); ++k) {
+    const auto& t = (*v)[k];
+    if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() > INT32_MAX)
+      return invalid_request(quoted(std::string(key) + "[" + std::to_string(k) + "]") + " must be a non-negative integer",
+                             key);
+    out.push_back(int32_t(t.get<int64_t>()));
+  }
+  return std::nullopt;
+}
+
 std::optional<ApiError> check_range(const char* key, double value, double lo, double hi, const char* rule) {
   if (value < lo || value > hi) return invalid_request(quoted(key) + " must be " + rule, key);
   return std::nullopt;
@@ -173,28 +190,10 @@ std::optional<ApiError> parse_common(const OrderedJson& body, bool chat, CommonR
       return wrong_type("stop", "a string or an array of strings", *v);
     }
   }
-  if (const OrderedJson* v = member(body, "stop_token_ids")) {
-    if (!v->is_array()) return wrong_type("stop_token_ids", "an array of integers", *v);
-    for (size_t k = 0; k < v->size(); ++k) {
-      const auto& t = (*v)[k];
-      if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() > INT32_MAX)
-        return invalid_request("'stop_token_ids[" + std::to_string(k) + "]' must be a non-negative integer",
-                               "stop_token_ids");
-      s.stop_token_ids.push_back(int32_t(t.get<int64_t>()));
-    }
-  }
+  M3_TRY(get_token_ids(body, "stop_token_ids", false, s.stop_token_ids));
   M3_TRY(get_bool(body, "ignore_eos", s.ignore_eos));
-  if (const OrderedJson* v = member(body, "allowed_token_ids")) {
-    // vLLM's: only these ids may be sampled; the route checks them against the vocabulary.
-    if (!v->is_array() || v->empty()) return wrong_type("allowed_token_ids", "a non-empty array of token ids", *v);
-    for (size_t k = 0; k < v->size(); ++k) {
-      const auto& t = (*v)[k];
-      if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() > INT32_MAX)
-        return invalid_request("'allowed_token_ids[" + std::to_string(k) + "]' must be a non-negative integer",
-                               "allowed_token_ids");
-      s.allowed_token_ids.push_back(int32_t(t.get<int64_t>()));
-    }
-  }
+  // vLLM's: only these ids may be sampled; the route checks them against the vocabulary.
+  M3_TRY(get_token_ids(body, "allowed_token_ids", true, s.allowed_token_ids));
   M3_TRY(get_bool(body, "include_stop_str_in_output", out.include_stop_str_in_output));
   i.reset();
   M3_TRY(get_int(body, "min_tokens", i));  // vLLM's: no EOS, stop id or stop string before this many
