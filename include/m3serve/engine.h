@@ -61,8 +61,20 @@ struct TokenOutput {
   std::vector<TokenLogprob> top_logprobs;
 };
 
+// The logprob of prompt token `position` (>= 1) given the tokens before it.
+struct PromptLogprob {
+  int32_t position = 0;
+  int32_t token = 0;
+  float logprob = 0.0f;
+  int32_t rank = 0;  // 1 + the number of ids with a larger logprob
+  std::vector<TokenLogprob> top;
+};
+
 struct RequestEvent {
   RequestId request_id = 0;
+  // SamplingParams::prompt_logprobs: the prompt positions computed this step, ascending (they
+  // come before any new token, and each position once, preemptions included).
+  std::vector<PromptLogprob> prompt_logprobs;
   std::vector<TokenOutput> new_tokens;
   bool finished = false;
   FinishReason finish_reason = FinishReason::kNone;

@@ -32,6 +32,7 @@ struct RequestState {
   uint64_t device_seed = 0;               // key of the on-device sampler's generator
   bool device_sampling = false;           // the backend's sample op can serve these params
   int32_t num_cached_prompt_tokens = -1;  // set at first admission
+  int32_t prompt_logprobs_next = 1;       // the first prompt position whose logprob is still to come
 };
 
 // What the on-device sample op implements; everything else goes to the host Sampler.
@@ -100,6 +101,7 @@ class EngineImpl final : public Engine {
     spec.stop_token_ids = request.sampling.stop_token_ids;
     if (!request.sampling.ignore_eos)
       spec.stop_token_ids.insert(spec.stop_token_ids.end(), summary_.eos_token_ids.begin(), summary_.eos_token_ids.end());
+    spec.skip_prefix_cache = request.sampling.prompt_logprobs >= 0;  // every position's logits
     std::vector<int32_t> stop_ids = spec.stop_token_ids;  // what min_tokens bans
     Status st = scheduler_.submit(std::move(spec));
     if (!st.is_ok()) return st;
@@ -160,8 +162,10 @@ class EngineImpl final : public Engine {
     StepBuffers& sb = *step_;
     sb.begin();
     ForwardBatch batch;
+    std::vector<int32_t> first_row(static_cast<size_t>(n), 0);  // each sequence's first batch row
     for (int i = 0; i < n; ++i) {
       const auto& s = plan.scheduled[size_t(i)];
+      first_row[size_t(i)] = sb.num_tokens();
       sb.add_sequence(s.token_ids, s.end_pos - int32_t(s.token_ids.size()), s.block_table, block_size());
       if (s.samples) batch.logits_rows.push_back(sb.num_tokens() - 1);
       auto it = requests_.find(s.request_id);
@@ -255,6 +259,7 @@ class EngineImpl final : public Engine {
       sampled.push_back(SampledTokens{s.request_id, {res.token}, false});
       results[s.request_id] = std::move(res);
     }
+    std::map<RequestId, std::vector<PromptLogprob>> prompt_lps = prompt_logprobs(plan, first_row);
     auto outputs = scheduler_.update(plan, sampled);
     if (!outputs) throw std::runtime_error("engine: scheduler rejected the step's results: " + outputs.error());
     for (const auto& out : *outputs) {
@@ -263,6 +268,10 @@ class EngineImpl final : public Engine {
       RequestState& r = it->second;
       RequestEvent ev;
       ev.request_id = out.request_id;
+      if (auto lp = prompt_lps.find(out.request_id); lp != prompt_lps.end()) {
+        ev.prompt_logprobs = std::move(lp->second);
+        prompt_lps.erase(lp);
+      }
       ev.num_prompt_tokens = int32_t(r.prompt.size());
       ev.num_cached_prompt_tokens = std::max(0, r.num_cached_prompt_tokens);
       for (int32_t tok : out.new_token_ids) {
@@ -281,6 +290,16 @@ class EngineImpl final : public Engine {
       if (out.finished) requests_.erase(it);
       events.push_back(std::move(ev));
     }
+    for (auto& [id, lps] : prompt_lps) {  // non-final prefill chunks: no token, an event all the same
+      auto it = requests_.find(id);
+      if (it == requests_.end() || lps.empty()) continue;
+      RequestEvent ev;
+      ev.request_id = id;
+      ev.num_prompt_tokens = int32_t(it->second.prompt.size());
+      ev.num_cached_prompt_tokens = std::max(0, it->second.num_cached_prompt_tokens);
+      ev.prompt_logprobs = std::move(lps);
+      events.push_back(std::move(ev));
+    }
     if (config_.check_invariants) {
       Status st = scheduler_.check_invariants();
       if (!st.is_ok()) throw std::runtime_error("engine invariant violated: " + st.message());
@@ -288,6 +307,56 @@ class EngineImpl final : public Engine {
   }
 
   int block_size() const { return summary_.block_size; }
+
+  // Prompt logprobs of the requests that asked for them: position p + 1's from the logits at row
+  // p of this step's chunk (the final hidden states the forward left in the workspace), through
+  // the LM head again in pieces of the logits buffer's rows, after the step's sampling is done.
+  std::map<RequestId, std::vector<PromptLogprob>> prompt_logprobs(const SchedulePlan& plan,
+                                                                  const std::vector<int32_t>& first_row) {
+    struct Need {
+      RequestId id;
+      int32_t position, row, token, top;
+    };
+    std::vector<Need> needs;
+    for (size_t i = 0; i < plan.scheduled.size(); ++i) {
+      const auto& s = plan.scheduled[i];
+      auto it = requests_.find(s.request_id);
+      if (it == requests_.end() || it->second.sampling.prompt_logprobs < 0) continue;
+      RequestState& r = it->second;
+      const int32_t num_prompt = int32_t(r.prompt.size());
+      const int32_t from = std::max(s.start_pos, r.prompt_logprobs_next - 1), to = std::min(s.end_pos, num_prompt - 1);
+      for (int32_t p = from; p < to; ++p) {
+        needs.push_back({s.request_id, p + 1, first_row[i] + (p - s.start_pos), r.prompt[size_t(p) + 1],
+                         r.sampling.prompt_logprobs});
+      }
+      r.prompt_logprobs_next = std::max(r.prompt_logprobs_next, to + 1);
+    }
+    std::map<RequestId, std::vector<PromptLogprob>> out;
+    if (needs.empty()) return out;
+    const int64_t vocab = summary_.vocab_size;
+    const size_t cap = size_t(std::min<int64_t>(step_->max_rows(), ws_->max_logit_rows));
+    std::vector<float> logits, logp;
+    for (size_t b = 0; b < needs.size(); b += cap) {
+      const size_t R = std::min(cap, needs.size() - b);
+      std::vector<int32_t> rows(R);
+      for (size_t j = 0; j < R; ++j) rows[j] = needs[b + j].row;
+      model_->logits_of_rows(ctx_, step_->upload_rows(rows), int64_t(R), step_->num_tokens(), *ws_);
+      logits.resize(R * size_t(vocab));
+      rt_->download(logits.data(), ws_->logits.data(), logits.size() * 4);
+      for (size_t j = 0; j < R; ++j) {
+        const Need& nd = needs[b + j];
+        log_softmax(logits.data() + j * size_t(vocab), vocab, logp);
+        PromptLogprob e;
+        e.position = nd.position;
+        e.token = nd.token;
+        e.logprob = logp[size_t(nd.token)];
+        e.rank = 1 + int32_t(std::count_if(logp.begin(), logp.end(), [&](float v) { return v > e.logprob; }));
+        e.top = top_logprobs(logp, nd.top);
+        out[nd.id].push_back(std::move(e));
+      }
+    }
+    return out;
+  }
 
   struct Graph {
     int id = -1;

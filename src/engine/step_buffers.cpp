@@ -77,6 +77,12 @@ void StepBuffers::set_logits_rows(const std::vector<int32_t>& rows) {
   num_rows_ = int(rows.size());
 }
 
+const int32_t* StepBuffers::upload_rows(const std::vector<int32_t>& rows) {
+  set_logits_rows(rows);
+  rt_->upload(d_logits_rows_.data(), h_logits_rows_.as<void>(), size_t(num_rows_) * 4);
+  return device_logits_rows();
+}
+
 void StepBuffers::upload() {
   const size_t T = size_t(num_tokens_), S = size_t(num_seqs_);
   rt_->upload(d_tokens_.data(), h_tokens_.as<void>(), T * 4);

@@ -27,6 +27,10 @@ class StepBuffers {
   int num_tokens() const { return num_tokens_; }
   int num_seqs() const { return num_seqs_; }
   void upload();
+  // Replaces the logits rows after the step's forward and sampling have completed (the runtime
+  // synchronized): rows for another LM-head pass (prompt logprobs). Returns them in runtime memory.
+  const int32_t* upload_rows(const std::vector<int32_t>& rows);
+  int max_rows() const { return max_seqs_; }
 
   const int32_t* device_tokens() const { return d_tokens_.as<int32_t>(); }
   const int32_t* device_logits_rows() const { return d_logits_rows_.as<int32_t>(); }

@@ -20,6 +20,7 @@ std::vector<std::string> SamplingParams::validate() const {
   if (max_tokens < 1) p.push_back("max_tokens must be >= 1");
   if (min_tokens < 0 || min_tokens > max_tokens) p.push_back("min_tokens must be in [0, max_tokens]");
   if (logprobs > 20) p.push_back("logprobs must be <= 20");
+  if (prompt_logprobs > 20) p.push_back("prompt_logprobs must be <= 20");
   if (logit_bias.size() > size_t(kMaxLogitBias))
     p.push_back("logit_bias may hold at most " + std::to_string(kMaxLogitBias) + " tokens");
   bool bad_id = false, bad_bias = false, bad_allowed = false;
@@ -39,9 +40,6 @@ Sampler::Sampler(const SamplingParams& params, std::vector<int32_t> stop_ids)
       stop_ids_(std::move(stop_ids)),
       rng_(params.seed >= 0 ? uint64_t(params.seed) : std::random_device{}()) {}
 
-namespace {
-
-// log-softmax of the raw logits, for reported logprobs (before any sampling transform).
 void log_softmax(const float* logits, int64_t vocab, std::vector<float>& out) {
   out.resize(size_t(vocab));
   const float max_v = *std::max_element(logits, logits + vocab);
@@ -51,7 +49,18 @@ void log_softmax(const float* logits, int64_t vocab, std::vector<float>& out) {
   for (int64_t i = 0; i < vocab; ++i) out[size_t(i)] = logits[i] - log_z;
 }
 
-}  // namespace
+std::vector<TokenLogprob> top_logprobs(const std::vector<float>& logp, int n) {
+  std::vector<int32_t> idx(logp.size());
+  std::iota(idx.begin(), idx.end(), 0);
+  const size_t k = std::min(idx.size(), size_t(std::max(0, n)));
+  std::partial_sort(idx.begin(), idx.begin() + std::ptrdiff_t(k), idx.end(), [&](int32_t a, int32_t b) {
+    return logp[size_t(a)] > logp[size_t(b)] || (logp[size_t(a)] == logp[size_t(b)] && a < b);
+  });
+  std::vector<TokenLogprob> out;
+  out.reserve(k);
+  for (size_t i = 0; i < k; ++i) out.push_back({idx[i], logp[size_t(idx[i])]});
+  return out;
+}
 
 SampleResult Sampler::sample(float* logits, int64_t vocab, const std::vector<int32_t>& prompt_ids,
                              const std::vector<int32_t>& output_ids) {
@@ -148,13 +157,7 @@ SampleResult Sampler::sample(float* logits, int64_t vocab, const std::vector<int
   result.token = chosen;
   if (params_.logprobs >= 0) {
     result.logprob = logp[size_t(chosen)];
-    std::vector<int32_t> idx(logp.size());
-    std::iota(idx.begin(), idx.end(), 0);
-    const size_t n = std::min(idx.size(), size_t(params_.logprobs));
-    std::partial_sort(idx.begin(), idx.begin() + std::ptrdiff_t(n), idx.end(), [&](int32_t a, int32_t b) {
-      return logp[size_t(a)] > logp[size_t(b)] || (logp[size_t(a)] == logp[size_t(b)] && a < b);
-    });
-    for (size_t i = 0; i < n; ++i) result.top.push_back({idx[i], logp[size_t(idx[i])]});
+    result.top = top_logprobs(logp, params_.logprobs);
   }
   return result;
 }

@@ -28,6 +28,7 @@ struct SamplingParams {
   std::vector<int32_t> stop_token_ids;
   bool ignore_eos = false;
   int logprobs = -1;          // -1 = none; N >= 0 = the sampled token's plus the top N
+  int prompt_logprobs = -1;   // -1 = none; N >= 0 = each prompt token's (after the first) plus the top N
   // OpenAI logit_bias: (token id, bias in [-100, 100]) added to the logits before the penalties
   // and the sampling (vLLM's order); reported logprobs stay those of the unmodified distribution.
   std::vector<std::pair<int32_t, float>> logit_bias;
@@ -48,6 +49,11 @@ struct SampleResult {
   float logprob = 0.0f;              // of the sampled token under the unmodified distribution
   std::vector<TokenLogprob> top;     // top-N by logprob (unmodified distribution)
 };
+
+// log-softmax of raw logits (double sums), as every reported logprob is computed.
+void log_softmax(const float* logits, int64_t vocab, std::vector<float>& out);
+// The n largest of a logprob row, ties to the lower id.
+std::vector<TokenLogprob> top_logprobs(const std::vector<float>& logp, int n);
 
 class Sampler {
  public:

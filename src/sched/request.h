@@ -30,6 +30,9 @@ struct RequestSpec {
   std::vector<TokenId> prompt_token_ids;
   int32_t max_tokens = 0;               // generated tokens, ≥ 1
   std::vector<TokenId> stop_token_ids;  // finishing on one keeps it as the last output token
+  // Computes every prompt position, never reading the prefix cache (prompt logprobs need the
+  // logits of each position); its blocks are still published for other requests.
+  bool skip_prefix_cache = false;
 };
 
 class Request {
@@ -44,6 +47,7 @@ class Request {
   int32_t num_prompt_tokens() const { return static_cast<int32_t>(spec_.prompt_token_ids.size()); }
   int32_t num_output_tokens() const { return num_tokens() - num_prompt_tokens(); }
   int32_t max_tokens() const { return spec_.max_tokens; }
+  bool skip_prefix_cache() const { return spec_.skip_prefix_cache; }
   int32_t num_computed_tokens() const { return num_computed_tokens_; }
   int32_t num_preemptions() const { return num_preemptions_; }
   uint64_t admission_seq() const { return admission_seq_; }

@@ -121,13 +121,15 @@ void Scheduler::admit_waiting(SchedulePlan* plan, int32_t* budget) {
   while (!waiting_.empty() && *budget > 0 &&
          static_cast<int32_t>(running_.size()) < config_.max_num_seqs) {
     Request* r = waiting_.front();
-    const PrefixMatch hit = kv_.find_cached_prefix(r->id(), r->token_ids());
+    const PrefixMatch hit = r->skip_prefix_cache() ? PrefixMatch{} : kv_.find_cached_prefix(r->id(), r->token_ids());
     const int32_t num_new = std::min(r->num_tokens() - hit.num_tokens, chunk_limit(*budget));
     if (!kv_.allocate_slots(r->id(), hit.num_tokens, num_new, &hit)) break;  // FCFS: no skipping
     waiting_.pop_front();
-    kv_.record_prefix_query(r->num_tokens(), hit.num_tokens);
-    plan->stats.prefix_query_tokens += r->num_tokens();
-    plan->stats.prefix_hit_tokens += hit.num_tokens;
+    if (!r->skip_prefix_cache()) {  // a lookup not made is no query of the hit rate
+      kv_.record_prefix_query(r->num_tokens(), hit.num_tokens);
+      plan->stats.prefix_query_tokens += r->num_tokens();
+      plan->stats.prefix_hit_tokens += hit.num_tokens;
+    }
     r->set_num_computed_tokens(hit.num_tokens);
     if (r->state() == RequestState::kWaiting) r->set_num_cached_prompt_tokens(hit.num_tokens);
     r->transition(RequestState::kRunning);

@@ -11,6 +11,7 @@ Generation::Generation(const Tokenizer& tokenizer, GenerationSpec spec)
   done_.assign(choices_.size(), false);
   cached_tokens_.assign(choices_.size(), 0);
   text_offset_.assign(choices_.size(), 0);
+  prompt_sent_.assign(choices_.size(), false);
   remaining_ = int32_t(choices_.size());
 }
 
@@ -36,6 +37,10 @@ OrderedJson Generation::chunk(size_t c, const ChoiceDelta& delta, const std::str
     text_offset_[c] += delta.text.size();
   }
   choice["finish_reason"] = finish_reason ? OrderedJson(*finish_reason) : OrderedJson();
+  return wrap_chunk(std::move(choice));
+}
+
+OrderedJson Generation::wrap_chunk(OrderedJson choice) const {
   OrderedJson out = OrderedJson::object();
   out["id"] = spec_.response_id;
   out["object"] = spec_.chat ? "chat.completion.chunk" : "text_completion";
@@ -54,6 +59,13 @@ std::string Generation::on_events(std::vector<RequestEvent> events, std::vector<
     if (done_[c]) continue;  // e.g. the abort event after a stop-string match
     cached_tokens_[c] = std::max(cached_tokens_[c], ev.num_cached_prompt_tokens);
     ChoiceAssembler& choice = *choices_[c];
+    choice.push_prompt(ev.prompt_logprobs);
+    // The prompt's chunk (echo, prompt_logprobs) goes first, once all of it has come: the
+    // engine sends the last prompt positions with the first token.
+    if (!prompt_sent_[c] && (!ev.new_tokens.empty() || ev.finished)) {
+      prompt_sent_[c] = true;
+      if (auto pc = prompt_chunk(c)) sse += sse_event(*pc);
+    }
     ChoiceDelta delta = choice.push(ev.new_tokens);
     bool finished = ev.finished;
     FinishReason reason = ev.finish_reason;
@@ -91,6 +103,27 @@ std::string Generation::stream_start() const {
     sse += sse_event(out);
   }
   return sse;
+}
+
+std::optional<OrderedJson> Generation::prompt_chunk(size_t c) {
+  const ChoiceAssembler& a = *choices_[c];
+  const ChoiceOptions& o = a.options();
+  if (!o.echo && o.prompt_logprobs < 0) return std::nullopt;
+  OrderedJson choice = OrderedJson::object();
+  choice["index"] = c;
+  if (spec_.chat) {
+    choice["delta"] = OrderedJson::object();
+    choice["logprobs"] = nullptr;
+  } else {
+    choice["text"] = o.echo ? o.prompt_text : std::string();
+    choice["logprobs"] = o.echo && o.logprobs >= 0
+                             ? echo_logprobs_json(tokenizer_, o.prompt_ids, a.prompt_logprobs(), o.logprobs)
+                             : OrderedJson();
+    if (o.echo) text_offset_[c] += o.prompt_text.size();
+  }
+  choice["finish_reason"] = nullptr;
+  if (o.prompt_logprobs >= 0) choice["prompt_logprobs"] = prompt_logprobs_json(tokenizer_, o.prompt_ids, a.prompt_logprobs());
+  return wrap_chunk(std::move(choice));
 }
 
 Usage Generation::usage() const {
@@ -133,9 +166,20 @@ OrderedJson Generation::response() const {
       choice["message"] = chat_message_json(a.message());
       choice["logprobs"] = spec_.choices[c].logprobs >= 0 ? chat_logprobs_json(tokenizer_, a.logprobs()) : OrderedJson();
     } else {
-      choice["text"] = a.text();
-      choice["logprobs"] =
-          spec_.choices[c].logprobs >= 0 ? completion_logprobs_json(tokenizer_, a.logprobs(), 0) : OrderedJson();
+      const ChoiceOptions& o = a.options();
+      const std::string echo = o.echo ? o.prompt_text : std::string();
+      choice["text"] = echo + a.text();
+      if (o.logprobs < 0) {
+        choice["logprobs"] = nullptr;
+      } else if (o.echo) {
+        OrderedJson lp = echo_logprobs_json(tokenizer_, o.prompt_ids, a.prompt_logprobs(), o.logprobs);
+        append_logprobs(lp, completion_logprobs_json(tokenizer_, a.logprobs(), echo.size()));
+        choice["logprobs"] = std::move(lp);
+      } else {
+        choice["logprobs"] = completion_logprobs_json(tokenizer_, a.logprobs(), 0);
+      }
+      if (o.prompt_logprobs >= 0)
+        choice["prompt_logprobs"] = prompt_logprobs_json(tokenizer_, o.prompt_ids, a.prompt_logprobs());
     }
     choice["finish_reason"] = a.finish_reason();
     choices.push_back(std::move(choice));
@@ -147,6 +191,11 @@ OrderedJson Generation::response() const {
   out["model"] = spec_.model;
   out["choices"] = std::move(choices);
   out["usage"] = usage().to_json();
+  // vLLM puts a chat request's prompt logprobs beside its choices (one prompt for all of them).
+  if (spec_.chat && !choices_.empty() && choices_[0]->options().prompt_logprobs >= 0) {
+    const ChoiceAssembler& a = *choices_[0];
+    out["prompt_logprobs"] = prompt_logprobs_json(tokenizer_, a.options().prompt_ids, a.prompt_logprobs());
+  }
   return out;
 }
 

@@ -3,6 +3,7 @@
 // OpenAI response body out. No I/O and no engine access, so it is tested with scripted events.
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -39,6 +40,9 @@ class Generation {
 
  private:
   OrderedJson chunk(size_t choice, const ChoiceDelta& delta, const std::string* finish_reason);
+  OrderedJson wrap_chunk(OrderedJson choice) const;  // {id, object, created, model, choices: [choice]}
+  // The chunk that streams the prompt side of a choice (echo text and logprobs, prompt_logprobs).
+  std::optional<OrderedJson> prompt_chunk(size_t choice);
 
   const Tokenizer& tokenizer_;
   GenerationSpec spec_;
@@ -47,6 +51,7 @@ class Generation {
   std::vector<bool> done_;
   std::vector<int32_t> cached_tokens_;  // per choice, from the engine's events
   std::vector<size_t> text_offset_;     // per choice: bytes of text already streamed
+  std::vector<bool> prompt_sent_;       // per choice: its prompt chunk is out (or had nothing to say)
   int32_t remaining_ = 0;
 };
 

@@ -196,6 +196,14 @@ std::optional<ApiError> parse_common(const OrderedJson& body, bool chat, CommonR
   M3_TRY(get_token_ids(body, "allowed_token_ids", true, s.allowed_token_ids));
   M3_TRY(get_bool(body, "include_stop_str_in_output", out.include_stop_str_in_output));
   i.reset();
+  M3_TRY(get_int(body, "prompt_logprobs", i));  // vLLM's: each prompt token's logprob and the top N
+  if (i) {
+    if (*i < 0 || *i > kMaxTopLogprobs)
+      return invalid_request("'prompt_logprobs' must be between 0 and " + std::to_string(kMaxTopLogprobs),
+                             "prompt_logprobs");
+    out.prompt_logprobs = int(*i);
+  }
+  i.reset();
   M3_TRY(get_int(body, "min_tokens", i));  // vLLM's: no EOS, stop id or stop string before this many
   if (i) {
     if (*i < 0 || *i > INT32_MAX) return invalid_request("'min_tokens' must be a non-negative integer", "min_tokens");
@@ -227,7 +235,7 @@ std::optional<ApiError> parse_common(const OrderedJson& body, bool chat, CommonR
     return invalid_request("'response_format' other than {\"type\": \"text\"} is not supported", "response_format");
   // vLLM extensions that would change the output and that this engine does not implement.
   for (const char* key : {"guided_json", "guided_regex", "guided_choice", "guided_grammar", "structured_outputs",
-                          "prompt_logprobs", "bad_words", "truncate_prompt_tokens", "use_beam_search"}) {
+                          "bad_words", "truncate_prompt_tokens", "use_beam_search"}) {
     if (member(body, key)) return invalid_request(quoted(key) + " is not supported", key);
   }
   i.reset();
@@ -346,7 +354,7 @@ namespace {
 const char* const kCommonFields[] = {
     "model", "n", "max_tokens", "temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty",
     "repetition_penalty", "seed", "stop", "stop_token_ids", "ignore_eos", "logit_bias", "allowed_token_ids",
-    "include_stop_str_in_output", "min_tokens", "response_format", "best_of", "stream", "stream_options",
+    "include_stop_str_in_output", "min_tokens", "prompt_logprobs", "response_format", "best_of", "stream", "stream_options",
     "logprobs", "user", "metadata", "store", "service_tier", "request_id", "priority", "skip_special_tokens",
     "spaces_between_special_tokens"};
 const char* const kCompletionFields[] = {"prompt", "echo", "suffix"};
@@ -406,8 +414,7 @@ std::optional<ApiError> parse_completion_request(const OrderedJson& body, Comple
   } else {
     return invalid_request("'prompt' must be a string, an array of strings or an array of token ids", "prompt");
   }
-  if (const OrderedJson* v = member(body, "echo"); v && v->is_boolean() && v->get<bool>())
-    return invalid_request("'echo' is not supported", "echo");
+  M3_TRY(get_bool(body, "echo", out.echo));
   if (const OrderedJson* v = member(body, "suffix"); v && !(v->is_string() && v->get<std::string>().empty()))
     return invalid_request("'suffix' is not supported", "suffix");
   return std::nullopt;

@@ -37,6 +37,7 @@ struct CommonRequest {
   bool include_usage = false;       // stream_options.include_usage
   int logprobs = -1;                // -1: none; N: the sampled token plus the top N
   bool include_stop_str_in_output = false;  // vLLM's: a matched stop string stays in the text
+  int prompt_logprobs = -1;                 // vLLM's: -1 none; N: each prompt token's plus the top N
   std::vector<std::string> ignored_fields;  // present in the body, unknown to the server (logged)
 };
 
@@ -44,6 +45,7 @@ struct CompletionRequest {
   CommonRequest common;
   // Each prompt is text or token ids; several prompts give several choice groups.
   std::vector<std::variant<std::string, std::vector<int32_t>>> prompts;
+  bool echo = false;  // the prompt leads each choice's text (and its logprobs, with logprobs)
 };
 
 enum class ToolChoice { kAuto, kNone, kRequired, kNamed };

@@ -182,6 +182,77 @@ OrderedJson completion_logprobs_json(const Tokenizer& tok, const std::vector<Log
   return out;
 }
 
+void ChoiceAssembler::push_prompt(const std::vector<PromptLogprob>& entries) {
+  prompt_logprobs_.insert(prompt_logprobs_.end(), entries.begin(), entries.end());
+}
+
+namespace {
+
+// Entry of each prompt position (nullptr where none came).
+std::vector<const PromptLogprob*> by_position(size_t num_prompt, const std::vector<PromptLogprob>& entries) {
+  std::vector<const PromptLogprob*> at(num_prompt, nullptr);
+  for (const auto& e : entries)
+    if (e.position >= 0 && size_t(e.position) < num_prompt) at[size_t(e.position)] = &e;
+  return at;
+}
+
+}  // namespace
+
+OrderedJson echo_logprobs_json(const Tokenizer& tok, const std::vector<int32_t>& prompt_ids,
+                               const std::vector<PromptLogprob>& entries, int top_n) {
+  const auto at = by_position(prompt_ids.size(), entries);
+  OrderedJson tokens = OrderedJson::array(), lps = OrderedJson::array(), tops = OrderedJson::array(),
+              offsets = OrderedJson::array();
+  size_t offset = 0;
+  for (size_t p = 0; p < prompt_ids.size(); ++p) {
+    const std::string text = token_text(tok, prompt_ids[p]);
+    tokens.push_back(text);
+    offsets.push_back(offset);
+    offset += text.size();
+    if (!at[p]) {
+      lps.push_back(nullptr);
+      tops.push_back(nullptr);
+      continue;
+    }
+    lps.push_back(at[p]->logprob);
+    OrderedJson top = OrderedJson::object();
+    for (size_t k = 0; k < at[p]->top.size() && int(k) < top_n; ++k) {
+      const std::string key = token_text(tok, at[p]->top[k].token);
+      if (!top.contains(key)) top[key] = at[p]->top[k].logprob;
+    }
+    tops.push_back(std::move(top));
+  }
+  return OrderedJson{{"tokens", std::move(tokens)}, {"token_logprobs", std::move(lps)},
+                     {"top_logprobs", std::move(tops)}, {"text_offset", std::move(offsets)}};
+}
+
+void append_logprobs(OrderedJson& into, const OrderedJson& more) {
+  for (const char* key : {"tokens", "token_logprobs", "top_logprobs", "text_offset"})
+    for (const auto& v : more[key]) into[key].push_back(v);
+}
+
+OrderedJson prompt_logprobs_json(const Tokenizer& tok, const std::vector<int32_t>& prompt_ids,
+                                 const std::vector<PromptLogprob>& entries) {
+  const auto at = by_position(prompt_ids.size(), entries);
+  OrderedJson out = OrderedJson::array();
+  for (size_t p = 0; p < prompt_ids.size(); ++p) {
+    if (!at[p]) {
+      out.push_back(nullptr);
+      continue;
+    }
+    OrderedJson d = OrderedJson::object();
+    auto add = [&](int32_t id, float logprob, int32_t rank) {
+      const std::string key = std::to_string(id);
+      if (!d.contains(key))
+        d[key] = OrderedJson{{"logprob", logprob}, {"rank", rank}, {"decoded_token", token_text(tok, id)}};
+    };
+    add(at[p]->token, at[p]->logprob, at[p]->rank);
+    for (size_t k = 0; k < at[p]->top.size(); ++k) add(at[p]->top[k].token, at[p]->top[k].logprob, int32_t(k) + 1);
+    out.push_back(std::move(d));
+  }
+  return out;
+}
+
 OrderedJson chat_delta_json(const OutputDelta& delta) {
   OrderedJson d = OrderedJson::object();
   if (!delta.reasoning_content.empty()) d["reasoning_content"] = delta.reasoning_content;

@@ -23,6 +23,11 @@ struct ChoiceOptions {
   int logprobs = -1;                 // -1: none; N: the sampled token plus the top N
   int min_tokens = 0;                // stop strings inside the text of the first min_tokens tokens do not count
   bool include_stop_str = false;     // a matched stop string stays at the end of the text
+  // Prompt-side outputs (completions' echo, vLLM's prompt_logprobs): the prompt's ids and text.
+  bool echo = false;
+  int prompt_logprobs = -1;          // -1: not reported; N: the prompt_logprobs field with the top N
+  std::vector<int32_t> prompt_ids;
+  std::string prompt_text;
 };
 
 struct LogprobEntry {
@@ -48,6 +53,10 @@ class ChoiceAssembler {
   ChoiceDelta push(const std::vector<TokenOutput>& tokens);
   // Ends the choice: releases held-back text and closes the parser.
   ChoiceDelta finish(FinishReason reason);
+  // The engine's prompt logprobs (positions ascending, each once).
+  void push_prompt(const std::vector<PromptLogprob>& entries);
+  const std::vector<PromptLogprob>& prompt_logprobs() const { return prompt_logprobs_; }
+  const ChoiceOptions& options() const { return options_; }
 
   bool stop_matched() const { return stop_matched_; }
   bool finished() const { return finished_; }
@@ -79,6 +88,7 @@ class ChoiceAssembler {
   std::string text_;
   ParsedOutput message_;
   std::vector<LogprobEntry> logprobs_;
+  std::vector<PromptLogprob> prompt_logprobs_;
 };
 
 struct Usage {
@@ -92,6 +102,17 @@ struct Usage {
 // before these tokens (completions only).
 OrderedJson chat_logprobs_json(const Tokenizer& tok, const std::vector<LogprobEntry>& entries);
 OrderedJson completion_logprobs_json(const Tokenizer& tok, const std::vector<LogprobEntry>& entries, size_t text_offset);
+
+// The prompt in the completions logprobs shape (echo): its tokens, null for the first one (and any
+// position without an entry), `top_n` alternatives each.
+OrderedJson echo_logprobs_json(const Tokenizer& tok, const std::vector<int32_t>& prompt_ids,
+                               const std::vector<PromptLogprob>& entries, int top_n);
+// Appends one completions logprobs object's arrays to another's.
+void append_logprobs(OrderedJson& into, const OrderedJson& more);
+// vLLM's prompt_logprobs: [null, {"<id>": {"logprob", "rank", "decoded_token"}, ...}, ...], each
+// position's own token first, then its top alternatives.
+OrderedJson prompt_logprobs_json(const Tokenizer& tok, const std::vector<int32_t>& prompt_ids,
+                                 const std::vector<PromptLogprob>& entries);
 
 // The JSON of a delta: {"reasoning_content"?, "content"?, "tool_calls"?}.
 OrderedJson chat_delta_json(const OutputDelta& delta);

@@ -277,10 +277,21 @@ void ApiServer::handle_generation(const httplib::Request& req, httplib::Response
       g.sampling = common.sampling;
       g.sampling.max_tokens = common.max_tokens.value_or(room);
       g.sampling.logprobs = common.logprobs;
+      const bool echo = !chat && completion.echo;
+      // Echoed logprobs are the prompt's own: computed as vLLM's prompt_logprobs with the same N.
+      g.sampling.prompt_logprobs = std::max(common.prompt_logprobs, echo ? common.logprobs : -1);
       if (g.sampling.seed >= 0) g.sampling.seed += int64_t(requests.size());  // distinct choices, still reproducible
       ChoiceOptions opts;
       opts.stop = common.stop;
       opts.include_stop_str = common.include_stop_str_in_output;
+      opts.echo = echo;
+      opts.prompt_logprobs = common.prompt_logprobs;
+      if (g.sampling.prompt_logprobs >= 0 || echo) opts.prompt_ids = prompts[p];
+      if (echo) {
+        const auto& given = completion.prompts[p];
+        opts.prompt_text = std::holds_alternative<std::string>(given) ? std::get<std::string>(given)
+                                                                      : tokenizer_.decode(prompts[p], false);
+      }
       opts.min_tokens = g.sampling.min_tokens;
       opts.stop_token_ids.insert(g.sampling.stop_token_ids.begin(), g.sampling.stop_token_ids.end());
       if (!g.sampling.ignore_eos)

@@ -290,11 +290,22 @@ void MiniMaxM3Model::forward(const ops::OpContext& ctx, const ForwardBatch& batc
 
   // Final norm and LM head only on the rows that need logits (gathered like embeddings).
   if (R == 0) return;
-  const int32_t* rows = batch.logits_rows_ptr ? batch.logits_rows_ptr : batch.logits_rows.data();
-  ops::embedding(ctx, rows, int(R), hv, f2(ws.rows, R, H));
+  logits_of_rows(ctx, batch.logits_rows_ptr ? batch.logits_rows_ptr : batch.logits_rows.data(), R, T, ws);
+  mark(c.num_hidden_layers + 1);
+}
+
+void MiniMaxM3Model::logits_of_rows(const ops::OpContext& ctx, const int32_t* rows, int64_t R, int64_t num_tokens,
+                                    ForwardWorkspace& ws) const {
+  const MiniMaxM3Config& c = config_;
+  const int64_t H = c.hidden_size;
+  M3_CHECK(R >= 1 && R <= ws.max_logit_rows && num_tokens <= ws.max_tokens, "logits rows exceed the workspace");
+  const Device dev = runtime_->device();
+  auto f2 = [dev](const ops::DeviceBuffer& b, int64_t r, int64_t cols) {
+    return TensorView{b.data(), DType::kF32, {r, cols}, dev};
+  };
+  ops::embedding(ctx, rows, int(R), f2(ws.h, num_tokens, H), f2(ws.rows, R, H));
   ops::rms_norm(ctx, f2(ws.rows, R, H), final_norm_, c.rms_norm_eps, f2(ws.normed, R, H));
   ops::linear(ctx, f2(ws.normed, R, H), lm_head_, f2(ws.logits, R, c.vocab_size));
-  mark(c.num_hidden_layers + 1);
 }
 
 void MiniMaxM3Model::forward(const ops::OpContext& ctx, const ForwardBatch& batch, const KvCacheTensors& cache,

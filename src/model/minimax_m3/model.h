@@ -117,6 +117,12 @@ class MiniMaxM3Model {
   void forward(const ops::OpContext& ctx, const ForwardBatch& batch, const KvCacheTensors& cache,
                ForwardWorkspace& ws, ForwardTrace* trace = nullptr, const ForwardHooks* hooks = nullptr) const;
 
+  // The final norm and LM head again, on other rows of the last forward's final hidden states
+  // (ws.h, [num_tokens, hidden]): logits [R, vocab] into ws.logits, R <= ws.max_logit_rows; `rows`
+  // in the runtime's memory. The same bits the forward gives those rows (prompt logprobs).
+  void logits_of_rows(const ops::OpContext& ctx, const int32_t* rows, int64_t R, int64_t num_tokens,
+                      ForwardWorkspace& ws) const;
+
   // Host convenience (host runtime only): logits [batch.logits_rows.size(), vocab] into `logits`.
   void forward(const ops::OpContext& ctx, const ForwardBatch& batch, const KvCacheTensors& cache, float* logits,
                ForwardTrace* trace = nullptr) const;

@@ -205,6 +205,47 @@ class ServerTest(unittest.TestCase):
         self.assertEqual(whole, streamed)
         self.assertEqual(whole, detok([a] * 3))
 
+    def test_echo_and_prompt_logprobs(self):
+        # The logprob of token 7 after P, as the sampled token (forced by logit_bias, reported raw)
+        # and as the last prompt token of P + [7] (echo; prompt_logprobs): the same number.
+        p = [5, 9, 14, 20, 33, 41, 52, 60]
+        st, r1 = self.server.json("POST", "/v1/completions", {"model": MODEL, "prompt": p, "max_tokens": 1,
+                                  "temperature": 0, "logprobs": 0, "logit_bias": {"7": 100}, "ignore_eos": True})
+        self.assertEqual(st, 200, r1)
+        want = r1["choices"][0]["logprobs"]["token_logprobs"][0]
+        st, r2 = self.server.json("POST", "/v1/completions", {"model": MODEL, "prompt": p + [7], "max_tokens": 2,
+                                  "temperature": 0, "logprobs": 1, "echo": True, "ignore_eos": True})
+        self.assertEqual(st, 200, r2)
+        lp = r2["choices"][0]["logprobs"]
+        self.assertEqual(len(lp["tokens"]), len(p) + 1 + 2)
+        self.assertIsNone(lp["token_logprobs"][0])
+        self.assertIsNone(lp["top_logprobs"][0])
+        self.assertAlmostEqual(lp["token_logprobs"][len(p)], want, places=5)
+        prompt_text = self.server.json("POST", "/detokenize", {"tokens": p + [7]})[1]["prompt"]
+        self.assertTrue(r2["choices"][0]["text"].startswith(prompt_text))
+        self.assertEqual(r2["usage"]["completion_tokens"], 2)
+        # vLLM's prompt_logprobs field, completions and chat; streamed once, in the first chunk.
+        st, r3 = self.server.json("POST", "/v1/completions", {"model": MODEL, "prompt": p + [7], "max_tokens": 1,
+                                  "prompt_logprobs": 2})
+        self.assertEqual(st, 200, r3)
+        pl = r3["choices"][0]["prompt_logprobs"]
+        self.assertEqual(len(pl), len(p) + 1)
+        self.assertIsNone(pl[0])
+        self.assertAlmostEqual(pl[len(p)]["7"]["logprob"], want, places=5)
+        self.assertTrue(all(1 <= len(d) <= 3 for d in pl[1:]))
+        st, r4 = self.server.json("POST", "/v1/chat/completions", {"model": MODEL, "max_tokens": 1,
+                                  "messages": [{"role": "user", "content": "Hi"}], "prompt_logprobs": 0})
+        self.assertEqual(st, 200, r4)
+        self.assertEqual(len(r4["prompt_logprobs"]), r4["usage"]["prompt_tokens"])
+        body = {"model": MODEL, "prompt": p + [7], "max_tokens": 3, "temperature": 0, "echo": True, "ignore_eos": True}
+        whole = self.server.json("POST", "/v1/completions", body)[1]["choices"][0]["text"]
+        status, payload = self.server.request("POST", "/v1/completions", dict(body, stream=True))
+        self.assertEqual(status, 200)
+        chunks = [json.loads(part[6:]) for part in payload.decode().split("\n\n") if part.startswith("data: {")]
+        self.assertEqual(chunks[0]["choices"][0]["text"], prompt_text)
+        self.assertEqual("".join(c["choices"][0]["text"] for c in chunks if c["choices"]), whole)
+        self.assertTrue(whole.startswith(prompt_text) and len(whole) > len(prompt_text))
+
     def test_min_tokens(self):
         # EOS (id 2 in the fixture) pushed to the top ends the completion at once; min_tokens holds it off.
         c = self.server.client()

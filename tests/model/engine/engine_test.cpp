@@ -2,6 +2,7 @@
 // preemption must not change a single greedy token; abort frees blocks at once.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -263,6 +264,102 @@ TEST(Engine, PreemptionUnderTinyPoolKeepsOutputs) {
   EngineStepStats st;
   engine->step(&st);
   EXPECT_EQ(st.scheduler.kv_blocks_used, 0);  // nothing leaked
+}
+
+// Prompt logprobs (vLLM's prompt_logprobs): position p's from the logits at p - 1 of the whole
+// prompt's forward, each position once and before the first token, through chunked prefill,
+// LM-head passes of max_num_seqs rows, preemption (recompute) and a prefix the cache holds.
+std::vector<float> reference_logits(const std::vector<int32_t>& p) {
+  static auto model = std::move(*MiniMaxM3Model::load(tiny_dir()));
+  ops::KernelTable table;
+  cpu::register_cpu_kernels(table);
+  ops::OpContext ctx{&table, nullptr, Device::kCpu};
+  SequenceRunner r(*model, ctx, int64_t(p.size()) + 1, DType::kF32);
+  return r.extend(p, true);
+}
+
+void expect_prompt_logprobs(const std::vector<int32_t>& p, const std::vector<PromptLogprob>& got, int top_n,
+                            int64_t vocab) {
+  ASSERT_EQ(got.size(), p.size() - 1);
+  const std::vector<float> logits = reference_logits(p);
+  std::vector<float> logp;
+  for (size_t i = 0; i < got.size(); ++i) {
+    const PromptLogprob& e = got[i];
+    ASSERT_EQ(e.position, int32_t(i) + 1);
+    ASSERT_EQ(e.token, p[i + 1]);
+    log_softmax(logits.data() + i * size_t(vocab), vocab, logp);
+    EXPECT_EQ(e.logprob, logp[size_t(e.token)]) << "position " << e.position;
+    EXPECT_EQ(e.rank, 1 + std::count_if(logp.begin(), logp.end(), [&](float v) { return v > e.logprob; }));
+    const auto top = top_logprobs(logp, top_n);
+    ASSERT_EQ(e.top.size(), top.size());
+    for (size_t k = 0; k < top.size(); ++k) EXPECT_EQ(e.top[k].token, top[k].token);
+  }
+}
+
+TEST(Engine, PromptLogprobsCoverEveryPositionOnce) {
+  EngineConfig cfg;
+  cfg.model_dir = tiny_dir();
+  cfg.num_kv_blocks = 12;  // preempts, as PreemptionUnderTinyPoolKeepsOutputs
+  cfg.max_num_batched_tokens = 64;
+  cfg.max_num_seqs = 4;     // LM-head passes of at most 4 rows
+  cfg.check_invariants = true;
+  auto engine = std::move(*Engine::create(cfg));
+  const int64_t vocab = engine->model().vocab_size;
+  std::vector<std::vector<int32_t>> prompts;
+  std::map<RequestId, size_t> which;
+  for (int i = 0; i < 6; ++i) {
+    prompts.push_back(prompt(40 + i * 3, 300 + i));
+    SamplingParams s = greedy(20);
+    s.prompt_logprobs = i % 3;
+    which[*engine->submit({prompts.back(), s})] = size_t(i);
+  }
+  std::map<RequestId, std::vector<PromptLogprob>> lps;
+  std::map<RequestId, size_t> tokens_before;
+  int64_t preemptions = 0;
+  while (engine->has_unfinished_requests()) {
+    EngineStepStats st;
+    for (auto& ev : engine->step(&st)) {
+      if (!ev.prompt_logprobs.empty()) EXPECT_EQ(tokens_before[ev.request_id], 0u) << "prompt logprobs after a token";
+      lps[ev.request_id].insert(lps[ev.request_id].end(), ev.prompt_logprobs.begin(), ev.prompt_logprobs.end());
+      tokens_before[ev.request_id] += ev.new_tokens.size();
+    }
+    preemptions += st.scheduler.num_preemptions;
+  }
+  EXPECT_GT(preemptions, 0);
+  ASSERT_EQ(lps.size(), prompts.size());
+  for (auto& [id, got] : lps) expect_prompt_logprobs(prompts[which[id]], got, int(which[id] % 3), vocab);
+}
+
+TEST(Engine, PromptLogprobsComputeACachedPrefix) {
+  EngineConfig cfg;
+  cfg.model_dir = tiny_dir();
+  cfg.num_kv_blocks = 64;
+  cfg.max_num_batched_tokens = 48;
+  auto engine = std::move(*Engine::create(cfg));
+  const auto p = prompt(100, 91);
+  auto drain = [&](RequestId want, std::vector<PromptLogprob>* out, int64_t* hits, int64_t* queries) {
+    while (engine->has_unfinished_requests()) {
+      EngineStepStats st;
+      for (auto& ev : engine->step(&st))
+        if (ev.request_id == want && out) out->insert(out->end(), ev.prompt_logprobs.begin(), ev.prompt_logprobs.end());
+      *hits += st.scheduler.prefix_hit_tokens;
+      *queries += st.scheduler.prefix_query_tokens;
+    }
+  };
+  int64_t hits = 0, queries = 0;
+  drain(*engine->submit({p, greedy(2)}), nullptr, &hits, &queries);  // the cache now holds p's blocks
+  EXPECT_EQ(queries, 100);
+  SamplingParams s = greedy(2);
+  s.prompt_logprobs = 1;
+  std::vector<PromptLogprob> got;
+  hits = queries = 0;
+  drain(*engine->submit({p, s}), &got, &hits, &queries);
+  EXPECT_EQ(hits, 0);     // computed, not read from the cache
+  EXPECT_EQ(queries, 0);  // and no lookup counted against the hit rate
+  expect_prompt_logprobs(p, got, 1, engine->model().vocab_size);
+  hits = queries = 0;
+  drain(*engine->submit({p, greedy(2)}), nullptr, &hits, &queries);
+  EXPECT_EQ(hits, 96);  // the cache still serves the others
 }
 
 TEST(Engine, AbortFreesBlocksImmediately) {

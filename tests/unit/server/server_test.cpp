@@ -184,6 +184,65 @@ TEST(ChoiceAssembler, IncludeStopStrKeepsTheMatchedString) {
   }
 }
 
+// Echo and prompt logprobs: the prompt's entries come over two events (a non-final prefill chunk,
+// then the last one with the first token); the stream sends the prompt chunk once, before the
+// first token's, and the whole body holds the same.
+TEST(Generation, EchoAndPromptLogprobsInBothForms) {
+  const std::vector<int32_t> ids = test_tokenizer().encode("abc", true);
+  ASSERT_EQ(ids.size(), 3u);
+  auto lp = [&](int32_t pos, float v) {
+    return PromptLogprob{pos, ids[size_t(pos)], v, 2, {{ids[0], -0.1f}, {ids[size_t(pos)], v}}};
+  };
+  for (bool stream : {false, true}) {
+    ChoiceOptions opts;
+    opts.echo = true;
+    opts.logprobs = 1;
+    opts.prompt_logprobs = 2;
+    opts.prompt_ids = ids;
+    opts.prompt_text = "abc";
+    Generation gen(test_tokenizer(), spec_for(false, 1, opts));
+    gen.bind({5});
+    std::vector<RequestId> to_abort;
+    RequestEvent first = event(5, {});
+    first.prompt_logprobs = {lp(1, -1.5f)};
+    RequestEvent second = event(5, tokens_of("X"));
+    second.prompt_logprobs = {lp(2, -2.5f)};
+    std::string sse = gen.stream_start();
+    sse += gen.on_events({first}, to_abort);
+    EXPECT_TRUE(sse.empty()) << "nothing before the prompt is whole";
+    sse += gen.on_events({second}, to_abort);
+    sse += gen.on_events({event(5, tokens_of("Y"), FinishReason::kMaxTokens)}, to_abort);
+    ASSERT_TRUE(gen.done());
+    if (stream) {
+      const auto chunks = chunks_of(sse);
+      ASSERT_GE(chunks.size(), 3u);
+      const auto& c0 = chunks[0]["choices"][0];
+      EXPECT_EQ(c0["text"], "abc");
+      EXPECT_EQ(c0["logprobs"]["token_logprobs"], OrderedJson::parse("[null, -1.5, -2.5]"));
+      EXPECT_EQ(c0["logprobs"]["text_offset"], OrderedJson::parse("[0, 1, 2]"));
+      EXPECT_TRUE(c0["prompt_logprobs"][0].is_null());
+      EXPECT_EQ(c0["prompt_logprobs"][2][std::to_string(ids[2])]["logprob"], -2.5);
+      EXPECT_EQ(c0["prompt_logprobs"][2][std::to_string(ids[2])]["rank"], 2);
+      EXPECT_EQ(c0["prompt_logprobs"][2][std::to_string(ids[0])]["rank"], 1);
+      EXPECT_EQ(chunks[1]["choices"][0]["text"], "X");
+      EXPECT_EQ(chunks[1]["choices"][0]["logprobs"]["text_offset"], OrderedJson::parse("[3]"));
+      size_t prompt_chunks = 0;
+      for (const auto& c : chunks) prompt_chunks += c["choices"][0].contains("prompt_logprobs");
+      EXPECT_EQ(prompt_chunks, 1u);
+    } else {
+      const auto body = gen.response();
+      const auto& c = body["choices"][0];
+      EXPECT_EQ(c["text"], "abcXY");
+      EXPECT_EQ(c["logprobs"]["tokens"], OrderedJson::parse(R"(["a", "b", "c", "X", "Y"])"));
+      EXPECT_EQ(c["logprobs"]["token_logprobs"], OrderedJson::parse("[null, -1.5, -2.5, -0.5, -0.5]"));
+      EXPECT_TRUE(c["logprobs"]["top_logprobs"][0].is_null());
+      EXPECT_EQ(c["logprobs"]["text_offset"], OrderedJson::parse("[0, 1, 2, 3, 4]"));
+      EXPECT_EQ(c["prompt_logprobs"].size(), 3u);
+      EXPECT_EQ(body["usage"]["completion_tokens"], 2);
+    }
+  }
+}
+
 TEST(ChoiceAssembler, HeldBackPrefixOfStopStringIsReleasedAtTheEnd) {
   ChoiceOptions opts;
   opts.stop = {"STOP"};
@@ -442,7 +501,7 @@ TEST(Protocol, ErrorsNameTheField) {
       {R"({"messages":[{"role":"user","content":"x"}],"include_stop_str_in_output":1})", "include_stop_str_in_output"},
       {R"({"messages":[{"role":"user","content":"x"}],"guided_json":{}})", "guided_json"},
       {R"({"messages":[{"role":"user","content":"x"}],"structured_outputs":{"regex":"a"}})", "structured_outputs"},
-      {R"({"messages":[{"role":"user","content":"x"}],"prompt_logprobs":1})", "prompt_logprobs"},
+      {R"({"messages":[{"role":"user","content":"x"}],"prompt_logprobs":21})", "prompt_logprobs"},
       {R"({"messages":[{"role":"user","content":"x"}],"min_tokens":"2"})", "min_tokens"},
       {R"({"messages":[{"role":"user","content":"x"}],"logit_bias":[5]})", "logit_bias"},
       {R"({"messages":[{"role":"user","content":"x"}],"logit_bias":{"5":100.5}})", "logit_bias"},
