@@ -23,6 +23,7 @@
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cuda/cuda_backend.h"
 #include "model/minimax_m3/model.h"
+#include "step_projection.h"
 
 namespace {
 
@@ -144,6 +145,7 @@ int main(int argc, char** argv) {
   ops::DispatchStats stats;
   ops::OpContext ctx{&table, &stats, Device::kCuda, true};
   const int bs = c.index_block_size, L = c.num_hidden_layers;
+  const m3::MiniMaxM3Config m3_target = *m3::MiniMaxM3Config::preset("m3");  // the projection's layer list
   const DType kv_dtype = kv_name == "bf16" ? DType::kBF16 : DType::kF32;
   const double kv_elem = kv_dtype == DType::kBF16 ? 2.0 : 4.0;
   const int blocks_per_seq = (context + bs - 1) / bs;
@@ -263,7 +265,7 @@ int main(int argc, char** argv) {
         bytes = double(lm_head_bytes) + double(B) * c.vocab_size * 4.0;
       } else {
         const bool sparse = c.is_sparse_layer(l), moe = c.is_moe_layer(l);
-        kind = std::string(sparse ? "msa" : "dense") + (moe ? "+moe" : "+mlp");
+        kind = m3::bench::layer_kind(c, l);
         const size_t expert = model.routed_expert_bytes()[size_t(l)];
         double w = double(model.layer_weight_bytes()[size_t(l)]);
         if (moe) {
@@ -293,7 +295,25 @@ int main(int argc, char** argv) {
     const double roof_total = bytes_total / bw * 1e3;
     std::printf("  step: eager %.3f ms, graph %.3f ms, %.1f MB must move -> roofline %.3f ms = %.1f%% of the graph step\n",
                 eager_total, graph_ms, bytes_total / 1e6, roof_total, 100.0 * roof_total / graph_ms);
+    // MiniMax-M3's 60 layers from this checkpoint's per-kind layer times: an estimate, labelled.
+    nlohmann::json projection = nullptr;
+    if (m3_target.num_hidden_layers != L) {
+      const std::vector<double> per_layer(layer_ms.begin() + 1, layer_ms.begin() + 1 + L);
+      const auto p = m3::bench::project_step(m3_target, c, per_layer, layer_ms[0], layer_ms[size_t(L) + 1], graph_ms);
+      if (p.ok) {
+        std::printf("  projection to MiniMax-M3 (%d layers; each at its kind's mean eager time here, an estimate): "
+                    "eager %.3f ms, graph ~%.3f ms, ~%.0f tokens/s\n",
+                    p.layers, p.eager_ms, p.graph_ms, B / p.graph_ms * 1e3);
+        projection = {{"estimate", true}, {"layers", p.layers}, {"eager_step_ms", p.eager_ms},
+                      {"graph_step_ms", p.graph_ms}, {"tokens_per_s", B / p.graph_ms * 1e3},
+                      {"basis", "each M3 layer at the mean eager time of this checkpoint's layers of its kind; "
+                                "graph step scaled as the eager one"}};
+      } else {
+        std::printf("  no projection to MiniMax-M3: this checkpoint has no %s layer\n", p.missing.c_str());
+      }
+    }
     out["batches"].push_back({{"batch", B},
+                              {"projection_m3", projection},
                               {"graph_step_ms", graph_ms},
                               {"eager_step_ms", eager_total},
                               {"bytes", bytes_total},
