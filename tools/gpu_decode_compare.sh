@@ -38,7 +38,7 @@ for ctx in "${contexts[@]}"; do
       (( ${M3_BENCH_REPS:-1} > 1 )) && name=${name}_$rep
       step "$name" "${M3_BENCH_TIMEOUT:-240}" "$bin" --model "$ckpt" --batch-sizes "${M3_BENCH_BATCHES:-1,32,128}" \
         --context "$ctx" --iters "${M3_BENCH_ITERS:-10}" --json "$out/$name.json" "${extra[@]}"
-      grep -E "graph step|roofline" "$out/$name.log" | sed "s/^/$which $ctx #$rep: /"
+      grep -E "graph step|roofline|projection to" "$out/$name.log" | sed "s/^/$which $ctx #$rep: /"
     done
   done
 done
