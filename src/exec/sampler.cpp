@@ -68,8 +68,9 @@ SampleResult Sampler::sample(float* logits, int64_t vocab, const std::vector<int
   std::vector<float> logp;
   if (params_.logprobs >= 0) log_softmax(logits, vocab, logp);
 
-  // allowed ids, min_tokens, logit_bias, then the penalties (vLLM's order): repetition over
-  // prompt + output; presence/frequency over output.
+  // The constraint, allowed ids, min_tokens, logit_bias, then the penalties (vLLM's order):
+  // repetition over prompt + output; presence/frequency over output.
+  if (params_.constraint) params_.constraint->apply(output_ids, logits, vocab);
   if (!params_.allowed_token_ids.empty()) {
     std::vector<char> allowed(size_t(vocab), 0);
     for (int32_t t : params_.allowed_token_ids) {

@@ -1,8 +1,9 @@
 #pragma once
-// Per-request sampling on host logits: allowed ids, min_tokens, logit bias, penalties, temperature, top-k, top-p, min-p, a seeded
+// Per-request sampling on host logits: a constraint (JSON mode), allowed ids, min_tokens, logit bias, penalties, temperature, top-k, top-p, min-p, a seeded
 // generator per request, and top-N logprobs. Greedy (temperature 0) is deterministic argmax
 // with ties to the lower token id.
 #include <cstdint>
+#include <memory>
 #include <random>
 #include <string>
 #include <utility>
@@ -13,6 +14,15 @@
 namespace m3 {
 
 inline constexpr int kMaxLogitBias = 1024;  // logit_bias entries per request
+
+// A stateful per-request logits processor (structured output, e.g. JSON mode): sets to -inf the
+// logits of the tokens that may not follow `output_ids`. Called once per sampled token, in order,
+// with the request's whole output so far; it owns whatever state it keeps between calls.
+class LogitsConstraint {
+ public:
+  virtual ~LogitsConstraint() = default;
+  virtual void apply(const std::vector<int32_t>& output_ids, float* logits, int64_t vocab) = 0;
+};
 
 struct SamplingParams {
   float temperature = 1.0f;  // 0 = greedy
@@ -34,6 +44,8 @@ struct SamplingParams {
   std::vector<std::pair<int32_t, float>> logit_bias;
   // vLLM's allowed_token_ids: when non-empty, only these ids can be sampled (applied first).
   std::vector<int32_t> allowed_token_ids;
+  // Applied first of all (one instance per request: it keeps state); null = none.
+  std::shared_ptr<LogitsConstraint> constraint;
 
   // Every problem at once, phrased for an API error ("temperature must be >= 0").
   std::vector<std::string> validate() const;

@@ -230,9 +230,16 @@ std::optional<ApiError> parse_common(const OrderedJson& body, bool chat, CommonR
       s.logit_bias.emplace_back(int32_t(std::stoll(key)), float(bias));
     }
   }
-  if (const OrderedJson* v = member(body, "response_format");
-      v && !(v->is_object() && v->value("type", std::string("text")) == "text"))
-    return invalid_request("'response_format' other than {\"type\": \"text\"} is not supported", "response_format");
+  if (const OrderedJson* v = member(body, "response_format")) {
+    if (!v->is_object()) return wrong_type("response_format", "an object", *v);
+    const OrderedJson* type = member(*v, "type");
+    if (type && !type->is_string()) return wrong_type("response_format.type", "a string", *type);
+    const std::string t = type ? type->get<std::string>() : "text";
+    if (t == "json_object") out.json_object = true;
+    else if (t != "text")
+      return invalid_request("'response_format' of type '" + t + "' is not supported (text and json_object are)",
+                             "response_format");
+  }
   // vLLM extensions that would change the output and that this engine does not implement.
   for (const char* key : {"guided_json", "guided_regex", "guided_choice", "guided_grammar", "structured_outputs",
                           "bad_words", "truncate_prompt_tokens", "use_beam_search"}) {

@@ -38,6 +38,7 @@ struct CommonRequest {
   int logprobs = -1;                // -1: none; N: the sampled token plus the top N
   bool include_stop_str_in_output = false;  // vLLM's: a matched stop string stays in the text
   int prompt_logprobs = -1;                 // vLLM's: -1 none; N: each prompt token's plus the top N
+  bool json_object = false;                 // response_format {"type": "json_object"}
   std::vector<std::string> ignored_fields;  // present in the body, unknown to the server (logged)
 };
 

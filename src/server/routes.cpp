@@ -54,6 +54,11 @@ std::optional<ApiError> render_messages(const ChatRequest& chat, std::string& pr
 
 }  // namespace
 
+std::shared_ptr<const TokenBytes> ApiServer::token_bytes() {
+  std::call_once(token_bytes_once_, [&] { token_bytes_ = std::make_shared<const TokenBytes>(tokenizer_); });
+  return token_bytes_;
+}
+
 void send_error(httplib::Response& res, const ApiError& error) { send_json(res, error.to_json(), error.http_status); }
 
 ApiServer::ApiServer(ServerOptions options, const Tokenizer& tokenizer, AsyncEngine& engine, Metrics& metrics)
@@ -281,6 +286,13 @@ void ApiServer::handle_generation(const httplib::Request& req, httplib::Response
       // Echoed logprobs are the prompt's own: computed as vLLM's prompt_logprobs with the same N.
       g.sampling.prompt_logprobs = std::max(common.prompt_logprobs, echo ? common.logprobs : -1);
       if (g.sampling.seed >= 0) g.sampling.seed += int64_t(requests.size());  // distinct choices, still reproducible
+      if (common.json_object) {
+        // The object's end admits the stop ids and EOS (with ignore_eos too: nothing else may follow).
+        std::vector<int32_t> end_ids = g.sampling.stop_token_ids;
+        end_ids.insert(end_ids.end(), engine_.model().eos_token_ids.begin(), engine_.model().eos_token_ids.end());
+        const bool in_reasoning = chat && chat_req.thinking_mode == ThinkingMode::kEnabled;
+        g.sampling.constraint = std::make_shared<JsonObjectConstraint>(token_bytes(), std::move(end_ids), in_reasoning);
+      }
       ChoiceOptions opts;
       opts.stop = common.stop;
       opts.include_stop_str = common.include_stop_str_in_output;

@@ -3,6 +3,7 @@
 // validate, render the chat template, tokenize, submit to the AsyncEngine and stream back.
 #include <atomic>
 #include <cstdint>
+#include <memory>
 #include <mutex>
 #include <random>
 #include <string>
@@ -11,6 +12,7 @@
 #include <httplib.h>
 
 #include "server/async_engine.h"
+#include "server/json_mode.h"
 #include "server/metrics.h"
 #include "server/openai_protocol.h"
 #include "tokenizer/tokenizer.h"
@@ -49,7 +51,11 @@ class ApiServer {
   Metrics& metrics_;
   std::atomic<bool> draining_{false};
   std::atomic<int32_t> active_{0};
+  std::shared_ptr<const TokenBytes> token_bytes();  // built on the first JSON-mode request
+
   std::mutex id_mu_;
+  std::once_flag token_bytes_once_;
+  std::shared_ptr<const TokenBytes> token_bytes_;
   std::mt19937_64 id_rng_;
 };
 

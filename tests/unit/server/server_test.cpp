@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -12,6 +13,7 @@
 
 #include "server/async_engine.h"
 #include "server/generation.h"
+#include "server/json_mode.h"
 #include "server/metrics.h"
 #include "server/openai_protocol.h"
 #include "scripted_engine.h"
@@ -241,6 +243,65 @@ TEST(Generation, EchoAndPromptLogprobsInBothForms) {
       EXPECT_EQ(body["usage"]["completion_tokens"], 2);
     }
   }
+}
+
+// JSON mode on the byte-level test tokenizer: the "model" always prefers byte 0x01 (never valid
+// JSON), then EOS, then the next byte of a scripted document; the constraint must leave exactly
+// the script's byte each step, and only EOS once the object has closed.
+TEST(JsonObjectConstraint, LeavesOnlyValidJsonThenTheEnd) {
+  const Tokenizer& tok = test_tokenizer();
+  const auto table = std::make_shared<const TokenBytes>(tok);
+  const int32_t think_begin = *tok.token_to_id("<mm:think>");
+  ASSERT_EQ(table->think_begin, think_begin);
+  const std::string doc = "{\"a\": [1, 2.5e3, true, null], \"b\": {\"c\": \"x\\\"y\"}}";
+  JsonObjectConstraint c(table, {kEos}, /*in_reasoning=*/false);
+  const int64_t vocab = tok.vocab_size();
+  auto byte_id = [&](char ch) { return tok.encode(std::string(1, ch), false).at(0); };
+  std::vector<int32_t> out;
+  for (size_t i = 0; i <= doc.size(); ++i) {
+    std::vector<float> logits(size_t(vocab), 0.0f);
+    logits[size_t(byte_id('\x01'))] = 10.0f;
+    logits[kEos] = 7.0f;
+    logits[size_t(think_begin)] = 4.0f;
+    if (i < doc.size()) logits[size_t(byte_id(doc[i]))] = 5.0f;
+    c.apply(out, logits.data(), vocab);
+    const int32_t pick = int32_t(std::max_element(logits.begin(), logits.end()) - logits.begin());
+    if (i < doc.size()) {
+      ASSERT_EQ(pick, byte_id(doc[i])) << "step " << i << " of " << doc;
+      EXPECT_TRUE(std::isinf(logits[kEos])) << "EOS before the object closed";
+    } else {
+      EXPECT_EQ(pick, kEos);
+      EXPECT_EQ(std::count_if(logits.begin(), logits.end(), [](float v) { return !std::isinf(v); }), 1);
+    }
+    out.push_back(pick);
+  }
+}
+
+TEST(JsonObjectConstraint, ReasoningComesFirstUnconstrained) {
+  const Tokenizer& tok = test_tokenizer();
+  const auto table = std::make_shared<const TokenBytes>(tok);
+  const int32_t think_begin = *tok.token_to_id("<mm:think>"), think_end = *tok.token_to_id("</mm:think>");
+  const int32_t junk = tok.encode("\x01", false).at(0), brace = tok.encode("{", false).at(0);
+  const int64_t vocab = tok.vocab_size();
+  auto allowed = [&](JsonObjectConstraint& c, const std::vector<int32_t>& out, int32_t id) {
+    std::vector<float> logits(size_t(vocab), 0.0f);
+    c.apply(out, logits.data(), vocab);
+    return !std::isinf(logits[size_t(id)]);
+  };
+  // Thinking enabled: the output starts inside reasoning; JSON is enforced after its end.
+  JsonObjectConstraint in(table, {kEos}, true);
+  EXPECT_TRUE(allowed(in, {}, junk));
+  EXPECT_TRUE(allowed(in, {junk, junk}, kEos));
+  EXPECT_FALSE(allowed(in, {junk, junk, think_end}, junk));
+  EXPECT_TRUE(allowed(in, {junk, junk, think_end}, brace));
+  // Otherwise the model may open a reasoning block as its first token, or start the object.
+  JsonObjectConstraint before(table, {kEos}, false);
+  EXPECT_TRUE(allowed(before, {}, think_begin));
+  EXPECT_TRUE(allowed(before, {}, brace));
+  EXPECT_FALSE(allowed(before, {}, kEos));
+  EXPECT_TRUE(allowed(before, {think_begin}, junk));
+  JsonObjectConstraint started(table, {kEos}, false);
+  EXPECT_FALSE(allowed(started, {brace}, think_begin));  // not once the object has begun
 }
 
 TEST(ChoiceAssembler, HeldBackPrefixOfStopStringIsReleasedAtTheEnd) {
@@ -509,7 +570,9 @@ TEST(Protocol, ErrorsNameTheField) {
       {R"({"messages":[{"role":"user","content":"x"}],"logit_bias":{"five":1}})", "logit_bias"},
       {R"({"messages":[{"role":"user","content":"x"}],"logit_bias":{"99999999999":1}})", "logit_bias"},
       {R"({"messages":[{"role":"user","content":"x"}],"logit_bias":{"5":"1"}})", "logit_bias[\"5\"]"},
-      {R"({"messages":[{"role":"user","content":"x"}],"response_format":{"type":"json_object"}})", "response_format"},
+      {R"({"messages":[{"role":"user","content":"x"}],"response_format":{"type":"json_schema"}})", "response_format"},
+      {R"({"messages":[{"role":"user","content":"x"}],"response_format":{"type":1}})", "response_format.type"},
+      {R"({"messages":[{"role":"user","content":"x"}],"response_format":"json"})", "response_format"},
       {R"([])", ""},
   };
   for (const auto& c : cases) {
@@ -534,7 +597,7 @@ TEST(Protocol, ValidRequestsParse) {
       "tools":[{"type":"function","function":{"name":"f","parameters":{"type":"object","properties":{}}}}],
       "tool_choice":{"type":"function","function":{"name":"f"}},"chat_template_kwargs":{"thinking_mode":"enabled"},
       "logit_bias":{"7":-100,"12":2.5},"min_tokens":3,"allowed_token_ids":[4,5],"include_stop_str_in_output":true,
-      "user":"u","metadata":{"k":"v"},"no_such_field":1,"another":null})"),
+      "user":"u","metadata":{"k":"v"},"no_such_field":1,"another":null,"response_format":{"type":"json_object"}})"),
                                 chat);
   ASSERT_FALSE(err) << err->message;
   EXPECT_EQ(chat.common.n, 2);
@@ -552,6 +615,7 @@ TEST(Protocol, ValidRequestsParse) {
   EXPECT_EQ(chat.common.sampling.min_tokens, 3);
   EXPECT_EQ(chat.common.sampling.allowed_token_ids, (std::vector<int32_t>{4, 5}));
   EXPECT_TRUE(chat.common.include_stop_str_in_output);
+  EXPECT_TRUE(chat.common.json_object);
   EXPECT_EQ(chat.common.ignored_fields, (std::vector<std::string>{"no_such_field", "another"}));
   CompletionRequest comp;
   ASSERT_FALSE(parse_completion_request(OrderedJson::parse(R"({"prompt":[[1,2],"text"],"logprobs":2,"max_tokens":3})"),
