@@ -54,7 +54,7 @@ bool JsonPrefix::feed(uint8_t c) {
       if (c == '"') {
         if (key_) mode_ = Mode::kColon;
         else value_done();
-        ws_run_ = 0;
+        ws_run_ = nl_run_ = 0;
         return true;
       }
       if (c == '\\') mode_ = Mode::kEscape;
@@ -118,8 +118,11 @@ bool JsonPrefix::feed(uint8_t c) {
     default:
       break;
   }
-  if (is_ws(c)) return ++ws_run_ <= kMaxWhitespaceRun;
-  ws_run_ = 0;
+  if (is_ws(c)) {
+    if (c == '\n' || c == '\r') ++nl_run_;
+    return ++ws_run_ <= kMaxWhitespaceRun && nl_run_ <= kMaxNewlineRun;
+  }
+  ws_run_ = nl_run_ = 0;
   switch (mode_) {
     case Mode::kStart:
       return (!object_only_ || c == '{') && start_value(c);

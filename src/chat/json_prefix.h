@@ -26,8 +26,10 @@ class JsonPrefix {
   bool complete() const { return mode_ == Mode::kDone; }
 
   static constexpr int kMaxDepth = 64;
-  // Whitespace between tokens: at most this many bytes in a row (a model cannot pad forever).
+  // Whitespace between tokens: at most this many bytes in a row, of which at most
+  // kMaxNewlineRun line breaks (room for pretty-printing; a model cannot pad forever).
   static constexpr int kMaxWhitespaceRun = 32;
+  static constexpr int kMaxNewlineRun = 2;
 
  private:
   enum class Mode : uint8_t {
@@ -61,7 +63,7 @@ class JsonPrefix {
   Mode mode_ = Mode::kStart;
   bool key_ = false;
   uint8_t hex_left_ = 0;
-  uint8_t ws_run_ = 0;
+  uint8_t ws_run_ = 0, nl_run_ = 0;
   const char* literal_ = nullptr;
   std::string stack_;  // open containers: '{' or '['
 };

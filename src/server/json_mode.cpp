@@ -20,10 +20,12 @@ TokenBytes::TokenBytes(const Tokenizer& tok) {
 }
 
 JsonObjectConstraint::JsonObjectConstraint(std::shared_ptr<const TokenBytes> table, std::vector<int32_t> end_ids,
-                                           bool in_reasoning)
-    : table_(std::move(table)),
-      end_ids_(std::move(end_ids)),
-      phase_(in_reasoning && table_->think_end >= 0 ? Phase::kReasoning : Phase::kBefore) {}
+                                           Start start)
+    : table_(std::move(table)), end_ids_(std::move(end_ids)), phase_(Phase::kJson) {
+  const bool tags = table_->think_begin >= 0 && table_->think_end >= 0;  // single tokens, or no reasoning
+  if (tags && start == Start::kReasoning) phase_ = Phase::kReasoning;
+  if (tags && start == Start::kMayReason) phase_ = Phase::kBefore;
+}
 
 void JsonObjectConstraint::advance(int32_t id) {
   const TokenBytes& t = *table_;

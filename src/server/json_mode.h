@@ -25,13 +25,15 @@ struct TokenBytes {
 
 class JsonObjectConstraint final : public LogitsConstraint {
  public:
-  // end_ids: what ends the request (EOS, stop_token_ids); in_reasoning: the prompt left the
-  // output inside a reasoning block (thinking mode enabled).
-  JsonObjectConstraint(std::shared_ptr<const TokenBytes> table, std::vector<int32_t> end_ids, bool in_reasoning);
+  // How the output may begin: with the object (completions: think tags would be plain text),
+  // with an optional reasoning block (chat), or inside one (chat, thinking mode enabled).
+  enum class Start { kObject, kMayReason, kReasoning };
+  // end_ids: what ends the request (EOS, stop_token_ids).
+  JsonObjectConstraint(std::shared_ptr<const TokenBytes> table, std::vector<int32_t> end_ids, Start start);
   void apply(const std::vector<int32_t>& output_ids, float* logits, int64_t vocab) override;
 
  private:
-  enum class Phase { kBefore, kReasoning, kJson };
+  enum class Phase { kBefore, kReasoning, kJson };  // kBefore: the first token may open reasoning
   void advance(int32_t id);
 
   std::shared_ptr<const TokenBytes> table_;

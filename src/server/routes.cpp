@@ -290,8 +290,11 @@ void ApiServer::handle_generation(const httplib::Request& req, httplib::Response
         // The object's end admits the stop ids and EOS (with ignore_eos too: nothing else may follow).
         std::vector<int32_t> end_ids = g.sampling.stop_token_ids;
         end_ids.insert(end_ids.end(), engine_.model().eos_token_ids.begin(), engine_.model().eos_token_ids.end());
-        const bool in_reasoning = chat && chat_req.thinking_mode == ThinkingMode::kEnabled;
-        g.sampling.constraint = std::make_shared<JsonObjectConstraint>(token_bytes(), std::move(end_ids), in_reasoning);
+        using Start = JsonObjectConstraint::Start;
+        const Start start = !chat ? Start::kObject
+                            : chat_req.thinking_mode == ThinkingMode::kEnabled ? Start::kReasoning
+                                                                               : Start::kMayReason;
+        g.sampling.constraint = std::make_shared<JsonObjectConstraint>(token_bytes(), std::move(end_ids), start);
       }
       ChoiceOptions opts;
       opts.stop = common.stop;

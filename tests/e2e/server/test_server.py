@@ -246,6 +246,32 @@ class ServerTest(unittest.TestCase):
         self.assertEqual("".join(c["choices"][0]["text"] for c in chunks if c["choices"]), whole)
         self.assertTrue(whole.startswith(prompt_text) and len(whole) > len(prompt_text))
 
+    def test_json_object_mode(self):
+        tok = lambda text: self.server.json("POST", "/tokenize", {"prompt": text})[1]["tokens"]
+        lb, rb = tok("{"), tok("}")
+        self.assertEqual((len(lb), len(rb)), (1, 1))
+        # '{' then '}' favoured: '{' opens, a second '{' cannot be a key, so '}' closes; then EOS.
+        bias = {str(lb[0]): 30, str(rb[0]): 20}
+        body = {"model": MODEL, "prompt": "x", "max_tokens": 20, "temperature": 0, "logit_bias": bias,
+                "response_format": {"type": "json_object"}}
+        st, r = self.server.json("POST", "/v1/completions", body)
+        self.assertEqual(st, 200, r)
+        self.assertEqual((r["choices"][0]["text"], r["choices"][0]["finish_reason"]), ("{}", "stop"))
+        st, r = self.server.json("POST", "/v1/chat/completions", dict(self.chat(max_tokens=20, temperature=0,
+                                 logit_bias=bias, response_format={"type": "json_object"})))
+        self.assertEqual(st, 200, r)
+        self.assertEqual(r["choices"][0]["message"]["content"], "{}")
+        # Unbiased: whatever the random model writes is an object when it stops, and stays JSON text.
+        for seed in range(4):
+            st, r = self.server.json("POST", "/v1/completions", {"model": MODEL, "prompt": "Data:", "max_tokens": 48,
+                                     "temperature": 1.0, "seed": seed, "response_format": {"type": "json_object"}})
+            self.assertEqual(st, 200, r)
+            text, finish = r["choices"][0]["text"], r["choices"][0]["finish_reason"]
+            self.assertTrue(text.lstrip().startswith("{"), text)
+            if finish == "stop":
+                self.assertIsInstance(json.loads(text), dict)
+        self.check_error(self.chat(response_format={"type": "json_schema", "json_schema": {}}), "response_format")
+
     def test_min_tokens(self):
         # EOS (id 2 in the fixture) pushed to the top ends the completion at once; min_tokens holds it off.
         c = self.server.client()

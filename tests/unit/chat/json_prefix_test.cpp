@@ -82,6 +82,8 @@ TEST(JsonPrefix, CapsWhitespaceRunsAndDepth) {
   EXPECT_TRUE(run(ws).second);
   ws.insert(1, " ");
   EXPECT_EQ(run(ws).first, 1 + size_t(JsonPrefix::kMaxWhitespaceRun));
+  EXPECT_TRUE(run("{\r\n  \"a\": 1\n}").second);
+  EXPECT_EQ(run("{\n\n\n\"a\": 1}").first, 3u);  // a third line break in a row
   std::string in_string = "{\"" + std::string(200, ' ') + "\": 1}";  // spaces inside strings do not count
   EXPECT_TRUE(run(in_string).second);
   std::string deep = "{\"a\":" + std::string(JsonPrefix::kMaxDepth - 1, '[');

@@ -254,7 +254,7 @@ TEST(JsonObjectConstraint, LeavesOnlyValidJsonThenTheEnd) {
   const int32_t think_begin = *tok.token_to_id("<mm:think>");
   ASSERT_EQ(table->think_begin, think_begin);
   const std::string doc = "{\"a\": [1, 2.5e3, true, null], \"b\": {\"c\": \"x\\\"y\"}}";
-  JsonObjectConstraint c(table, {kEos}, /*in_reasoning=*/false);
+  JsonObjectConstraint c(table, {kEos}, JsonObjectConstraint::Start::kMayReason);
   const int64_t vocab = tok.vocab_size();
   auto byte_id = [&](char ch) { return tok.encode(std::string(1, ch), false).at(0); };
   std::vector<int32_t> out;
@@ -289,19 +289,23 @@ TEST(JsonObjectConstraint, ReasoningComesFirstUnconstrained) {
     return !std::isinf(logits[size_t(id)]);
   };
   // Thinking enabled: the output starts inside reasoning; JSON is enforced after its end.
-  JsonObjectConstraint in(table, {kEos}, true);
+  using Start = JsonObjectConstraint::Start;
+  JsonObjectConstraint in(table, {kEos}, Start::kReasoning);
   EXPECT_TRUE(allowed(in, {}, junk));
   EXPECT_TRUE(allowed(in, {junk, junk}, kEos));
   EXPECT_FALSE(allowed(in, {junk, junk, think_end}, junk));
   EXPECT_TRUE(allowed(in, {junk, junk, think_end}, brace));
   // Otherwise the model may open a reasoning block as its first token, or start the object.
-  JsonObjectConstraint before(table, {kEos}, false);
+  JsonObjectConstraint before(table, {kEos}, Start::kMayReason);
   EXPECT_TRUE(allowed(before, {}, think_begin));
   EXPECT_TRUE(allowed(before, {}, brace));
   EXPECT_FALSE(allowed(before, {}, kEos));
   EXPECT_TRUE(allowed(before, {think_begin}, junk));
-  JsonObjectConstraint started(table, {kEos}, false);
+  JsonObjectConstraint started(table, {kEos}, Start::kMayReason);
   EXPECT_FALSE(allowed(started, {brace}, think_begin));  // not once the object has begun
+  JsonObjectConstraint plain(table, {kEos}, Start::kObject);  // completions: no reasoning block
+  EXPECT_FALSE(allowed(plain, {}, think_begin));
+  EXPECT_TRUE(allowed(plain, {}, brace));
 }
 
 TEST(ChoiceAssembler, HeldBackPrefixOfStopStringIsReleasedAtTheEnd) {
