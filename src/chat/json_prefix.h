@@ -24,6 +24,9 @@ class JsonPrefix {
   }
   // A whole top-level value has been read (nothing more may follow).
   bool complete() const { return mode_ == Mode::kDone; }
+  // Inside a string, where every byte >= 0x20 but '"' and '\' is accepted and changes nothing.
+  bool in_string() const { return mode_ == Mode::kString; }
+  static bool plain_string_byte(uint8_t c) { return c >= 0x20 && c != '"' && c != '\\'; }
 
   static constexpr int kMaxDepth = 64;
   // Whitespace between tokens: at most this many bytes in a row, of which at most

@@ -7,14 +7,56 @@
 
 namespace m3::server {
 
+void TokenTrie::build(const std::vector<std::pair<std::string_view, int32_t>>& tokens) {
+  std::vector<std::pair<int32_t, int32_t>> ends;  // (node, id)
+  for (const auto& [text, id] : tokens) {
+    int32_t at = 0;
+    for (char ch : text) {
+      const uint8_t b = uint8_t(ch);
+      int32_t child = nodes[size_t(at)].first_child;
+      while (child >= 0 && nodes[size_t(child)].byte != b) child = nodes[size_t(child)].next_sibling;
+      if (child < 0) {
+        child = int32_t(nodes.size());
+        Node n;
+        n.byte = b;
+        n.next_sibling = nodes[size_t(at)].first_child;
+        nodes.push_back(n);
+        nodes[size_t(at)].first_child = child;
+      }
+      at = child;
+    }
+    ends.emplace_back(at, id);
+  }
+  std::sort(ends.begin(), ends.end());
+  ids.reserve(ends.size());
+  for (size_t i = 0; i < ends.size(); ++i) {
+    Node& n = nodes[size_t(ends[i].first)];
+    if (i == 0 || ends[i - 1].first != ends[i].first) n.ids_begin = int32_t(ids.size());
+    ids.push_back(ends[i].second);
+    n.ids_end = int32_t(ids.size());
+  }
+}
+
 TokenBytes::TokenBytes(const Tokenizer& tok) {
   const int32_t n = tok.vocab_size();
   bytes.resize(size_t(n));
   special.resize(size_t(n));
+  std::vector<std::pair<std::string_view, int32_t>> every, others;
   for (int32_t id = 0; id < n; ++id) {
     bytes[size_t(id)] = std::string(tok.token_bytes(id));
     special[size_t(id)] = tok.is_special(id) ? 1 : 0;
   }
+  for (int32_t id = 0; id < n; ++id) {
+    const std::string& b = bytes[size_t(id)];
+    if (special[size_t(id)] || b.empty()) continue;
+    every.emplace_back(b, id);
+    if (std::all_of(b.begin(), b.end(), [](char c) { return JsonPrefix::plain_string_byte(uint8_t(c)); }))
+      plain_string_ids.push_back(id);
+    else
+      others.emplace_back(b, id);
+  }
+  all.build(every);
+  not_plain.build(others);
   if (auto b = tok.token_to_id(kThinkBegin)) think_begin = *b;
   if (auto e = tok.token_to_id(kThinkEnd)) think_end = *e;
 }
@@ -48,6 +90,23 @@ void JsonObjectConstraint::advance(int32_t id) {
   }
 }
 
+void JsonObjectConstraint::walk(const TokenTrie& trie, std::vector<char>& allowed) const {
+  std::vector<std::pair<int32_t, JsonPrefix>> stack;
+  stack.emplace_back(0, json_);
+  while (!stack.empty()) {
+    auto [at, state] = std::move(stack.back());
+    stack.pop_back();
+    for (int32_t c = trie.nodes[size_t(at)].first_child; c >= 0; c = trie.nodes[size_t(c)].next_sibling) {
+      const TokenTrie::Node& n = trie.nodes[size_t(c)];
+      JsonPrefix next = state;
+      if (!next.feed(n.byte)) continue;
+      for (int32_t i = n.ids_begin; i < n.ids_end; ++i)
+        if (size_t(trie.ids[size_t(i)]) < allowed.size()) allowed[size_t(trie.ids[size_t(i)])] = 1;
+      if (n.first_child >= 0) stack.emplace_back(c, std::move(next));
+    }
+  }
+}
+
 void JsonObjectConstraint::apply(const std::vector<int32_t>& output_ids, float* logits, int64_t vocab) {
   for (; consumed_ < output_ids.size(); ++consumed_) advance(output_ids[consumed_]);
   if (broken_ || phase_ == Phase::kReasoning) return;
@@ -61,15 +120,18 @@ void JsonObjectConstraint::apply(const std::vector<int32_t>& output_ids, float* 
       if (!end[size_t(i)]) logits[i] = kOff;
     return;
   }
+  std::vector<char> allowed(size_t(vocab), 0);
+  if (json_.in_string()) {
+    for (int32_t id : t.plain_string_ids)
+      if (id < vocab) allowed[size_t(id)] = 1;
+    walk(t.not_plain, allowed);
+  } else {
+    walk(t.all, allowed);
+  }
+  if (phase_ == Phase::kBefore && t.think_begin >= 0 && t.think_begin < vocab) allowed[size_t(t.think_begin)] = 1;
   bool any = false;
   for (int64_t i = 0; i < vocab; ++i) {
-    bool ok = false;
-    if (size_t(i) < t.bytes.size() && !t.special[size_t(i)] && !t.bytes[size_t(i)].empty()) {
-      JsonPrefix trial = json_;
-      ok = trial.feed(t.bytes[size_t(i)]);
-    }
-    if (phase_ == Phase::kBefore && i == t.think_begin && t.think_end >= 0) ok = true;
-    if (ok) any = true;
+    if (allowed[size_t(i)]) any = true;
     else logits[i] = kOff;
   }
   // No token can continue (a vocabulary without the bytes JSON needs): end rather than emit garbage.

@@ -7,6 +7,8 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
+#include <utility>
 #include <vector>
 
 #include "chat/json_prefix.h"
@@ -15,12 +17,30 @@
 
 namespace m3::server {
 
-// Each id's bytes, once per tokenizer; special tokens never count as JSON text.
+// The byte strings of a set of tokens as a trie: a mask walks it depth-first from the current
+// JSON state, so a shared prefix (" th" of " the", " that", ...) is tried once and a refused byte
+// drops its whole subtree.
+struct TokenTrie {
+  struct Node {
+    int32_t first_child = -1, next_sibling = -1;
+    int32_t ids_begin = 0, ids_end = 0;  // the tokens whose bytes end here: ids[ids_begin, ids_end)
+    uint8_t byte = 0;
+  };
+  std::vector<Node> nodes{Node{}};  // [0]: the root (no byte)
+  std::vector<int32_t> ids;
+  void build(const std::vector<std::pair<std::string_view, int32_t>>& tokens);
+};
+
+// Each id's bytes, once per tokenizer; special tokens never count as JSON text. The non-special
+// tokens split in two: plain string content (bytes >= 0x20 other than '"' and '\'), which a
+// string accepts without a change of state, and the rest.
 struct TokenBytes {
   explicit TokenBytes(const Tokenizer& tok);
   std::vector<std::string> bytes;
   std::vector<char> special;
   int32_t think_begin = -1, think_end = -1;  // -1: the tokenizer has no such single token
+  std::vector<int32_t> plain_string_ids;
+  TokenTrie all, not_plain;
 };
 
 class JsonObjectConstraint final : public LogitsConstraint {
@@ -35,6 +55,8 @@ class JsonObjectConstraint final : public LogitsConstraint {
  private:
   enum class Phase { kBefore, kReasoning, kJson };  // kBefore: the first token may open reasoning
   void advance(int32_t id);
+  // Marks in `allowed` every token of `trie` whose bytes the current state accepts.
+  void walk(const TokenTrie& trie, std::vector<char>& allowed) const;
 
   std::shared_ptr<const TokenBytes> table_;
   std::vector<int32_t> end_ids_;

@@ -308,6 +308,70 @@ TEST(JsonObjectConstraint, ReasoningComesFirstUnconstrained) {
   EXPECT_TRUE(allowed(plain, {}, brace));
 }
 
+// A vocabulary of every printable byte, a few specials and many random multi-byte tokens over
+// JSON's characters: the trie walk must allow exactly the tokens a per-token trial allows.
+class RandomVocab final : public Tokenizer {
+ public:
+  explicit RandomVocab(uint32_t seed) {
+    items_ = {"<s>", "</s>", "<mm:think>", "</mm:think>"};
+    for (int b = 0x09; b < 0x7f; ++b) items_.push_back(std::string(1, char(b)));
+    const std::string alphabet = "{}[]:,\"\\ \n\t0123456789-+.eEtrufalsn abcxyz/";
+    std::mt19937 rng(seed);
+    for (int i = 0; i < 3000; ++i) {
+      std::string t;
+      const int len = 2 + int(rng() % 6);
+      for (int k = 0; k < len; ++k) t += alphabet[rng() % alphabet.size()];
+      items_.push_back(t);
+    }
+  }
+  std::vector<int32_t> encode(std::string_view text, bool) const override {
+    std::vector<int32_t> out;  // one token per byte
+    for (char c : text) out.push_back(4 + int32_t(uint8_t(c)) - 0x09);
+    return out;
+  }
+  std::string decode(const std::vector<int32_t>& ids, bool) const override {
+    std::string out;
+    for (int32_t id : ids) out += items_[size_t(id)];
+    return out;
+  }
+  std::optional<int32_t> token_to_id(std::string_view token) const override {
+    for (size_t i = 0; i < items_.size(); ++i)
+      if (items_[i] == token) return int32_t(i);
+    return std::nullopt;
+  }
+  std::string id_to_token(int32_t id) const override { return items_[size_t(id)]; }
+  int32_t vocab_size() const override { return int32_t(items_.size()); }
+  bool is_special(int32_t id) const override { return id < 4; }
+  std::string_view token_bytes(int32_t id) const override { return items_[size_t(id)]; }
+
+ private:
+  std::vector<std::string> items_;
+};
+
+TEST(JsonObjectConstraint, TrieWalkEqualsTryingEveryToken) {
+  const RandomVocab vocab(9);
+  const auto table = std::make_shared<const TokenBytes>(vocab);
+  const int64_t n = vocab.vocab_size();
+  const std::string doc = "{\"key\": [1, -2.5e+3, true, \"str \\\"q\\\" \\u00e9\"], \"o\": {\"n\": null}, \"z\": 0}";
+  size_t checked_in_string = 0;
+  for (size_t len = 0; len < doc.size(); ++len) {
+    JsonObjectConstraint c(table, {1}, JsonObjectConstraint::Start::kObject);
+    const std::vector<int32_t> out = vocab.encode(doc.substr(0, len), false);
+    std::vector<float> logits(size_t(n), 0.0f);
+    c.apply(out, logits.data(), n);
+    JsonPrefix state;
+    ASSERT_TRUE(state.feed(doc.substr(0, len)));
+    checked_in_string += state.in_string();
+    for (int32_t id = 0; id < n; ++id) {
+      JsonPrefix trial = state;
+      const bool want = !vocab.is_special(id) && trial.feed(vocab.token_bytes(id));
+      ASSERT_EQ(!std::isinf(logits[size_t(id)]), want) << "prefix '" << doc.substr(0, len) << "' token '"
+                                                       << vocab.token_bytes(id) << "'";
+    }
+  }
+  EXPECT_GT(checked_in_string, 5u);  // the string fast path was exercised
+}
+
 TEST(ChoiceAssembler, HeldBackPrefixOfStopStringIsReleasedAtTheEnd) {
   ChoiceOptions opts;
   opts.stop = {"STOP"};
