@@ -29,12 +29,8 @@ class JsonPrefix {
   static bool plain_string_byte(uint8_t c) { return c >= 0x20 && c != '"' && c != '\\'; }
 
   static constexpr int kMaxDepth = 64;
-  // Whitespace between tokens: at most this many bytes in a row, of which at most
-  // kMaxNewlineRun line breaks (room for pretty-printing; a model cannot pad forever).
-  static constexpr int kMaxWhitespaceRun = 32;
-  static constexpr int kMaxNewlineRun = 2;
 
- private:
+  // Where the recogniser stands (json_schema.h follows the document's structure from it).
   enum class Mode : uint8_t {
     kStart,          // before the document
     kValue,          // a value must start (after ':' or ',' in an array)
@@ -43,7 +39,7 @@ class JsonPrefix {
     kKey,            // after ',' in an object: a key
     kColon,          // after a key
     kAfterValue,     // inside a container: ',' or its closing bracket
-    kString,         // inside a string (key_ says which kind)
+    kString,         // inside a string (in_key() says which kind)
     kEscape,         // after '\' in a string
     kUnicode,        // inside \uXXXX (hex_left_ digits to go)
     kNumMinus,       // after '-'
@@ -57,6 +53,17 @@ class JsonPrefix {
     kLiteral,        // inside true / false / null (literal_ is what is left)
     kDone,
   };
+  Mode mode() const { return mode_; }
+  bool in_key() const { return key_ && (mode_ == Mode::kString || mode_ == Mode::kEscape || mode_ == Mode::kUnicode); }
+  bool in_number() const { return mode_ >= Mode::kNumMinus && mode_ <= Mode::kNumExpDigits; }
+  // The innermost open container: '{', '[' or 0 at the top level.
+  char container() const { return stack_.empty() ? 0 : stack_.back(); }
+  // Whitespace between tokens: at most this many bytes in a row, of which at most
+  // kMaxNewlineRun line breaks (room for pretty-printing; a model cannot pad forever).
+  static constexpr int kMaxWhitespaceRun = 32;
+  static constexpr int kMaxNewlineRun = 2;
+
+ private:
   bool start_value(uint8_t c);
   void value_done();
   bool close(uint8_t c);

@@ -62,8 +62,12 @@ TokenBytes::TokenBytes(const Tokenizer& tok) {
 }
 
 JsonObjectConstraint::JsonObjectConstraint(std::shared_ptr<const TokenBytes> table, std::vector<int32_t> end_ids,
-                                           Start start)
-    : table_(std::move(table)), end_ids_(std::move(end_ids)), phase_(Phase::kJson) {
+                                           Start start, std::shared_ptr<const JsonSchema> schema)
+    : table_(std::move(table)),
+      end_ids_(std::move(end_ids)),
+      phase_(Phase::kJson),
+      schema_(std::move(schema)),
+      json_(schema_.get()) {
   const bool tags = table_->think_begin >= 0 && table_->think_end >= 0;  // single tokens, or no reasoning
   if (tags && start == Start::kReasoning) phase_ = Phase::kReasoning;
   if (tags && start == Start::kMayReason) phase_ = Phase::kBefore;
@@ -91,14 +95,14 @@ void JsonObjectConstraint::advance(int32_t id) {
 }
 
 void JsonObjectConstraint::walk(const TokenTrie& trie, std::vector<char>& allowed) const {
-  std::vector<std::pair<int32_t, JsonPrefix>> stack;
+  std::vector<std::pair<int32_t, SchemaPrefix>> stack;
   stack.emplace_back(0, json_);
   while (!stack.empty()) {
     auto [at, state] = std::move(stack.back());
     stack.pop_back();
     for (int32_t c = trie.nodes[size_t(at)].first_child; c >= 0; c = trie.nodes[size_t(c)].next_sibling) {
       const TokenTrie::Node& n = trie.nodes[size_t(c)];
-      JsonPrefix next = state;
+      SchemaPrefix next = state;
       if (!next.feed(n.byte)) continue;
       for (int32_t i = n.ids_begin; i < n.ids_end; ++i)
         if (size_t(trie.ids[size_t(i)]) < allowed.size()) allowed[size_t(trie.ids[size_t(i)])] = 1;
@@ -121,7 +125,7 @@ void JsonObjectConstraint::apply(const std::vector<int32_t>& output_ids, float* 
     return;
   }
   std::vector<char> allowed(size_t(vocab), 0);
-  if (json_.in_string()) {
+  if (json_.in_plain_string()) {
     for (int32_t id : t.plain_string_ids)
       if (id < vocab) allowed[size_t(id)] = 1;
     walk(t.not_plain, allowed);

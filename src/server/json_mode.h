@@ -1,7 +1,8 @@
 #pragma once
-// response_format {"type": "json_object"}: the output is one JSON object. A LogitsConstraint
-// that masks, at every step, each token whose bytes would leave the JSON prefix the output has
-// built (chat/json_prefix.h); once the object closes only the end ids may come. An M3 reasoning
+// response_format json_object / json_schema: the output is one JSON object (satisfying the
+// schema). A LogitsConstraint that masks, at every step, each token whose bytes would leave the
+// prefix the output has built (chat/json_schema.h); once the object closes only the end ids may
+// come. An M3 reasoning
 // block (<mm:think> ... </mm:think>, single tokens) may come first, unconstrained: the JSON starts
 // after it, as vLLM applies structured output after the reasoning parser's end.
 #include <cstdint>
@@ -11,7 +12,7 @@
 #include <utility>
 #include <vector>
 
-#include "chat/json_prefix.h"
+#include "chat/json_schema.h"
 #include "exec/sampler.h"
 #include "tokenizer/tokenizer.h"
 
@@ -48,8 +49,10 @@ class JsonObjectConstraint final : public LogitsConstraint {
   // How the output may begin: with the object (completions: think tags would be plain text),
   // with an optional reasoning block (chat), or inside one (chat, thinking mode enabled).
   enum class Start { kObject, kMayReason, kReasoning };
-  // end_ids: what ends the request (EOS, stop_token_ids).
-  JsonObjectConstraint(std::shared_ptr<const TokenBytes> table, std::vector<int32_t> end_ids, Start start);
+  // end_ids: what ends the request (EOS, stop_token_ids); schema: what the object must satisfy
+  // (JsonSchema::any_object() for json_object).
+  JsonObjectConstraint(std::shared_ptr<const TokenBytes> table, std::vector<int32_t> end_ids, Start start,
+                       std::shared_ptr<const JsonSchema> schema = JsonSchema::any_object());
   void apply(const std::vector<int32_t>& output_ids, float* logits, int64_t vocab) override;
 
  private:
@@ -61,7 +64,8 @@ class JsonObjectConstraint final : public LogitsConstraint {
   std::shared_ptr<const TokenBytes> table_;
   std::vector<int32_t> end_ids_;
   Phase phase_;
-  JsonPrefix json_;
+  std::shared_ptr<const JsonSchema> schema_;
+  SchemaPrefix json_;
   size_t consumed_ = 0;
   bool broken_ = false;  // an output token the mask did not allow (never expected): stop masking
 };

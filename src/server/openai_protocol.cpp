@@ -235,10 +235,23 @@ std::optional<ApiError> parse_common(const OrderedJson& body, bool chat, CommonR
     const OrderedJson* type = member(*v, "type");
     if (type && !type->is_string()) return wrong_type("response_format.type", "a string", *type);
     const std::string t = type ? type->get<std::string>() : "text";
-    if (t == "json_object") out.json_object = true;
-    else if (t != "text")
-      return invalid_request("'response_format' of type '" + t + "' is not supported (text and json_object are)",
-                             "response_format");
+    if (t == "json_object") {
+      out.json_object = true;
+    } else if (t == "json_schema") {
+      // {"type": "json_schema", "json_schema": {"name", "schema"?, "strict"?}}: no schema = any object.
+      const OrderedJson* js = member(*v, "json_schema");
+      if (!js || !js->is_object()) return invalid_request("'response_format.json_schema' must be an object", "response_format");
+      out.json_object = true;
+      if (const OrderedJson* schema = member(*js, "schema")) {
+        auto compiled = JsonSchema::compile(*schema);
+        if (!compiled.is_ok())
+          return invalid_request("'response_format.json_schema.schema': " + compiled.error(), "response_format");
+        out.json_schema = *compiled;
+      }
+    } else if (t != "text") {
+      return invalid_request("'response_format' of type '" + t + "' is not supported (text, json_object and "
+                             "json_schema are)", "response_format");
+    }
   }
   // vLLM extensions that would change the output and that this engine does not implement.
   for (const char* key : {"guided_json", "guided_regex", "guided_choice", "guided_grammar", "structured_outputs",

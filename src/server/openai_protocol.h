@@ -3,12 +3,14 @@
 // names the offending field; nothing here asserts on user input. Bodies are ordered_json so
 // tool schemas keep their key order (the chat template prints them as given).
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <variant>
 #include <vector>
 
 #include "chat/chat_template.h"
+#include "chat/json_schema.h"
 #include "exec/sampler.h"
 
 namespace m3::server {
@@ -38,7 +40,8 @@ struct CommonRequest {
   int logprobs = -1;                // -1: none; N: the sampled token plus the top N
   bool include_stop_str_in_output = false;  // vLLM's: a matched stop string stays in the text
   int prompt_logprobs = -1;                 // vLLM's: -1 none; N: each prompt token's plus the top N
-  bool json_object = false;                 // response_format {"type": "json_object"}
+  bool json_object = false;                 // response_format json_object or json_schema
+  std::shared_ptr<const JsonSchema> json_schema;  // json_schema's schema (null: any object)
   std::vector<std::string> ignored_fields;  // present in the body, unknown to the server (logged)
 };
 

@@ -294,7 +294,8 @@ void ApiServer::handle_generation(const httplib::Request& req, httplib::Response
         const Start start = !chat ? Start::kObject
                             : chat_req.thinking_mode == ThinkingMode::kEnabled ? Start::kReasoning
                                                                                : Start::kMayReason;
-        g.sampling.constraint = std::make_shared<JsonObjectConstraint>(token_bytes(), std::move(end_ids), start);
+        g.sampling.constraint = std::make_shared<JsonObjectConstraint>(
+            token_bytes(), std::move(end_ids), start, common.json_schema ? common.json_schema : JsonSchema::any_object());
       }
       ChoiceOptions opts;
       opts.stop = common.stop;

@@ -1,0 +1,99 @@
+#pragma once
+// JSON Schema for structured output (response_format json_schema), compiled to a tree the
+// byte-level recogniser SchemaPrefix follows: value types (type, type arrays, anyOf of distinct
+// types: Optional[X]), objects (properties, required, additionalProperties), arrays (items),
+// enum / const of scalars, and $ref into $defs / definitions. Annotations (title, description,
+// default, examples, ...) are ignored; any other keyword is refused by name, so a schema is never
+// enforced partially. The recogniser refuses a byte exactly when no valid document can follow,
+// so a masked decoder cannot reach a dead end: no key that matches no property, no '}' before
+// the required keys, no ',' when no further key may come.
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "chat/json_prefix.h"
+#include "core/status.h"
+
+namespace m3 {
+
+class JsonSchema {
+ public:
+  // Value kinds a node admits (bits).
+  static constexpr uint8_t kObject = 1, kArray = 2, kString = 4, kNumber = 8, kInteger = 16, kBoolean = 32,
+                           kNull = 64, kAnyKind = 127;
+  static constexpr int kMaxProperties = 64;
+
+  struct Node {
+    uint8_t kinds = kAnyKind;
+    bool unconstrained = true;  // {} / true: any value, and anything inside it
+    // Objects.
+    std::vector<std::string> names;  // each as it appears between the quotes (JSON-escaped)
+    std::vector<int32_t> props;      // node of each name
+    uint64_t required = 0;           // bit i: names[i]
+    bool additional = true;          // other keys allowed ...
+    int32_t additional_node = -1;    // ... with this node's values (-1: any)
+    // Arrays.
+    int32_t items = -1;              // -1: any
+    // enum / const: a value of a kind in choice_kinds must be one of these texts exactly.
+    std::vector<std::string> choices;
+    uint8_t choice_kinds = 0;
+  };
+
+  // An error names the keyword and where it is ("properties.a.pattern: ... not supported").
+  static Result<std::shared_ptr<const JsonSchema>> compile(const nlohmann::ordered_json& schema);
+  // {"type": "object"}: json_object mode.
+  static std::shared_ptr<const JsonSchema> any_object();
+
+  const Node& node(int32_t i) const { return nodes_[size_t(i)]; }
+  std::vector<Node> nodes_;  // [0]: the root
+};
+
+// JsonPrefix plus the schema: feed() refuses a byte that breaks either.
+class SchemaPrefix {
+ public:
+  // `schema` must outlive the recogniser and its copies (copies are how a mask tries a token).
+  explicit SchemaPrefix(const JsonSchema* schema) : schema_(schema) {}
+
+  bool feed(uint8_t c);
+  bool feed(std::string_view bytes) {
+    for (char c : bytes)
+      if (!feed(uint8_t(c))) return false;
+    return true;
+  }
+  bool complete() const { return syntax_.complete(); }
+  // Inside a string value nothing constrains (no key, no enum): every plain string byte is
+  // accepted and changes nothing that matters.
+  bool in_plain_string() const { return syntax_.in_string() && !syntax_.in_key() && !capturing_; }
+
+  static constexpr int kMaxDepth = 32;
+
+ private:
+  struct Frame {
+    int32_t node = -1;     // -1: unconstrained
+    int32_t pending = -1;  // an object's: the node of the value after the key just read
+    uint64_t seen = 0;     // an object's: the properties already given
+  };
+  bool value_start(uint8_t c);
+  bool value_end();  // a scalar value is complete: its enum check
+  bool key_possible(const Frame& f) const;  // some key may still come in this object
+  bool key_prefix_ok(const Frame& f) const;
+  // A byte outside strings, numbers and literals; before: the syntax's mode ahead of it,
+  // container: the innermost container then.
+  bool structural(JsonPrefix::Mode before, char container, uint8_t c);
+
+  const JsonSchema* schema_;
+  JsonPrefix syntax_{true};
+  Frame frames_[kMaxDepth];
+  int depth_ = 0;
+  int32_t expect_ = 0;       // node of the next value (-1: any)
+  bool int_only_ = false;    // the number being read must be an integer
+  bool capturing_ = false;   // the value being read must be one of its node's choices
+  int32_t capture_node_ = -1;
+  std::string capture_;      // its bytes so far
+  std::string key_;          // the key being read (raw bytes between the quotes)
+};
+
+}  // namespace m3
