@@ -60,7 +60,7 @@ class JsonPrefix {
   char container() const { return stack_.empty() ? 0 : stack_.back(); }
   // Whitespace between tokens: at most this many bytes in a row, of which at most
   // kMaxNewlineRun line breaks (room for pretty-printing; a model cannot pad forever).
-  static constexpr int kMaxWhitespaceRun = 32;
+  static constexpr int kMaxWhitespaceRun = 16;
   static constexpr int kMaxNewlineRun = 2;
 
  private:

@@ -270,7 +270,26 @@ class ServerTest(unittest.TestCase):
             self.assertTrue(text.lstrip().startswith("{"), text)
             if finish == "stop":
                 self.assertIsInstance(json.loads(text), dict)
-        self.check_error(self.chat(response_format={"type": "json_schema", "json_schema": {}}), "response_format")
+        # json_schema: the schema leaves the model only whitespace and a boolean to choose.
+        schema = {"type": "object", "properties": {"a": {"type": "boolean"}, "n": {"type": "integer"}},
+                  "required": ["a", "n"], "additionalProperties": False}
+        for seed in range(3):
+            st, r = self.server.json("POST", "/v1/completions", {
+                "model": MODEL, "prompt": "Data:", "max_tokens": 400, "temperature": 1.0, "seed": seed,
+                "response_format": {"type": "json_schema", "json_schema": {"name": "t", "schema": schema}}})
+            self.assertEqual(st, 200, r)
+            text, finish = r["choices"][0]["text"], r["choices"][0]["finish_reason"]
+            self.assertTrue(text.lstrip().startswith("{"), text)
+            if finish == "stop":
+                doc = json.loads(text)
+                self.assertEqual(set(doc), {"a", "n"})
+                self.assertIsInstance(doc["a"], bool)
+                self.assertIsInstance(doc["n"], int)
+        err = self.check_error(self.chat(response_format={"type": "json_schema", "json_schema": {
+            "name": "t", "schema": {"type": "object", "properties": {"a": {"type": "string", "pattern": "x"}}}}}),
+            "response_format")
+        self.assertIn("'pattern' is not supported", err["message"])
+        self.check_error(self.chat(response_format={"type": "json_schema"}), "response_format")
 
     def test_min_tokens(self):
         # EOS (id 2 in the fixture) pushed to the top ends the completion at once; min_tokens holds it off.
