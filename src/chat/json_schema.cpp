@@ -302,7 +302,7 @@ bool SchemaPrefix::value_start(uint8_t c) {
   if (c == '{' || c == '[') {
     if (depth_ >= kMaxDepth) return false;
     Frame& f = frames_[depth_++];
-    f = Frame{};
+    f = Frame{-1, -1, 0};
     f.node = expect_ >= 0 && !schema_->node(expect_).unconstrained ? expect_ : -1;
     if (c == '[') expect_ = f.node >= 0 ? schema_->node(f.node).items : -1;
   }

@@ -7,6 +7,7 @@
 // enforced partially. The recogniser refuses a byte exactly when no valid document can follow,
 // so a masked decoder cannot reach a dead end: no key that matches no property, no '}' before
 // the required keys, no ',' when no further key may come.
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -56,6 +57,21 @@ class SchemaPrefix {
  public:
   // `schema` must outlive the recogniser and its copies (copies are how a mask tries a token).
   explicit SchemaPrefix(const JsonSchema* schema) : schema_(schema) {}
+  // Copies only the open frames: a mask copies the state once per trie node it tries.
+  SchemaPrefix(const SchemaPrefix& o) : schema_(o.schema_) { *this = o; }
+  SchemaPrefix& operator=(const SchemaPrefix& o) {
+    schema_ = o.schema_;
+    syntax_ = o.syntax_;
+    std::copy(o.frames_, o.frames_ + o.depth_, frames_);
+    depth_ = o.depth_;
+    expect_ = o.expect_;
+    int_only_ = o.int_only_;
+    capturing_ = o.capturing_;
+    capture_node_ = o.capture_node_;
+    capture_ = o.capture_;
+    key_ = o.key_;
+    return *this;
+  }
 
   bool feed(uint8_t c);
   bool feed(std::string_view bytes) {
@@ -71,10 +87,10 @@ class SchemaPrefix {
   static constexpr int kMaxDepth = 32;
 
  private:
-  struct Frame {
-    int32_t node = -1;     // -1: unconstrained
-    int32_t pending = -1;  // an object's: the node of the value after the key just read
-    uint64_t seen = 0;     // an object's: the properties already given
+  struct Frame {  // trivial, so that the frames past depth_ are never written when copying
+    int32_t node;     // -1: unconstrained
+    int32_t pending;  // an object's: the node of the value after the key just read
+    uint64_t seen;    // an object's: the properties already given
   };
   bool value_start(uint8_t c);
   bool value_end();  // a scalar value is complete: its enum check
