@@ -27,7 +27,8 @@ struct TokenTrie {
     int32_t ids_begin = 0, ids_end = 0;  // the tokens whose bytes end here: ids[ids_begin, ids_end)
     uint8_t byte = 0;
   };
-  std::vector<Node> nodes{Node{}};  // [0]: the root (no byte)
+  TokenTrie() { nodes.emplace_back(); }
+  std::vector<Node> nodes;  // [0]: the root (no byte)
   std::vector<int32_t> ids;
   void build(const std::vector<std::pair<std::string_view, int32_t>>& tokens);
 };
