@@ -264,21 +264,12 @@ std::shared_ptr<const JsonSchema> JsonSchema::any_object() {
 
 // ---- the recogniser --------------------------------------------------------------------------
 
-bool SchemaPrefix::key_possible(const Frame& f) const {
+bool SchemaPrefix::key_may_begin(const Frame& f, std::string_view key) const {
   if (f.node < 0) return true;
   const JsonSchema::Node& n = schema_->node(f.node);
   if (n.additional) return true;
   for (size_t i = 0; i < n.names.size(); ++i)
-    if (!(f.seen >> i & 1)) return true;
-  return false;
-}
-
-bool SchemaPrefix::key_prefix_ok(const Frame& f) const {
-  if (f.node < 0) return true;
-  const JsonSchema::Node& n = schema_->node(f.node);
-  if (n.additional) return true;
-  for (size_t i = 0; i < n.names.size(); ++i)
-    if (!(f.seen >> i & 1) && n.names[i].compare(0, key_.size(), key_) == 0) return true;
+    if (!(f.seen >> i & 1) && n.names[i].compare(0, key.size(), key) == 0) return true;
   return false;
 }
 
@@ -336,7 +327,7 @@ bool SchemaPrefix::structural(Mode before, char container, uint8_t c) {
     case Mode::kKey:
       if (c == '}') return close();  // kObjectFirst only: the syntax refuses it after ','
       key_.clear();                  // '"': a key begins
-      return key_possible(frames_[depth_ - 1]);
+      return key_may_begin(frames_[depth_ - 1], {});
     case Mode::kColon:  // ':'
       expect_ = frames_[depth_ - 1].pending;
       return true;
@@ -347,7 +338,7 @@ bool SchemaPrefix::structural(Mode before, char container, uint8_t c) {
         expect_ = f.node >= 0 ? schema_->node(f.node).items : -1;
         return true;
       }
-      return key_possible(frames_[depth_ - 1]);
+      return key_may_begin(frames_[depth_ - 1], {});
     default:
       return true;
   }
@@ -381,7 +372,7 @@ bool SchemaPrefix::feed(uint8_t c) {
       return true;
     }
     key_ += char(c);
-    return key_prefix_ok(f);
+    return key_may_begin(f, key_);
   }
   // Inside a scalar: an enum value's bytes must begin one of its texts; an integer has no
   // fraction or exponent.

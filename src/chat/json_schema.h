@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -94,8 +95,9 @@ class SchemaPrefix {
   };
   bool value_start(uint8_t c);
   bool value_end();  // a scalar value is complete: its enum check
-  bool key_possible(const Frame& f) const;  // some key may still come in this object
-  bool key_prefix_ok(const Frame& f) const;
+  // Some key beginning with `key` may still come in this object (an unseen property's name, or
+  // any with additional properties).
+  bool key_may_begin(const Frame& f, std::string_view key) const;
   // A byte outside strings, numbers and literals; before: the syntax's mode ahead of it,
   // container: the innermost container then.
   bool structural(JsonPrefix::Mode before, char container, uint8_t c);
