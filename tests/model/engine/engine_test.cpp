@@ -319,7 +319,9 @@ TEST(Engine, PromptLogprobsCoverEveryPositionOnce) {
   while (engine->has_unfinished_requests()) {
     EngineStepStats st;
     for (auto& ev : engine->step(&st)) {
-      if (!ev.prompt_logprobs.empty()) EXPECT_EQ(tokens_before[ev.request_id], 0u) << "prompt logprobs after a token";
+      if (!ev.prompt_logprobs.empty()) {
+        EXPECT_EQ(tokens_before[ev.request_id], 0u) << "prompt logprobs after a token";
+      }
       lps[ev.request_id].insert(lps[ev.request_id].end(), ev.prompt_logprobs.begin(), ev.prompt_logprobs.end());
       tokens_before[ev.request_id] += ev.new_tokens.size();
     }
