@@ -80,15 +80,23 @@ TEST(JsonPrefix, RefusesTheFirstBadByte) {
 }
 
 TEST(JsonPrefix, CapsWhitespaceRunsAndDepth) {
-  const std::string ws = "{" + std::string(JsonPrefix::kMaxWhitespaceRun, ' ') + "}";
-  EXPECT_TRUE(run(ws).second);
-  const std::string too_much = "{" + std::string(JsonPrefix::kMaxWhitespaceRun + 1, ' ') + "}";
-  EXPECT_EQ(run(too_much).first, 1 + size_t(JsonPrefix::kMaxWhitespaceRun));
+  // "{" + n spaces + "}", built in place ("{" + std::string(...) trips gcc 12's -Wrestrict).
+  auto spaced = [](size_t n) {
+    std::string s(1, '{');
+    s.append(n, ' ');
+    s += '}';
+    return s;
+  };
+  EXPECT_TRUE(run(spaced(JsonPrefix::kMaxWhitespaceRun)).second);
+  EXPECT_EQ(run(spaced(JsonPrefix::kMaxWhitespaceRun + 1)).first, 1 + size_t(JsonPrefix::kMaxWhitespaceRun));
   EXPECT_TRUE(run("{\r\n  \"a\": 1\n}").second);
   EXPECT_EQ(run("{\n\n\n\"a\": 1}").first, 3u);  // a third line break in a row
-  std::string in_string = "{\"" + std::string(200, ' ') + "\": 1}";  // spaces inside strings do not count
+  std::string in_string = "{\"";  // spaces inside strings do not count
+  in_string.append(200, ' ');
+  in_string += "\": 1}";
   EXPECT_TRUE(run(in_string).second);
-  std::string deep = "{\"a\":" + std::string(JsonPrefix::kMaxDepth - 1, '[');
+  std::string deep = "{\"a\":";
+  deep.append(JsonPrefix::kMaxDepth - 1, '[');
   EXPECT_EQ(run(deep).first, deep.size());
   EXPECT_EQ(run(deep + "[").first, deep.size());
 }
