@@ -83,36 +83,30 @@ bool JsonPrefix::feed(uint8_t c) {
       if (!is_digit(c)) return false;
       mode_ = c == '0' ? Mode::kNumZero : Mode::kNumInt;
       return true;
-    case Mode::kNumZero:
+    case Mode::kNumZero:  // a number's terminal states: more digits, '.', an exponent or its end
     case Mode::kNumInt:
-      if (is_digit(c) && mode_ == Mode::kNumInt) return true;
-      if (c == '.') mode_ = Mode::kNumDot;
-      else if (c == 'e' || c == 'E') mode_ = Mode::kNumExp;
-      else return end_number();
-      return true;
-    case Mode::kNumDot:
-      if (!is_digit(c)) return false;
-      mode_ = Mode::kNumFrac;
-      return true;
     case Mode::kNumFrac:
-      if (is_digit(c)) return true;
-      if (c == 'e' || c == 'E') {
+    case Mode::kNumExpDigits:
+      if (is_digit(c) && mode_ != Mode::kNumZero) return true;
+      if (c == '.' && (mode_ == Mode::kNumZero || mode_ == Mode::kNumInt)) {
+        mode_ = Mode::kNumDot;
+        return true;
+      }
+      if ((c == 'e' || c == 'E') && mode_ != Mode::kNumExpDigits) {
         mode_ = Mode::kNumExp;
         return true;
       }
       return end_number();
+    case Mode::kNumDot:  // a digit must come
+    case Mode::kNumExpSign:
+      if (!is_digit(c)) return false;
+      mode_ = mode_ == Mode::kNumDot ? Mode::kNumFrac : Mode::kNumExpDigits;
+      return true;
     case Mode::kNumExp:
       if (c == '+' || c == '-') mode_ = Mode::kNumExpSign;
       else if (is_digit(c)) mode_ = Mode::kNumExpDigits;
       else return false;
       return true;
-    case Mode::kNumExpSign:
-      if (!is_digit(c)) return false;
-      mode_ = Mode::kNumExpDigits;
-      return true;
-    case Mode::kNumExpDigits:
-      if (is_digit(c)) return true;
-      return end_number();
     case Mode::kDone:
       return false;
     default:

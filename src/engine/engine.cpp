@@ -75,22 +75,12 @@ class EngineImpl final : public Engine {
   }
 
   Result<RequestId> submit(GenerationRequest request) override {
-    auto problems = request.sampling.validate();
+    auto problems = request.sampling.validate(summary_.vocab_size);
     if (!problems.empty()) return Status::error(problems[0]);
     if (request.prompt_token_ids.empty()) return Status::error("prompt must contain at least one token");
     for (int32_t id : request.prompt_token_ids) {
       if (id < 0 || id >= summary_.vocab_size)
         return Status::error("prompt token id " + std::to_string(id) + " is outside the vocabulary [0, " +
-                             std::to_string(summary_.vocab_size) + ")");
-    }
-    for (const auto& [token, bias] : request.sampling.logit_bias) {
-      if (token >= summary_.vocab_size)
-        return Status::error("logit_bias token id " + std::to_string(token) + " is outside the vocabulary [0, " +
-                             std::to_string(summary_.vocab_size) + ")");
-    }
-    for (int32_t token : request.sampling.allowed_token_ids) {
-      if (token >= summary_.vocab_size)
-        return Status::error("allowed_token_ids holds " + std::to_string(token) + ", outside the vocabulary [0, " +
                              std::to_string(summary_.vocab_size) + ")");
     }
     const RequestId id = next_id_++;

@@ -1,6 +1,7 @@
 #include "exec/sampler.h"
 
 #include <algorithm>
+#include <climits>
 #include <cmath>
 #include <limits>
 #include <numeric>
@@ -8,7 +9,7 @@
 
 namespace m3 {
 
-std::vector<std::string> SamplingParams::validate() const {
+std::vector<std::string> SamplingParams::validate(int64_t vocab_size) const {
   std::vector<std::string> p;
   if (!(temperature >= 0.0f) || !std::isfinite(temperature)) p.push_back("temperature must be a finite number >= 0");
   if (!(top_p > 0.0f && top_p <= 1.0f)) p.push_back("top_p must be in (0, 1]");
@@ -23,14 +24,16 @@ std::vector<std::string> SamplingParams::validate() const {
   if (prompt_logprobs > 20) p.push_back("prompt_logprobs must be <= 20");
   if (logit_bias.size() > size_t(kMaxLogitBias))
     p.push_back("logit_bias may hold at most " + std::to_string(kMaxLogitBias) + " tokens");
+  const int64_t id_end = vocab_size > 0 ? vocab_size : int64_t(INT32_MAX) + 1;
+  const std::string ids = vocab_size > 0 ? "in the vocabulary [0, " + std::to_string(vocab_size) + ")" : ">= 0";
   bool bad_id = false, bad_bias = false, bad_allowed = false;
   for (const auto& [token, bias] : logit_bias) {
-    bad_id = bad_id || token < 0;
+    bad_id = bad_id || token < 0 || token >= id_end;
     bad_bias = bad_bias || !(bias >= -100.0f && bias <= 100.0f);
   }
-  for (int32_t t : allowed_token_ids) bad_allowed = bad_allowed || t < 0;
-  if (bad_id) p.push_back("logit_bias token ids must be >= 0");
-  if (bad_allowed) p.push_back("allowed_token_ids must be >= 0");
+  for (int32_t t : allowed_token_ids) bad_allowed = bad_allowed || t < 0 || t >= id_end;
+  if (bad_id) p.push_back("logit_bias token ids must be " + ids);
+  if (bad_allowed) p.push_back("allowed_token_ids must be " + ids);
   if (bad_bias) p.push_back("logit_bias values must be in [-100, 100]");
   return p;
 }

@@ -47,8 +47,9 @@ struct SamplingParams {
   // Applied first of all (one instance per request: it keeps state); null = none.
   std::shared_ptr<LogitsConstraint> constraint;
 
-  // Every problem at once, phrased for an API error ("temperature must be >= 0").
-  std::vector<std::string> validate() const;
+  // Every problem at once, phrased for an API error ("temperature must be >= 0"), each starting
+  // with the parameter's name; vocab_size > 0 also checks the token ids against the vocabulary.
+  std::vector<std::string> validate(int64_t vocab_size = 0) const;
 };
 
 struct TokenLogprob {

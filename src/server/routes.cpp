@@ -236,16 +236,6 @@ void ApiServer::handle_generation(const httplib::Request& req, httplib::Response
     }
   }
   const int32_t max_len = engine_.model().max_model_len;
-  const int64_t vocab = engine_.model().vocab_size;
-  auto outside = [&](const char* field, int32_t token) {
-    return invalid_request("'" + std::string(field) + "' holds token id " + std::to_string(token) +
-                               ", outside the vocabulary [0, " + std::to_string(vocab) + ")",
-                           field);
-  };
-  for (const auto& [token, bias] : common.sampling.logit_bias)
-    if (token >= vocab) return send_error(res, outside("logit_bias", token));
-  for (int32_t token : common.sampling.allowed_token_ids)
-    if (token >= vocab) return send_error(res, outside("allowed_token_ids", token));
   if (!common.ignored_fields.empty()) {
     std::string names;
     for (const auto& f : common.ignored_fields) names += (names.empty() ? "" : ", ") + f;
@@ -326,7 +316,7 @@ void ApiServer::handle_generation(const httplib::Request& req, httplib::Response
     }
   }
   for (const auto& g : requests) {
-    auto problems = g.sampling.validate();
+    auto problems = g.sampling.validate(engine_.model().vocab_size);
     if (!problems.empty()) return send_error(res, invalid_request(problems.front(), problems.front().substr(0, problems.front().find(' '))));
   }
 

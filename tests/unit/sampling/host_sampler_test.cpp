@@ -188,6 +188,14 @@ TEST(HostSampler, ValidateNamesEveryProblemOnce) {
   const auto many = p.validate();
   ASSERT_EQ(many.size(), 1u);
   EXPECT_NE(many[0].find("at most"), std::string::npos);
+  SamplingParams in_vocab;  // with the vocabulary, ids past it are named too
+  in_vocab.logit_bias = {{12, 1.0f}};
+  in_vocab.allowed_token_ids = {3, 10};
+  EXPECT_TRUE(in_vocab.validate().empty());
+  const auto past = in_vocab.validate(10);
+  ASSERT_EQ(past.size(), 2u);
+  EXPECT_EQ(past[0], "logit_bias token ids must be in the vocabulary [0, 10)");
+  EXPECT_EQ(past[1], "allowed_token_ids must be in the vocabulary [0, 10)");
   SamplingParams q;
   q.max_tokens = 4;
   q.min_tokens = 5;
