@@ -39,7 +39,8 @@ struct RequestState {
 bool device_samplable(const SamplingParams& p) {
   return p.repetition_penalty == 1.0f && p.presence_penalty == 0.0f && p.frequency_penalty == 0.0f &&
          p.top_p >= 1.0f && p.top_k <= 0 && p.min_p <= 0.0f && p.logprobs <= ops::kMaxTopLogprobs &&
-         p.logit_bias.empty() && p.min_tokens == 0 && p.allowed_token_ids.empty() && !p.constraint;
+         p.logit_bias.empty() && p.min_tokens == 0 && p.allowed_token_ids.empty() && p.bad_words.empty() &&
+         !p.constraint;
 }
 
 // Decode batches are padded up to one of these sizes so a few graphs cover every batch.

@@ -32,6 +32,12 @@ std::vector<std::string> SamplingParams::validate(int64_t vocab_size) const {
     bad_bias = bad_bias || !(bias >= -100.0f && bias <= 100.0f);
   }
   for (int32_t t : allowed_token_ids) bad_allowed = bad_allowed || t < 0 || t >= id_end;
+  bool bad_word = false;
+  for (const auto& w : bad_words) {
+    bad_word = bad_word || w.empty();
+    for (int32_t t : w) bad_word = bad_word || t < 0 || t >= id_end;
+  }
+  if (bad_word) p.push_back("bad_words must tokenize to token ids " + ids);
   if (bad_id) p.push_back("logit_bias token ids must be " + ids);
   if (bad_allowed) p.push_back("allowed_token_ids must be " + ids);
   if (bad_bias) p.push_back("logit_bias values must be in [-100, 100]");
@@ -71,7 +77,7 @@ SampleResult Sampler::sample(float* logits, int64_t vocab, const std::vector<int
   std::vector<float> logp;
   if (params_.logprobs >= 0) log_softmax(logits, vocab, logp);
 
-  // The constraint, allowed ids, min_tokens, logit_bias, then the penalties (vLLM's order):
+  // The constraint, allowed ids, bad words, min_tokens, logit_bias, then the penalties (vLLM's order):
   // repetition over prompt + output; presence/frequency over output.
   if (params_.constraint) params_.constraint->apply(output_ids, logits, vocab);
   if (!params_.allowed_token_ids.empty()) {
@@ -82,6 +88,13 @@ SampleResult Sampler::sample(float* logits, int64_t vocab, const std::vector<int
     for (int64_t i = 0; i < vocab; ++i) {
       if (!allowed[size_t(i)]) logits[i] = -std::numeric_limits<float>::infinity();
     }
+  }
+  for (const auto& w : params_.bad_words) {
+    const size_t prefix = w.size() - 1;
+    if (w.empty() || output_ids.size() < prefix) continue;
+    if (std::equal(w.begin(), w.begin() + std::ptrdiff_t(prefix), output_ids.end() - std::ptrdiff_t(prefix)) &&
+        w.back() >= 0 && w.back() < vocab)
+      logits[w.back()] = -std::numeric_limits<float>::infinity();
   }
   if (int64_t(output_ids.size()) < params_.min_tokens) {
     for (int32_t t : stop_ids_) {

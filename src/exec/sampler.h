@@ -1,5 +1,6 @@
 #pragma once
-// Per-request sampling on host logits: a constraint (JSON mode), allowed ids, min_tokens, logit bias, penalties, temperature, top-k, top-p, min-p, a seeded
+// Per-request sampling on host logits: a constraint (structured output), allowed ids, bad words, min_tokens, logit
+// bias, penalties, temperature, top-k, top-p, min-p, a seeded
 // generator per request, and top-N logprobs. Greedy (temperature 0) is deterministic argmax
 // with ties to the lower token id.
 #include <cstdint>
@@ -44,6 +45,9 @@ struct SamplingParams {
   std::vector<std::pair<int32_t, float>> logit_bias;
   // vLLM's allowed_token_ids: when non-empty, only these ids can be sampled (applied first).
   std::vector<int32_t> allowed_token_ids;
+  // vLLM's bad_words as token sequences: the last token of each is banned whenever the output
+  // ends with the others (a one-token word always).
+  std::vector<std::vector<int32_t>> bad_words;
   // Applied first of all (one instance per request: it keeps state); null = none.
   std::shared_ptr<LogitsConstraint> constraint;
 

@@ -10,6 +10,9 @@ namespace {
 constexpr int kMaxN = 128;
 constexpr int kMaxTopLogprobs = 20;
 constexpr size_t kMaxStopStrings = 16;
+constexpr size_t kMaxBadWords = 128;
+constexpr size_t kMaxChoices = 1024;
+constexpr size_t kMaxPatternBytes = 64 * 1024;  // a regex's, or all choices' together
 
 const char* type_name(const OrderedJson& v) {
   switch (v.type()) {
@@ -107,6 +110,129 @@ std::optional<ApiError> check_range(const char* key, double value, double lo, do
   do {                                        \
     if (auto err_ = (expr)) return err_;      \
   } while (0)
+
+// response_format, vLLM's guided_* fields and its structured_outputs object: at most one
+// constraint on the output's text.
+std::optional<ApiError> parse_structured_output(const OrderedJson& body, CommonRequest& out) {
+  std::vector<std::string> given;  // which fields constrain the output, for the one-only rule
+  auto schema_from = [&](const OrderedJson& v, const std::string& field) -> std::optional<ApiError> {
+    // A schema object, or its JSON text (vLLM accepts both).
+    OrderedJson parsed;
+    const OrderedJson* schema = &v;
+    if (v.is_string()) {
+      parsed = OrderedJson::parse(v.get<std::string>(), nullptr, false);
+      if (parsed.is_discarded()) return invalid_request(quoted(field) + " is not valid JSON", field);
+      schema = &parsed;
+    }
+    if (!schema->is_object() && !schema->is_boolean()) return wrong_type(field, "a JSON Schema object", *schema);
+    auto compiled = JsonSchema::compile(*schema);
+    if (!compiled.is_ok()) return invalid_request(quoted(field) + ": " + compiled.error(), field);
+    out.json_object = true;
+    out.json_schema = *compiled;
+    return std::nullopt;
+  };
+  auto regex_from = [&](const OrderedJson& v, const std::string& field) -> std::optional<ApiError> {
+    if (!v.is_string()) return wrong_type(field, "a string", v);
+    if (v.get<std::string>().size() > kMaxPatternBytes)
+      return invalid_request(quoted(field) + " is longer than " + std::to_string(kMaxPatternBytes) + " bytes", field);
+    auto nfa = RegexNfa::compile(v.get<std::string>());
+    if (!nfa.is_ok()) return invalid_request(quoted(field) + ": " + nfa.error(), field);
+    out.pattern = *nfa;
+    return std::nullopt;
+  };
+  auto choice_from = [&](const OrderedJson& v, const std::string& field) -> std::optional<ApiError> {
+    if (!v.is_array() || v.empty()) return invalid_request(quoted(field) + " must be a non-empty array of strings", field);
+    if (v.size() > kMaxChoices)
+      return invalid_request(quoted(field) + " may hold at most " + std::to_string(kMaxChoices) + " strings", field);
+    std::vector<std::string> options;
+    size_t bytes = 0;
+    for (size_t k = 0; k < v.size(); ++k) {
+      if (!v[k].is_string()) return wrong_type(field + "[" + std::to_string(k) + "]", "a string", v[k]);
+      options.push_back(v[k].get<std::string>());
+      bytes += options.back().size();
+    }
+    if (bytes > kMaxPatternBytes)
+      return invalid_request(quoted(field) + " holds more than " + std::to_string(kMaxPatternBytes) + " bytes", field);
+    out.pattern = RegexNfa::choice(options);
+    return std::nullopt;
+  };
+
+  if (const OrderedJson* v = member(body, "response_format")) {
+    if (!v->is_object()) return wrong_type("response_format", "an object", *v);
+    const OrderedJson* type = member(*v, "type");
+    if (type && !type->is_string()) return wrong_type("response_format.type", "a string", *type);
+    const std::string t = type ? type->get<std::string>() : "text";
+    if (t == "json_object") {
+      out.json_object = true;
+      given.push_back("response_format");
+    } else if (t == "json_schema") {
+      // {"type": "json_schema", "json_schema": {"name", "schema"?, "strict"?}}: no schema = any object.
+      const OrderedJson* js = member(*v, "json_schema");
+      if (!js || !js->is_object()) return invalid_request("'response_format.json_schema' must be an object", "response_format");
+      out.json_object = true;
+      given.push_back("response_format");
+      if (const OrderedJson* schema = member(*js, "schema")) {
+        auto compiled = JsonSchema::compile(*schema);
+        if (!compiled.is_ok())
+          return invalid_request("'response_format.json_schema.schema': " + compiled.error(), "response_format");
+        out.json_schema = *compiled;
+      }
+    } else if (t != "text") {
+      return invalid_request("'response_format' of type '" + t + "' is not supported (text, json_object and "
+                             "json_schema are)", "response_format");
+    }
+  }
+  if (const OrderedJson* v = member(body, "guided_json")) {
+    given.push_back("guided_json");
+    M3_TRY(schema_from(*v, "guided_json"));
+  }
+  if (const OrderedJson* v = member(body, "guided_regex")) {
+    given.push_back("guided_regex");
+    M3_TRY(regex_from(*v, "guided_regex"));
+  }
+  if (const OrderedJson* v = member(body, "guided_choice")) {
+    given.push_back("guided_choice");
+    M3_TRY(choice_from(*v, "guided_choice"));
+  }
+  if (member(body, "guided_grammar")) return invalid_request("'guided_grammar' is not supported", "guided_grammar");
+  if (member(body, "guided_whitespace_pattern"))
+    return invalid_request("'guided_whitespace_pattern' is not supported", "guided_whitespace_pattern");
+  if (const OrderedJson* so = member(body, "structured_outputs")) {
+    // vLLM's newer form: {"json" | "regex" | "choice" | "json_object": ..., options}.
+    if (!so->is_object()) return wrong_type("structured_outputs", "an object", *so);
+    for (auto it = so->begin(); it != so->end(); ++it) {
+      const std::string key = it.key(), field = "structured_outputs." + key;
+      const OrderedJson& v = it.value();
+      if (v.is_null()) continue;
+      if (key == "json") {
+        given.push_back(field);
+        M3_TRY(schema_from(v, field));
+      } else if (key == "regex") {
+        given.push_back(field);
+        M3_TRY(regex_from(v, field));
+      } else if (key == "choice") {
+        given.push_back(field);
+        M3_TRY(choice_from(v, field));
+      } else if (key == "json_object") {
+        if (!v.is_boolean()) return wrong_type(field, "a boolean", v);
+        if (v.get<bool>()) {
+          given.push_back(field);
+          out.json_object = true;
+        }
+      } else if (key == "disable_fallback" || key == "backend") {
+        // Which vLLM backend serves the constraint: one here.
+      } else if ((key == "disable_any_whitespace" || key == "disable_additional_properties") && v.is_boolean() &&
+                 !v.get<bool>()) {
+        // false is what this server does.
+      } else {
+        return invalid_request(quoted(field) + " is not supported", "structured_outputs");
+      }
+    }
+  }
+  if (given.size() > 1)
+    return invalid_request("only one output constraint may be given; got " + given[0] + " and " + given[1], given[1]);
+  return std::nullopt;
+}
 
 std::optional<ApiError> parse_common(const OrderedJson& body, bool chat, CommonRequest& out) {
   if (const OrderedJson* v = member(body, "model")) {
@@ -230,33 +356,31 @@ std::optional<ApiError> parse_common(const OrderedJson& body, bool chat, CommonR
       s.logit_bias.emplace_back(int32_t(std::stoll(key)), float(bias));
     }
   }
-  if (const OrderedJson* v = member(body, "response_format")) {
-    if (!v->is_object()) return wrong_type("response_format", "an object", *v);
-    const OrderedJson* type = member(*v, "type");
-    if (type && !type->is_string()) return wrong_type("response_format.type", "a string", *type);
-    const std::string t = type ? type->get<std::string>() : "text";
-    if (t == "json_object") {
-      out.json_object = true;
-    } else if (t == "json_schema") {
-      // {"type": "json_schema", "json_schema": {"name", "schema"?, "strict"?}}: no schema = any object.
-      const OrderedJson* js = member(*v, "json_schema");
-      if (!js || !js->is_object()) return invalid_request("'response_format.json_schema' must be an object", "response_format");
-      out.json_object = true;
-      if (const OrderedJson* schema = member(*js, "schema")) {
-        auto compiled = JsonSchema::compile(*schema);
-        if (!compiled.is_ok())
-          return invalid_request("'response_format.json_schema.schema': " + compiled.error(), "response_format");
-        out.json_schema = *compiled;
-      }
-    } else if (t != "text") {
-      return invalid_request("'response_format' of type '" + t + "' is not supported (text, json_object and "
-                             "json_schema are)", "response_format");
+  M3_TRY(parse_structured_output(body, out));
+  i.reset();
+  M3_TRY(get_int(body, "truncate_prompt_tokens", i));  // vLLM's: keep the prompt's last N tokens
+  if (i) {
+    if (*i < -1 || *i == 0 || *i > INT32_MAX)
+      return invalid_request("'truncate_prompt_tokens' must be a positive integer or -1 (the model's context length)",
+                             "truncate_prompt_tokens");
+    out.truncate_prompt_tokens = int(*i);
+  }
+  if (const OrderedJson* v = member(body, "bad_words")) {
+    if (!v->is_array()) return wrong_type("bad_words", "an array of strings", *v);
+    if (v->size() > kMaxBadWords)
+      return invalid_request("'bad_words' may hold at most " + std::to_string(kMaxBadWords) + " strings", "bad_words");
+    for (size_t k = 0; k < v->size(); ++k) {
+      if (!(*v)[k].is_string()) return wrong_type("bad_words[" + std::to_string(k) + "]", "a string", (*v)[k]);
+      const std::string w = (*v)[k].get<std::string>();
+      if (w.find_first_not_of(" ") == std::string::npos)
+        return invalid_request("'bad_words[" + std::to_string(k) + "]' must hold a word", "bad_words");
+      out.bad_words.push_back(w);
     }
   }
-  // vLLM extensions that would change the output and that this engine does not implement.
-  for (const char* key : {"guided_json", "guided_regex", "guided_choice", "guided_grammar", "structured_outputs",
-                          "bad_words", "truncate_prompt_tokens", "use_beam_search"}) {
-    if (member(body, key)) return invalid_request(quoted(key) + " is not supported", key);
+  if (member(body, "use_beam_search")) {
+    bool beam = false;
+    M3_TRY(get_bool(body, "use_beam_search", beam));
+    if (beam) return invalid_request("'use_beam_search' is not supported", "use_beam_search");
   }
   i.reset();
   M3_TRY(get_int(body, "best_of", i));
@@ -375,6 +499,8 @@ const char* const kCommonFields[] = {
     "model", "n", "max_tokens", "temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty",
     "repetition_penalty", "seed", "stop", "stop_token_ids", "ignore_eos", "logit_bias", "allowed_token_ids",
     "include_stop_str_in_output", "min_tokens", "prompt_logprobs", "response_format", "best_of", "stream", "stream_options",
+    "guided_json", "guided_regex", "guided_choice", "structured_outputs", "guided_decoding_backend",
+    "truncate_prompt_tokens", "bad_words", "use_beam_search",
     "logprobs", "user", "metadata", "store", "service_tier", "request_id", "priority", "skip_special_tokens",
     "spaces_between_special_tokens"};
 const char* const kCompletionFields[] = {"prompt", "echo", "suffix"};

@@ -9,6 +9,7 @@
 #include <variant>
 #include <vector>
 
+#include "chat/byte_regex.h"
 #include "chat/chat_template.h"
 #include "chat/json_schema.h"
 #include "exec/sampler.h"
@@ -42,6 +43,9 @@ struct CommonRequest {
   int prompt_logprobs = -1;                 // vLLM's: -1 none; N: each prompt token's plus the top N
   bool json_object = false;                 // response_format json_object or json_schema
   std::shared_ptr<const JsonSchema> json_schema;  // json_schema's schema (null: any object)
+  std::shared_ptr<const RegexNfa> pattern;  // guided_regex / guided_choice: what the output must match
+  std::optional<int> truncate_prompt_tokens;  // vLLM's: keep the prompt's last N tokens (-1: max_model_len)
+  std::vector<std::string> bad_words;       // vLLM's: never generate these (token sequences made by the route)
   std::vector<std::string> ignored_fields;  // present in the body, unknown to the server (logged)
 };
 

@@ -236,6 +236,26 @@ void ApiServer::handle_generation(const httplib::Request& req, httplib::Response
     }
   }
   const int32_t max_len = engine_.model().max_model_len;
+  // vLLM's truncate_prompt_tokens: the prompt's last N tokens (-1: the model's context length).
+  std::vector<char> truncated(prompts.size(), 0);
+  if (common.truncate_prompt_tokens) {
+    const size_t keep = size_t(*common.truncate_prompt_tokens < 0 ? max_len : *common.truncate_prompt_tokens);
+    for (size_t p = 0; p < prompts.size(); ++p) {
+      if (prompts[p].size() <= keep) continue;
+      prompts[p].erase(prompts[p].begin(), prompts[p].end() - std::ptrdiff_t(keep));
+      truncated[p] = 1;
+    }
+  }
+  // vLLM's bad_words: each word as it would be tokenized at the start of a text and, when that
+  // gives other tokens of the same count, after a space.
+  std::vector<std::vector<int32_t>> bad_words;
+  for (const std::string& word : common.bad_words) {
+    const std::string bare = word.substr(word.find_first_not_of(' '));
+    std::vector<int32_t> plain = tokenizer_.encode(bare, false), spaced = tokenizer_.encode(" " + bare, false);
+    if (plain.empty()) continue;
+    if (!spaced.empty() && spaced.size() == plain.size() && spaced[0] != plain[0]) bad_words.push_back(std::move(spaced));
+    bad_words.push_back(std::move(plain));
+  }
   if (!common.ignored_fields.empty()) {
     std::string names;
     for (const auto& f : common.ignored_fields) names += (names.empty() ? "" : ", ") + f;
@@ -276,16 +296,21 @@ void ApiServer::handle_generation(const httplib::Request& req, httplib::Response
       // Echoed logprobs are the prompt's own: computed as vLLM's prompt_logprobs with the same N.
       g.sampling.prompt_logprobs = std::max(common.prompt_logprobs, echo ? common.logprobs : -1);
       if (g.sampling.seed >= 0) g.sampling.seed += int64_t(requests.size());  // distinct choices, still reproducible
-      if (common.json_object) {
-        // The object's end admits the stop ids and EOS (with ignore_eos too: nothing else may follow).
+      g.sampling.bad_words = bad_words;
+      if (common.json_object || common.pattern) {
+        // The text's end admits the stop ids and EOS (with ignore_eos too: nothing else may follow).
         std::vector<int32_t> end_ids = g.sampling.stop_token_ids;
         end_ids.insert(end_ids.end(), engine_.model().eos_token_ids.begin(), engine_.model().eos_token_ids.end());
-        using Start = JsonObjectConstraint::Start;
-        const Start start = !chat ? Start::kObject
+        using Start = ByteConstraint::Start;
+        const Start start = !chat ? Start::kAtOnce
                             : chat_req.thinking_mode == ThinkingMode::kEnabled ? Start::kReasoning
                                                                                : Start::kMayReason;
-        g.sampling.constraint = std::make_shared<JsonObjectConstraint>(
-            token_bytes(), std::move(end_ids), start, common.json_schema ? common.json_schema : JsonSchema::any_object());
+        if (common.pattern)
+          g.sampling.constraint =
+              std::make_shared<PatternConstraint>(token_bytes(), std::move(end_ids), start, common.pattern);
+        else
+          g.sampling.constraint = std::make_shared<JsonObjectConstraint>(
+              token_bytes(), std::move(end_ids), start, common.json_schema ? common.json_schema : JsonSchema::any_object());
       }
       ChoiceOptions opts;
       opts.stop = common.stop;
@@ -295,8 +320,9 @@ void ApiServer::handle_generation(const httplib::Request& req, httplib::Response
       if (g.sampling.prompt_logprobs >= 0 || echo) opts.prompt_ids = prompts[p];
       if (echo) {
         const auto& given = completion.prompts[p];
-        opts.prompt_text = std::holds_alternative<std::string>(given) ? std::get<std::string>(given)
-                                                                      : tokenizer_.decode(prompts[p], false);
+        opts.prompt_text = std::holds_alternative<std::string>(given) && !truncated[p]
+                               ? std::get<std::string>(given)
+                               : tokenizer_.decode(prompts[p], false);
       }
       opts.min_tokens = g.sampling.min_tokens;
       opts.stop_token_ids.insert(g.sampling.stop_token_ids.begin(), g.sampling.stop_token_ids.end());

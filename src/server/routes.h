@@ -13,6 +13,7 @@
 
 #include "server/async_engine.h"
 #include "server/json_mode.h"
+#include "server/pattern_mode.h"
 #include "server/metrics.h"
 #include "server/openai_protocol.h"
 #include "tokenizer/tokenizer.h"
@@ -51,7 +52,7 @@ class ApiServer {
   Metrics& metrics_;
   std::atomic<bool> draining_{false};
   std::atomic<int32_t> active_{0};
-  std::shared_ptr<const TokenBytes> token_bytes();  // built on the first JSON-mode request
+  std::shared_ptr<const TokenBytes> token_bytes();  // built on the first structured-output request
 
   std::mutex id_mu_;
   std::once_flag token_bytes_once_;

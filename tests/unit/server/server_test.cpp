@@ -303,7 +303,7 @@ TEST(JsonObjectConstraint, ReasoningComesFirstUnconstrained) {
   EXPECT_TRUE(allowed(before, {think_begin}, junk));
   JsonObjectConstraint started(table, {kEos}, Start::kMayReason);
   EXPECT_FALSE(allowed(started, {brace}, think_begin));  // not once the object has begun
-  JsonObjectConstraint plain(table, {kEos}, Start::kObject);  // completions: no reasoning block
+  JsonObjectConstraint plain(table, {kEos}, Start::kAtOnce);  // completions: no reasoning block
   EXPECT_FALSE(allowed(plain, {}, think_begin));
   EXPECT_TRUE(allowed(plain, {}, brace));
 }
@@ -355,7 +355,7 @@ TEST(JsonObjectConstraint, TrieWalkEqualsTryingEveryToken) {
   const std::string doc = "{\"key\": [1, -2.5e+3, true, \"str \\\"q\\\" \\u00e9\"], \"o\": {\"n\": null}, \"z\": 0}";
   size_t checked_in_string = 0;
   for (size_t len = 0; len < doc.size(); ++len) {
-    JsonObjectConstraint c(table, {1}, JsonObjectConstraint::Start::kObject);
+    JsonObjectConstraint c(table, {1}, JsonObjectConstraint::Start::kAtOnce);
     const std::vector<int32_t> out = vocab.encode(doc.substr(0, len), false);
     std::vector<float> logits(size_t(n), 0.0f);
     c.apply(out, logits.data(), n);
