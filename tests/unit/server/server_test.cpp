@@ -14,6 +14,7 @@
 #include "server/async_engine.h"
 #include "server/generation.h"
 #include "server/json_mode.h"
+#include "server/pattern_mode.h"
 #include "server/metrics.h"
 #include "server/openai_protocol.h"
 #include "scripted_engine.h"
@@ -372,6 +373,81 @@ TEST(JsonObjectConstraint, TrieWalkEqualsTryingEveryToken) {
   EXPECT_GT(checked_in_string, 5u);  // the string fast path was exercised
 }
 
+// The pattern mask allows exactly the tokens after which the regex can still match, and the end
+// ids exactly where the text so far matches.
+TEST(PatternConstraint, MaskEqualsTryingEveryToken) {
+  const RandomVocab vocab(11);
+  const auto table = std::make_shared<const TokenBytes>(vocab);
+  const int64_t n = vocab.vocab_size();
+  const std::string pattern = R"re(\{"(a|bc)": (-?\d+|true|"[^"]*")\}\n?)re";
+  const auto nfa = *RegexNfa::compile(pattern);
+  const std::string doc = "{\"bc\": \"x y\"}\n";
+  ASSERT_TRUE(regex_full_match(nfa, doc));
+  for (size_t len = 0; len <= doc.size(); ++len) {
+    PatternConstraint c(table, {1}, ByteConstraint::Start::kAtOnce, nfa);
+    std::vector<float> logits(size_t(n), 0.0f);
+    c.apply(vocab.encode(doc.substr(0, len), false), logits.data(), n);
+    for (int32_t id = 0; id < n; ++id) {
+      bool want = false;
+      if (id == 1) {
+        want = regex_full_match(nfa, doc.substr(0, len));
+      } else if (!vocab.is_special(id)) {
+        LazyDfa dfa(nfa);
+        int32_t st = dfa.start();
+        for (char ch : doc.substr(0, len) + std::string(vocab.token_bytes(id))) {
+          st = dfa.next(st, uint8_t(ch));
+          if (st < 0) break;
+        }
+        want = st >= 0;
+      }
+      ASSERT_EQ(!std::isinf(logits[size_t(id)]), want)
+          << "prefix '" << doc.substr(0, len) << "' token '" << vocab.token_bytes(id) << "'";
+    }
+  }
+}
+
+// A "model" that prefers garbage, then EOS, then the script: a choice constraint leaves the script
+// (one of the options) and then only EOS; a reasoning block may come first in chat.
+TEST(PatternConstraint, ChoiceFollowsTheOptions) {
+  const Tokenizer& tok = test_tokenizer();
+  const auto table = std::make_shared<const TokenBytes>(tok);
+  const int64_t vocab = tok.vocab_size();
+  const auto options = RegexNfa::choice({"yes", "no", "yesterday"});
+  auto byte_id = [&](char ch) { return tok.encode(std::string(1, ch), false).at(0); };
+  for (const std::string want : {"yes", "yesterday", "no"}) {
+    PatternConstraint c(table, {kEos}, ByteConstraint::Start::kMayReason, options);
+    std::vector<int32_t> out;
+    for (size_t i = 0; i <= want.size(); ++i) {
+      std::vector<float> logits(size_t(vocab), 0.0f);
+      logits[size_t(byte_id('\x01'))] = 10.0f;
+      logits[kEos] = 7.0f;
+      if (i < want.size()) logits[size_t(byte_id(want[i]))] = 5.0f;
+      c.apply(out, logits.data(), vocab);
+      const int32_t pick = int32_t(std::max_element(logits.begin(), logits.end()) - logits.begin());
+      const std::string so_far = want.substr(0, i);
+      const bool whole = so_far == "yes" || so_far == "no" || so_far == "yesterday";
+      EXPECT_EQ(!std::isinf(logits[kEos]), whole) << want << " step " << i;
+      if (!whole) {
+        ASSERT_EQ(pick, byte_id(want[i])) << want << " step " << i;
+      } else if (i == want.size()) {
+        EXPECT_EQ(pick, kEos);
+      }
+      out.push_back(i < want.size() ? byte_id(want[i]) : kEos);
+    }
+  }
+  // Inside a reasoning block nothing is masked; after it the options are.
+  const int32_t think_begin = *tok.token_to_id("<mm:think>"), think_end = *tok.token_to_id("</mm:think>");
+  PatternConstraint r(table, {kEos}, ByteConstraint::Start::kMayReason, options);
+  std::vector<float> logits(size_t(vocab), 0.0f);
+  r.apply({think_begin, byte_id('q')}, logits.data(), vocab);
+  EXPECT_TRUE(std::none_of(logits.begin(), logits.end(), [](float v) { return std::isinf(v); }));
+  std::fill(logits.begin(), logits.end(), 0.0f);
+  r.apply({think_begin, byte_id('q'), think_end}, logits.data(), vocab);
+  EXPECT_FALSE(std::isinf(logits[size_t(byte_id('y'))]));
+  EXPECT_TRUE(std::isinf(logits[size_t(byte_id('q'))]));
+  EXPECT_TRUE(std::isinf(logits[kEos]));
+}
+
 TEST(ChoiceAssembler, HeldBackPrefixOfStopStringIsReleasedAtTheEnd) {
   ChoiceOptions opts;
   opts.stop = {"STOP"};
@@ -628,8 +704,27 @@ TEST(Protocol, ErrorsNameTheField) {
       {R"({"messages":[{"role":"user","content":"x"}],"allowed_token_ids":[]})", "allowed_token_ids"},
       {R"({"messages":[{"role":"user","content":"x"}],"allowed_token_ids":[1,-1]})", "allowed_token_ids"},
       {R"({"messages":[{"role":"user","content":"x"}],"include_stop_str_in_output":1})", "include_stop_str_in_output"},
-      {R"({"messages":[{"role":"user","content":"x"}],"guided_json":{}})", "guided_json"},
-      {R"({"messages":[{"role":"user","content":"x"}],"structured_outputs":{"regex":"a"}})", "structured_outputs"},
+      {R"({"messages":[{"role":"user","content":"x"}],"guided_json":"{bad"})", "guided_json"},
+      {R"({"messages":[{"role":"user","content":"x"}],"guided_json":{"type":"string","pattern":"a"}})", "guided_json"},
+      {R"({"messages":[{"role":"user","content":"x"}],"guided_regex":"(a"})", "guided_regex"},
+      {R"({"messages":[{"role":"user","content":"x"}],"guided_regex":5})", "guided_regex"},
+      {R"({"messages":[{"role":"user","content":"x"}],"guided_choice":[]})", "guided_choice"},
+      {R"({"messages":[{"role":"user","content":"x"}],"guided_choice":["a",1]})", "guided_choice[1]"},
+      {R"({"messages":[{"role":"user","content":"x"}],"guided_grammar":"root ::= x"})", "guided_grammar"},
+      {R"({"messages":[{"role":"user","content":"x"}],"guided_regex":"a","guided_choice":["a"]})", "guided_choice"},
+      {R"({"messages":[{"role":"user","content":"x"}],"response_format":{"type":"json_object"},"guided_regex":"a"})",
+       "guided_regex"},
+      {R"({"messages":[{"role":"user","content":"x"}],"structured_outputs":{"grammar":"x"}})", "structured_outputs"},
+      {R"j({"messages":[{"role":"user","content":"x"}],"structured_outputs":{"regex":"(?=a)"}})j",
+       "structured_outputs.regex"},
+      {R"({"messages":[{"role":"user","content":"x"}],"structured_outputs":{"disable_any_whitespace":true}})",
+       "structured_outputs"},
+      {R"({"messages":[{"role":"user","content":"x"}],"structured_outputs":[]})", "structured_outputs"},
+      {R"({"messages":[{"role":"user","content":"x"}],"truncate_prompt_tokens":0})", "truncate_prompt_tokens"},
+      {R"({"messages":[{"role":"user","content":"x"}],"truncate_prompt_tokens":-2})", "truncate_prompt_tokens"},
+      {R"({"messages":[{"role":"user","content":"x"}],"bad_words":"x"})", "bad_words"},
+      {R"({"messages":[{"role":"user","content":"x"}],"bad_words":["  "]})", "bad_words"},
+      {R"({"messages":[{"role":"user","content":"x"}],"use_beam_search":true})", "use_beam_search"},
       {R"({"messages":[{"role":"user","content":"x"}],"prompt_logprobs":21})", "prompt_logprobs"},
       {R"({"messages":[{"role":"user","content":"x"}],"min_tokens":"2"})", "min_tokens"},
       {R"({"messages":[{"role":"user","content":"x"}],"logit_bias":[5]})", "logit_bias"},
@@ -654,6 +749,47 @@ TEST(Protocol, ErrorsNameTheField) {
     const auto j = err.to_json();
     EXPECT_TRUE(j["error"].contains("code"));
   }
+}
+
+TEST(Protocol, StructuredOutputForms) {
+  auto chat = [](const char* extra) {
+    ChatRequest req;
+    const std::string body = std::string(R"({"messages":[{"role":"user","content":"x"}],)") + extra + "}";
+    auto err = parse_chat_request(OrderedJson::parse(body), req);
+    EXPECT_FALSE(err) << body << ": " << (err ? err->message : "");
+    return req.common;
+  };
+  CommonRequest c = chat(R"("guided_choice":["yes","no"],"guided_decoding_backend":"xgrammar")");
+  ASSERT_TRUE(c.pattern);
+  EXPECT_TRUE(regex_full_match(c.pattern, "no"));
+  EXPECT_FALSE(regex_full_match(c.pattern, "n"));
+  EXPECT_TRUE(c.ignored_fields.empty());
+  c = chat(R"("guided_regex":"\\d{2}")");
+  ASSERT_TRUE(c.pattern);
+  EXPECT_TRUE(regex_full_match(c.pattern, "42"));
+  c = chat(R"("structured_outputs":{"regex":"[ab]+","disable_fallback":true})");
+  ASSERT_TRUE(c.pattern);
+  EXPECT_TRUE(regex_full_match(c.pattern, "abba"));
+  c = chat(R"("structured_outputs":{"choice":["x"]})");
+  ASSERT_TRUE(c.pattern);
+  EXPECT_FALSE(c.json_object);
+  for (const char* json : {R"("guided_json":{"type":"object","required":["a"],"properties":{"a":{"type":"integer"}}})",
+                           R"("guided_json":"{\"type\":\"object\",\"required\":[\"a\"],\"properties\":{\"a\":{\"type\":\"integer\"}}}")",
+                           R"("structured_outputs":{"json":{"type":"object","required":["a"],"properties":{"a":{"type":"integer"}}}})"}) {
+    c = chat(json);
+    EXPECT_TRUE(c.json_object) << json;
+    ASSERT_TRUE(c.json_schema) << json;
+    SchemaPrefix p(c.json_schema.get());
+    EXPECT_FALSE(p.feed(std::string_view(R"({"a": "s")"))) << json;  // a string where an integer must be
+    SchemaPrefix q(c.json_schema.get());
+    EXPECT_TRUE(q.feed(std::string_view(R"({"a": 1})")) && q.complete()) << json;
+  }
+  c = chat(R"("structured_outputs":{"json_object":true})");
+  EXPECT_TRUE(c.json_object);
+  EXPECT_FALSE(c.json_schema);
+  c = chat(R"("truncate_prompt_tokens":-1,"bad_words":["foo"," bar"],"use_beam_search":false)");
+  EXPECT_EQ(c.truncate_prompt_tokens, -1);
+  EXPECT_EQ(c.bad_words, (std::vector<std::string>{"foo", " bar"}));
 }
 
 TEST(Protocol, ValidRequestsParse) {
