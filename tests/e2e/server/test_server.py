@@ -291,6 +291,51 @@ class ServerTest(unittest.TestCase):
         self.assertIn("'pattern' is not supported", err["message"])
         self.check_error(self.chat(response_format={"type": "json_schema"}), "response_format")
 
+    def test_guided_regex_choice_truncation_and_bad_words(self):
+        import re
+        options = ["alpha", "beta", "gamma delta"]
+        for seed in range(4):
+            st, r = self.server.json("POST", "/v1/completions", {"model": MODEL, "prompt": "Pick:", "max_tokens": 40,
+                                     "temperature": 1.0, "seed": seed, "guided_choice": options})
+            self.assertEqual(st, 200, r)
+            self.assertEqual(r["choices"][0]["finish_reason"], "stop", r)
+            self.assertIn(r["choices"][0]["text"], options)
+            st, r = self.server.json("POST", "/v1/completions", {"model": MODEL, "prompt": "Code:", "max_tokens": 40,
+                                     "temperature": 1.0, "seed": seed, "guided_regex": r"[A-C]\d{2}-(x|yz)"})
+            self.assertEqual(st, 200, r)
+            self.assertEqual(r["choices"][0]["finish_reason"], "stop", r)
+            self.assertRegex(r["choices"][0]["text"], r"^[A-C]\d{2}-(x|yz)$")
+        # vLLM's structured_outputs form, in chat (thinking off: no reasoning block first).
+        st, r = self.server.json("POST", "/v1/chat/completions", self.chat(
+            max_tokens=40, temperature=1.0, seed=7, structured_outputs={"choice": options},
+            chat_template_kwargs={"thinking_mode": "disabled"}))
+        self.assertEqual(st, 200, r)
+        self.assertIn(r["choices"][0]["message"]["content"], options)
+        err = self.check_error(self.chat(guided_regex="(?=a)b"), "guided_regex")
+        self.assertIn("look-around", err["message"])
+        self.check_error(self.chat(guided_regex="a", guided_choice=["a"]), "guided_choice")
+        # truncate_prompt_tokens keeps the prompt's last tokens.
+        ids = list(range(10, 60))
+        st, r = self.server.json("POST", "/v1/completions", {"model": MODEL, "prompt": ids, "max_tokens": 2,
+                                 "truncate_prompt_tokens": 5, "echo": True, "temperature": 0})
+        self.assertEqual(st, 200, r)
+        self.assertEqual(r["usage"]["prompt_tokens"], 5)
+        tail = self.server.json("POST", "/detokenize", {"tokens": ids[-5:]})[1]["prompt"]
+        self.assertTrue(r["choices"][0]["text"].startswith(tail), (r["choices"][0]["text"], tail))
+        # bad_words: a token of the greedy output whose text is one token without a leading space,
+        # banned, changes the output exactly there (vLLM's rule: the word as tokenized alone, and
+        # after a space only when that gives as many tokens).
+        body = {"model": MODEL, "prompt": "The", "max_tokens": 6, "temperature": 0, "ignore_eos": True, "logprobs": 0}
+        tokens = self.server.json("POST", "/v1/completions", body)[1]["choices"][0]["logprobs"]["tokens"]
+        tokenize = lambda text: self.server.json("POST", "/tokenize", {"prompt": text})[1]["tokens"]
+        k = next(k for k, t in enumerate(tokens) if t.strip() == t and t and len(tokenize(t)) == 1)
+        st, r = self.server.json("POST", "/v1/completions", dict(body, bad_words=[tokens[k]]))
+        self.assertEqual(st, 200, r)
+        banned = r["choices"][0]["logprobs"]["tokens"]
+        self.assertEqual(banned[:k], tokens[:k])
+        self.assertNotEqual(banned[k], tokens[k])
+        self.assertNotIn(tokens[k], banned)
+
     def test_min_tokens(self):
         # EOS (id 2 in the fixture) pushed to the top ends the completion at once; min_tokens holds it off.
         c = self.server.client()

@@ -176,6 +176,22 @@ TEST(HostSampler, AllowedTokenIdsComeBeforeTheBias) {
   expect_distribution(q, {0.0f, std::log(1.0f), 5.0f, std::log(3.0f)}, {0.0, 0.25, 0.0, 0.75});
 }
 
+// vLLM's bad_words: a one-token word is banned everywhere; a longer one only its last token, and
+// only right after the output has produced the others.
+TEST(HostSampler, BadWordsBanTheLastTokenAfterTheirPrefix) {
+  const std::vector<float> logits = {0.0f, 1.0f, 2.0f, 3.0f, 4.0f};
+  SamplingParams p = greedy();
+  p.bad_words = {{4}, {1, 2, 3}};
+  EXPECT_EQ(sample_once(p, logits).token, 3);                 // 4 banned; [1, 2, 3] not begun
+  EXPECT_EQ(sample_once(p, logits, {}, {1, 2}).token, 2);     // after 1, 2: 3 banned too
+  EXPECT_EQ(sample_once(p, logits, {1}, {2}).token, 3);       // the prompt does not count
+  EXPECT_EQ(sample_once(p, logits, {}, {2, 1, 2, 0}).token, 3);
+  SamplingParams bad;
+  bad.bad_words = {{}, {3, 10}};
+  ASSERT_EQ(bad.validate(10).size(), 1u);
+  EXPECT_EQ(bad.validate(10)[0].rfind("bad_words", 0), 0u);
+}
+
 TEST(HostSampler, ValidateNamesEveryProblemOnce) {
   SamplingParams p;
   EXPECT_TRUE(p.validate().empty());
