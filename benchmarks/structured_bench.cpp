@@ -164,8 +164,8 @@ int main(int argc, char** argv) {
   auto table = std::make_shared<const m3::server::TokenBytes>(vocab);
   const double table_ms = ms_since(t0);
   const int64_t n = vocab.vocab_size();
-  std::printf("vocabulary: %lld ids (built in %.0f ms); token table and tries: %.0f ms (once per server)\n",
-              (long long)n, vocab_ms, table_ms);
+  std::printf("vocabulary: %lld ids (built in %.0f ms); token table and tries: %.0f ms (once per server), %zu trie "
+              "nodes\n", (long long)n, vocab_ms, table_ms, table->all.nodes.size());
 
   const std::string person =
       R"({"name": "Edmond Dantès", "age": 19, "ship": "Pharaon", "tags": ["sailor", "prisoner"], "free": false})";
@@ -242,7 +242,8 @@ int main(int argc, char** argv) {
                     {"max_step_ms", percentile(steps, 1.0)}});
   }
   nlohmann::json doc = {{"vocab_size", n}, {"corpus", corpus.empty() ? "" : corpus_path}, {"reps", reps},
-                        {"table_build_ms", table_ms}, {"cases", rows}};
+                        {"table_build_ms", table_ms},
+                        {"trie_nodes", table->all.nodes.size()}, {"cases", rows}};
   std::ofstream(json_out) << doc.dump(2) << "\n";
   std::printf("wrote %s\n", json_out.c_str());
   return 0;

@@ -590,6 +590,7 @@ int32_t LazyDfa::rebase(int32_t s) {
   if (states_.size() <= kMaxCachedStates) return s;
   std::vector<int32_t> keep = states_[size_t(s)].nfa;
   std::vector<int32_t> first = states_[0].nfa;
+  ++rebuilds_;
   states_.clear();
   trans_.clear();
   index_.clear();

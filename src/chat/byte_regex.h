@@ -62,6 +62,8 @@ class LazyDfa {
   // When the cache has grown past kMaxCachedStates: drop it, keep s (returns its new id).
   int32_t rebase(int32_t s);
   size_t size() const { return states_.size(); }
+  // How many times rebase() dropped the cache (state ids from before are meaningless).
+  uint32_t rebuilds() const { return rebuilds_; }
 
  private:
   static constexpr int32_t kUnknown = -2;
@@ -80,6 +82,7 @@ class LazyDfa {
   std::map<std::vector<int32_t>, int32_t> index_;
   std::vector<uint32_t> mark_;  // closure's visited marks (epoch_ per call)
   uint32_t epoch_ = 0;
+  uint32_t rebuilds_ = 0;
 };
 
 // Whether `text` matches the whole pattern (tests and the route's examples).

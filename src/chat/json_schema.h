@@ -81,9 +81,14 @@ class SchemaPrefix {
     return true;
   }
   bool complete() const { return syntax_.complete(); }
-  // Inside a string value nothing constrains (no key, no enum): every plain string byte is
-  // accepted and changes nothing that matters.
-  bool in_plain_string() const { return syntax_.in_string() && !syntax_.in_key() && !capturing_; }
+  // Inside a string that nothing constrains (a value with no enum, or a key where any key may
+  // come): every plain string byte is accepted and changes nothing that matters.
+  bool in_plain_string() const {
+    if (!syntax_.in_string() || capturing_) return false;
+    if (!syntax_.in_key()) return true;
+    const Frame& f = frames_[depth_ - 1];
+    return f.node < 0 || schema_->node(f.node).additional;
+  }
 
   static constexpr int kMaxDepth = 32;
 

@@ -4,6 +4,7 @@
 // end ids may come whenever the text so far matches; only they once nothing can follow.
 #include <memory>
 #include <string_view>
+#include <unordered_map>
 #include <vector>
 
 #include "chat/byte_regex.h"
@@ -24,6 +25,11 @@ class PatternConstraint final : public ByteConstraint {
 
   LazyDfa dfa_;
   int32_t state_;
+  // Masks already walked, by DFA state (a loop such as [a-z]+ comes back to one state): bitsets
+  // over the vocabulary, a few per request (dropped with the DFA's ids on a rebase).
+  static constexpr size_t kMaxCachedMasks = 16;
+  std::unordered_map<int32_t, std::vector<uint64_t>> masks_;
+  uint32_t masks_rebuilds_ = 0;
 };
 
 }  // namespace m3::server

@@ -9,33 +9,42 @@
 namespace m3::server {
 
 void TokenTrie::build(const std::vector<std::pair<std::string_view, int32_t>>& tokens) {
-  std::vector<std::pair<int32_t, int32_t>> ends;  // (node, id)
-  for (const auto& [text, id] : tokens) {
-    int32_t at = 0;
-    for (char ch : text) {
-      const uint8_t b = uint8_t(ch);
-      int32_t child = nodes[size_t(at)].first_child;
-      while (child >= 0 && nodes[size_t(child)].byte != b) child = nodes[size_t(child)].next_sibling;
-      if (child < 0) {
-        child = int32_t(nodes.size());
-        Node n;
-        n.byte = b;
-        n.next_sibling = nodes[size_t(at)].first_child;
-        nodes.push_back(n);
-        nodes[size_t(at)].first_child = child;
-      }
-      at = child;
+  // A sorted list of the byte strings is the trie's depth-first order already: each distinct
+  // prefix becomes a node where it first appears.
+  std::vector<std::pair<std::string_view, int32_t>> sorted;
+  for (const auto& t : tokens)
+    if (!t.first.empty() && t.first.size() < 65535) sorted.push_back(t);
+  std::sort(sorted.begin(), sorted.end());
+  nodes.assign(1, Node{});
+  ids.clear();
+  max_depth = 0;
+  std::vector<int32_t> path{0};  // path[d]: the node at depth d on the current branch
+  std::string_view prev;
+  for (const auto& [text, id] : sorted) {
+    size_t common = 0;
+    while (common < prev.size() && common < text.size() && prev[common] == text[common]) ++common;
+    // Close the branch below the shared prefix, then open the new bytes.
+    for (size_t d = path.size() - 1; d > common; --d) nodes[size_t(path[d])].subtree_end = int32_t(nodes.size());
+    path.resize(common + 1);
+    for (size_t d = common; d < text.size(); ++d) {
+      Node n;
+      n.byte = uint8_t(text[d]);
+      n.depth = uint16_t(d + 1);
+      n.ids_begin = n.ids_end = int32_t(ids.size());
+      path.push_back(int32_t(nodes.size()));
+      nodes.push_back(n);
     }
-    ends.emplace_back(at, id);
+    max_depth = std::max(max_depth, int(text.size()));
+    // Ids whose bytes end here are added while this node is the branch's last (sorted input:
+    // duplicates of one string come together), so each node's ids stay contiguous.
+    Node& end = nodes[size_t(path.back())];
+    if (end.ids_end != int32_t(ids.size())) end.ids_begin = int32_t(ids.size());
+    ids.push_back(id);
+    end.ids_end = int32_t(ids.size());
+    prev = text;
   }
-  std::sort(ends.begin(), ends.end());
-  ids.reserve(ends.size());
-  for (size_t i = 0; i < ends.size(); ++i) {
-    Node& n = nodes[size_t(ends[i].first)];
-    if (i == 0 || ends[i - 1].first != ends[i].first) n.ids_begin = int32_t(ids.size());
-    ids.push_back(ends[i].second);
-    n.ids_end = int32_t(ids.size());
-  }
+  for (size_t d = path.size(); d-- > 1;) nodes[size_t(path[d])].subtree_end = int32_t(nodes.size());
+  nodes[0].subtree_end = int32_t(nodes.size());
 }
 
 TokenBytes::TokenBytes(const Tokenizer& tok) {

@@ -17,37 +17,39 @@
 
 namespace m3::server {
 
-// The byte strings of a set of tokens as a trie: a mask walks it depth-first from the current
-// state, so a shared prefix (" th" of " the", " that", ...) is tried once and a refused byte
-// drops its whole subtree.
+// The byte strings of a set of tokens as a trie, stored in depth-first order: a node's subtree
+// is the range [node, subtree_end), so a mask scans it front to back, keeps one state per depth,
+// and skips a refused byte's whole subtree with one jump (" th" of " the", " that", ... is tried
+// once).
 struct TokenTrie {
   struct Node {
-    int32_t first_child = -1, next_sibling = -1;
+    int32_t subtree_end = 0;
     int32_t ids_begin = 0, ids_end = 0;  // the tokens whose bytes end here: ids[ids_begin, ids_end)
+    uint16_t depth = 0;                  // bytes from the root (the root: 0)
     uint8_t byte = 0;
   };
-  TokenTrie() { nodes.emplace_back(); }
   std::vector<Node> nodes;  // [0]: the root (no byte)
   std::vector<int32_t> ids;
+  int max_depth = 0;
   void build(const std::vector<std::pair<std::string_view, int32_t>>& tokens);
 
   // Marks in `allowed` every token whose bytes `feed(state, byte)` accepts one by one from
-  // `start` (State is copied per trie node tried).
+  // `start` (State is copied once per node tried).
   template <class State, class Feed>
   void walk(const State& start, Feed&& feed, std::vector<char>& allowed) const {
-    std::vector<std::pair<int32_t, State>> stack;
-    stack.emplace_back(0, start);
-    while (!stack.empty()) {
-      auto [at, state] = std::move(stack.back());
-      stack.pop_back();
-      for (int32_t c = nodes[size_t(at)].first_child; c >= 0; c = nodes[size_t(c)].next_sibling) {
-        const Node& n = nodes[size_t(c)];
-        State next = state;
-        if (!feed(next, n.byte)) continue;
-        for (int32_t i = n.ids_begin; i < n.ids_end; ++i)
-          if (size_t(ids[size_t(i)]) < allowed.size()) allowed[size_t(ids[size_t(i)])] = 1;
-        if (n.first_child >= 0) stack.emplace_back(c, std::move(next));
+    std::vector<State> at(size_t(max_depth) + 1, start);  // at[d]: the state after the node at depth d
+    const auto n = int32_t(nodes.size());
+    for (int32_t i = 1; i < n;) {
+      const Node& nd = nodes[size_t(i)];
+      State& s = at[nd.depth];
+      s = at[nd.depth - 1u];
+      if (!feed(s, nd.byte)) {
+        i = nd.subtree_end;
+        continue;
       }
+      for (int32_t k = nd.ids_begin; k < nd.ids_end; ++k)
+        if (size_t(ids[size_t(k)]) < allowed.size()) allowed[size_t(ids[size_t(k)])] = 1;
+      ++i;
     }
   }
 };
