@@ -61,7 +61,7 @@ TEST(ByteRegex, AgreesWithStdRegexOnAsciiPatterns) {
 // Every state reachable from the start can still reach a match (no dead ends for a mask), and
 // can_continue says exactly whether some byte continues.
 TEST(ByteRegex, NoReachableDeadEnds) {
-  for (const std::string p : {"(ab[^\\s\\S]|ac)d", "(a|b)*c{2,3}", "[\\u00e9-\\u00ff]?x", ".{2}", "(é|ü)+!", "\\d{1,3}(,\\d{3})*", "[^a]"}) {
+  for (const std::string p : {"(ab[^\\s\\S]|ac)d", "(ab[^\\s\\S]|a)", "(a|b)*c{2,3}", "[\\u00e9-\\u00ff]?x", ".{2}", "(é|ü)+!", "\\d{1,3}(,\\d{3})*", "[^a]"}) {
     LazyDfa dfa(must(p));
     std::vector<int32_t> todo{dfa.start()};
     std::set<int32_t> seen{dfa.start()};
