@@ -4,6 +4,8 @@
 
 #include <cmath>
 
+#include "server/tool_choice_mode.h"
+
 namespace m3::server {
 namespace {
 
@@ -602,6 +604,19 @@ std::optional<ApiError> parse_chat_request(const OrderedJson& body, ChatRequest&
       if (!found)
         return invalid_request("'tool_choice' names function '" + out.tool_choice_name + "', which is not in 'tools'",
                                "tool_choice");
+    }
+    // required / named: the output must be a call (of that function), enforced like guided_regex.
+    if (out.tool_choice == ToolChoice::kRequired || out.tool_choice == ToolChoice::kNamed) {
+      if (out.common.pattern || out.common.json_object)
+        return invalid_request("'tool_choice' \"required\" or a named function cannot be combined with another output "
+                               "constraint (response_format, guided_*, structured_outputs)", "tool_choice");
+      auto pattern = tool_call_pattern(out.tools, out.tool_choice == ToolChoice::kNamed
+                                                      ? std::optional<std::string>(out.tool_choice_name)
+                                                      : std::nullopt);
+      if (!pattern.is_ok()) return invalid_request("'tool_choice': " + pattern.error(), "tool_choice");
+      auto nfa = RegexNfa::compile(*pattern);
+      if (!nfa.is_ok()) return invalid_request("'tool_choice': the tools' call syntax: " + nfa.error(), "tool_choice");
+      out.common.pattern = *nfa;
     }
   }
   if (const OrderedJson* kw = member(body, "chat_template_kwargs")) {

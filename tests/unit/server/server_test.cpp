@@ -792,6 +792,53 @@ TEST(Protocol, StructuredOutputForms) {
   EXPECT_EQ(c.bad_words, (std::vector<std::string>{"foo", " bar"}));
 }
 
+// tool_choice required / named: the call syntax the chat template writes, as a pattern.
+TEST(Protocol, ToolChoiceRequiredBecomesACallPattern) {
+  const std::string tools = R"([{"type":"function","function":{"name":"get_weather","parameters":{"type":"object",
+      "properties":{"city":{"type":"string"},"days":{"type":"integer"},"unit":{"enum":["C","F"]},
+      "opts":{"type":"object","properties":{"wind":{"type":"boolean"}}}},"required":["city"]}}},
+      {"type":"function","function":{"name":"ping"}}])";
+  auto parse = [&](const std::string& choice) {
+    ChatRequest req;
+    auto err = parse_chat_request(OrderedJson::parse(R"({"messages":[{"role":"user","content":"x"}],"tools":)" + tools +
+                                                     R"(,"tool_choice":)" + choice + "}"),
+                                  req);
+    EXPECT_FALSE(err) << (err ? err->message : "");
+    return req.common.pattern;
+  };
+  const std::string ns(kNamespaceToken);
+  auto call = [&](const std::string& name, const std::string& members) {
+    return ns + "<invoke name=\"" + name + "\">" + members + ns + "</invoke>\n";
+  };
+  auto member = [&](const std::string& key, const std::string& value) { return ns + "<" + key + ">" + value + ns + "</" + key + ">"; };
+  auto block = [&](const std::string& calls) { return ns + "<tool_call>\n" + calls + ns + "</tool_call>"; };
+  const auto required = parse(R"("required")");
+  ASSERT_TRUE(required);
+  const std::string weather =
+      call("get_weather", member("city", "Paris, \"old\" town") + member("days", "3") + member("unit", "F") +
+                              member("opts", ns + "<wind>true" + ns + "</wind>"));
+  EXPECT_TRUE(regex_full_match(required, block(weather)));
+  EXPECT_TRUE(regex_full_match(required, block(weather + call("ping", member("any", "thing")))));
+  EXPECT_FALSE(regex_full_match(required, block("")));                                            // no call
+  EXPECT_FALSE(regex_full_match(required, "Sure! " + block(weather)));                             // text first
+  EXPECT_FALSE(regex_full_match(required, block(call("get_weather", member("days", "three")))));  // not an integer
+  EXPECT_FALSE(regex_full_match(required, block(call("get_weather", member("unit", "K")))));      // not in the enum
+  EXPECT_FALSE(regex_full_match(required, block(call("get_weather", member("town", "x")))));      // no such parameter
+  EXPECT_FALSE(regex_full_match(required, block(call("get_time", ""))));                          // no such tool
+  EXPECT_FALSE(regex_full_match(required, block(call("get_weather", member("city", "a]<b")))));  // "]<" in a value
+  const auto named = parse(R"({"type":"function","function":{"name":"ping"}})");
+  ASSERT_TRUE(named);
+  EXPECT_TRUE(regex_full_match(named, block(call("ping", ""))));
+  EXPECT_FALSE(regex_full_match(named, block(weather)));
+  EXPECT_FALSE(parse(R"("auto")"));
+  ChatRequest both;
+  auto err = parse_chat_request(OrderedJson::parse(R"({"messages":[{"role":"user","content":"x"}],"tools":)" + tools +
+                                                   R"(,"tool_choice":"required","guided_regex":"a"})"),
+                                both);
+  ASSERT_TRUE(err);
+  EXPECT_EQ(err->param, "tool_choice");
+}
+
 TEST(Protocol, ValidRequestsParse) {
   ChatRequest chat;
   auto err = parse_chat_request(OrderedJson::parse(R"({"model":"m","messages":[{"role":"user","content":"x"}],
@@ -801,7 +848,7 @@ TEST(Protocol, ValidRequestsParse) {
       "tools":[{"type":"function","function":{"name":"f","parameters":{"type":"object","properties":{}}}}],
       "tool_choice":{"type":"function","function":{"name":"f"}},"chat_template_kwargs":{"thinking_mode":"enabled"},
       "logit_bias":{"7":-100,"12":2.5},"min_tokens":3,"allowed_token_ids":[4,5],"include_stop_str_in_output":true,
-      "user":"u","metadata":{"k":"v"},"no_such_field":1,"another":null,"response_format":{"type":"json_object"}})"),
+      "user":"u","metadata":{"k":"v"},"no_such_field":1,"another":null})"),
                                 chat);
   ASSERT_FALSE(err) << err->message;
   EXPECT_EQ(chat.common.n, 2);
@@ -819,7 +866,7 @@ TEST(Protocol, ValidRequestsParse) {
   EXPECT_EQ(chat.common.sampling.min_tokens, 3);
   EXPECT_EQ(chat.common.sampling.allowed_token_ids, (std::vector<int32_t>{4, 5}));
   EXPECT_TRUE(chat.common.include_stop_str_in_output);
-  EXPECT_TRUE(chat.common.json_object);
+  EXPECT_TRUE(chat.common.pattern);  // the named tool's call
   EXPECT_EQ(chat.common.ignored_fields, (std::vector<std::string>{"no_such_field", "another"}));
   CompletionRequest comp;
   ASSERT_FALSE(parse_completion_request(OrderedJson::parse(R"({"prompt":[[1,2],"text"],"logprobs":2,"max_tokens":3})"),
