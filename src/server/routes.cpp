@@ -302,9 +302,11 @@ void ApiServer::handle_generation(const httplib::Request& req, httplib::Response
         std::vector<int32_t> end_ids = g.sampling.stop_token_ids;
         end_ids.insert(end_ids.end(), engine_.model().eos_token_ids.begin(), engine_.model().eos_token_ids.end());
         using Start = ByteConstraint::Start;
-        const Start start = !chat ? Start::kAtOnce
-                            : chat_req.thinking_mode == ThinkingMode::kEnabled ? Start::kReasoning
-                                                                               : Start::kMayReason;
+        // The prompt ends inside reasoning (enabled), after it (disabled: "</mm:think>"), or lets
+        // the model choose (adaptive).
+        const Start start = !chat || chat_req.thinking_mode == ThinkingMode::kDisabled ? Start::kAtOnce
+                            : chat_req.thinking_mode == ThinkingMode::kEnabled       ? Start::kReasoning
+                                                                                     : Start::kMayReason;
         if (common.pattern)
           g.sampling.constraint =
               std::make_shared<PatternConstraint>(token_bytes(), std::move(end_ids), start, common.pattern);

@@ -336,6 +336,32 @@ class ServerTest(unittest.TestCase):
         self.assertNotEqual(banned[k], tokens[k])
         self.assertNotIn(tokens[k], banned)
 
+    def test_tool_choice_required_and_named_are_enforced(self):
+        tools = [WEATHER_TOOL, {"type": "function", "function": {"name": "ping"}}]
+        calls = 0
+        for seed in range(4):
+            for choice in ("required", {"type": "function", "function": {"name": "get_weather"}}):
+                st, r = self.server.json("POST", "/v1/chat/completions", self.chat(
+                    max_tokens=300, temperature=1.0, seed=seed, tools=tools, tool_choice=choice,
+                    chat_template_kwargs={"thinking_mode": "disabled"}))
+                self.assertEqual(st, 200, r)
+                msg, finish = r["choices"][0]["message"], r["choices"][0]["finish_reason"]
+                self.assertFalse(msg.get("content"), msg)  # a call and nothing else
+                self.assertFalse(msg.get("reasoning_content"), msg)
+                if finish == "length":
+                    continue  # a random model may ramble inside a string value
+                self.assertEqual(finish, "tool_calls", r)
+                for call in msg["tool_calls"]:
+                    calls += 1
+                    if choice != "required":
+                        self.assertEqual(call["function"]["name"], "get_weather")
+                    self.assertIn(call["function"]["name"], {"get_weather", "ping"})
+                    args = json.loads(call["function"]["arguments"])
+                    if call["function"]["name"] == "get_weather":
+                        self.assertLessEqual(set(args), {"city", "days"})
+                        self.assertIsInstance(args.get("days", 0), int)
+        self.assertGreater(calls, 3)
+
     def test_min_tokens(self):
         # EOS (id 2 in the fixture) pushed to the top ends the completion at once; min_tokens holds it off.
         c = self.server.client()
