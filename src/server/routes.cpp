@@ -112,6 +112,18 @@ void ApiServer::install(httplib::Server& http) {
   });
   http.Get("/health", [](const httplib::Request&, httplib::Response& res) { res.status = 200; });
   http.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) { handle_models(res); });
+  // OpenAI's retrieve (client.models.retrieve); names may hold '/' (an HF repo id).
+  http.Get(R"(/v1/models/(.+))", [this](const httplib::Request& req, httplib::Response& res) {
+    const std::string id = req.matches[1];
+    if (auto err = check_model(id)) return send_error(res, *err);
+    send_json(res, model_card(id));
+  });
+  // vLLM's liveness probes and version.
+  http.Get("/ping", [](const httplib::Request&, httplib::Response& res) { res.status = 200; });
+  http.Post("/ping", [](const httplib::Request&, httplib::Response& res) { res.status = 200; });
+  http.Get("/version", [](const httplib::Request&, httplib::Response& res) {
+    send_json(res, OrderedJson{{"version", M3_VERSION}});
+  });
   http.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
     res.set_content(metrics_.render(), "text/plain; version=0.0.4; charset=utf-8");
   });
@@ -125,18 +137,20 @@ void ApiServer::install(httplib::Server& http) {
             [this](const httplib::Request& req, httplib::Response& res) { handle_generation(req, res, true); });
 }
 
+OrderedJson ApiServer::model_card(const std::string& name) const {
+  OrderedJson m = OrderedJson::object();
+  m["id"] = name;
+  m["object"] = "model";
+  m["created"] = unix_seconds();
+  m["owned_by"] = "m3serve";
+  m["root"] = options_.model_dir;
+  m["max_model_len"] = engine_.model().max_model_len;
+  return m;
+}
+
 void ApiServer::handle_models(httplib::Response& res) const {
   OrderedJson data = OrderedJson::array();
-  for (const auto& name : options_.served_model_names) {
-    OrderedJson m = OrderedJson::object();
-    m["id"] = name;
-    m["object"] = "model";
-    m["created"] = unix_seconds();
-    m["owned_by"] = "m3serve";
-    m["root"] = options_.model_dir;
-    m["max_model_len"] = engine_.model().max_model_len;
-    data.push_back(std::move(m));
-  }
+  for (const auto& name : options_.served_model_names) data.push_back(model_card(name));
   send_json(res, OrderedJson{{"object", "list"}, {"data", std::move(data)}});
 }
 

@@ -40,6 +40,7 @@ class ApiServer {
   void handle_tokenize(const httplib::Request& req, httplib::Response& res);
   void handle_detokenize(const httplib::Request& req, httplib::Response& res);
   void handle_models(httplib::Response& res) const;
+  OrderedJson model_card(const std::string& name) const;  // one entry of /v1/models
   void handle_debug_kernels(httplib::Response& res) const;
   void handle_debug_shapes(httplib::Response& res) const;
   std::string new_response_id(const char* prefix);

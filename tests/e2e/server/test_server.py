@@ -479,6 +479,12 @@ class ServerTest(unittest.TestCase):
     def test_models_tokenize_detokenize(self):
         models = self.server.client().models.list()
         self.assertEqual([m.id for m in models.data], [MODEL])
+        self.assertEqual(self.server.client().models.retrieve(MODEL).id, MODEL)
+        st, err = self.server.json("GET", "/v1/models/no-such/model")
+        self.assertEqual((st, err["error"]["code"]), (404, "model_not_found"))
+        st, version = self.server.json("GET", "/version")
+        self.assertEqual(st, 200)
+        self.assertRegex(version["version"], r"^\d+\.\d+\.\d+$")
         status, tok = self.server.json("POST", "/tokenize", {"prompt": "Hello world"})
         self.assertEqual(status, 200)
         status, detok = self.server.json("POST", "/detokenize", {"tokens": tok["tokens"]})
