@@ -353,11 +353,13 @@ class Parser {
 // UTF-8 encodings of the code points in [lo, hi] as sequences of byte ranges (the classic split:
 // first by encoded length, then until every continuation byte spans its whole range or a single
 // prefix).
-void utf8_sequences(uint32_t lo, uint32_t hi, std::vector<std::vector<std::pair<uint8_t, uint8_t>>>& out) {
+}  // namespace
+
+void utf8_ranges(uint32_t lo, uint32_t hi, std::vector<std::vector<std::pair<uint8_t, uint8_t>>>& out) {
   for (uint32_t edge : {0x7Fu, 0x7FFu, 0xFFFFu}) {
     if (lo <= edge && hi > edge) {
-      utf8_sequences(lo, edge, out);
-      utf8_sequences(edge + 1, hi, out);
+      utf8_ranges(lo, edge, out);
+      utf8_ranges(edge + 1, hi, out);
       return;
     }
   }
@@ -370,13 +372,13 @@ void utf8_sequences(uint32_t lo, uint32_t hi, std::vector<std::vector<std::pair<
     const uint32_t m = (1u << (6 * i)) - 1;
     if ((lo & ~m) != (hi & ~m)) {
       if ((lo & m) != 0) {
-        utf8_sequences(lo, lo | m, out);
-        utf8_sequences((lo | m) + 1, hi, out);
+        utf8_ranges(lo, lo | m, out);
+        utf8_ranges((lo | m) + 1, hi, out);
         return;
       }
       if ((hi & m) != m) {
-        utf8_sequences(lo, (hi & ~m) - 1, out);
-        utf8_sequences(hi & ~m, hi, out);
+        utf8_ranges(lo, (hi & ~m) - 1, out);
+        utf8_ranges(hi & ~m, hi, out);
         return;
       }
     }
@@ -395,6 +397,8 @@ void utf8_sequences(uint32_t lo, uint32_t hi, std::vector<std::vector<std::pair<
   for (int k = 0; k < n; ++k) seq.emplace_back(a[k], b[k]);
   out.push_back(std::move(seq));
 }
+
+namespace {
 
 // Builds the NFA backwards: each node is compiled with its continuation known, so no patch lists.
 class Builder {
@@ -432,12 +436,12 @@ class Builder {
         for (const Range& r : a.set) {
           // Surrogates have no UTF-8 encoding.
           if (r.first < 0xD800 && r.second >= 0xD800) {
-            utf8_sequences(r.first, 0xD7FF, seqs);
-            if (r.second > 0xDFFF) utf8_sequences(0xE000, r.second, seqs);
+            utf8_ranges(r.first, 0xD7FF, seqs);
+            if (r.second > 0xDFFF) utf8_ranges(0xE000, r.second, seqs);
           } else if (r.first >= 0xD800 && r.first <= 0xDFFF) {
-            if (r.second > 0xDFFF) utf8_sequences(0xE000, r.second, seqs);
+            if (r.second > 0xDFFF) utf8_ranges(0xE000, r.second, seqs);
           } else {
-            utf8_sequences(r.first, r.second, seqs);
+            utf8_ranges(r.first, r.second, seqs);
           }
         }
         std::vector<int32_t> starts;
@@ -584,6 +588,27 @@ bool LazyDfa::can_continue(int32_t s) {
       if (nfa_->states[size_t(x)].byte) d.continues = 1;
   }
   return d.continues == 1;
+}
+
+bool LazyDfa::reaches_any(int32_t s, uint32_t lo, uint32_t hi) {
+  std::vector<std::vector<std::pair<uint8_t, uint8_t>>> seqs;
+  utf8_ranges(lo, hi, seqs);
+  std::vector<std::pair<int32_t, size_t>> dead;  // (state, position) known to lead nowhere
+  auto walk = [&](auto&& self, int32_t at, const std::vector<std::pair<uint8_t, uint8_t>>& seq, size_t i) -> bool {
+    if (i == seq.size()) return true;
+    if (std::find(dead.begin(), dead.end(), std::make_pair(at, i)) != dead.end()) return false;
+    for (int b = seq[i].first; b <= seq[i].second; ++b) {
+      const int32_t t = next(at, uint8_t(b));
+      if (t >= 0 && self(self, t, seq, i + 1)) return true;
+    }
+    dead.emplace_back(at, i);
+    return false;
+  };
+  for (const auto& seq : seqs) {
+    dead.clear();
+    if (walk(walk, s, seq, 0)) return true;
+  }
+  return false;
 }
 
 int32_t LazyDfa::rebase(int32_t s) {

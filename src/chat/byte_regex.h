@@ -59,6 +59,8 @@ class LazyDfa {
   bool accepting(int32_t s) const { return states_[size_t(s)].accept; }
   // Some byte continues the output (false: only the end may come).
   bool can_continue(int32_t s);
+  // Some code point in [lo, hi] (its UTF-8 bytes) can follow state s.
+  bool reaches_any(int32_t s, uint32_t lo, uint32_t hi);
   // When the cache has grown past kMaxCachedStates: drop it, keep s (returns its new id).
   int32_t rebase(int32_t s);
   size_t size() const { return states_.size(); }
@@ -84,6 +86,10 @@ class LazyDfa {
   uint32_t epoch_ = 0;
   uint32_t rebuilds_ = 0;
 };
+
+// The UTF-8 encodings of the code points in [lo, hi] (surrogates included: callers exclude
+// them) as sequences of byte ranges.
+void utf8_ranges(uint32_t lo, uint32_t hi, std::vector<std::vector<std::pair<uint8_t, uint8_t>>>& out);
 
 // Whether `text` matches the whole pattern (tests and the route's examples).
 bool regex_full_match(const std::shared_ptr<const RegexNfa>& nfa, std::string_view text);

@@ -9,6 +9,10 @@ namespace {
 using Json = nlohmann::ordered_json;
 using Mode = JsonPrefix::Mode;
 
+// RFC 3339 full-date and full-time.
+constexpr const char* kDate = R"(\d{4}-(0[1-9]|1[0-2])-(0[1-9]|[12]\d|3[01]))";
+constexpr const char* kTime = R"(([01]\d|2[0-3]):[0-5]\d:([0-5]\d|60)(\.\d+)?([Zz]|[+\-]([01]\d|2[0-3]):[0-5]\d))";
+
 const std::set<std::string> kAnnotations = {"title", "description", "default", "examples", "$schema", "$id",
                                             "$comment", "readOnly", "writeOnly", "deprecated"};
 
@@ -47,8 +51,10 @@ class Compiler {
     JsonSchema::Node n;
     for (auto it = s.begin(); it != s.end(); ++it) {
       const std::string& k = it.key();
-      static const std::set<std::string> known = {"type", "properties", "required", "additionalProperties", "items",
-                                                  "enum", "const", "anyOf", "$defs", "definitions"};
+      static const std::set<std::string> known = {"type",  "properties", "required",    "additionalProperties",
+                                                  "items", "enum",       "const",       "anyOf",
+                                                  "$defs", "definitions", "pattern",    "format",
+                                                  "minLength", "maxLength"};
       if (!known.count(k) && !kAnnotations.count(k)) return fail(at, "'" + k + "' is not supported");
     }
     if (auto a = s.find("anyOf"); a != s.end()) return any_of(*a, s, at);
@@ -122,6 +128,7 @@ class Compiler {
       n.items = *child;
       n.unconstrained = false;
     }
+    if (auto st = strings(s, n, at); !st.is_ok()) return st;
     if (!n.names.empty() || !n.additional || n.additional_node >= 0) {
       if (!s.contains("type")) n.kinds = JsonSchema::kObject;  // object keywords imply an object
     } else if (n.items >= 0 && !s.contains("type")) {
@@ -132,6 +139,7 @@ class Compiler {
   }
 
   std::vector<JsonSchema::Node> nodes;
+  std::vector<std::shared_ptr<const RegexNfa>> rules;
   std::string error;
 
  private:
@@ -141,6 +149,77 @@ class Compiler {
   int32_t add(JsonSchema::Node n) {
     nodes.push_back(std::move(n));
     return int32_t(nodes.size()) - 1;
+  }
+
+  // pattern (ECMA-262 semantics: a search unless anchored), format, minLength, maxLength: rules
+  // on the decoded text of string values.
+  Status strings(const Json& s, JsonSchema::Node& n, const std::string& at) {
+    for (const char* key : {"minLength", "maxLength"}) {
+      auto it = s.find(key);
+      if (it == s.end()) continue;
+      if (!it->is_number_unsigned() && !(it->is_number_integer() && it->get<int64_t>() >= 0))
+        return Status::error(at + "." + key + ": must be a non-negative integer");
+      const int64_t v = it->get<int64_t>();
+      const auto clamped = int32_t(std::min<int64_t>(v, INT32_MAX));
+      (std::string(key) == "minLength" ? n.min_length : n.max_length) = clamped;
+      n.unconstrained = false;
+    }
+    if (n.max_length >= 0 && n.min_length > n.max_length)
+      return Status::error(at + ": minLength is above maxLength");
+    if (auto p = s.find("pattern"); p != s.end()) {
+      if (!p->is_string()) return Status::error(at + ".pattern: must be a string");
+      auto text = search_pattern(p->get<std::string>());
+      if (!text.is_ok()) return Status::error(at + ".pattern: " + text.error());
+      auto nfa = RegexNfa::compile(*text);
+      if (!nfa.is_ok()) return Status::error(at + ".pattern: " + nfa.error());
+      n.string_rules.push_back(int32_t(rules.size()));
+      rules.push_back(*nfa);
+      n.unconstrained = false;
+    }
+    if (auto f = s.find("format"); f != s.end()) {
+      if (!f->is_string()) return Status::error(at + ".format: must be a string");
+      // The formats that have a regular syntax; others stay annotations, as JSON Schema's
+      // default (format-annotation) vocabulary has it.
+      static const std::map<std::string, std::string> formats = {
+          {"date", kDate},
+          {"time", kTime},
+          {"date-time", std::string(kDate) + "[Tt ]" + kTime},
+          {"uuid", "[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}"},
+          {"email", R"([A-Za-z0-9!#$%&'*+/=?^_`{|}~\-]+(\.[A-Za-z0-9!#$%&'*+/=?^_`{|}~\-]+)*@[A-Za-z0-9](-*[A-Za-z0-9])*(\.[A-Za-z0-9](-*[A-Za-z0-9])*)+)"},
+          {"ipv4", R"(((25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)\.){3}(25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d))"},
+          {"uri", R"([A-Za-z][A-Za-z0-9+.\-]*:[^\s"<>\^`{|}]+)"},
+      };
+      if (auto it = formats.find(f->get<std::string>()); it != formats.end()) {
+        n.string_rules.push_back(int32_t(rules.size()));
+        rules.push_back(*RegexNfa::compile(it->second));
+        n.unconstrained = false;
+      }
+    }
+    return Status::ok();
+  }
+
+  // A JSON Schema pattern matches anywhere unless anchored: wrap it for a full match.
+  static Result<std::string> search_pattern(const std::string& p) {
+    const bool head = !p.empty() && p[0] == '^';
+    size_t slashes = 0;
+    while (p.size() >= 2 + slashes && p[p.size() - 2 - slashes] == '\\') ++slashes;
+    const bool tail = p.size() > size_t(head) && p.back() == '$' && slashes % 2 == 0;
+    const std::string core = p.substr(head ? 1 : 0, p.size() - (head ? 1 : 0) - (tail ? 1 : 0));
+    if (head || tail) {  // ^a|b$ anchors each branch apart: refuse rather than misread it
+      int depth = 0;
+      bool in_class = false;
+      for (size_t i = 0; i < core.size(); ++i) {
+        const char c = core[i];
+        if (c == '\\') ++i;
+        else if (in_class) in_class = c != ']';
+        else if (c == '[') in_class = true;
+        else if (c == '(') ++depth;
+        else if (c == ')') --depth;
+        else if (c == '|' && depth == 0)
+          return Status::error("anchors with a top-level '|' are not supported (group the alternatives)");
+      }
+    }
+    return std::string(head ? "" : "[\\s\\S]*") + "(?:" + core + ")" + (tail ? "" : "[\\s\\S]*");
   }
 
   Result<uint8_t> type_kinds(const Json& t, const std::string& at) {
@@ -189,6 +268,11 @@ class Compiler {
         merged.additional_node = a.additional_node;
       }
       if (a.kinds & JsonSchema::kArray) merged.items = a.items;
+      if (a.kinds & JsonSchema::kString) {
+        merged.string_rules = a.string_rules;
+        merged.min_length = a.min_length;
+        merged.max_length = a.max_length;
+      }
       merged.choices.insert(merged.choices.end(), a.choices.begin(), a.choices.end());
       merged.choice_kinds |= a.choice_kinds;
     }
@@ -235,6 +319,7 @@ Result<std::shared_ptr<const JsonSchema>> JsonSchema::compile(const nlohmann::or
   if (!root.is_ok()) return root.status();
   auto out = std::make_shared<JsonSchema>();
   out->nodes_ = std::move(c.nodes);
+  out->rules_ = std::move(c.rules);
   // The root goes first: the recogniser starts at node 0.
   std::swap(out->nodes_[0], out->nodes_[size_t(*root)]);
   for (auto& n : out->nodes_) {
@@ -264,6 +349,129 @@ std::shared_ptr<const JsonSchema> JsonSchema::any_object() {
 
 // ---- the recogniser --------------------------------------------------------------------------
 
+SchemaPrefix::SchemaPrefix(const JsonSchema* schema) : schema_(schema) {
+  if (schema_->rules_.empty()) return;
+  dfas_ = std::make_shared<std::vector<LazyDfa>>();
+  for (const auto& r : schema_->rules_) dfas_->emplace_back(r);
+}
+
+void SchemaPrefix::compact() {
+  if (!dfas_) return;
+  const JsonSchema::Node* n = str_node_ >= 0 ? &schema_->node(str_node_) : nullptr;
+  for (size_t r = 0; r < dfas_->size(); ++r) {
+    LazyDfa& d = (*dfas_)[r];
+    int32_t keep = d.start();
+    int slot = -1;
+    if (n)
+      for (size_t k = 0; k < n->string_rules.size(); ++k)
+        if (n->string_rules[k] == int32_t(r)) slot = int(k), keep = str_state_[k];
+    const int32_t moved = d.rebase(keep);
+    if (slot >= 0) str_state_[slot] = moved;
+  }
+}
+
+bool SchemaPrefix::emit_byte(uint8_t b) {
+  if ((b & 0xC0) != 0x80) {  // a code point begins
+    ++str_len_;
+    const int32_t most = schema_->node(str_node_).max_length;
+    if (most >= 0 && str_len_ > most) return false;
+  }
+  const auto& rules = schema_->node(str_node_).string_rules;
+  for (size_t k = 0; k < rules.size(); ++k) {
+    str_state_[k] = (*dfas_)[size_t(rules[k])].next(str_state_[k], b);
+    if (str_state_[k] < 0) return false;
+  }
+  return true;
+}
+
+bool SchemaPrefix::emit_code_point(uint32_t cp) {
+  uint8_t b[4];
+  int n = 0;
+  if (cp < 0x80) b[n++] = uint8_t(cp);
+  else if (cp < 0x800) b[n++] = uint8_t(0xC0 | (cp >> 6)), b[n++] = uint8_t(0x80 | (cp & 0x3F));
+  else if (cp < 0x10000)
+    b[n++] = uint8_t(0xE0 | (cp >> 12)), b[n++] = uint8_t(0x80 | ((cp >> 6) & 0x3F)), b[n++] = uint8_t(0x80 | (cp & 0x3F));
+  else
+    b[n++] = uint8_t(0xF0 | (cp >> 18)), b[n++] = uint8_t(0x80 | ((cp >> 12) & 0x3F)),
+    b[n++] = uint8_t(0x80 | ((cp >> 6) & 0x3F)), b[n++] = uint8_t(0x80 | (cp & 0x3F));
+  for (int k = 0; k < n; ++k)
+    if (!emit_byte(b[k])) return false;
+  return true;
+}
+
+bool SchemaPrefix::string_end() {
+  const JsonSchema::Node& n = schema_->node(str_node_);
+  if (pending_high_ != 0 || str_len_ < n.min_length) return false;
+  for (size_t k = 0; k < n.string_rules.size(); ++k)
+    if (!(*dfas_)[size_t(n.string_rules[k])].accepting(str_state_[k])) return false;
+  str_node_ = -1;
+  return true;
+}
+
+bool SchemaPrefix::code_points_viable(uint32_t lo, uint32_t hi) const {
+  if (lo > hi) return false;
+  const JsonSchema::Node& n = schema_->node(str_node_);
+  if (n.max_length >= 0 && str_len_ + 1 > n.max_length) return false;
+  // Each rule alone (with pattern and format both, a code point each accepts need not be one).
+  for (size_t k = 0; k < n.string_rules.size(); ++k)
+    if (!(*dfas_)[size_t(n.string_rules[k])].reaches_any(str_state_[k], lo, hi)) return false;
+  return true;
+}
+
+bool SchemaPrefix::escape_viable(uint32_t lo, uint32_t hi) const {
+  auto supplementary = [](uint32_t high) { return 0x10000 + ((high - 0xD800) << 10); };
+  if (pending_high_ != 0) {
+    const uint32_t a = std::max<uint32_t>(lo, 0xDC00), b = std::min<uint32_t>(hi, 0xDFFF);
+    return a <= b && code_points_viable(supplementary(pending_high_) + a - 0xDC00,
+                                        supplementary(pending_high_) + b - 0xDC00);
+  }
+  if (lo <= 0xD7FF && code_points_viable(lo, std::min<uint32_t>(hi, 0xD7FF))) return true;
+  const uint32_t a = std::max<uint32_t>(lo, 0xD800), b = std::min<uint32_t>(hi, 0xDBFF);  // high halves
+  if (a <= b && code_points_viable(supplementary(a), supplementary(b) + 0x3FF)) return true;
+  return hi >= 0xE000 && code_points_viable(std::max<uint32_t>(lo, 0xE000), hi);
+}
+
+bool SchemaPrefix::string_byte(Mode before, uint8_t c) {
+  if (before == Mode::kString) {
+    if (c == '"') return string_end();
+    if (c == '\\') return escape_viable(0, 0xFFFF);  // an escape begins: \uXXXX can write any character
+    return pending_high_ == 0 && emit_byte(c);
+  }
+  if (before == Mode::kEscape) {
+    if (c == 'u') {
+      esc_cp_ = 0, esc_digits_ = 0;
+      return true;  // as viable as the backslash was
+    }
+    if (pending_high_ != 0) return false;  // a high surrogate's low half must follow
+    switch (c) {
+      case 'b': return emit_byte(8);
+      case 'f': return emit_byte(12);
+      case 'n': return emit_byte(10);
+      case 'r': return emit_byte(13);
+      case 't': return emit_byte(9);
+      default: return emit_byte(c);  // '"', '\\', '/' (the syntax refused anything else)
+    }
+  }
+  // Mode::kUnicode: one of four hex digits (the syntax checked it is one).
+  esc_cp_ = esc_cp_ * 16 + uint32_t(c <= '9' ? c - '0' : (c | 0x20) - 'a' + 10);
+  const int left = 4 - ++esc_digits_;
+  if (!escape_viable(esc_cp_ << (4 * left), ((esc_cp_ + 1) << (4 * left)) - 1)) return false;
+  if (left > 0) return true;
+  uint32_t cp = esc_cp_;
+  if (pending_high_ != 0) {
+    if (cp < 0xDC00 || cp > 0xDFFF) return false;
+    cp = 0x10000 + ((pending_high_ - 0xD800) << 10) + (cp - 0xDC00);
+    pending_high_ = 0;
+    return emit_code_point(cp);
+  }
+  if (cp >= 0xD800 && cp <= 0xDBFF) {
+    pending_high_ = cp;
+    return true;
+  }
+  if (cp >= 0xDC00 && cp <= 0xDFFF) return false;  // a lone low surrogate is no character
+  return emit_code_point(cp);
+}
+
 bool SchemaPrefix::key_may_begin(const Frame& f, std::string_view key) const {
   if (f.node < 0) return true;
   const JsonSchema::Node& n = schema_->node(f.node);
@@ -289,6 +497,13 @@ bool SchemaPrefix::value_start(uint8_t c) {
       for (const auto& ch : n.choices) any = any || ch.compare(0, 1, capture_) == 0;
       if (!any) return false;
     }
+  }
+  if (c == '"' && expect_ >= 0 && !capturing_ && schema_->node(expect_).string_checked()) {
+    str_node_ = expect_;
+    str_len_ = 0;
+    pending_high_ = 0;
+    const JsonSchema::Node& n = schema_->node(expect_);
+    for (size_t k = 0; k < n.string_rules.size(); ++k) str_state_[k] = (*dfas_)[size_t(n.string_rules[k])].start();
   }
   if (c == '{' || c == '[') {
     if (depth_ >= kMaxDepth) return false;
@@ -378,6 +593,7 @@ bool SchemaPrefix::feed(uint8_t c) {
   // fraction or exponent.
   if (in_value_string || before == Mode::kLiteral || (was_number && syntax_.in_number())) {
     if (was_number && int_only_ && (c == '.' || c == 'e' || c == 'E')) return false;
+    if (in_value_string && str_node_ >= 0 && !string_byte(before, c)) return false;
     if (capturing_) {
       capture_ += char(c);
       bool any = false;

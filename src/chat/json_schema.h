@@ -16,6 +16,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "chat/byte_regex.h"
 #include "chat/json_prefix.h"
 #include "core/status.h"
 
@@ -42,7 +43,13 @@ class JsonSchema {
     // enum / const: a value of a kind in choice_kinds must be one of these texts exactly.
     std::vector<std::string> choices;
     uint8_t choice_kinds = 0;
+    // Strings: pattern / format (indices into rules, each a full match of the decoded text) and
+    // minLength / maxLength in code points (-1: no maximum).
+    std::vector<int32_t> string_rules;
+    int32_t min_length = 0, max_length = -1;
+    bool string_checked() const { return !string_rules.empty() || min_length > 0 || max_length >= 0; }
   };
+  static constexpr int kMaxStringRules = 2;  // per node: pattern and format
 
   // An error names the keyword and where it is ("properties.a.pattern: ... not supported").
   static Result<std::shared_ptr<const JsonSchema>> compile(const nlohmann::ordered_json& schema);
@@ -51,13 +58,14 @@ class JsonSchema {
 
   const Node& node(int32_t i) const { return nodes_[size_t(i)]; }
   std::vector<Node> nodes_;  // [0]: the root
+  std::vector<std::shared_ptr<const RegexNfa>> rules_;  // string patterns and formats
 };
 
 // JsonPrefix plus the schema: feed() refuses a byte that breaks either.
 class SchemaPrefix {
  public:
   // `schema` must outlive the recogniser and its copies (copies are how a mask tries a token).
-  explicit SchemaPrefix(const JsonSchema* schema) : schema_(schema) {}
+  explicit SchemaPrefix(const JsonSchema* schema);
   // Copies only the open frames: a mask copies the state once per trie node it tries.
   SchemaPrefix(const SchemaPrefix& o) : schema_(o.schema_) { *this = o; }
   SchemaPrefix& operator=(const SchemaPrefix& o) {
@@ -71,8 +79,18 @@ class SchemaPrefix {
     capture_node_ = o.capture_node_;
     capture_ = o.capture_;
     key_ = o.key_;
+    dfas_ = o.dfas_;
+    str_node_ = o.str_node_;
+    str_len_ = o.str_len_;
+    std::copy(o.str_state_, o.str_state_ + JsonSchema::kMaxStringRules, str_state_);
+    esc_cp_ = o.esc_cp_;
+    esc_digits_ = o.esc_digits_;
+    pending_high_ = o.pending_high_;
     return *this;
   }
+  // Bounds the string rules' DFA caches (their state ids change): call between masks, never
+  // while copies made for a mask are in use.
+  void compact();
 
   bool feed(uint8_t c);
   bool feed(std::string_view bytes) {
@@ -84,7 +102,7 @@ class SchemaPrefix {
   // Inside a string that nothing constrains (a value with no enum, or a key where any key may
   // come): every plain string byte is accepted and changes nothing that matters.
   bool in_plain_string() const {
-    if (!syntax_.in_string() || capturing_) return false;
+    if (!syntax_.in_string() || capturing_ || str_node_ >= 0) return false;
     if (!syntax_.in_key()) return true;
     const Frame& f = frames_[depth_ - 1];
     return f.node < 0 || schema_->node(f.node).additional;
@@ -106,6 +124,16 @@ class SchemaPrefix {
   // A byte outside strings, numbers and literals; before: the syntax's mode ahead of it,
   // container: the innermost container then.
   bool structural(JsonPrefix::Mode before, char container, uint8_t c);
+  // A byte inside a checked string value (str_node_): decodes escapes, counts code points and
+  // steps the rules' DFAs; the closing quote checks them.
+  bool string_byte(JsonPrefix::Mode before, uint8_t c);
+  bool emit_byte(uint8_t b);
+  bool emit_code_point(uint32_t cp);
+  bool string_end();
+  // Some \uXXXX value in [lo, hi] (with a pending high surrogate: its low half) could come next:
+  // refuses an escape's digit as soon as no completion of it fits the rules.
+  bool escape_viable(uint32_t lo, uint32_t hi) const;
+  bool code_points_viable(uint32_t lo, uint32_t hi) const;
 
   const JsonSchema* schema_;
   JsonPrefix syntax_{true};
@@ -117,6 +145,14 @@ class SchemaPrefix {
   int32_t capture_node_ = -1;
   std::string capture_;      // its bytes so far
   std::string key_;          // the key being read (raw bytes between the quotes)
+  // A string value with pattern / format / length rules (-1: none being read).
+  std::shared_ptr<std::vector<LazyDfa>> dfas_;  // one per schema rule, shared by copies
+  int32_t str_node_ = -1;
+  int32_t str_len_ = 0;                          // code points so far
+  int32_t str_state_[JsonSchema::kMaxStringRules] = {};
+  uint32_t esc_cp_ = 0;                          // \uXXXX being read
+  uint8_t esc_digits_ = 0;
+  uint32_t pending_high_ = 0;                    // a high surrogate waiting for its low half
 };
 
 }  // namespace m3

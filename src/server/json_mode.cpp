@@ -9,6 +9,7 @@ JsonObjectConstraint::JsonObjectConstraint(std::shared_ptr<const TokenBytes> tab
     : ByteConstraint(std::move(table), std::move(end_ids), start), schema_(std::move(schema)), json_(schema_.get()) {}
 
 void JsonObjectConstraint::allow(std::vector<char>& allowed) {
+  json_.compact();  // the string rules' DFA caches stay bounded (never during the walk below)
   const TokenBytes& t = table();
   auto feed = [](SchemaPrefix& s, uint8_t b) { return s.feed(b); };
   // Inside a string value every plain content token is accepted without a trial.

@@ -286,9 +286,26 @@ class ServerTest(unittest.TestCase):
                 self.assertIsInstance(doc["a"], bool)
                 self.assertIsInstance(doc["n"], int)
         err = self.check_error(self.chat(response_format={"type": "json_schema", "json_schema": {
-            "name": "t", "schema": {"type": "object", "properties": {"a": {"type": "string", "pattern": "x"}}}}}),
+            "name": "t", "schema": {"type": "object", "properties": {"a": {"type": "integer", "minimum": 0}}}}}),
             "response_format")
-        self.assertIn("'pattern' is not supported", err["message"])
+        self.assertIn("'minimum' is not supported", err["message"])
+        # String rules: a pattern and a format, on the decoded text.
+        schema = {"type": "object", "properties": {"code": {"type": "string", "pattern": "^[A-C]{2}[0-9]$"},
+                                                   "day": {"type": "string", "format": "date"}},
+                  "required": ["code", "day"], "additionalProperties": False}
+        done = 0
+        for seed in range(3):
+            st, r = self.server.json("POST", "/v1/completions", {
+                "model": MODEL, "prompt": "Data:", "max_tokens": 200, "temperature": 1.0, "seed": seed,
+                "response_format": {"type": "json_schema", "json_schema": {"name": "t", "schema": schema}}})
+            self.assertEqual(st, 200, r)
+            if r["choices"][0]["finish_reason"] != "stop":
+                continue
+            doc = json.loads(r["choices"][0]["text"])
+            self.assertRegex(doc["code"], r"^[A-C]{2}[0-9]$")
+            self.assertRegex(doc["day"], r"^\d{4}-(0[1-9]|1[0-2])-(0[1-9]|[12]\d|3[01])$")
+            done += 1
+        self.assertGreater(done, 0)
         self.check_error(self.chat(response_format={"type": "json_schema"}), "response_format")
 
     def test_guided_regex_choice_truncation_and_bad_words(self):

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <random>
+#include <regex>
 #include <set>
 #include <string>
 #include <vector>
@@ -54,7 +55,13 @@ TEST(JsonSchema, RefusesWhatItDoesNotEnforceByName) {
     const char* says;
   };
   const Case cases[] = {
-      {R"({"type": "object", "properties": {"a": {"type": "string", "pattern": "x"}}})", "properties.a: 'pattern'"},
+      {R"({"type": "object", "properties": {"a": {"type": "string", "minimum": 1}}})", "properties.a: 'minimum'"},
+      {R"({"type": "object", "properties": {"a": {"type": "string", "pattern": "^a|b$"}}})", "top-level '|'"},
+      {R"j({"type": "object", "properties": {"a": {"type": "string", "pattern": "(?=x)"}}})j",
+       "properties.a.pattern: look-around"},
+      {R"({"type": "object", "properties": {"a": {"type": "string", "minLength": -1}}})", "minLength: must be"},
+      {R"({"type": "object", "properties": {"a": {"type": "string", "minLength": 3, "maxLength": 2}}})",
+       "minLength is above maxLength"},
       {R"({"type": "object", "properties": {"a": {"$ref": "#/$defs/A"}}, "$defs": {"A": {"type": "object", "properties": {"b": {"$ref": "#/$defs/A"}}}}})",
        "recursive"},
       {R"({"type": "object", "properties": {"a": {"anyOf": [{"type": "integer"}, {"type": "number"}]}}})", "different JSON types"},
@@ -73,6 +80,90 @@ TEST(JsonSchema, RefusesWhatItDoesNotEnforceByName) {
   }
   EXPECT_TRUE(JsonSchema::compile(Json::parse(kSchema)).is_ok());
   EXPECT_TRUE(JsonSchema::compile(Json::parse(R"({})")).is_ok());  // any object
+}
+
+// pattern (a search unless anchored), format and lengths apply to the decoded text of a string:
+// escapes count as the character they stand for, a surrogate pair as one code point.
+TEST(JsonSchema, StringRulesFollowTheDecodedText) {
+  const auto schema = *JsonSchema::compile(Json::parse(R"({"type": "object", "properties": {
+      "code": {"type": "string", "pattern": "^[A-Z]{2}\\d{3}$"},
+      "has": {"type": "string", "pattern": "ab"},
+      "day": {"type": "string", "format": "date"},
+      "at": {"type": ["string", "null"], "format": "date-time"},
+      "mail": {"anyOf": [{"type": "string", "format": "email"}, {"type": "null"}]},
+      "id": {"type": "string", "format": "uuid"},
+      "short": {"type": "string", "minLength": 2, "maxLength": 3},
+      "free": {"type": "string", "format": "not-a-known-format"}}})"));
+  auto whole = [&](const std::string& doc) {
+    SchemaPrefix p(schema.get());
+    return p.feed(std::string_view(doc)) && p.complete();
+  };
+  auto prefix = [&](const std::string& doc) {
+    SchemaPrefix p(schema.get());
+    return p.feed(std::string_view(doc));
+  };
+  for (const char* ok : {R"({"code": "AB123"})", R"({"code": "A\u0042123"})", R"({"has": "xxabyy"})", R"({"has": "ab"})",
+                         R"({"day": "2026-12-05"})", R"({"at": "2026-12-05T10:45:00.5+01:00"})", R"({"at": null})",
+                         R"({"mail": "edmond.dantes@chateau-if.fr"})", R"({"mail": null})",
+                         R"({"id": "123e4567-e89b-12d3-a456-426614174000"})", R"({"short": "ab"})",
+                         R"({"short": "\u00e9t\u00e9"})", R"({"short": "\ud83d\ude00x"})", R"({"short": "\n\t"})",
+                         R"({"free": "anything"})"})
+    EXPECT_TRUE(whole(ok)) << ok;
+  for (const char* bad : {R"({"code": "AB1234"})", R"({"code": "ab123"})", R"({"has": "a b"})", R"({"day": "2026-13-05"})",
+                          R"({"at": "2026-12-05"})", R"({"mail": "no-at-sign"})", R"({"id": "123e4567"})",
+                          R"({"short": "a"})", R"({"short": "abcd"})", R"({"short": "\ude00x"})"})
+    EXPECT_FALSE(whole(bad)) << bad;
+  // Refused at the byte where no valid text can follow, not only at the end.
+  EXPECT_FALSE(prefix(R"({"code": "A1)"));
+  EXPECT_FALSE(prefix(R"({"code": "AB1234)"));
+  EXPECT_FALSE(prefix(R"({"short": "abcd)"));
+  EXPECT_FALSE(prefix(R"({"day": "2026-1x)"));
+  EXPECT_TRUE(prefix(R"({"day": "2026-1)"));
+  EXPECT_FALSE(prefix(R"({"short": "a")"));  // too short to close
+  SchemaPrefix in(schema.get());
+  ASSERT_TRUE(in.feed(std::string_view(R"({"code": "A)")));
+  EXPECT_FALSE(in.in_plain_string());  // a checked string takes no shortcut in the mask
+  SchemaPrefix free(schema.get());
+  ASSERT_TRUE(free.feed(std::string_view(R"({"free": "a)")));
+  EXPECT_TRUE(free.in_plain_string());
+}
+
+// Random byte walks through string rules never meet a dead end and always end valid.
+TEST(JsonSchema, StringRulesLeaveNoDeadEnds) {
+  const auto schema = *JsonSchema::compile(Json::parse(R"({"type": "object", "properties": {
+      "code": {"type": "string", "pattern": "^[A-C]{2}\\d{1,3}$"}, "day": {"type": "string", "format": "date"},
+      "short": {"type": "string", "minLength": 2, "maxLength": 3}}, "required": ["code", "day", "short"],
+      "additionalProperties": false})"));
+  const std::regex code("[A-C]{2}[0-9]{1,3}"), day("[0-9]{4}-[0-9]{2}-[0-9]{2}");
+  std::mt19937 rng(3);
+  int completed = 0;
+  for (int walk = 0; walk < 200; ++walk) {
+    SchemaPrefix p(schema.get());
+    std::string doc;
+    for (int step = 0; step < 400 && !p.complete(); ++step) {
+      std::vector<uint8_t> ok;
+      for (int b = 0; b < 256; ++b) {
+        SchemaPrefix t = p;
+        if (t.feed(uint8_t(b))) ok.push_back(uint8_t(b));
+      }
+      ASSERT_FALSE(ok.empty()) << "dead end after: " << doc;
+      std::vector<uint8_t> pick;  // ASCII and no padding, so walks end
+      for (uint8_t b : ok)
+        if (b < 0x80 && b != ' ' && b != '\n' && b != '\t' && b != '\r') pick.push_back(b);
+      if (pick.empty()) pick = ok;
+      uint8_t b = pick[rng() % pick.size()];
+      if (std::find(ok.begin(), ok.end(), '"') != ok.end() && rng() % 3 == 0) b = '"';
+      ASSERT_TRUE(p.feed(b));
+      doc += char(b);
+    }
+    if (!p.complete()) continue;
+    ++completed;
+    const Json d = Json::parse(doc);
+    EXPECT_TRUE(std::regex_match(d["code"].get<std::string>(), code)) << doc;
+    EXPECT_TRUE(std::regex_match(d["day"].get<std::string>(), day)) << doc;
+    EXPECT_GE(d["short"].get<std::string>().size(), 2u) << doc;
+  }
+  EXPECT_GT(completed, 50);
 }
 
 TEST(JsonSchema, AcceptsValidDocumentsInAnyPropertyOrder) {
