@@ -26,6 +26,7 @@
 #include "chat/json_schema.h"
 #include "server/json_mode.h"
 #include "server/pattern_mode.h"
+#include "tokenizer/list_tokenizer.h"
 
 namespace {
 
@@ -41,84 +42,50 @@ std::string spaced(const std::string& s) {
   return out;
 }
 
-class SyntheticVocab final : public m3::Tokenizer {
- public:
-  SyntheticVocab(const std::string& corpus, size_t target) {
-    items_ = {"<s>", "</s>", "<mm:think>", "</mm:think>"};
-    for (int b = 0; b < 256; ++b) add(std::string(1, char(b)));
-    for (int n = 0; n < 1000; ++n) add(std::to_string(n)), add(spaced(std::to_string(n)));
-    const char* json_bits[] = {"\":", "\",", "{\"", "\"}", "\": \"", "\", \"", "\n", "\n  ", "\n    ", "  \"", "},",
-                               "],", "[\"", "\"]", "\": [", "\": {", "true", "false", "null", " true", " false", " null",
-                               "\": ", ", \"", "\\n", "\\\"", "{\n", "}\n", "...", ". ", ", ", "--", "://", ".com"};
-    for (const char* b : json_bits) add(b);
-    // Words and pieces of words by frequency, the way BPE merges grow a vocabulary.
-    std::unordered_map<std::string, int> counts;
-    std::string word;
-    auto flush = [&] {
-      if (word.empty()) return;
-      counts[word] += 3, counts[spaced(word)] += 4;
-      for (size_t len = 2; len <= std::min<size_t>(8, word.size()); ++len)
-        for (size_t at = 0; at + len <= word.size(); ++at) counts[word.substr(at, len)] += 1;
-      word.clear();
-    };
-    for (char c : corpus) {
-      if ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || uint8_t(c) >= 0x80) word += c;
-      else flush();
-    }
-    flush();
-    std::vector<std::pair<int, std::string>> ranked;
-    for (auto& [w, n] : counts) ranked.emplace_back(-n, w);
-    std::sort(ranked.begin(), ranked.end());
-    for (const auto& r : ranked) {
-      if (items_.size() >= target) break;
-      add(r.second);
-    }
-    std::mt19937 rng(1);  // a small corpus (or none): random lowercase pieces fill the rest
-    while (items_.size() < target) {
-      std::string t;
-      if (rng() % 2) t += ' ';
-      for (int k = 2 + int(rng() % 7); k > 0; --k) t += char('a' + rng() % 26);
-      add(t);
-    }
+// Every byte, numbers, JSON fragments, then corpus words and word pieces by frequency (the way
+// BPE merges grow a vocabulary), random lowercase pieces if the corpus runs out.
+m3::ListTokenizer synthetic_vocab(const std::string& corpus, size_t target) {
+  std::vector<std::string> items = {"<s>", "</s>", "<mm:think>", "</mm:think>"};
+  std::set<std::string> seen(items.begin(), items.end());
+  auto add = [&](const std::string& t) {
+    if (!t.empty() && seen.insert(t).second) items.push_back(t);
+  };
+  for (int b = 0; b < 256; ++b) add(std::string(1, char(b)));
+  for (int n = 0; n < 1000; ++n) add(std::to_string(n)), add(spaced(std::to_string(n)));
+  const char* json_bits[] = {"\":", "\",", "{\"", "\"}", "\": \"", "\", \"", "\n", "\n  ", "\n    ", "  \"", "},",
+                             "],", "[\"", "\"]", "\": [", "\": {", "true", "false", "null", " true", " false", " null",
+                             "\": ", ", \"", "\\n", "\\\"", "{\n", "}\n", "...", ". ", ", ", "--", "://", ".com"};
+  for (const char* b : json_bits) add(b);
+  std::unordered_map<std::string, int> counts;
+  std::string word;
+  auto flush = [&] {
+    if (word.empty()) return;
+    counts[word] += 3, counts[spaced(word)] += 4;
+    for (size_t len = 2; len <= std::min<size_t>(8, word.size()); ++len)
+      for (size_t at = 0; at + len <= word.size(); ++at) counts[word.substr(at, len)] += 1;
+    word.clear();
+  };
+  for (char c : corpus) {
+    if ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || uint8_t(c) >= 0x80) word += c;
+    else flush();
   }
-  std::vector<int32_t> encode(std::string_view text, bool) const override {
-    std::vector<int32_t> out;  // greedy longest match
-    for (size_t at = 0; at < text.size();) {
-      size_t best = 1;
-      for (size_t len = std::min<size_t>(16, text.size() - at); len > 1; --len)
-        if (index_.count(std::string(text.substr(at, len)))) {
-          best = len;
-          break;
-        }
-      out.push_back(index_.at(std::string(text.substr(at, best))));
-      at += best;
-    }
-    return out;
+  flush();
+  std::vector<std::pair<int, std::string>> ranked;
+  for (auto& [w, n] : counts) ranked.emplace_back(-n, w);
+  std::sort(ranked.begin(), ranked.end());
+  for (const auto& r : ranked) {
+    if (items.size() >= target) break;
+    add(r.second);
   }
-  std::string decode(const std::vector<int32_t>& ids, bool) const override {
-    std::string s;
-    for (int32_t id : ids) s += items_[size_t(id)];
-    return s;
+  std::mt19937 rng(1);
+  while (items.size() < target) {
+    std::string t;
+    if (rng() % 2) t += ' ';
+    for (int k = 2 + int(rng() % 7); k > 0; --k) t += char('a' + rng() % 26);
+    add(t);
   }
-  std::optional<int32_t> token_to_id(std::string_view t) const override {
-    for (int32_t i = 0; i < 4; ++i)
-      if (items_[size_t(i)] == t) return i;
-    return std::nullopt;
-  }
-  std::string id_to_token(int32_t id) const override { return items_[size_t(id)]; }
-  int32_t vocab_size() const override { return int32_t(items_.size()); }
-  bool is_special(int32_t id) const override { return id < 4; }
-  std::string_view token_bytes(int32_t id) const override { return items_[size_t(id)]; }
-
- private:
-  void add(const std::string& t) {
-    if (t.empty() || index_.count(t)) return;
-    index_.emplace(t, int32_t(items_.size()));
-    items_.push_back(t);
-  }
-  std::vector<std::string> items_;
-  std::unordered_map<std::string, int32_t> index_;
-};
+  return m3::ListTokenizer(std::move(items), 4);
+}
 
 struct Case {
   std::string name, kind, spec, text;
@@ -158,7 +125,7 @@ int main(int argc, char** argv) {
     std::printf("corpus %s not found: the vocabulary's words are random letters\n", corpus_path.c_str());
   }
   auto t0 = Clock::now();
-  SyntheticVocab vocab(corpus, vocab_size);
+  const m3::ListTokenizer vocab = synthetic_vocab(corpus, vocab_size);
   const double vocab_ms = ms_since(t0);
   t0 = Clock::now();
   auto table = std::make_shared<const m3::server::TokenBytes>(vocab);

@@ -128,6 +128,36 @@ TEST(JsonSchema, StringRulesFollowTheDecodedText) {
   EXPECT_TRUE(free.in_plain_string());
 }
 
+// A random byte walk through the schema's documents: each step takes one byte the recogniser
+// accepts (ASCII and no padding when there is a choice, structure half of the time so walks
+// end); fails on a dead end. Returns the document, complete or not after max_steps.
+std::string random_document(const JsonSchema& schema, std::mt19937& rng, int max_steps, bool* complete) {
+  SchemaPrefix p(&schema);
+  std::string doc;
+  for (int step = 0; step < max_steps && !p.complete(); ++step) {
+    std::vector<uint8_t> ok;
+    for (int b = 0; b < 256; ++b) {
+      SchemaPrefix t = p;
+      if (t.feed(uint8_t(b))) ok.push_back(uint8_t(b));
+    }
+    EXPECT_FALSE(ok.empty()) << "dead end after: " << doc;
+    if (ok.empty()) break;
+    std::vector<uint8_t> pick;
+    for (uint8_t b : ok)
+      if (b != ' ' && b != '\n' && b != '\t' && b != '\r' && b < 0x80) pick.push_back(b);
+    if (pick.empty()) pick = ok;
+    std::vector<uint8_t> structure;  // brackets, commas, quotes: documents that end
+    for (uint8_t x : pick)
+      if (x == '{' || x == '}' || x == '[' || x == ']' || x == ',' || x == '"' || x == ':') structure.push_back(x);
+    uint8_t b = !structure.empty() && rng() % 2 ? structure[rng() % structure.size()] : pick[rng() % pick.size()];
+    if (std::find(ok.begin(), ok.end(), '"') != ok.end() && rng() % 3 == 0) b = '"';
+    EXPECT_TRUE(p.feed(b));
+    doc += char(b);
+  }
+  *complete = p.complete();
+  return doc;
+}
+
 // Random byte walks through string rules never meet a dead end and always end valid.
 TEST(JsonSchema, StringRulesLeaveNoDeadEnds) {
   const auto schema = *JsonSchema::compile(Json::parse(R"({"type": "object", "properties": {
@@ -138,25 +168,10 @@ TEST(JsonSchema, StringRulesLeaveNoDeadEnds) {
   std::mt19937 rng(3);
   int completed = 0;
   for (int walk = 0; walk < 200; ++walk) {
-    SchemaPrefix p(schema.get());
-    std::string doc;
-    for (int step = 0; step < 400 && !p.complete(); ++step) {
-      std::vector<uint8_t> ok;
-      for (int b = 0; b < 256; ++b) {
-        SchemaPrefix t = p;
-        if (t.feed(uint8_t(b))) ok.push_back(uint8_t(b));
-      }
-      ASSERT_FALSE(ok.empty()) << "dead end after: " << doc;
-      std::vector<uint8_t> pick;  // ASCII and no padding, so walks end
-      for (uint8_t b : ok)
-        if (b < 0x80 && b != ' ' && b != '\n' && b != '\t' && b != '\r') pick.push_back(b);
-      if (pick.empty()) pick = ok;
-      uint8_t b = pick[rng() % pick.size()];
-      if (std::find(ok.begin(), ok.end(), '"') != ok.end() && rng() % 3 == 0) b = '"';
-      ASSERT_TRUE(p.feed(b));
-      doc += char(b);
-    }
-    if (!p.complete()) continue;
+    bool complete = false;
+    const std::string doc = random_document(*schema, rng, 400, &complete);
+    ASSERT_FALSE(HasFailure()) << doc;
+    if (!complete) continue;
     ++completed;
     const Json d = Json::parse(doc);
     EXPECT_TRUE(std::regex_match(d["code"].get<std::string>(), code)) << doc;
@@ -228,29 +243,10 @@ TEST(JsonSchema, RandomWalksNeverDeadEndAndCompleteValid) {
   std::mt19937 rng(17);
   int completed = 0;
   for (int walk = 0; walk < 400; ++walk) {
-    SchemaPrefix p(schema().get());
-    std::string doc;
-    for (int step = 0; step < 600 && !p.complete(); ++step) {
-      std::vector<uint8_t> ok;
-      for (int b = 0; b < 256; ++b) {
-        SchemaPrefix t = p;
-        if (t.feed(uint8_t(b))) ok.push_back(uint8_t(b));
-      }
-      ASSERT_FALSE(ok.empty()) << "dead end after: " << doc;
-      // Prefer structure over padding and short strings, so walks finish.
-      std::vector<uint8_t> pick;
-      for (uint8_t b : ok)
-        if (b != ' ' && b != '\n' && b != '\t' && b != '\r' && (b < 0x80)) pick.push_back(b);
-      if (pick.empty()) pick = ok;
-      std::vector<uint8_t> structure;  // brackets, commas, quotes: documents that end
-      for (uint8_t x : pick)
-        if (x == '{' || x == '}' || x == '[' || x == ']' || x == ',' || x == '"' || x == ':') structure.push_back(x);
-      uint8_t b = !structure.empty() && rng() % 2 ? structure[rng() % structure.size()] : pick[rng() % pick.size()];
-      if (p.in_plain_string() && std::find(ok.begin(), ok.end(), '"') != ok.end() && rng() % 3 == 0) b = '"';
-      ASSERT_TRUE(p.feed(b));
-      doc += char(b);
-    }
-    if (!p.complete()) continue;
+    bool complete = false;
+    const std::string doc = random_document(*schema(), rng, 600, &complete);
+    ASSERT_FALSE(HasFailure()) << doc;
+    if (!complete) continue;
     ++completed;
     Json d;
     try {

@@ -15,6 +15,7 @@
 #include "server/generation.h"
 #include "server/json_mode.h"
 #include "server/pattern_mode.h"
+#include "tokenizer/list_tokenizer.h"
 #include "server/metrics.h"
 #include "server/openai_protocol.h"
 #include "scripted_engine.h"
@@ -311,10 +312,19 @@ TEST(JsonObjectConstraint, ReasoningComesFirstUnconstrained) {
 
 // A vocabulary of every printable byte, a few specials and many random multi-byte tokens over
 // JSON's characters: the trie walk must allow exactly the tokens a per-token trial allows.
-class RandomVocab final : public Tokenizer {
- public:
-  explicit RandomVocab(uint32_t seed) {
-    items_ = {"<s>", "</s>", "<mm:think>", "</mm:think>"};
+ListTokenizer random_vocab(uint32_t seed) {
+  std::vector<std::string> items = {"<s>", "</s>", "<mm:think>", "</mm:think>"};
+  for (int b = 0x09; b < 0x7f; ++b) items.push_back(std::string(1, char(b)));
+  const std::string alphabet = "{}[]:,\"\\ \n\t0123456789-+.eEtrufalsn abcxyz/";
+  std::mt19937 rng(seed);
+  for (int i = 0; i < 3000; ++i) {
+    std::string t;
+    const int len = 2 + int(rng() % 6);
+    for (int k = 0; k < len; ++k) t += alphabet[rng() % alphabet.size()];
+    items.push_back(t);
+  }
+  return ListTokenizer(std::move(items), 4);
+}
     for (int b = 0x09; b < 0x7f; ++b) items_.push_back(std::string(1, char(b)));
     const std::string alphabet = "{}[]:,\"\\ \n\t0123456789-+.eEtrufalsn abcxyz/";
     std::mt19937 rng(seed);
@@ -350,7 +360,7 @@ class RandomVocab final : public Tokenizer {
 };
 
 TEST(JsonObjectConstraint, TrieWalkEqualsTryingEveryToken) {
-  const RandomVocab vocab(9);
+  const ListTokenizer vocab = random_vocab(9);
   const auto table = std::make_shared<const TokenBytes>(vocab);
   const int64_t n = vocab.vocab_size();
   const std::string doc = "{\"key\": [1, -2.5e+3, true, \"str \\\"q\\\" \\u00e9\"], \"o\": {\"n\": null}, \"z\": 0}";
@@ -376,7 +386,7 @@ TEST(JsonObjectConstraint, TrieWalkEqualsTryingEveryToken) {
 // The pattern mask allows exactly the tokens after which the regex can still match, and the end
 // ids exactly where the text so far matches.
 TEST(PatternConstraint, MaskEqualsTryingEveryToken) {
-  const RandomVocab vocab(11);
+  const ListTokenizer vocab = random_vocab(11);
   const auto table = std::make_shared<const TokenBytes>(vocab);
   const int64_t n = vocab.vocab_size();
   const std::string pattern = R"re(\{"(a|bc)": (-?\d+|true|"[^"]*")\}\n?)re";
