@@ -325,39 +325,6 @@ ListTokenizer random_vocab(uint32_t seed) {
   }
   return ListTokenizer(std::move(items), 4);
 }
-    for (int b = 0x09; b < 0x7f; ++b) items_.push_back(std::string(1, char(b)));
-    const std::string alphabet = "{}[]:,\"\\ \n\t0123456789-+.eEtrufalsn abcxyz/";
-    std::mt19937 rng(seed);
-    for (int i = 0; i < 3000; ++i) {
-      std::string t;
-      const int len = 2 + int(rng() % 6);
-      for (int k = 0; k < len; ++k) t += alphabet[rng() % alphabet.size()];
-      items_.push_back(t);
-    }
-  }
-  std::vector<int32_t> encode(std::string_view text, bool) const override {
-    std::vector<int32_t> out;  // one token per byte
-    for (char c : text) out.push_back(4 + int32_t(uint8_t(c)) - 0x09);
-    return out;
-  }
-  std::string decode(const std::vector<int32_t>& ids, bool) const override {
-    std::string out;
-    for (int32_t id : ids) out += items_[size_t(id)];
-    return out;
-  }
-  std::optional<int32_t> token_to_id(std::string_view token) const override {
-    for (size_t i = 0; i < items_.size(); ++i)
-      if (items_[i] == token) return int32_t(i);
-    return std::nullopt;
-  }
-  std::string id_to_token(int32_t id) const override { return items_[size_t(id)]; }
-  int32_t vocab_size() const override { return int32_t(items_.size()); }
-  bool is_special(int32_t id) const override { return id < 4; }
-  std::string_view token_bytes(int32_t id) const override { return items_[size_t(id)]; }
-
- private:
-  std::vector<std::string> items_;
-};
 
 TEST(JsonObjectConstraint, TrieWalkEqualsTryingEveryToken) {
   const ListTokenizer vocab = random_vocab(9);
