@@ -384,6 +384,16 @@ bool SchemaPrefix::emit_byte(uint8_t b) {
   return true;
 }
 
+bool SchemaPrefix::step(StringCursor& c, uint8_t b) const {
+  const JsonSchema::Node& n = schema_->node(str_node_);
+  if ((b & 0xC0) != 0x80 && n.max_length >= 0 && ++c.len > n.max_length) return false;
+  for (size_t k = 0; k < n.string_rules.size(); ++k) {
+    c.state[k] = (*dfas_)[size_t(n.string_rules[k])].next(c.state[k], b);
+    if (c.state[k] < 0) return false;
+  }
+  return true;
+}
+
 bool SchemaPrefix::emit_code_point(uint32_t cp) {
   uint8_t b[4];
   int n = 0;

@@ -88,6 +88,25 @@ class SchemaPrefix {
     pending_high_ = o.pending_high_;
     return *this;
   }
+  // Inside a checked string (pattern / format / lengths), where plain bytes only step the
+  // rules: a small cursor a mask can advance over plain string tokens without copying the
+  // whole recogniser.
+  struct StringCursor {
+    int32_t state[JsonSchema::kMaxStringRules];
+    int32_t len;
+  };
+  bool in_checked_plain_string() const {
+    return str_node_ >= 0 && syntax_.mode() == JsonPrefix::Mode::kString && pending_high_ == 0;
+  }
+  StringCursor string_cursor() const {
+    StringCursor c{};
+    std::copy(str_state_, str_state_ + JsonSchema::kMaxStringRules, c.state);
+    c.len = str_len_;
+    return c;
+  }
+  // Steps the cursor over a plain string byte (>= 0x20, not '"' or '\\'); false: refused.
+  bool step(StringCursor& c, uint8_t b) const;
+
   // Bounds the string rules' DFA caches (their state ids change): call between masks, never
   // while copies made for a mask are in use.
   void compact();

@@ -17,6 +17,11 @@ void JsonObjectConstraint::allow(std::vector<char>& allowed) {
     for (int32_t id : t.plain_string_ids)
       if (size_t(id) < allowed.size()) allowed[size_t(id)] = 1;
     t.not_plain.walk(json_, feed, allowed);
+  } else if (json_.in_checked_plain_string()) {
+    // Plain tokens only step the string's rules: walk them with the small cursor.
+    auto step = [this](SchemaPrefix::StringCursor& c, uint8_t b) { return json_.step(c, b); };
+    t.plain.walk(json_.string_cursor(), step, allowed);
+    t.not_plain.walk(json_, feed, allowed);
   } else {
     t.all.walk(json_, feed, allowed);
   }

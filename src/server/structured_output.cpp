@@ -51,7 +51,7 @@ TokenBytes::TokenBytes(const Tokenizer& tok) {
   const int32_t n = tok.vocab_size();
   bytes.resize(size_t(n));
   special.resize(size_t(n));
-  std::vector<std::pair<std::string_view, int32_t>> every, others;
+  std::vector<std::pair<std::string_view, int32_t>> every, plains, others;
   for (int32_t id = 0; id < n; ++id) {
     bytes[size_t(id)] = std::string(tok.token_bytes(id));
     special[size_t(id)] = tok.is_special(id) ? 1 : 0;
@@ -61,11 +61,12 @@ TokenBytes::TokenBytes(const Tokenizer& tok) {
     if (special[size_t(id)] || b.empty()) continue;
     every.emplace_back(b, id);
     if (std::all_of(b.begin(), b.end(), [](char c) { return JsonPrefix::plain_string_byte(uint8_t(c)); }))
-      plain_string_ids.push_back(id);
+      plain_string_ids.push_back(id), plains.emplace_back(b, id);
     else
       others.emplace_back(b, id);
   }
   all.build(every);
+  plain.build(plains);
   not_plain.build(others);
   if (auto b = tok.token_to_id(kThinkBegin)) think_begin = *b;
   if (auto e = tok.token_to_id(kThinkEnd)) think_end = *e;

@@ -63,7 +63,7 @@ struct TokenBytes {
   std::vector<char> special;
   int32_t think_begin = -1, think_end = -1;  // -1: the tokenizer has no such single token
   std::vector<int32_t> plain_string_ids;
-  TokenTrie all, not_plain;
+  TokenTrie all, plain, not_plain;  // plain: the plain string tokens
 };
 
 // The request-side half every structured output shares: the reasoning block's phases, the end ids

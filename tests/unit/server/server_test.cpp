@@ -330,24 +330,33 @@ TEST(JsonObjectConstraint, TrieWalkEqualsTryingEveryToken) {
   const ListTokenizer vocab = random_vocab(9);
   const auto table = std::make_shared<const TokenBytes>(vocab);
   const int64_t n = vocab.vocab_size();
-  const std::string doc = "{\"key\": [1, -2.5e+3, true, \"str \\\"q\\\" \\u00e9\"], \"o\": {\"n\": null}, \"z\": 0}";
-  size_t checked_in_string = 0;
-  for (size_t len = 0; len < doc.size(); ++len) {
-    JsonObjectConstraint c(table, {1}, JsonObjectConstraint::Start::kAtOnce);
-    const std::vector<int32_t> out = vocab.encode(doc.substr(0, len), false);
-    std::vector<float> logits(size_t(n), 0.0f);
-    c.apply(out, logits.data(), n);
-    JsonPrefix state;
-    ASSERT_TRUE(state.feed(doc.substr(0, len)));
-    checked_in_string += state.in_string();
-    for (int32_t id = 0; id < n; ++id) {
-      JsonPrefix trial = state;
-      const bool want = !vocab.is_special(id) && trial.feed(vocab.token_bytes(id));
-      ASSERT_EQ(!std::isinf(logits[size_t(id)]), want) << "prefix '" << doc.substr(0, len) << "' token '"
-                                                       << vocab.token_bytes(id) << "'";
+  // Any object (free keys and strings take the plain-token shortcut), then a schema whose
+  // strings are checked (the cursor walk over plain tokens).
+  const auto checked = *JsonSchema::compile(OrderedJson::parse(R"({"type": "object", "properties": {
+      "key": {"type": "string", "pattern": "^[a-z ]*x[a-z]*$"}, "day": {"type": "string", "format": "date"},
+      "s": {"type": "string", "maxLength": 4}}, "additionalProperties": false})"));
+  const std::pair<std::shared_ptr<const JsonSchema>, std::string> cases[] = {
+      {JsonSchema::any_object(), "{\"key\": [1, -2.5e+3, true, \"str \\\"q\\\" \\u00e9\"], \"o\": {\"n\": null}, \"z\": 0}"},
+      {checked, "{\"key\": \"ab x\\u0063\", \"day\": \"2026-12-05\", \"s\": \"a\\tbc\"}"}};
+  for (const auto& [schema, doc] : cases) {
+    size_t in_string = 0;
+    for (size_t len = 0; len < doc.size(); ++len) {
+      JsonObjectConstraint c(table, {1}, JsonObjectConstraint::Start::kAtOnce, schema);
+      const std::vector<int32_t> out = vocab.encode(doc.substr(0, len), false);
+      std::vector<float> logits(size_t(n), 0.0f);
+      c.apply(out, logits.data(), n);
+      SchemaPrefix state(schema.get());
+      ASSERT_TRUE(state.feed(std::string_view(doc).substr(0, len))) << doc.substr(0, len);
+      in_string += state.in_plain_string() || state.in_checked_plain_string();
+      for (int32_t id = 0; id < n; ++id) {
+        SchemaPrefix trial = state;
+        const bool want = !vocab.is_special(id) && trial.feed(vocab.token_bytes(id));
+        ASSERT_EQ(!std::isinf(logits[size_t(id)]), want) << "prefix '" << doc.substr(0, len) << "' token '"
+                                                         << vocab.token_bytes(id) << "'";
+      }
     }
+    EXPECT_GT(in_string, 5u) << doc;  // the string shortcuts were exercised
   }
-  EXPECT_GT(checked_in_string, 5u);  // the string fast path was exercised
 }
 
 // The pattern mask allows exactly the tokens after which the regex can still match, and the end
