@@ -41,6 +41,7 @@ struct ServeOptions {
   EngineConfig engine;
   std::vector<std::string> served_model_names;
   std::string api_key;
+  size_t responses_store_size = 1024;
   int32_t max_pending = 1024;
   int http_threads = 1100;
 };
@@ -108,7 +109,7 @@ void serve(ServeOptions& o, const EngineFactory& factory) {
 
   Metrics metrics(o.served_model_names.front());
   AsyncEngine async(std::move(*engine), metrics, AsyncEngineConfig{o.max_pending});
-  ServerOptions server_options{o.served_model_names, o.model_dir, o.api_key};
+  ServerOptions server_options{o.served_model_names, o.model_dir, o.api_key, o.responses_store_size};
   ApiServer api(server_options, **tokenizer, async, metrics);
 
   httplib::Server http;
@@ -183,6 +184,9 @@ void register_serve_command(CLI::App& app, EngineFactory factory) {
                 "prefix caching (on by default)");
   cmd->add_option("--served-model-name", o->served_model_names, "model name(s) clients use (default: the model dir)");
   cmd->add_option("--api-key", o->api_key, "require 'Authorization: Bearer KEY' on every route but /health");
+  cmd->add_option("--responses-store-size", o->responses_store_size,
+                  "Responses API responses kept in memory for GET /v1/responses/{id} and previous_response_id "
+                  "(least recently used dropped first; 0 = store none)");
   cmd->add_option("--kv-cache-memory", o->engine.kv_cache_memory_bytes, "bytes of KV cache")->capture_default_str();
   cmd->add_option("--num-gpu-blocks-override", o->engine.num_kv_blocks, "KV blocks (overrides --kv-cache-memory)");
   cmd->add_option("--device", o->engine.device, "auto (CUDA when a GPU is present), cuda or cpu")

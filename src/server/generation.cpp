@@ -13,6 +13,7 @@ Generation::Generation(const Tokenizer& tokenizer, GenerationSpec spec)
   text_offset_.assign(choices_.size(), 0);
   prompt_sent_.assign(choices_.size(), false);
   remaining_ = int32_t(choices_.size());
+  if (spec_.responses) writer_ = std::make_unique<ResponsesWriter>(tokenizer_, *spec_.responses);
 }
 
 void Generation::bind(const std::vector<RequestId>& ids) { ids_ = ids; }
@@ -74,18 +75,28 @@ std::string Generation::on_events(std::vector<RequestEvent> events, std::vector<
       finished = true;
       reason = FinishReason::kAborted;  // reported as "stop": the stop string matched
     }
-    if (!delta.empty()) sse += sse_event(chunk(c, delta, nullptr));
+    if (writer_) {
+      sse += writer_->on_delta(delta);
+    } else if (!delta.empty()) {
+      sse += sse_event(chunk(c, delta, nullptr));
+    }
     if (finished) {
       ChoiceDelta last = choice.finish(reason);
       done_[c] = true;
       --remaining_;
-      sse += sse_event(chunk(c, last, &choice.finish_reason()));
+      if (writer_) {
+        sse += writer_->on_delta(last);
+        sse += writer_->finish(choice, usage());
+      } else {
+        sse += sse_event(chunk(c, last, &choice.finish_reason()));
+      }
     }
   }
   return sse;
 }
 
-std::string Generation::stream_start() const {
+std::string Generation::stream_start() {
+  if (writer_) return writer_->start();
   if (!spec_.chat) return {};
   std::string sse;
   for (size_t c = 0; c < choices_.size(); ++c) {
@@ -142,6 +153,7 @@ Usage Generation::usage() const {
 }
 
 std::string Generation::stream_end() const {
+  if (writer_) return {};  // the Responses stream ends with its terminal event
   std::string sse;
   if (spec_.include_usage) {
     OrderedJson out = OrderedJson::object();
@@ -157,6 +169,7 @@ std::string Generation::stream_end() const {
 }
 
 OrderedJson Generation::response() const {
+  if (writer_) return writer_->response();
   OrderedJson choices = OrderedJson::array();
   for (size_t c = 0; c < choices_.size(); ++c) {
     const ChoiceAssembler& a = *choices_[c];

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "server/responses.h"
+#include "server/responses_output.h"
 
 namespace m3::server {
 
@@ -20,6 +21,8 @@ struct GenerationSpec {
   std::vector<ChoiceOptions> choices;       // one per choice, in choice-index order
   std::vector<int32_t> choice_prompt;       // prompt index of each choice
   std::vector<int32_t> prompt_tokens;       // token count of each prompt
+  // Set: the Responses API (one chat choice) writes the events and the body instead.
+  std::optional<ResponsesShape> responses;
 };
 
 class Generation {
@@ -31,11 +34,12 @@ class Generation {
   // Folds events in; returns the SSE text they produce. Requests whose stop string matched
   // are finished here and appended to `to_abort` (the caller aborts them in the engine).
   std::string on_events(std::vector<RequestEvent> events, std::vector<RequestId>& to_abort);
-  std::string stream_start() const;  // chat: a role chunk per choice
-  std::string stream_end() const;    // the usage chunk when asked, then [DONE]
+  std::string stream_start();        // chat: a role chunk per choice; responses: created, in_progress
+  std::string stream_end() const;    // the usage chunk when asked, then [DONE] (responses: nothing)
   bool done() const { return remaining_ == 0; }
   std::vector<RequestId> unfinished_ids() const;
   OrderedJson response() const;  // the non-streaming body (after done())
+  const ResponsesWriter* responses_writer() const { return writer_.get(); }
   Usage usage() const;
 
  private:
@@ -53,6 +57,7 @@ class Generation {
   std::vector<size_t> text_offset_;     // per choice: bytes of text already streamed
   std::vector<bool> prompt_sent_;       // per choice: its prompt chunk is out (or had nothing to say)
   int32_t remaining_ = 0;
+  std::unique_ptr<ResponsesWriter> writer_;
 };
 
 }  // namespace m3::server

@@ -3,6 +3,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <functional>
 
 #include "chat/chat_template.h"
 #include "core/log.h"
@@ -52,6 +53,10 @@ std::optional<ApiError> render_messages(const ChatRequest& chat, std::string& pr
   return std::nullopt;
 }
 
+ApiError response_not_found(const std::string& id) {
+  return ApiError{404, "Response with id '" + id + "' not found.", "NotFoundError", "response_id", "response_not_found"};
+}
+
 }  // namespace
 
 std::shared_ptr<const TokenBytes> ApiServer::token_bytes() {
@@ -66,7 +71,8 @@ ApiServer::ApiServer(ServerOptions options, const Tokenizer& tokenizer, AsyncEng
       tokenizer_(tokenizer),
       engine_(engine),
       metrics_(metrics),
-      id_rng_(std::random_device{}()) {}
+      id_rng_(std::random_device{}()),
+      store_(options_.responses_store_size) {}
 
 std::string ApiServer::new_response_id(const char* prefix) {
   std::lock_guard<std::mutex> lock(id_mu_);
@@ -135,6 +141,18 @@ void ApiServer::install(httplib::Server& http) {
             [this](const httplib::Request& req, httplib::Response& res) { handle_generation(req, res, false); });
   http.Post("/v1/chat/completions",
             [this](const httplib::Request& req, httplib::Response& res) { handle_generation(req, res, true); });
+  http.Post("/v1/responses", [this](const httplib::Request& req, httplib::Response& res) { handle_responses(req, res); });
+  http.Get(R"(/v1/responses/([^/]+))", [this](const httplib::Request& req, httplib::Response& res) {
+    handle_stored_response(req.matches[1], res, false);
+  });
+  http.Get(R"(/v1/responses/([^/]+)/input_items)", [this](const httplib::Request& req, httplib::Response& res) {
+    handle_stored_response(req.matches[1], res, true);
+  });
+  http.Delete(R"(/v1/responses/([^/]+))", [this](const httplib::Request& req, httplib::Response& res) {
+    const std::string id = req.matches[1];
+    if (!store_.erase(id)) return send_error(res, response_not_found(id));
+    send_json(res, OrderedJson{{"id", id}, {"object", "response.deleted"}, {"deleted", true}});
+  });
 }
 
 OrderedJson ApiServer::model_card(const std::string& name) const {
@@ -226,19 +244,103 @@ void ApiServer::handle_detokenize(const httplib::Request& req, httplib::Response
   send_json(res, OrderedJson{{"prompt", tokenizer_.decode(ids, false)}});
 }
 
+// One validated generation: what handle_generation and handle_responses hand to run_generation.
+struct GenerationJob {
+  bool chat = false;
+  CompletionRequest completion;
+  ChatRequest chat_req;
+  bool stream = false;
+  const char* prompt_param = "prompt";          // the field an over-long or empty prompt is blamed on
+  const char* max_tokens_param = "max_tokens";  // the field an over-large token budget is blamed on
+  std::optional<ResponsesShape> responses;      // the Responses API's output
+  // After the last event, on the handler's thread (stores a Responses API response).
+  std::function<void(const Generation&)> on_complete;
+};
+
 void ApiServer::handle_generation(const httplib::Request& req, httplib::Response& res, bool chat) {
   OrderedJson body;
   if (auto err = parse_body(req, body)) return send_error(res, *err);
-  CompletionRequest completion;
-  ChatRequest chat_req;
-  if (auto err = chat ? parse_chat_request(body, chat_req) : parse_completion_request(body, completion))
+  GenerationJob job;
+  job.chat = chat;
+  if (auto err = chat ? parse_chat_request(body, job.chat_req) : parse_completion_request(body, job.completion))
     return send_error(res, *err);
+  job.stream = chat ? job.chat_req.common.stream : job.completion.common.stream;
+  job.prompt_param = chat ? "messages" : "prompt";
+  if (chat && body.contains("max_completion_tokens")) job.max_tokens_param = "max_completion_tokens";
+  run_generation(std::move(job), res);
+}
+
+void ApiServer::handle_responses(const httplib::Request& req, httplib::Response& res) {
+  OrderedJson body;
+  if (auto err = parse_body(req, body)) return send_error(res, *err);
+  // The stored conversation this one continues.
+  std::optional<StoredResponse> previous;
+  if (auto it = body.find("previous_response_id"); it != body.end() && it->is_string()) {
+    previous = store_.get(it->get<std::string>());
+    if (!previous)
+      return send_error(res, ApiError{400, "Previous response with id '" + it->get<std::string>() + "' not found.",
+                                      "invalid_request_error", "previous_response_id", "previous_response_not_found"});
+  }
+  ResponsesRequest request;
+  auto new_id = [this](const char* prefix) { return new_response_id(prefix); };
+  if (auto err = parse_responses_request(body, previous ? &*previous : nullptr, new_id, request))
+    return send_error(res, *err);
+  GenerationJob job;
+  job.chat = true;
+  job.chat_req = std::move(request.chat);
+  job.stream = request.stream;
+  job.prompt_param = "input";
+  job.max_tokens_param = "max_output_tokens";
+  ResponsesShape shape;
+  shape.id = new_response_id("resp_");
+  shape.created_at = unix_seconds();
+  shape.model = options_.served_model_names.front();
+  shape.echo = std::move(request.echo);
+  shape.item_seed = new_response_id("");
+  shape.logprobs = request.output_logprobs;
+  job.responses = std::move(shape);
+  if (request.store && store_.capacity() > 0) {
+    auto conversation = std::make_shared<OrderedJson>(std::move(request.conversation));
+    auto items = std::make_shared<OrderedJson>(std::move(request.input_items));
+    job.on_complete = [this, conversation, items](const Generation& generation) {
+      StoredResponse entry;
+      entry.response = generation.response();
+      entry.input_items = *items;
+      entry.messages = *conversation;
+      for (auto& m : output_as_messages(entry.response["output"])) entry.messages.push_back(std::move(m));
+      const std::string id = entry.response["id"].get<std::string>();
+      store_.put(id, std::move(entry));
+    };
+  }
+  run_generation(std::move(job), res);
+}
+
+void ApiServer::handle_stored_response(const std::string& id, httplib::Response& res, bool input_items) {
+  auto entry = store_.get(id);
+  if (!entry) return send_error(res, response_not_found(id));
+  if (!input_items) return send_json(res, entry->response);
+  // Newest first, as OpenAI lists them by default.
+  OrderedJson data = OrderedJson::array();
+  for (auto it = entry->input_items.rbegin(); it != entry->input_items.rend(); ++it) data.push_back(*it);
+  OrderedJson out = OrderedJson::object();
+  out["object"] = "list";
+  out["data"] = data;
+  out["first_id"] = data.empty() ? OrderedJson() : data.front()["id"];
+  out["last_id"] = data.empty() ? OrderedJson() : data.back()["id"];
+  out["has_more"] = false;
+  send_json(res, out);
+}
+
+void ApiServer::run_generation(GenerationJob&& job, httplib::Response& res) {
+  const bool chat = job.chat;
+  const CompletionRequest& completion = job.completion;
+  const ChatRequest& chat_req = job.chat_req;
   const CommonRequest& common = chat ? chat_req.common : completion.common;
   if (auto err = check_model(common.model)) return send_error(res, *err);
 
   // Prompts → token ids.
   std::vector<std::vector<int32_t>> prompts;
-  const char* prompt_param = chat ? "messages" : "prompt";
+  const char* prompt_param = job.prompt_param;
   if (chat) {
     std::string text;
     if (auto err = render_messages(chat_req, text)) return send_error(res, *err);
@@ -280,6 +382,7 @@ void ApiServer::handle_generation(const httplib::Request& req, httplib::Response
   spec.chat = chat;
   spec.include_usage = common.include_usage;
   spec.response_id = new_response_id(chat ? "chatcmpl-" : "cmpl-");
+  spec.responses = std::move(job.responses);
   spec.created = unix_seconds();
   spec.model = model_name;
   std::vector<GenerationRequest> requests;
@@ -295,10 +398,9 @@ void ApiServer::handle_generation(const httplib::Request& req, httplib::Response
     if (common.max_tokens && *common.max_tokens > room)
       return send_error(res, invalid_request("This model's maximum context length is " + std::to_string(max_len) +
                                                  " tokens; the prompt has " + std::to_string(num_prompt) +
-                                                 " tokens, so 'max_tokens' may be at most " + std::to_string(room) +
+                                                 " tokens, so '" + std::string(job.max_tokens_param) + "' may be at most " + std::to_string(room) +
                                                  ", got " + std::to_string(*common.max_tokens) + ".",
-                                             chat && body.contains("max_completion_tokens") ? "max_completion_tokens"
-                                                                                            : "max_tokens"));
+                                             job.max_tokens_param));
     spec.prompt_tokens.push_back(num_prompt);
     for (int i = 0; i < common.n; ++i) {
       GenerationRequest g;
@@ -379,7 +481,8 @@ void ApiServer::handle_generation(const httplib::Request& req, httplib::Response
   generation->bind(submitted.ids);
   ++active_;
 
-  if (!common.stream) {
+  auto on_complete = std::move(job.on_complete);
+  if (!job.stream) {
     // On any exit (including an exception), the engine requests must not outlive the handler.
     struct Guard {
       ApiServer* self;
@@ -394,6 +497,7 @@ void ApiServer::handle_generation(const httplib::Request& req, httplib::Response
       generation->on_events(channel->wait(kPollInterval), to_abort);
       for (RequestId id : to_abort) engine_.abort(id);
     }
+    if (on_complete) on_complete(*generation);
     send_json(res, generation->response());
     return;
   }
@@ -401,11 +505,12 @@ void ApiServer::handle_generation(const httplib::Request& req, httplib::Response
   struct StreamState {
     std::shared_ptr<Generation> generation;
     std::shared_ptr<RequestChannel> channel;
+    std::function<void(const Generation&)> on_complete;
     bool started = false;
     bool complete = false;
     std::chrono::steady_clock::time_point last_write = std::chrono::steady_clock::now();
   };
-  auto state = std::make_shared<StreamState>(StreamState{generation, channel});
+  auto state = std::make_shared<StreamState>(StreamState{generation, channel, std::move(on_complete)});
   res.set_header("Cache-Control", "no-cache");
   res.set_chunked_content_provider(
       "text/event-stream",
@@ -419,7 +524,10 @@ void ApiServer::handle_generation(const httplib::Request& req, httplib::Response
         out += state->generation->on_events(state->channel->wait(kPollInterval), to_abort);
         for (RequestId id : to_abort) engine_.abort(id);
         const bool done = state->generation->done();
-        if (done) out += state->generation->stream_end();
+        if (done) {
+          out += state->generation->stream_end();
+          if (state->on_complete) state->on_complete(*state->generation);
+        }
         const auto now = std::chrono::steady_clock::now();
         if (out.empty() && now - state->last_write >= kHeartbeatInterval) out = ": keep-alive\n\n";
         if (!out.empty()) {

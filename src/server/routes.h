@@ -14,6 +14,7 @@
 #include "server/async_engine.h"
 #include "server/json_mode.h"
 #include "server/pattern_mode.h"
+#include "server/responses_api.h"
 #include "server/metrics.h"
 #include "server/openai_protocol.h"
 #include "tokenizer/tokenizer.h"
@@ -24,7 +25,10 @@ struct ServerOptions {
   std::vector<std::string> served_model_names;  // the first is reported in responses
   std::string model_dir;
   std::string api_key;  // "" = no authentication
+  size_t responses_store_size = 1024;  // stored Responses API responses (least recently used go first); 0 = none
 };
+
+struct GenerationJob;
 
 class ApiServer {
  public:
@@ -37,6 +41,9 @@ class ApiServer {
 
  private:
   void handle_generation(const httplib::Request& req, httplib::Response& res, bool chat);
+  void handle_responses(const httplib::Request& req, httplib::Response& res);
+  void handle_stored_response(const std::string& id, httplib::Response& res, bool input_items);
+  void run_generation(GenerationJob&& job, httplib::Response& res);
   void handle_tokenize(const httplib::Request& req, httplib::Response& res);
   void handle_detokenize(const httplib::Request& req, httplib::Response& res);
   void handle_models(httplib::Response& res) const;
@@ -59,6 +66,7 @@ class ApiServer {
   std::once_flag token_bytes_once_;
   std::shared_ptr<const TokenBytes> token_bytes_;
   std::mt19937_64 id_rng_;
+  ResponseStore store_;
 };
 
 void send_error(httplib::Response& res, const ApiError& error);

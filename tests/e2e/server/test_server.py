@@ -597,6 +597,86 @@ class ServerTest(unittest.TestCase):
         body.update(kw)
         return body
 
+    # ---- the Responses API -------------------------------------------------------------------
+
+    def test_responses_create_stream_store_and_continue(self):
+        import openai
+        c = self.server.client()
+        kw = dict(model=MODEL, input="Hello there", instructions="Be brief.", max_output_tokens=5, temperature=0,
+                  reasoning={"effort": "none"}, extra_body={"ignore_eos": True})
+        r = c.responses.create(**kw)
+        self.assertTrue(r.id.startswith("resp_"))
+        self.assertEqual(r.object, "response")
+        self.assertEqual((r.status, r.incomplete_details.reason), ("incomplete", "max_output_tokens"))
+        self.assertEqual(r.usage.output_tokens, 5)
+        self.assertEqual(r.usage.total_tokens, r.usage.input_tokens + 5)
+        self.assertEqual(r.instructions, "Be brief.")
+        self.assertEqual(r.max_output_tokens, 5)
+        self.assertEqual([item.type for item in r.output], ["message"])
+        # Streaming gives the same text through typed events, numbered in order.
+        events = list(c.responses.create(stream=True, **kw))
+        self.assertEqual([e.type for e in events[:2]], ["response.created", "response.in_progress"])
+        self.assertEqual(events[-1].type, "response.incomplete")
+        self.assertEqual([e.sequence_number for e in events], list(range(len(events))))
+        text = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+        self.assertEqual(text, r.output_text)
+        self.assertEqual(events[-1].response.output_text, r.output_text)
+        # Stored: retrieve, list the input, continue the conversation, delete.
+        got = c.responses.retrieve(r.id)
+        self.assertEqual((got.id, got.output_text, got.status), (r.id, r.output_text, "incomplete"))
+        items = c.responses.input_items.list(r.id)
+        self.assertEqual([(i.type, i.role, i.content[0].text) for i in items.data], [("message", "user", "Hello there")])
+        follow = c.responses.create(model=MODEL, input="And then?", previous_response_id=r.id, max_output_tokens=2,
+                                    reasoning={"effort": "none"}, extra_body={"ignore_eos": True})
+        self.assertEqual(follow.previous_response_id, r.id)
+        self.assertIsNone(follow.instructions)  # not carried over
+        alone = c.responses.create(model=MODEL, input="And then?", max_output_tokens=2, reasoning={"effort": "none"},
+                                   extra_body={"ignore_eos": True})
+        # The history (the first input and its 5-token answer) precedes the new input.
+        self.assertGreaterEqual(follow.usage.input_tokens, alone.usage.input_tokens + 5 + 2)
+        c.responses.delete(r.id)
+        with self.assertRaises(openai.NotFoundError):
+            c.responses.retrieve(r.id)
+        # store=false keeps nothing.
+        nostore = c.responses.create(store=False, **kw)
+        with self.assertRaises(openai.NotFoundError):
+            c.responses.retrieve(nostore.id)
+        self.check_error({"model": MODEL, "input": "x", "previous_response_id": r.id}, "not found",
+                         path="/v1/responses", param="previous_response_id")
+
+    def test_responses_json_schema_and_logprobs(self):
+        schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"],
+                  "additionalProperties": False}
+        r = self.server.client().responses.create(
+            model=MODEL, input="A number as JSON", max_output_tokens=60, temperature=0, reasoning={"effort": "none"},
+            text={"format": {"type": "json_schema", "name": "num", "schema": schema}},
+            include=["message.output_text.logprobs"], top_logprobs=2)
+        self.assertEqual(r.text.format.type, "json_schema")
+        part = r.output[-1].content[0]
+        if r.status == "completed":
+            self.assertEqual(set(json.loads(part.text)), {"n"})
+        self.assertEqual(len(part.logprobs), r.usage.output_tokens - (1 if r.status == "completed" else 0))
+        for lp in part.logprobs:
+            self.assertLessEqual(lp.logprob, 0.0)
+            self.assertLessEqual(len(lp.top_logprobs), 2)
+
+    def test_responses_bad_inputs(self):
+        path = "/v1/responses"
+        self.check_error({"model": MODEL}, "input", path=path)
+        self.check_error({"model": MODEL, "input": [{"role": "user", "content": [{"type": "input_image"}]}]},
+                         "input_image", path=path, param="input[0].content[0].type")
+        self.check_error({"model": MODEL, "input": "x", "tools": [{"type": "web_search"}]}, "web_search", path=path,
+                         param="tools[0].type")
+        self.check_error({"model": MODEL, "input": "x", "max_output_tokens": 5000}, "max_output_tokens", path=path)
+        self.check_error({"model": MODEL, "input": "word " * 3000}, "maximum context length", path=path, param="input")
+        self.check_error({"model": MODEL, "input": "x", "background": True}, "background", path=path)
+        self.check_error(None, "malformed JSON", path=path, raw="{", param="body")
+        self.check_error({"model": "nope", "input": "x"}, "does not exist", status=404, path=path,
+                         etype="NotFoundError", param="model")
+        st, payload = self.server.request("GET", "/v1/responses/resp_missing")
+        self.assertEqual(st, 404, payload)
+        self.assertEqual(json.loads(payload)["error"]["code"], "response_not_found")
+
     def test_bad_inputs(self):
         self.check_error(None, "", raw="{not json", path="/v1/chat/completions")
         self.check_error(None, "", raw="[1, 2]", path="/v1/completions")
@@ -756,6 +836,51 @@ class ToolCallTest(unittest.TestCase):
         r = self.server.client().chat.completions.create(tool_choice="none", **self.request())
         self.assertIsNone(r.choices[0].message.tool_calls)
         self.assertEqual(r.choices[0].finish_reason, "stop")
+
+    def test_responses_function_call_round_trip(self):
+        c = self.server.client()
+        tool = {"type": "function", **WEATHER_TOOL["function"]}
+        r = c.responses.create(model=MODEL, input="Weather in SF for two weeks?", tools=[tool], max_output_tokens=200)
+        self.assertEqual(r.status, "completed")
+        self.assertEqual([item.type for item in r.output], ["reasoning", "message", "function_call"])
+        self.assertEqual(r.output[0].content[0].text, "The user wants the weather.")
+        self.assertEqual(r.output_text, "Checking now.")
+        call = r.output[2]
+        self.assertEqual(call.name, "get_weather")
+        self.assertEqual(json.loads(call.arguments), {"city": "San Francisco", "days": 14})
+        self.assertTrue(call.call_id.startswith("call_"))
+        self.assertEqual(r.tools[0].name, "get_weather")
+        # The tool's result goes back with the call's id; the conversation continues from the store.
+        follow = c.responses.create(model=MODEL, previous_response_id=r.id, tools=[tool], max_output_tokens=200,
+                                    input=[{"type": "function_call_output", "call_id": call.call_id,
+                                            "output": "{\"temp_c\": 18}"}])
+        self.assertEqual(follow.status, "completed")
+        items = c.responses.input_items.list(follow.id).data
+        self.assertEqual([(i.type, i.call_id) for i in items], [("function_call_output", call.call_id)])
+        self.assertGreater(follow.usage.input_tokens, r.usage.input_tokens + r.usage.output_tokens)
+        # The same conversation sent whole (items as returned) renders the same prompt.
+        whole = c.responses.create(model=MODEL, tools=[tool], max_output_tokens=200, input=[
+            {"role": "user", "content": "Weather in SF for two weeks?"},
+            *[item.model_dump(exclude_none=True) for item in r.output],
+            {"type": "function_call_output", "call_id": call.call_id, "output": "{\"temp_c\": 18}"}])
+        self.assertEqual(whole.usage.input_tokens, follow.usage.input_tokens)
+
+    def test_responses_stream_events(self):
+        tool = {"type": "function", **WEATHER_TOOL["function"]}
+        events = list(self.server.client().responses.create(
+            model=MODEL, input="Weather?", tools=[tool], max_output_tokens=200, stream=True))
+        types = [e.type for e in events]
+        self.assertEqual(types[-1], "response.completed")
+        self.assertEqual([e.item.type for e in events if e.type == "response.output_item.added"],
+                         ["reasoning", "message", "function_call"])
+        self.assertEqual(types.count("response.output_item.done"), 3)
+        reasoning = "".join(e.delta for e in events if e.type == "response.reasoning_text.delta")
+        args = "".join(e.delta for e in events if e.type == "response.function_call_arguments.delta")
+        self.assertEqual(reasoning, "The user wants the weather.")
+        self.assertGreater(types.count("response.function_call_arguments.delta"), 3)  # incremental
+        final = events[-1].response
+        self.assertEqual(final.output[2].arguments, args)
+        self.assertEqual(final.output_text, "Checking now.")
 
     def test_thinking_enabled_and_stop_string(self):
         r = self.server.client().chat.completions.create(
