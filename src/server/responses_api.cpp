@@ -1,6 +1,7 @@
 // Responses API requests → chat requests, and the store that previous_response_id reads.
 #include "server/responses_api.h"
 
+#include <algorithm>
 #include <functional>
 
 namespace m3::server {
@@ -417,6 +418,37 @@ std::optional<ApiError> parse_responses_request(const OrderedJson& body, const S
   echo["truncation"] = "disabled";
   echo["user"] = present(body, "user") ? body["user"] : OrderedJson();
   echo["metadata"] = std::move(metadata);
+  return std::nullopt;
+}
+
+std::optional<ApiError> input_items_page(const OrderedJson& items, const ItemPageQuery& query, OrderedJson& out) {
+  if (query.order != "asc" && query.order != "desc") return bad("order", "must be \"asc\" or \"desc\"");
+  int limit = 0;
+  try {
+    size_t used = 0;
+    limit = std::stoi(query.limit, &used);
+    if (used != query.limit.size()) limit = 0;
+  } catch (const std::exception&) {
+    limit = 0;
+  }
+  if (limit < 1 || limit > 100) return bad("limit", "must be an integer from 1 to 100");
+  std::vector<const OrderedJson*> ordered;
+  for (const auto& item : items) ordered.push_back(&item);
+  if (query.order == "desc") std::reverse(ordered.begin(), ordered.end());
+  size_t first = 0;
+  if (!query.after.empty()) {
+    while (first < ordered.size() && (*ordered[first])["id"] != query.after) ++first;
+    if (first == ordered.size()) return bad("after", "names no input item of this response");
+    ++first;
+  }
+  OrderedJson data = OrderedJson::array();
+  for (size_t k = first; k < ordered.size() && data.size() < size_t(limit); ++k) data.push_back(*ordered[k]);
+  out = OrderedJson::object();
+  out["object"] = "list";
+  out["first_id"] = data.empty() ? OrderedJson() : data.front()["id"];
+  out["last_id"] = data.empty() ? OrderedJson() : data.back()["id"];
+  out["has_more"] = first + data.size() < ordered.size();
+  out["data"] = std::move(data);
   return std::nullopt;
 }
 

@@ -63,6 +63,15 @@ std::optional<ApiError> parse_responses_request(const OrderedJson& body, const S
                                                 const std::function<std::string(const char*)>& new_item_id,
                                                 ResponsesRequest& out);
 
+// GET /v1/responses/{id}/input_items: a page of `items` in `order` ("desc", newest first, by
+// default, or "asc"), at most `limit` (1-100, default 20), starting after the item `after`.
+struct ItemPageQuery {
+  std::string order = "desc";
+  std::string limit = "20";
+  std::string after;
+};
+std::optional<ApiError> input_items_page(const OrderedJson& items, const ItemPageQuery& query, OrderedJson& out);
+
 // The chat messages that continue a conversation after this response's output: one assistant
 // message holding its reasoning, text and tool calls (nothing when the output is empty).
 OrderedJson output_as_messages(const OrderedJson& output_items);

@@ -143,10 +143,10 @@ void ApiServer::install(httplib::Server& http) {
             [this](const httplib::Request& req, httplib::Response& res) { handle_generation(req, res, true); });
   http.Post("/v1/responses", [this](const httplib::Request& req, httplib::Response& res) { handle_responses(req, res); });
   http.Get(R"(/v1/responses/([^/]+))", [this](const httplib::Request& req, httplib::Response& res) {
-    handle_stored_response(req.matches[1], res, false);
+    handle_stored_response(req, res, false);
   });
   http.Get(R"(/v1/responses/([^/]+)/input_items)", [this](const httplib::Request& req, httplib::Response& res) {
-    handle_stored_response(req.matches[1], res, true);
+    handle_stored_response(req, res, true);
   });
   http.Delete(R"(/v1/responses/([^/]+))", [this](const httplib::Request& req, httplib::Response& res) {
     const std::string id = req.matches[1];
@@ -315,20 +315,18 @@ void ApiServer::handle_responses(const httplib::Request& req, httplib::Response&
   run_generation(std::move(job), res);
 }
 
-void ApiServer::handle_stored_response(const std::string& id, httplib::Response& res, bool input_items) {
+void ApiServer::handle_stored_response(const httplib::Request& req, httplib::Response& res, bool input_items) {
+  const std::string id = req.matches[1];
   auto entry = store_.get(id);
   if (!entry) return send_error(res, response_not_found(id));
   if (!input_items) return send_json(res, entry->response);
-  // Newest first, as OpenAI lists them by default.
-  OrderedJson data = OrderedJson::array();
-  for (auto it = entry->input_items.rbegin(); it != entry->input_items.rend(); ++it) data.push_back(*it);
-  OrderedJson out = OrderedJson::object();
-  out["object"] = "list";
-  out["data"] = data;
-  out["first_id"] = data.empty() ? OrderedJson() : data.front()["id"];
-  out["last_id"] = data.empty() ? OrderedJson() : data.back()["id"];
-  out["has_more"] = false;
-  send_json(res, out);
+  ItemPageQuery query;
+  if (req.has_param("order")) query.order = req.get_param_value("order");
+  if (req.has_param("limit")) query.limit = req.get_param_value("limit");
+  if (req.has_param("after")) query.after = req.get_param_value("after");
+  OrderedJson page;
+  if (auto err = input_items_page(entry->input_items, query, page)) return send_error(res, *err);
+  send_json(res, page);
 }
 
 void ApiServer::run_generation(GenerationJob&& job, httplib::Response& res) {

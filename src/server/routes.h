@@ -42,7 +42,7 @@ class ApiServer {
  private:
   void handle_generation(const httplib::Request& req, httplib::Response& res, bool chat);
   void handle_responses(const httplib::Request& req, httplib::Response& res);
-  void handle_stored_response(const std::string& id, httplib::Response& res, bool input_items);
+  void handle_stored_response(const httplib::Request& req, httplib::Response& res, bool input_items);
   void run_generation(GenerationJob&& job, httplib::Response& res);
   void handle_tokenize(const httplib::Request& req, httplib::Response& res);
   void handle_detokenize(const httplib::Request& req, httplib::Response& res);

@@ -864,6 +864,11 @@ class ToolCallTest(unittest.TestCase):
             *[item.model_dump(exclude_none=True) for item in r.output],
             {"type": "function_call_output", "call_id": call.call_id, "output": "{\"temp_c\": 18}"}])
         self.assertEqual(whole.usage.input_tokens, follow.usage.input_tokens)
+        page = c.responses.input_items.list(whole.id, order="asc", limit=2)
+        self.assertEqual([i.type for i in page.data], ["message", "reasoning"])
+        self.assertTrue(page.has_more)
+        self.assertEqual([i.type for i in c.responses.input_items.list(whole.id, order="asc", after=page.data[1].id)],
+                         ["message", "function_call", "function_call_output"])
 
     def test_responses_stream_events(self):
         tool = {"type": "function", **WEATHER_TOOL["function"]}

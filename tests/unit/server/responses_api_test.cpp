@@ -221,6 +221,38 @@ TEST(ResponseStore, KeepsTheMostRecentlyUsed) {
   EXPECT_FALSE(none.get("a"));
 }
 
+TEST(ResponseStore, InputItemPages) {
+  OrderedJson items = OrderedJson::array();
+  for (int k = 0; k < 5; ++k) items.push_back(OrderedJson{{"id", "i" + std::to_string(k)}});
+  auto ids = [](const OrderedJson& page) {
+    std::string out;
+    for (const auto& item : page["data"]) out += item["id"].get<std::string>();
+    return out;
+  };
+  OrderedJson page;
+  ASSERT_FALSE(input_items_page(items, {}, page));
+  EXPECT_EQ(ids(page), "i4i3i2i1i0");  // newest first by default
+  EXPECT_EQ(page["first_id"], "i4");
+  EXPECT_EQ(page["last_id"], "i0");
+  EXPECT_EQ(page["has_more"], false);
+  ASSERT_FALSE(input_items_page(items, {"asc", "2", ""}, page));
+  EXPECT_EQ(ids(page), "i0i1");
+  EXPECT_EQ(page["has_more"], true);
+  ASSERT_FALSE(input_items_page(items, {"asc", "2", "i1"}, page));
+  EXPECT_EQ(ids(page), "i2i3");
+  ASSERT_FALSE(input_items_page(items, {"asc", "2", "i3"}, page));
+  EXPECT_EQ(ids(page), "i4");
+  EXPECT_EQ(page["has_more"], false);
+  ASSERT_FALSE(input_items_page(items, {"desc", "100", "i0"}, page));
+  EXPECT_EQ(ids(page), "");
+  EXPECT_TRUE(page["first_id"].is_null());
+  EXPECT_EQ(input_items_page(items, {"up", "2", ""}, page)->param, "order");
+  EXPECT_EQ(input_items_page(items, {"asc", "0", ""}, page)->param, "limit");
+  EXPECT_EQ(input_items_page(items, {"asc", "2x", ""}, page)->param, "limit");
+  EXPECT_EQ(input_items_page(items, {"asc", "101", ""}, page)->param, "limit");
+  EXPECT_EQ(input_items_page(items, {"asc", "2", "nope"}, page)->param, "after");
+}
+
 // --- the output side, through Generation with scripted tokens ---
 
 std::vector<TokenOutput> tokens_of(const std::string& text) {
