@@ -63,6 +63,7 @@ TEST(ResponsesRequest, TheConversationRendersAsTheSameChatRequest) {
   const std::string body = std::string(R"({"model":"tiny","instructions":"Be brief.","tools":[)") + kWeatherTool + R"(],
     "input":[{"role":"user","content":"Weather in Paris?"},
              {"type":"reasoning","summary":[],"content":[{"type":"reasoning_text","text":"Call the tool."}]},
+             {"type":"message","role":"assistant","content":[{"type":"output_text","text":"Checking."}]},
              {"type":"function_call","call_id":"call_1","name":"get_weather","arguments":"{\"city\":\"Paris\"}"},
              {"type":"function_call_output","call_id":"call_1","output":"18C, sunny"},
              {"type":"message","role":"user","content":[{"type":"input_text","text":"And "},{"type":"input_text","text":"Rome?"}]}],
@@ -73,7 +74,7 @@ TEST(ResponsesRequest, TheConversationRendersAsTheSameChatRequest) {
     "tools":[{"type":"function","function":{"name":"get_weather","description":"Weather for a city",
        "parameters":{"type":"object","properties":{"city":{"type":"string"}},"required":["city"]}}}],
     "messages":[{"role":"system","content":"Be brief."},{"role":"user","content":"Weather in Paris?"},
-       {"role":"assistant","content":"","reasoning_content":"Call the tool.","tool_calls":[{"id":"call_1","type":"function",
+       {"role":"assistant","content":"Checking.","reasoning_content":"Call the tool.","tool_calls":[{"id":"call_1","type":"function",
         "function":{"name":"get_weather","arguments":"{\"city\":\"Paris\"}"}}]},
        {"role":"tool","tool_call_id":"call_1","content":"18C, sunny"},{"role":"user","content":"And Rome?"}]})");
   ChatRequest chat;
@@ -86,10 +87,10 @@ TEST(ResponsesRequest, TheConversationRendersAsTheSameChatRequest) {
   // The store keeps the conversation without the instructions; the items get ids.
   EXPECT_EQ(r.conversation.size(), 4u);
   EXPECT_EQ(r.conversation[0]["role"], "user");
-  ASSERT_EQ(r.input_items.size(), 5u);
+  ASSERT_EQ(r.input_items.size(), 6u);
   std::set<std::string> ids;
   for (const auto& item : r.input_items) ids.insert(item["id"].get<std::string>());
-  EXPECT_EQ(ids.size(), 5u);
+  EXPECT_EQ(ids.size(), 6u);
   EXPECT_EQ(r.input_items[0]["type"], "message");
   EXPECT_EQ(r.input_items[0]["content"][0]["type"], "input_text");
   // The response object repeats the request's own forms.
