@@ -17,6 +17,7 @@
 #include <memory>
 #include <stdexcept>
 #include <thread>
+#include <tuple>
 
 #include "chat/chat_template.h"
 #include "core/log.h"
@@ -42,6 +43,8 @@ struct ServeOptions {
   std::vector<std::string> served_model_names;
   std::string api_key;
   size_t responses_store_size = 1024;
+  std::string allowed_origins = "*", allowed_methods = "*", allowed_headers = "*";
+  bool allow_credentials = false;
   int32_t max_pending = 1024;
   int http_threads = 1100;
 };
@@ -80,6 +83,13 @@ void serve(ServeOptions& o, const EngineFactory& factory) {
     setrlimit(RLIMIT_NOFILE, &files);
   }
 
+  CorsPolicy cors;
+  for (auto [flag, value, list] : {std::tuple{"--allowed-origins", &o.allowed_origins, &cors.origins},
+                                   std::tuple{"--allowed-methods", &o.allowed_methods, &cors.methods},
+                                   std::tuple{"--allowed-headers", &o.allowed_headers, &cors.headers}})
+    if (auto err = parse_cors_list(flag, *value, *list)) throw std::runtime_error(*err);
+  cors.credentials = o.allow_credentials;
+
   o.engine.model_dir = o.model_dir;
   o.engine.on_load_progress = progress_bar();
   if (o.served_model_names.empty()) o.served_model_names.push_back(o.model_dir);
@@ -109,7 +119,7 @@ void serve(ServeOptions& o, const EngineFactory& factory) {
 
   Metrics metrics(o.served_model_names.front());
   AsyncEngine async(std::move(*engine), metrics, AsyncEngineConfig{o.max_pending});
-  ServerOptions server_options{o.served_model_names, o.model_dir, o.api_key, o.responses_store_size};
+  ServerOptions server_options{o.served_model_names, o.model_dir, o.api_key, o.responses_store_size, cors};
   ApiServer api(server_options, **tokenizer, async, metrics);
 
   httplib::Server http;
@@ -184,6 +194,12 @@ void register_serve_command(CLI::App& app, EngineFactory factory) {
                 "prefix caching (on by default)");
   cmd->add_option("--served-model-name", o->served_model_names, "model name(s) clients use (default: the model dir)");
   cmd->add_option("--api-key", o->api_key, "require 'Authorization: Bearer KEY' on every route but /health");
+  cmd->add_option("--allowed-origins", o->allowed_origins,
+                  "origins allowed cross-origin requests: a JSON list as vLLM's ('[\"http://a\"]') or a comma list; "
+                  "default \"*\" (any)");
+  cmd->add_option("--allowed-methods", o->allowed_methods, "methods allowed cross-origin (default \"*\")");
+  cmd->add_option("--allowed-headers", o->allowed_headers, "request headers allowed cross-origin (default \"*\")");
+  cmd->add_flag("--allow-credentials", o->allow_credentials, "allow cross-origin requests with credentials");
   cmd->add_option("--responses-store-size", o->responses_store_size,
                   "Responses API responses kept in memory for GET /v1/responses/{id} and previous_response_id "
                   "(least recently used dropped first; 0 = store none)");

@@ -48,6 +48,7 @@ OrderedJson Generation::wrap_chunk(OrderedJson choice) const {
   out["created"] = spec_.created;
   out["model"] = spec_.model;
   out["choices"] = OrderedJson::array({std::move(choice)});
+  if (spec_.continuous_usage) out["usage"] = usage().to_json();
   return out;
 }
 
@@ -111,6 +112,7 @@ std::string Generation::stream_start() {
     out["created"] = spec_.created;
     out["model"] = spec_.model;
     out["choices"] = OrderedJson::array({std::move(choice)});
+    if (spec_.continuous_usage) out["usage"] = usage().to_json();
     sse += sse_event(out);
   }
   return sse;

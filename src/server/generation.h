@@ -15,6 +15,7 @@ namespace m3::server {
 struct GenerationSpec {
   bool chat = false;
   bool include_usage = false;
+  bool continuous_usage = false;  // every chunk carries the usage so far
   std::string response_id;  // "chatcmpl-..." / "cmpl-..."
   int64_t created = 0;      // unix seconds
   std::string model;

@@ -395,6 +395,10 @@ std::optional<ApiError> parse_common(const OrderedJson& body, bool chat, CommonR
       if (!iu->is_boolean()) return wrong_type("stream_options.include_usage", "a boolean", *iu);
       out.include_usage = iu->get<bool>();
     }
+    if (const OrderedJson* cu = member(*v, "continuous_usage_stats")) {
+      if (!cu->is_boolean()) return wrong_type("stream_options.continuous_usage_stats", "a boolean", *cu);
+      out.continuous_usage = out.include_usage && cu->get<bool>();
+    }
   }
   if (chat) {
     bool logprobs = false;
@@ -634,6 +638,7 @@ std::optional<ApiError> parse_chat_request(const OrderedJson& body, ChatRequest&
     }
   }
   M3_TRY(get_bool(body, "add_generation_prompt", out.add_generation_prompt));
+  M3_TRY(get_bool(body, "parallel_tool_calls", out.parallel_tool_calls));
   return std::nullopt;
 }
 

@@ -38,6 +38,7 @@ struct CommonRequest {
   std::vector<std::string> stop;    // non-empty strings only
   bool stream = false;
   bool include_usage = false;       // stream_options.include_usage
+  bool continuous_usage = false;    // vLLM's stream_options.continuous_usage_stats (with include_usage): usage in every chunk
   int logprobs = -1;                // -1: none; N: the sampled token plus the top N
   bool include_stop_str_in_output = false;  // vLLM's: a matched stop string stays in the text
   int prompt_logprobs = -1;                 // vLLM's: -1 none; N: each prompt token's plus the top N
@@ -66,6 +67,7 @@ struct ChatRequest {
   std::string tool_choice_name;  // kNamed
   std::optional<ThinkingMode> thinking_mode;  // chat_template_kwargs.thinking_mode
   bool add_generation_prompt = true;
+  bool parallel_tool_calls = true;  // false: the first call only (generation stops at a second)
 };
 
 // Parse errors (malformed JSON) are the caller's; these check an already parsed body.

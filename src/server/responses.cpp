@@ -126,6 +126,13 @@ void ChoiceAssembler::route(std::string raw, ChoiceDelta& out, bool final) {
   OutputDelta d = raw.empty() ? OutputDelta{} : parser_.push(raw);
   if (final) append_delta(d, parser_.finish());
   if (options_.drop_tool_calls) d.tool_calls.clear();
+  if (!options_.parallel_tool_calls) {
+    auto later = std::remove_if(d.tool_calls.begin(), d.tool_calls.end(), [](const ToolCallDelta& c) { return c.index > 0; });
+    if (later != d.tool_calls.end()) {
+      d.tool_calls.erase(later, d.tool_calls.end());
+      stop_matched_ = true;  // the caller aborts the request: nothing after the first call is wanted
+    }
+  }
   message_.append(d);
   append_delta(out.chat, d);
 }

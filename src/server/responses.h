@@ -19,6 +19,7 @@ struct ChoiceOptions {
   std::set<int32_t> stop_token_ids;  // EOS ids and the request's stop_token_ids: never decoded
   bool chat = false;                 // run the reasoning / tool-call parser
   bool drop_tool_calls = false;      // tool_choice "none": calls are parsed and dropped
+  bool parallel_tool_calls = true;   // false: a second call ends the choice (as a stop string would), unseen
   OutputParserOptions parser;
   int logprobs = -1;                 // -1: none; N: the sampled token plus the top N
   int min_tokens = 0;                // stop strings inside the text of the first min_tokens tokens do not count

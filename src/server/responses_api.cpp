@@ -390,6 +390,7 @@ std::optional<ApiError> parse_responses_request(const OrderedJson& body, const S
   if (const OrderedJson* v = present(body, "parallel_tool_calls")) {
     if (!v->is_boolean()) return bad("parallel_tool_calls", "must be a boolean");
     parallel = v->get<bool>();
+    chat["parallel_tool_calls"] = parallel;
   }
   OrderedJson metadata = OrderedJson::object();
   if (const OrderedJson* v = present(body, "metadata")) {

@@ -90,6 +90,20 @@ std::optional<ApiError> ApiServer::check_model(const std::string& model) const {
 
 void ApiServer::install(httplib::Server& http) {
   http.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+    // CORS first: a browser's preflight carries no API key, and every answer to an allowed
+    // origin (errors included) must say so or the page cannot read it.
+    const std::string origin = req.get_header_value("Origin");
+    if (!origin.empty()) {
+      if (req.method == "OPTIONS" && req.has_header("Access-Control-Request-Method")) {
+        PreflightAnswer a = cors_preflight(options_.cors, origin, req.get_header_value("Access-Control-Request-Method"),
+                                           req.get_header_value("Access-Control-Request-Headers"));
+        for (const auto& [k, v] : a.headers) res.set_header(k.c_str(), v);
+        res.status = a.status;
+        res.set_content(a.body, "text/plain; charset=utf-8");
+        return httplib::Server::HandlerResponse::Handled;
+      }
+      for (const auto& [k, v] : cors_response_headers(options_.cors, origin)) res.set_header(k.c_str(), v);
+    }
     if (options_.api_key.empty() || req.path == "/health") return httplib::Server::HandlerResponse::Unhandled;
     if (req.get_header_value("Authorization") == "Bearer " + options_.api_key)
       return httplib::Server::HandlerResponse::Unhandled;
@@ -379,6 +393,7 @@ void ApiServer::run_generation(GenerationJob&& job, httplib::Response& res) {
   GenerationSpec spec;
   spec.chat = chat;
   spec.include_usage = common.include_usage;
+  spec.continuous_usage = common.continuous_usage;
   spec.response_id = new_response_id(chat ? "chatcmpl-" : "cmpl-");
   spec.responses = std::move(job.responses);
   spec.created = unix_seconds();
@@ -451,6 +466,7 @@ void ApiServer::run_generation(GenerationJob&& job, httplib::Response& res) {
         opts.parser.tools = chat_req.tools;
         opts.parser.parse_tool_calls = true;  // even without tools: calls are dropped, never shown as XML
         opts.drop_tool_calls = chat_req.tool_choice == ToolChoice::kNone || chat_req.tools.is_null();
+        opts.parallel_tool_calls = chat_req.parallel_tool_calls;
       }
       spec.choices.push_back(std::move(opts));
       spec.choice_prompt.push_back(int32_t(p));

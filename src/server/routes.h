@@ -12,6 +12,7 @@
 #include <httplib.h>
 
 #include "server/async_engine.h"
+#include "server/cors.h"
 #include "server/json_mode.h"
 #include "server/pattern_mode.h"
 #include "server/responses_api.h"
@@ -26,6 +27,7 @@ struct ServerOptions {
   std::string model_dir;
   std::string api_key;  // "" = no authentication
   size_t responses_store_size = 1024;  // stored Responses API responses (least recently used go first); 0 = none
+  CorsPolicy cors;                     // cross-origin (browser) requests: any origin by default, as vLLM
 };
 
 struct GenerationJob;

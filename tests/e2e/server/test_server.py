@@ -407,6 +407,15 @@ class ServerTest(unittest.TestCase):
         full = self.server.client().completions.create(model=MODEL, prompt="Once upon", max_tokens=6, temperature=0,
                                                        extra_body={"ignore_eos": True})
         self.assertEqual(text, full.choices[0].text)
+        # vLLM's continuous_usage_stats: every chunk carries the usage so far.
+        stream = self.server.client().chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=5, temperature=0, stream=True,
+            stream_options={"include_usage": True, "continuous_usage_stats": True}, extra_body={"ignore_eos": True})
+        counts = [chunk.usage.completion_tokens for chunk in stream]
+        self.assertEqual(counts[0], 0)  # the role chunk
+        self.assertEqual(counts, sorted(counts))
+        self.assertEqual(counts[-1], 5)
+        self.assertGreater(len(counts), 3)
 
     def test_stop_string_truncates(self):
         c = self.server.client()
@@ -659,6 +668,56 @@ class ServerTest(unittest.TestCase):
         for lp in part.logprobs:
             self.assertLessEqual(lp.logprob, 0.0)
             self.assertLessEqual(len(lp.top_logprobs), 2)
+
+    def test_cors(self):
+        def call(method, path, headers, body=None):
+            conn = http.client.HTTPConnection("127.0.0.1", self.server.port, timeout=60)
+            conn.request(method, path, body=json.dumps(body) if body else None, headers=headers)
+            resp = conn.getresponse()
+            out = (resp.status, {k.lower(): v for k, v in resp.getheaders()}, resp.read())
+            conn.close()
+            return out
+        origin = {"Origin": "http://ui.example"}
+        # The preflight needs no API key; any origin is allowed by default, as in vLLM.
+        st, h, body = call("OPTIONS", "/v1/chat/completions", {**origin, "Access-Control-Request-Method": "POST",
+                                                                "Access-Control-Request-Headers": "authorization,content-type"})
+        self.assertEqual((st, body), (200, b"OK"))
+        self.assertEqual(h["access-control-allow-origin"], "*")
+        self.assertIn("POST", h["access-control-allow-methods"])
+        self.assertEqual(h["access-control-allow-headers"], "authorization,content-type")
+        # Answers carry the origin header, a 401 too (the page must be able to read it).
+        st, h, _ = call("POST", "/v1/chat/completions", {**origin, "Content-Type": "application/json",
+                                                          "Authorization": "Bearer " + API_KEY}, self.chat())
+        self.assertEqual((st, h.get("access-control-allow-origin")), (200, "*"))
+        st, h, _ = call("GET", "/v1/models", origin)
+        self.assertEqual((st, h.get("access-control-allow-origin")), (401, "*"))
+        st, h, _ = call("GET", "/health", {})
+        self.assertNotIn("access-control-allow-origin", h)  # not a cross-origin request
+
+    def test_cors_restricted(self):
+        server = Server(api_key=None, extra=["--allowed-origins", '["http://ok.example"]', "--allow-credentials"])
+        try:
+            def preflight(origin):
+                conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
+                conn.request("OPTIONS", "/v1/completions", headers={"Origin": origin,
+                                                                    "Access-Control-Request-Method": "POST"})
+                resp = conn.getresponse()
+                out = (resp.status, {k.lower(): v for k, v in resp.getheaders()}, resp.read())
+                conn.close()
+                return out
+            st, h, _ = preflight("http://ok.example")
+            self.assertEqual((st, h["access-control-allow-origin"], h["access-control-allow-credentials"]),
+                             (200, "http://ok.example", "true"))
+            st, h, body = preflight("http://evil.example")
+            self.assertEqual((st, body), (400, b"Disallowed CORS origin"))
+            self.assertNotIn("access-control-allow-origin", h)
+        finally:
+            server.stop()
+        # A malformed flag stops the server before it loads the model, naming the flag.
+        out = subprocess.run([ARGS.m3serve, "serve", ARGS.fixture, "--allowed-origins", '["x", 1]'],
+                             capture_output=True, text=True, timeout=60)
+        self.assertNotEqual(out.returncode, 0)
+        self.assertIn("--allowed-origins", out.stderr + out.stdout)
 
     def test_responses_bad_inputs(self):
         path = "/v1/responses"

@@ -549,6 +549,38 @@ TEST(ChatGeneration, ToolChoiceNoneDropsCalls) {
   EXPECT_EQ(gen.response()["choices"][0]["finish_reason"], "stop");
 }
 
+TEST(ChatGeneration, NoParallelToolCallsEndsAtTheSecondCall) {
+  const std::string ns = "]<]minimax[>[";
+  auto invoke = [&](const std::string& name, int x) {
+    return ns + "<invoke name=\"" + name + "\">" + ns + "<x>" + std::to_string(x) + ns + "</x>" + ns + "</invoke>\n";
+  };
+  const std::string text = ns + "<tool_call>\n" + invoke("f", 1) + invoke("g", 2) + ns + "</tool_call>";
+  for (bool parallel : {true, false}) {
+    ChoiceOptions opts;
+    opts.parallel_tool_calls = parallel;
+    Generation gen(test_tokenizer(), spec_for(true, 1, opts));
+    gen.bind({5});
+    std::vector<RequestId> to_abort;
+    auto toks = tokens_of(text);
+    toks.push_back(TokenOutput{kEos, 0.0f, {}});
+    const auto chunks = chunks_of(feed_one_by_one(gen, 5, toks, FinishReason::kStopToken, to_abort));
+    const OrderedJson body = gen.response();
+    const auto& calls = body["choices"][0]["message"]["tool_calls"];
+    ASSERT_EQ(calls.size(), parallel ? 2u : 1u);
+    EXPECT_EQ(calls[0]["function"]["name"], "f");
+    EXPECT_EQ(OrderedJson::parse(calls[0]["function"]["arguments"].get<std::string>())["x"], "1");
+    EXPECT_EQ(body["choices"][0]["finish_reason"], "tool_calls");
+    // Without parallel calls the request is aborted as soon as the second call shows.
+    EXPECT_EQ(to_abort, parallel ? std::vector<RequestId>{} : std::vector<RequestId>{5});
+    for (const auto& c : chunks) {
+      if (!c["choices"][0]["delta"].contains("tool_calls") || parallel) continue;
+      for (const auto& call : c["choices"][0]["delta"]["tool_calls"]) {
+        EXPECT_EQ(call["index"], 0);
+      }
+    }
+  }
+}
+
 TEST(ChatGeneration, ThinkingEnabledStartsInReasoning) {
   ChoiceOptions opts;
   opts.parser.thinking_mode = ThinkingMode::kEnabled;
