@@ -457,6 +457,16 @@ Result<std::string> render_chat(const OrderedJson& messages, const OrderedJson& 
     // Later root/system/developer messages are not rendered by the template.
   }
 
+  if (options.continue_final_message) {
+    if (options.add_generation_prompt)
+      return Status::error("continue_final_message: add_generation_prompt must be false");
+    const std::string closing = std::string(kEndOfMessage) + "\n";
+    if (messages.size() <= first || role_of(messages.back()) != "assistant" || truthy(field(messages.back(), "tool_calls")) ||
+        out.size() < closing.size() || out.compare(out.size() - closing.size(), closing.size(), closing) != 0)
+      return Status::error("messages[" + std::to_string(messages.size() - 1) +
+                           "]: continue_final_message needs the last message to be an assistant message without tool calls");
+    out.resize(out.size() - closing.size());
+  }
   if (options.add_generation_prompt) {
     out += kRoleStart;
     out += "ai\n";

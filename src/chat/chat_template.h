@@ -40,6 +40,9 @@ struct ChatRenderOptions {
   std::optional<ThinkingMode> thinking_mode;
   // The template's `model_identity` variable: the developer prompt when none is given.
   std::optional<std::string> model_identity;
+  // vLLM's continue_final_message: the last message (an assistant one without tool calls) is
+  // left open, so generation continues its text. Needs add_generation_prompt false.
+  bool continue_final_message = false;
 };
 
 // Renders an OpenAI-style conversation. `messages` is an array of {role, content, ...}

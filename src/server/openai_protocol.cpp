@@ -511,7 +511,8 @@ const char* const kCommonFields[] = {
     "spaces_between_special_tokens"};
 const char* const kCompletionFields[] = {"prompt", "echo", "suffix"};
 const char* const kChatFields[] = {"messages", "tools", "tool_choice", "chat_template_kwargs", "add_generation_prompt",
-                                   "max_completion_tokens", "top_logprobs", "parallel_tool_calls"};
+                                   "max_completion_tokens", "top_logprobs", "parallel_tool_calls",
+                                   "continue_final_message"};
 
 template <size_t N>
 bool listed(const std::string& key, const char* const (&fields)[N]) {
@@ -637,8 +638,24 @@ std::optional<ApiError> parse_chat_request(const OrderedJson& body, ChatRequest&
       out.thinking_mode = et->get<bool>() ? ThinkingMode::kEnabled : ThinkingMode::kDisabled;
     }
   }
-  M3_TRY(get_bool(body, "add_generation_prompt", out.add_generation_prompt));
   M3_TRY(get_bool(body, "parallel_tool_calls", out.parallel_tool_calls));
+  M3_TRY(get_bool(body, "continue_final_message", out.continue_final_message));
+  // Continuing the last message implies no new turn; asking for both is a contradiction (as in vLLM).
+  if (out.continue_final_message) out.add_generation_prompt = false;
+  M3_TRY(get_bool(body, "add_generation_prompt", out.add_generation_prompt));
+  if (out.continue_final_message) {
+    if (out.add_generation_prompt)
+      return invalid_request("'continue_final_message' and 'add_generation_prompt' cannot both be true",
+                             "continue_final_message");
+    const OrderedJson& last = out.messages.back();
+    if (last.value("role", "") != "assistant" || (last.contains("tool_calls") && !last["tool_calls"].is_null() &&
+                                                  !last["tool_calls"].empty()))
+      return invalid_request("'continue_final_message' needs the last message to be an assistant message without "
+                             "tool calls", "messages");
+    if (out.common.pattern || out.common.json_object)
+      return invalid_request("'continue_final_message' cannot be combined with an output constraint (response_format, "
+                             "guided_*, structured_outputs, tool_choice \"required\" or named)", "continue_final_message");
+  }
   return std::nullopt;
 }
 

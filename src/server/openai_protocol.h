@@ -68,6 +68,8 @@ struct ChatRequest {
   std::optional<ThinkingMode> thinking_mode;  // chat_template_kwargs.thinking_mode
   bool add_generation_prompt = true;
   bool parallel_tool_calls = true;  // false: the first call only (generation stops at a second)
+  // vLLM's: the output continues the last (assistant) message instead of starting a new turn.
+  bool continue_final_message = false;
 };
 
 // Parse errors (malformed JSON) are the caller's; these check an already parsed body.

@@ -47,6 +47,7 @@ std::optional<ApiError> render_messages(const ChatRequest& chat, std::string& pr
   ChatRenderOptions opts;
   opts.add_generation_prompt = chat.add_generation_prompt;
   opts.thinking_mode = chat.thinking_mode;
+  opts.continue_final_message = chat.continue_final_message;
   auto rendered = render_chat(chat.messages, chat.tools, opts);
   if (!rendered) return template_error(rendered.error());
   prompt = std::move(*rendered);
@@ -462,7 +463,9 @@ void ApiServer::run_generation(GenerationJob&& job, httplib::Response& res) {
       opts.chat = chat;
       opts.logprobs = common.logprobs;
       if (chat) {
-        opts.parser.thinking_mode = chat_req.thinking_mode.value_or(ThinkingMode::kAdaptive);
+        // A continued message goes on as content (its reasoning, if any, is already closed).
+        opts.parser.thinking_mode = chat_req.continue_final_message ? ThinkingMode::kAdaptive
+                                                                    : chat_req.thinking_mode.value_or(ThinkingMode::kAdaptive);
         opts.parser.tools = chat_req.tools;
         opts.parser.parse_tool_calls = true;  // even without tools: calls are dropped, never shown as XML
         opts.drop_tool_calls = chat_req.tool_choice == ToolChoice::kNone || chat_req.tools.is_null();

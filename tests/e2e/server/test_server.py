@@ -669,6 +669,25 @@ class ServerTest(unittest.TestCase):
             self.assertLessEqual(lp.logprob, 0.0)
             self.assertLessEqual(len(lp.top_logprobs), 2)
 
+    def test_continue_final_message(self):
+        msgs = [{"role": "user", "content": "Tell a story"}, {"role": "assistant", "content": "Once upon a time"}]
+        body = dict(model=MODEL, messages=msgs, max_tokens=4, temperature=0, ignore_eos=True,
+                    continue_final_message=True, add_generation_prompt=False)
+        st, r = self.server.json("POST", "/v1/chat/completions", body)
+        self.assertEqual(st, 200, r)
+        self.assertEqual(r["usage"]["completion_tokens"], 4)
+        # The prompt is the conversation with the last message left open: what /tokenize renders,
+        # the closed form's tokens minus the end of the message.
+        st, tok = self.server.json("POST", "/tokenize", {"model": MODEL, "messages": msgs, "continue_final_message": True})
+        self.assertEqual(r["usage"]["prompt_tokens"], tok["count"])
+        st, closed = self.server.json("POST", "/tokenize", {"model": MODEL, "messages": msgs,
+                                                            "add_generation_prompt": False})
+        self.assertEqual(closed["tokens"][:tok["count"]], tok["tokens"])
+        self.assertGreater(closed["count"], tok["count"])
+        self.check_error(dict(body, add_generation_prompt=True), "continue_final_message")
+        self.check_error(dict(body, messages=msgs[:1]), "continue_final_message", param="messages")
+        self.check_error(dict(body, response_format={"type": "json_object"}), "continue_final_message")
+
     def test_cors(self):
         def call(method, path, headers, body=None):
             conn = http.client.HTTPConnection("127.0.0.1", self.server.port, timeout=60)

@@ -114,6 +114,29 @@ TEST(ChatTemplate, GenerationPromptFollowsThinkingMode) {
   EXPECT_TRUE(ends_with(render_chat(messages, nullptr, options).value(), "hi[e~[\n"));
 }
 
+TEST(ChatTemplate, ContinueFinalMessageLeavesTheLastTurnOpen) {
+  ChatRenderOptions options;
+  options.add_generation_prompt = false;
+  const auto messages = OrderedJson::parse(
+      R"([{"role": "user", "content": "hi"}, {"role": "assistant", "content": "Sure, the answer is"}])");
+  const std::string closed = render_chat(messages, nullptr, options).value();
+  options.continue_final_message = true;
+  const std::string open = render_chat(messages, nullptr, options).value();
+  EXPECT_EQ(open + "[e~[\n", closed);  // the same prompt, the message's end left off
+  EXPECT_EQ(open.substr(open.size() - 37), "]~b]ai\n</mm:think>Sure, the answer is");
+  const auto reasoned = OrderedJson::parse(
+      R"([{"role": "user", "content": "hi"}, {"role": "assistant", "reasoning_content": "Think.", "content": ""}])");
+  const std::string after_reasoning = render_chat(reasoned, nullptr, options).value();
+  EXPECT_EQ(after_reasoning.substr(after_reasoning.size() - 34), "]~b]ai\n<mm:think>Think.</mm:think>");
+  // Only an assistant message without tool calls can be continued, and not with a new turn too.
+  EXPECT_FALSE(render_chat(OrderedJson::parse(R"([{"role": "user", "content": "hi"}])"), nullptr, options).is_ok());
+  const auto call = OrderedJson::parse(R"([{"role": "user", "content": "hi"}, {"role": "assistant", "content": "",
+      "tool_calls": [{"type": "function", "function": {"name": "f", "arguments": {}}}]}])");
+  EXPECT_FALSE(render_chat(call, nullptr, options).is_ok());
+  options.add_generation_prompt = true;
+  EXPECT_FALSE(render_chat(messages, nullptr, options).is_ok());
+}
+
 TEST(ChatTemplate, PythonJsonDumpsKeepsOrderAndSeparators) {
   const auto value = OrderedJson::parse(
       R"({"z": 1, "a": [1.5, true, null, "x\"y\n\u00e9\u0001"], "m": {}, "e": [], "f": 1e-05, "g": 100.0})");
