@@ -48,11 +48,14 @@ struct EngineConfig {
   // indexer scans per cached token against bf16; with 3 mantissa bits its block scores are
   // coarser, so a selection can differ from a bf16 cache's where two blocks score close.
   std::string index_cache_dtype = "auto";
+  // "fcfs" (arrival order) or "priority" (GenerationRequest::priority, lower first; vLLM's).
+  std::string scheduling_policy = "fcfs";
 };
 
 struct GenerationRequest {
   std::vector<int32_t> prompt_token_ids;
   SamplingParams sampling;
+  int32_t priority = 0;  // only under the priority policy; must be 0 under fcfs
 };
 
 struct TokenOutput {
@@ -102,6 +105,7 @@ struct ModelSummary {
   size_t weight_bytes = 0;       // model weights in device memory
   std::string kv_cache_dtype;     // as resolved: "f32" or "bf16"
   std::string index_cache_dtype;  // as resolved: "f32", "bf16" or "fp8"
+  std::string scheduling_policy;  // "fcfs" or "priority"
 };
 
 class Engine {

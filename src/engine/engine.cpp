@@ -84,6 +84,9 @@ class EngineImpl final : public Engine {
         return Status::error("prompt token id " + std::to_string(id) + " is outside the vocabulary [0, " +
                              std::to_string(summary_.vocab_size) + ")");
     }
+    if (request.priority != 0 && summary_.scheduling_policy != "priority")
+      return Status::error("priority " + std::to_string(request.priority) +
+                           " needs the priority scheduling policy (--scheduling-policy priority)");
     const RequestId id = next_id_++;
     RequestSpec spec;
     spec.request_id = id;
@@ -93,6 +96,7 @@ class EngineImpl final : public Engine {
     if (!request.sampling.ignore_eos)
       spec.stop_token_ids.insert(spec.stop_token_ids.end(), summary_.eos_token_ids.begin(), summary_.eos_token_ids.end());
     spec.skip_prefix_cache = request.sampling.prompt_logprobs >= 0;  // every position's logits
+    spec.priority = request.priority;
     std::vector<int32_t> stop_ids = spec.stop_token_ids;  // what min_tokens bans
     Status st = scheduler_.submit(std::move(spec));
     if (!st.is_ok()) return st;
@@ -447,6 +451,9 @@ Result<std::unique_ptr<Engine>> Engine::create(const EngineConfig& config) {
   sc.max_num_batched_tokens = config.max_num_batched_tokens;
   sc.max_num_seqs = config.max_num_seqs;
   sc.max_model_len = max_len;
+  if (config.scheduling_policy != "fcfs" && config.scheduling_policy != "priority")
+    return Status::error("scheduling_policy must be fcfs or priority, got '" + config.scheduling_policy + "'");
+  sc.policy = config.scheduling_policy == "priority" ? SchedulingPolicy::kPriority : SchedulingPolicy::kFcfs;
   KvCacheConfig kc;
   kc.num_blocks = num_blocks;
   kc.block_size_tokens = bs;
@@ -470,6 +477,7 @@ Result<std::unique_ptr<Engine>> Engine::create(const EngineConfig& config) {
   summary.weight_bytes = (*model)->weight_bytes();
   summary.kv_cache_dtype = kv_dtype_name;
   summary.index_cache_dtype = index_dtype_name;
+  summary.scheduling_policy = config.scheduling_policy;
   if (config.max_num_batched_tokens < 1 || config.max_num_seqs < 1)
     return Status::error("max_num_batched_tokens and max_num_seqs must be >= 1");
   try {

@@ -33,6 +33,8 @@ struct RequestSpec {
   // Computes every prompt position, never reading the prefix cache (prompt logprobs need the
   // logits of each position); its blocks are still published for other requests.
   bool skip_prefix_cache = false;
+  // Under the priority policy: lower values are admitted first and preempted last (vLLM's).
+  int32_t priority = 0;
 };
 
 class Request {
@@ -51,6 +53,9 @@ class Request {
   int32_t num_computed_tokens() const { return num_computed_tokens_; }
   int32_t num_preemptions() const { return num_preemptions_; }
   uint64_t admission_seq() const { return admission_seq_; }
+  int32_t priority() const { return spec_.priority; }
+  uint64_t arrival_seq() const { return arrival_seq_; }  // submission order
+  void set_arrival_seq(uint64_t seq) { arrival_seq_ = seq; }
   // Prompt tokens served from the prefix cache at the first admission (usage reporting).
   int32_t num_cached_prompt_tokens() const { return num_cached_prompt_tokens_; }
 
@@ -73,6 +78,7 @@ class Request {
   int32_t num_preemptions_ = 0;
   int32_t num_cached_prompt_tokens_ = 0;
   uint64_t admission_seq_ = 0;
+  uint64_t arrival_seq_ = 0;
 };
 
 }  // namespace m3

@@ -58,7 +58,9 @@ Status Scheduler::submit(RequestSpec spec) {
                          std::to_string(kv_.block_size()) + " tokens per block)");
   }
   auto request = std::make_unique<Request>(std::move(spec));
-  waiting_.push_back(request.get());
+  request->set_arrival_seq(next_arrival_seq_++);
+  if (config_.policy == SchedulingPolicy::kPriority) insert_by_priority(waiting_, request.get());
+  else waiting_.push_back(request.get());
   requests_.emplace(request->id(), std::move(request));
   return Status::ok();
 }
@@ -80,12 +82,27 @@ void Scheduler::add_entry(const Request& request, int32_t num_new_tokens, bool i
   plan->scheduled.push_back(std::move(e));
 }
 
+namespace {
+
+// Priority order: lower priority value first, then earlier arrival.
+bool more_urgent(const Request* a, const Request* b) {
+  return a->priority() != b->priority() ? a->priority() < b->priority() : a->arrival_seq() < b->arrival_seq();
+}
+
+}  // namespace
+
+template <typename Queue>
+void Scheduler::insert_by_priority(Queue& queue, Request* request) {
+  queue.insert(std::upper_bound(queue.begin(), queue.end(), request, more_urgent), request);
+}
+
 void Scheduler::preempt(Request* request, SchedulePlan* plan) {
   kv_.free(request->id());
   request->set_num_computed_tokens(0);
   request->transition(RequestState::kPreempted);
   request->count_preemption();
-  waiting_.push_front(request);
+  if (config_.policy == SchedulingPolicy::kPriority) insert_by_priority(waiting_, request);
+  else waiting_.push_front(request);
   plan->preempted.push_back(request->id());
   ++plan->stats.num_preemptions;
 }
@@ -100,8 +117,8 @@ void Scheduler::schedule_running(SchedulePlan* plan, int32_t* budget) {
     const int32_t num_new = std::min(remaining, chunk_limit(*budget));
     bool self_preempted = false;
     while (!kv_.allocate_slots(r->id(), r->num_computed_tokens(), num_new)) {
-      // Requests after i are unscheduled this step, so taking the newest never has to
-      // undo an entry already in the plan.
+      // Requests after i are unscheduled this step, so taking the newest (priority: the
+      // least urgent, running_ being in key order) never has to undo an entry in the plan.
       Request* victim = running_.back();
       running_.pop_back();
       preempt(victim, plan);
@@ -134,7 +151,8 @@ void Scheduler::admit_waiting(SchedulePlan* plan, int32_t* budget) {
     if (r->state() == RequestState::kWaiting) r->set_num_cached_prompt_tokens(hit.num_tokens);
     r->transition(RequestState::kRunning);
     r->set_admission_seq(next_admission_seq_++);
-    running_.push_back(r);
+    if (config_.policy == SchedulingPolicy::kPriority) insert_by_priority(running_, r);
+    else running_.push_back(r);
     add_entry(*r, num_new, /*is_new_admission=*/true, hit.num_tokens, plan);
     *budget -= num_new;
   }
@@ -265,21 +283,28 @@ Status Scheduler::check_invariants() const {
     return Status::error("more running requests than max_num_seqs");
   }
   std::unordered_set<const Request*> seen;
+  const bool by_priority = config_.policy == SchedulingPolicy::kPriority;
   uint64_t prev_seq = 0;
+  const Request* prev = nullptr;
   for (const Request* r : running_) {
     const std::string who = "running request " + std::to_string(r->id());
     if (!seen.insert(r).second) return Status::error(who + " queued twice");
     if (r->state() != RequestState::kRunning) return Status::error(who + " in state " + std::string(to_string(r->state())));
-    if (r->admission_seq() <= prev_seq) return Status::error(who + " out of admission order");
+    if (by_priority ? prev && more_urgent(r, prev) : r->admission_seq() <= prev_seq)
+      return Status::error(who + (by_priority ? " out of priority order" : " out of admission order"));
     prev_seq = r->admission_seq();
+    prev = r;
     if (r->num_computed_tokens() >= r->num_tokens()) return Status::error(who + " has nothing to compute");
     if (kv_.block_table(r->id()).num_blocks() < kv_.blocks_for_tokens(r->num_computed_tokens())) {
       return Status::error(who + " computed tokens beyond its blocks");
     }
   }
+  prev = nullptr;
   for (const Request* r : waiting_) {
     const std::string who = "waiting request " + std::to_string(r->id());
     if (!seen.insert(r).second) return Status::error(who + " queued twice");
+    if (by_priority && prev && more_urgent(r, prev)) return Status::error(who + " out of priority order");
+    prev = r;
     if (r->state() != RequestState::kWaiting && r->state() != RequestState::kPreempted) {
       return Status::error(who + " in state " + std::string(to_string(r->state())));
     }

@@ -18,6 +18,10 @@
 //     fits; when the request itself is the newest, it is the one preempted.
 //  2. If nothing was preempted, waiting requests are admitted FCFS while budget, seats
 //     (max_num_seqs) and blocks last: prefix-cache hit first, then a prefill chunk.
+// Under SchedulingPolicy::kPriority (vLLM's --scheduling-policy priority) both queues are kept
+// in (priority, arrival) order instead: the most urgent running request is scheduled first,
+// the least urgent (latest arrival among equals) is the one preempted, and a preempted request
+// waits at its key's place rather than at the front.
 // Submit rejects what could never run (prompt + max_tokens beyond max_model_len or
 // beyond the whole pool), so a lone oldest request always fits and steps never hang.
 #include <algorithm>
@@ -34,6 +38,8 @@
 
 namespace m3 {
 
+enum class SchedulingPolicy { kFcfs, kPriority };
+
 struct SchedulerConfig {
   int32_t max_num_batched_tokens = 0;  // token budget per step
   int32_t max_num_seqs = 0;            // running requests at most
@@ -41,6 +47,7 @@ struct SchedulerConfig {
   // Longest chunk one request gets per step (0: the whole budget). Bounds how long an
   // old, long prefill can hold the budget while newer requests wait to decode.
   int32_t max_chunk_tokens = 0;
+  SchedulingPolicy policy = SchedulingPolicy::kFcfs;
   Status validate() const;             // every problem, in one message
 };
 
@@ -96,6 +103,9 @@ class Scheduler {
   void add_entry(const Request& request, int32_t num_new_tokens, bool is_new_admission,
                  int32_t num_prefix_hit_tokens, SchedulePlan* plan) const;
   void finish(Request* request, FinishReason reason);
+  // Priority policy: `request` goes into `queue` before the first request it outranks.
+  template <typename Queue>
+  static void insert_by_priority(Queue& queue, Request* request);
   int32_t chunk_limit(int32_t budget) const {
     return config_.max_chunk_tokens > 0 ? std::min(budget, config_.max_chunk_tokens) : budget;
   }
@@ -103,11 +113,12 @@ class Scheduler {
   SchedulerConfig config_;
   KvCacheManager kv_;
   std::unordered_map<RequestId, std::unique_ptr<Request>> requests_;  // live requests
-  std::vector<Request*> running_;  // admission order: back() is the newest
-  std::deque<Request*> waiting_;   // preempted ones go to the front
+  std::vector<Request*> running_;  // admission order: back() is the newest (priority: by key)
+  std::deque<Request*> waiting_;   // preempted ones go to the front (priority: by key)
   std::vector<RequestId> finished_since_last_plan_;
   uint64_t next_step_id_ = 1;
   uint64_t next_admission_seq_ = 1;
+  uint64_t next_arrival_seq_ = 1;
   uint64_t outstanding_step_id_ = 0;  // non-empty plan awaiting update(), 0 if none
 };
 

@@ -200,6 +200,11 @@ void register_serve_command(CLI::App& app, EngineFactory factory) {
   cmd->add_option("--allowed-methods", o->allowed_methods, "methods allowed cross-origin (default \"*\")");
   cmd->add_option("--allowed-headers", o->allowed_headers, "request headers allowed cross-origin (default \"*\")");
   cmd->add_flag("--allow-credentials", o->allow_credentials, "allow cross-origin requests with credentials");
+  cmd->add_option("--scheduling-policy", o->engine.scheduling_policy,
+                  "fcfs (arrival order) or priority (requests' 'priority', lower first; the least urgent is "
+                  "preempted first)")
+      ->check(CLI::IsMember({"fcfs", "priority"}))
+      ->capture_default_str();
   cmd->add_option("--responses-store-size", o->responses_store_size,
                   "Responses API responses kept in memory for GET /v1/responses/{id} and previous_response_id "
                   "(least recently used dropped first; 0 = store none)");

@@ -367,6 +367,12 @@ std::optional<ApiError> parse_common(const OrderedJson& body, bool chat, CommonR
                              "truncate_prompt_tokens");
     out.truncate_prompt_tokens = int(*i);
   }
+  i.reset();
+  M3_TRY(get_int(body, "priority", i));  // vLLM's: lower is sooner, with --scheduling-policy priority
+  if (i) {
+    if (*i < INT32_MIN || *i > INT32_MAX) return invalid_request("'priority' is out of range", "priority");
+    out.priority = int32_t(*i);
+  }
   if (const OrderedJson* v = member(body, "bad_words")) {
     if (!v->is_array()) return wrong_type("bad_words", "an array of strings", *v);
     if (v->size() > kMaxBadWords)

@@ -390,6 +390,11 @@ void ApiServer::run_generation(GenerationJob&& job, httplib::Response& res) {
     for (const auto& f : common.ignored_fields) names += (names.empty() ? "" : ", ") + f;
     M3_LOG_WARN("request fields ignored (unknown to this server): " + names);
   }
+  if (common.priority != 0 && engine_.model().scheduling_policy != "priority")
+    return send_error(res, invalid_request("'priority' is " + std::to_string(common.priority) +
+                                               " but the server schedules first come, first served (start it with "
+                                               "--scheduling-policy priority)",
+                                           "priority"));
   const std::string model_name = options_.served_model_names.front();
   GenerationSpec spec;
   spec.chat = chat;
@@ -420,6 +425,7 @@ void ApiServer::run_generation(GenerationJob&& job, httplib::Response& res) {
       GenerationRequest g;
       g.prompt_token_ids = prompts[p];
       g.sampling = common.sampling;
+      g.priority = common.priority;
       g.sampling.max_tokens = common.max_tokens.value_or(room);
       g.sampling.logprobs = common.logprobs;
       const bool echo = !chat && completion.echo;

@@ -688,6 +688,20 @@ class ServerTest(unittest.TestCase):
         self.check_error(dict(body, messages=msgs[:1]), "continue_final_message", param="messages")
         self.check_error(dict(body, response_format={"type": "json_object"}), "continue_final_message")
 
+    def test_priority_needs_the_priority_policy(self):
+        self.check_error(self.chat(priority=3), "--scheduling-policy priority", param="priority")
+        self.assertEqual(self.server.json("POST", "/v1/chat/completions", self.chat(priority=0))[0], 200)
+        server = Server(api_key=None, extra=["--scheduling-policy", "priority"])
+        try:
+            for prio in (-5, 0, 7):
+                st, r = server.json("POST", "/v1/completions", {"model": MODEL, "prompt": "Hi", "max_tokens": 3,
+                                                                 "priority": prio, "ignore_eos": True})
+                self.assertEqual((st, r["usage"]["completion_tokens"]), (200, 3), r)
+            st, r = server.json("POST", "/v1/completions", {"model": MODEL, "prompt": "Hi", "priority": "high"})
+            self.assertEqual((st, r["error"]["param"]), (400, "priority"))
+        finally:
+            server.stop()
+
     def test_cors(self):
         def call(method, path, headers, body=None):
             conn = http.client.HTTPConnection("127.0.0.1", self.server.port, timeout=60)

@@ -43,6 +43,8 @@ void fuzz_one(uint64_t seed, int32_t num_steps, FuzzStats* totals) {
   sc.max_num_seqs = rng.uniform(1, 8);
   sc.max_model_len = rng.uniform(8, 160);
   sc.max_chunk_tokens = rng.chance(30) ? rng.uniform(1, 16) : 0;
+  const bool by_priority = rng.chance(40);
+  sc.policy = by_priority ? SchedulingPolicy::kPriority : SchedulingPolicy::kFcfs;
   Result<Scheduler> created = Scheduler::create(sc, kc);
   ASSERT_TRUE(created.is_ok()) << created.status().message();
   Scheduler sched = std::move(created).value();
@@ -68,6 +70,7 @@ void fuzz_one(uint64_t seed, int32_t num_steps, FuzzStats* totals) {
     for (int i = 0; i < tail; ++i) spec.prompt_token_ids.push_back(rng.uniform(0, kVocab - 1));
     spec.max_tokens = rng.uniform(0, 24);
     if (rng.chance(30)) spec.stop_token_ids = {rng.uniform(0, kVocab - 1)};
+    if (by_priority) spec.priority = rng.uniform(-2, 2);
     const int64_t total = static_cast<int64_t>(spec.prompt_token_ids.size()) + spec.max_tokens;
     const int64_t blocks = (total - 1 + kc.block_size_tokens - 1) / kc.block_size_tokens;
     const bool possible = !spec.prompt_token_ids.empty() && spec.max_tokens >= 1 &&
