@@ -15,6 +15,7 @@
 #include <fstream>
 #include <sstream>
 #include <memory>
+#include <optional>
 #include <stdexcept>
 #include <thread>
 #include <tuple>
@@ -43,11 +44,36 @@ struct ServeOptions {
   std::vector<std::string> served_model_names;
   std::string api_key;
   size_t responses_store_size = 1024;
+  bool request_id_headers = false, log_requests = false;
+  int max_log_len = -1;
+  // vLLM flags accepted for command-line compatibility, checked in check_vllm_flags().
+  std::string tool_call_parser, reasoning_parser, dtype = "auto";
+  int tensor_parallel_size = 1;
+  bool compat_flag = false;  // --enable-auto-tool-choice, --trust-remote-code: nothing to change
+  std::optional<double> gpu_memory_utilization;
   std::string allowed_origins = "*", allowed_methods = "*", allowed_headers = "*";
   bool allow_credentials = false;
   int32_t max_pending = 1024;
   int http_threads = 1100;
 };
+
+// vLLM's flags that have one meaning here are accepted (the M3 parsers always run, the weights
+// load as stored); those asking for what this server does not do stop it with the reason.
+void check_vllm_flags(const ServeOptions& o) {
+  for (const auto& [flag, value] : {std::pair{"--tool-call-parser", &o.tool_call_parser},
+                                    std::pair{"--reasoning-parser", &o.reasoning_parser}})
+    if (!value->empty() && value->rfind("minimax", 0) != 0)
+      throw std::runtime_error(std::string(flag) + " " + *value +
+                               ": this server parses MiniMax-M3's format only (give a minimax_* parser or leave it out)");
+  if (o.dtype != "auto" && o.dtype != "bfloat16" && o.dtype != "bf16")
+    throw std::runtime_error("--dtype " + o.dtype + ": weights load as stored (BF16 or MXFP8); give auto or bfloat16");
+  if (o.tensor_parallel_size != 1)
+    throw std::runtime_error("--tensor-parallel-size " + std::to_string(o.tensor_parallel_size) +
+                             ": this build runs one device per server (tensor parallelism is not implemented yet)");
+  if (o.gpu_memory_utilization)
+    throw std::runtime_error("--gpu-memory-utilization: the KV cache is sized by --kv-cache-memory BYTES or "
+                             "--num-gpu-blocks-override N (no memory profiling run here)");
+}
 
 // A one-line progress bar on stderr, redrawn when the percentage changes.
 std::function<void(size_t, size_t)> progress_bar() {
@@ -83,6 +109,7 @@ void serve(ServeOptions& o, const EngineFactory& factory) {
     setrlimit(RLIMIT_NOFILE, &files);
   }
 
+  check_vllm_flags(o);
   CorsPolicy cors;
   for (auto [flag, value, list] : {std::tuple{"--allowed-origins", &o.allowed_origins, &cors.origins},
                                    std::tuple{"--allowed-methods", &o.allowed_methods, &cors.methods},
@@ -119,7 +146,15 @@ void serve(ServeOptions& o, const EngineFactory& factory) {
 
   Metrics metrics(o.served_model_names.front());
   AsyncEngine async(std::move(*engine), metrics, AsyncEngineConfig{o.max_pending});
-  ServerOptions server_options{o.served_model_names, o.model_dir, o.api_key, o.responses_store_size, cors};
+  ServerOptions server_options;
+  server_options.served_model_names = o.served_model_names;
+  server_options.model_dir = o.model_dir;
+  server_options.api_key = o.api_key;
+  server_options.responses_store_size = o.responses_store_size;
+  server_options.cors = cors;
+  server_options.request_id_headers = o.request_id_headers;
+  server_options.log_requests = o.log_requests;
+  server_options.max_log_len = o.max_log_len;
   ApiServer api(server_options, **tokenizer, async, metrics);
 
   httplib::Server http;
@@ -205,6 +240,20 @@ void register_serve_command(CLI::App& app, EngineFactory factory) {
                   "preempted first)")
       ->check(CLI::IsMember({"fcfs", "priority"}))
       ->capture_default_str();
+  cmd->add_flag("--enable-request-id-headers", o->request_id_headers,
+                "answer generation requests with X-Request-Id (the request's X-Request-Id or request_id, else the "
+                "response id)");
+  cmd->add_flag("--enable-log-requests,!--disable-log-requests", o->log_requests,
+                "log one line per generation request (off by default)");
+  cmd->add_option("--max-log-len", o->max_log_len, "prompt characters in a logged request (default: all)");
+  cmd->add_option("--tool-call-parser", o->tool_call_parser, "vLLM compatibility: minimax_* (M3's parser always runs)");
+  cmd->add_option("--reasoning-parser", o->reasoning_parser, "vLLM compatibility: minimax_* (M3's parser always runs)");
+  cmd->add_flag("--enable-auto-tool-choice", o->compat_flag, "vLLM compatibility: tool calls are always parsed");
+  cmd->add_flag("--trust-remote-code", o->compat_flag, "vLLM compatibility: no code is loaded from the model directory");
+  cmd->add_option("--dtype", o->dtype, "vLLM compatibility: auto or bfloat16 (weights load as stored)");
+  cmd->add_option("--tensor-parallel-size", o->tensor_parallel_size, "vLLM compatibility: 1 only");
+  cmd->add_option("--gpu-memory-utilization", o->gpu_memory_utilization,
+                  "not supported: size the KV cache with --kv-cache-memory or --num-gpu-blocks-override");
   cmd->add_option("--responses-store-size", o->responses_store_size,
                   "Responses API responses kept in memory for GET /v1/responses/{id} and previous_response_id "
                   "(least recently used dropped first; 0 = store none)");

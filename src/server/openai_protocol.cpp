@@ -367,6 +367,11 @@ std::optional<ApiError> parse_common(const OrderedJson& body, bool chat, CommonR
                              "truncate_prompt_tokens");
     out.truncate_prompt_tokens = int(*i);
   }
+  if (const OrderedJson* v = member(body, "request_id")) {
+    if (!v->is_string() || v->get<std::string>().empty() || v->get<std::string>().size() > 256)
+      return invalid_request("'request_id' must be a non-empty string of at most 256 bytes", "request_id");
+    out.request_id = v->get<std::string>();
+  }
   i.reset();
   M3_TRY(get_int(body, "priority", i));  // vLLM's: lower is sooner, with --scheduling-policy priority
   if (i) {

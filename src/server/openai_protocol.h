@@ -48,6 +48,7 @@ struct CommonRequest {
   std::optional<int> truncate_prompt_tokens;  // vLLM's: keep the prompt's last N tokens (-1: max_model_len)
   std::vector<std::string> bad_words;       // vLLM's: never generate these (token sequences made by the route)
   int32_t priority = 0;                     // vLLM's: scheduling priority, lower first (priority policy only)
+  std::string request_id;                   // vLLM's: the response id's suffix ("" = random)
   std::vector<std::string> ignored_fields;  // present in the body, unknown to the server (logged)
 };
 

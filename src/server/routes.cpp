@@ -270,7 +270,19 @@ struct GenerationJob {
   std::optional<ResponsesShape> responses;      // the Responses API's output
   // After the last event, on the handler's thread (stores a Responses API response).
   std::function<void(const Generation&)> on_complete;
+  std::string base_id;  // X-Request-Id, else the body's request_id, else "" (random)
 };
+
+namespace {
+
+// vLLM's request id: the X-Request-Id header, else the body's request_id.
+std::string base_request_id(const httplib::Request& req, const std::string& from_body) {
+  std::string id = req.get_header_value("X-Request-Id");
+  if (id.size() > 256) id.resize(256);
+  return id.empty() ? from_body : id;
+}
+
+}  // namespace
 
 void ApiServer::handle_generation(const httplib::Request& req, httplib::Response& res, bool chat) {
   OrderedJson body;
@@ -280,6 +292,7 @@ void ApiServer::handle_generation(const httplib::Request& req, httplib::Response
   if (auto err = chat ? parse_chat_request(body, job.chat_req) : parse_completion_request(body, job.completion))
     return send_error(res, *err);
   job.stream = chat ? job.chat_req.common.stream : job.completion.common.stream;
+  job.base_id = base_request_id(req, chat ? job.chat_req.common.request_id : job.completion.common.request_id);
   job.prompt_param = chat ? "messages" : "prompt";
   if (chat && body.contains("max_completion_tokens")) job.max_tokens_param = "max_completion_tokens";
   run_generation(std::move(job), res);
@@ -306,6 +319,8 @@ void ApiServer::handle_responses(const httplib::Request& req, httplib::Response&
   job.stream = request.stream;
   job.prompt_param = "input";
   job.max_tokens_param = "max_output_tokens";
+  // The response id stays random (it keys the store); the header still names the request.
+  job.base_id = base_request_id(req, job.chat_req.common.request_id);
   ResponsesShape shape;
   shape.id = new_response_id("resp_");
   shape.created_at = unix_seconds();
@@ -400,7 +415,8 @@ void ApiServer::run_generation(GenerationJob&& job, httplib::Response& res) {
   spec.chat = chat;
   spec.include_usage = common.include_usage;
   spec.continuous_usage = common.continuous_usage;
-  spec.response_id = new_response_id(chat ? "chatcmpl-" : "cmpl-");
+  spec.response_id = job.base_id.empty() ? new_response_id(chat ? "chatcmpl-" : "cmpl-")
+                                          : std::string(chat ? "chatcmpl-" : "cmpl-") + job.base_id;
   spec.responses = std::move(job.responses);
   spec.created = unix_seconds();
   spec.model = model_name;
@@ -491,6 +507,7 @@ void ApiServer::run_generation(GenerationJob&& job, httplib::Response& res) {
     metrics_.count_refused();
     return send_error(res, ApiError{503, "the server is shutting down", "ServiceUnavailableError", "", ""});
   }
+  const std::string spec_id = spec.responses ? spec.responses->id : spec.response_id;
   auto generation = std::make_shared<Generation>(tokenizer_, std::move(spec));
   auto channel = std::make_shared<RequestChannel>();
   SubmitOutcome submitted = engine_.submit(std::move(requests), channel);
@@ -503,6 +520,20 @@ void ApiServer::run_generation(GenerationJob&& job, httplib::Response& res) {
   }
   generation->bind(submitted.ids);
   ++active_;
+  if (options_.request_id_headers) res.set_header("X-Request-Id", job.base_id.empty() ? spec_id : job.base_id);
+  if (options_.log_requests) {
+    std::string line = "request " + spec_id + ": " + std::to_string(prompts.size()) + " prompt(s) of ";
+    for (size_t p = 0; p < prompts.size(); ++p) line.append(p ? ", " : "").append(std::to_string(prompts[p].size()));
+    line.append(" tokens, n ").append(std::to_string(common.n));
+    line.append(", max_tokens ").append(common.max_tokens ? std::to_string(*common.max_tokens) : "(the rest)");
+    line.append(", temperature ").append(std::to_string(common.sampling.temperature));
+    line.append(", top_p ").append(std::to_string(common.sampling.top_p));
+    line.append(job.stream ? ", streamed" : "");
+    if (common.priority != 0) line.append(", priority ").append(std::to_string(common.priority));
+    std::string text = tokenizer_.decode(prompts[0], false);
+    if (options_.max_log_len >= 0 && text.size() > size_t(options_.max_log_len)) text.resize(size_t(options_.max_log_len));
+    M3_LOG_INFO(line + ", prompt: " + OrderedJson(text).dump(-1, ' ', false, OrderedJson::error_handler_t::replace));
+  }
 
   auto on_complete = std::move(job.on_complete);
   if (!job.stream) {

@@ -28,6 +28,9 @@ struct ServerOptions {
   std::string api_key;  // "" = no authentication
   size_t responses_store_size = 1024;  // stored Responses API responses (least recently used go first); 0 = none
   CorsPolicy cors;                     // cross-origin (browser) requests: any origin by default, as vLLM
+  bool request_id_headers = false;     // vLLM's --enable-request-id-headers: X-Request-Id on generation answers
+  bool log_requests = false;           // vLLM's --enable-log-requests: one line per generation request
+  int max_log_len = -1;                // prompt characters logged with it (-1: all)
 };
 
 struct GenerationJob;

@@ -691,8 +691,24 @@ class ServerTest(unittest.TestCase):
     def test_priority_needs_the_priority_policy(self):
         self.check_error(self.chat(priority=3), "--scheduling-policy priority", param="priority")
         self.assertEqual(self.server.json("POST", "/v1/chat/completions", self.chat(priority=0))[0], 200)
-        server = Server(api_key=None, extra=["--scheduling-policy", "priority"])
+        # vLLM's command line for MiniMax models starts it too; the request id comes back.
+        server = Server(api_key=None, extra=["--scheduling-policy", "priority", "--trust-remote-code",
+                                             "--enable-auto-tool-choice", "--tool-call-parser", "minimax_m2",
+                                             "--reasoning-parser", "minimax_m2_append_think", "--dtype", "auto",
+                                             "--tensor-parallel-size", "1", "--enable-request-id-headers", "--enable-log-requests",
+                                             "--max-log-len", "12"])
         try:
+            conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
+            conn.request("POST", "/v1/chat/completions", body=json.dumps(self.chat()),
+                         headers={"Content-Type": "application/json", "X-Request-Id": "trace-42"})
+            resp = conn.getresponse()
+            body = json.loads(resp.read())
+            conn.close()
+            self.assertEqual((resp.status, resp.getheader("X-Request-Id"), body["id"]),
+                             (200, "trace-42", "chatcmpl-trace-42"))
+            st, r = server.json("POST", "/v1/completions", {"model": MODEL, "prompt": "Hi", "max_tokens": 1,
+                                                             "request_id": "from-body"})
+            self.assertEqual((st, r["id"]), (200, "cmpl-from-body"))
             for prio in (-5, 0, 7):
                 st, r = server.json("POST", "/v1/completions", {"model": MODEL, "prompt": "Hi", "max_tokens": 3,
                                                                  "priority": prio, "ignore_eos": True})
@@ -701,6 +717,17 @@ class ServerTest(unittest.TestCase):
             self.assertEqual((st, r["error"]["param"]), (400, "priority"))
         finally:
             server.stop()
+        log = open(server.log_path).read()
+        self.assertIn("request chatcmpl-trace-42: 1 prompt(s) of", log)
+        self.assertIn("request cmpl-from-body", log)
+        # What the server does not do stops it at once, naming the flag.
+        for flags, name in ((["--tensor-parallel-size", "2"], "--tensor-parallel-size"),
+                            (["--gpu-memory-utilization", "0.9"], "--kv-cache-memory"),
+                            (["--tool-call-parser", "hermes"], "--tool-call-parser")):
+            out = subprocess.run([ARGS.m3serve, "serve", ARGS.fixture, *flags], capture_output=True, text=True,
+                                 timeout=60)
+            self.assertNotEqual(out.returncode, 0, flags)
+            self.assertIn(name, out.stderr + out.stdout)
 
     def test_cors(self):
         def call(method, path, headers, body=None):
