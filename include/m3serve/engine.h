@@ -92,6 +92,7 @@ struct EngineStepStats {
   double forward_ms = 0.0;
   int32_t graph_batch = 0;       // > 0: this step replayed (or captured) the graph of that batch bucket
   bool sampled_on_device = false;  // every row sampled by the backend's sample op
+  std::vector<RequestId> admitted;  // requests admitted this step (first time, or again after a preemption)
 };
 
 struct ModelSummary {
@@ -106,6 +107,7 @@ struct ModelSummary {
   std::string kv_cache_dtype;     // as resolved: "f32" or "bf16"
   std::string index_cache_dtype;  // as resolved: "f32", "bf16" or "fp8"
   std::string scheduling_policy;  // "fcfs" or "priority"
+  bool enable_prefix_caching = true;
 };
 
 class Engine {

@@ -133,6 +133,8 @@ class EngineImpl final : public Engine {
     SchedulePlan plan = scheduler_.schedule();
     EngineStepStats stats;
     stats.scheduler = plan.stats;
+    for (const ScheduledRequest& e : plan.scheduled)
+      if (e.is_new_admission) stats.admitted.push_back(e.request_id);
     if (!plan.empty()) run_plan(plan, events, stats);
     stats.kernel_paths = stats_.take_step_paths();
     stats.step_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
@@ -478,6 +480,7 @@ Result<std::unique_ptr<Engine>> Engine::create(const EngineConfig& config) {
   summary.kv_cache_dtype = kv_dtype_name;
   summary.index_cache_dtype = index_dtype_name;
   summary.scheduling_policy = config.scheduling_policy;
+  summary.enable_prefix_caching = config.enable_prefix_caching;
   if (config.max_num_batched_tokens < 1 || config.max_num_seqs < 1)
     return Status::error("max_num_batched_tokens and max_num_seqs must be >= 1");
   try {

@@ -38,7 +38,7 @@ std::vector<RequestEvent> RequestChannel::wait(std::chrono::milliseconds timeout
 AsyncEngine::AsyncEngine(std::unique_ptr<Engine> engine, Metrics& metrics, AsyncEngineConfig config)
     : engine_(std::move(engine)), metrics_(metrics), config_(config), summary_(engine_->model()),
       kernel_entries_(engine_->kernel_entries()) {
-  metrics_.set_kv_total_blocks(summary_.num_kv_blocks);
+  metrics_.set_cache_info(summary_, summary_.enable_prefix_caching);
   thread_ = std::thread([this] { run(); });
 }
 
@@ -93,6 +93,8 @@ void AsyncEngine::shutdown() {
 void AsyncEngine::handle_submit(Submit& cmd) {
   SubmitOutcome out;
   const auto arrival = cmd.arrival;
+  std::vector<int32_t> max_tokens;
+  for (const auto& req : cmd.requests) max_tokens.push_back(req.sampling.max_tokens);
   for (auto& req : cmd.requests) {
     auto id = engine_->submit(std::move(req));
     if (!id) {
@@ -108,7 +110,13 @@ void AsyncEngine::handle_submit(Submit& cmd) {
     out.ids.clear();
   } else {
     // Requests that can never run were refused above, so every accepted one will finish.
-    for (RequestId id : out.ids) routes_[id] = Route{cmd.channel, arrival, arrival, 0, 0.0};
+    for (size_t k = 0; k < out.ids.size(); ++k) {
+      Route route;
+      route.channel = cmd.channel;
+      route.arrival = route.last_token = arrival;
+      route.max_tokens = max_tokens[k];
+      routes_[out.ids[k]] = std::move(route);
+    }
   }
   cmd.reply.set_value(std::move(out));
 }
@@ -122,6 +130,7 @@ void AsyncEngine::deliver(std::vector<RequestEvent> events) {
     for (size_t k = 0; k < ev.new_tokens.size(); ++k) {
       if (r.num_generated == 0) {
         r.ttft_s = seconds(now - r.arrival);
+        r.first_token = now;
         metrics_.observe_first_token(r.ttft_s);
       } else {
         metrics_.observe_inter_token(seconds(now - r.last_token));
@@ -130,9 +139,24 @@ void AsyncEngine::deliver(std::vector<RequestEvent> events) {
       r.last_token = now;
     }
     if (ev.finished) {
-      const double e2e = seconds(now - r.arrival);
-      const double tpot = r.num_generated > 1 ? (e2e - r.ttft_s) / (r.num_generated - 1) : 0.0;
-      metrics_.observe_finished(finished_label(ev.finish_reason), e2e, ev.num_prompt_tokens, r.num_generated, tpot);
+      FinishedRequest f;
+      f.reason = finished_label(ev.finish_reason);
+      f.e2e_s = seconds(now - r.arrival);
+      f.tpot_s = r.num_generated > 1 ? (f.e2e_s - r.ttft_s) / (r.num_generated - 1) : 0.0;
+      f.scheduled = r.scheduled;
+      // Never scheduled (aborted while waiting): all of its life was queueing.
+      f.queue_s = seconds((r.scheduled ? r.scheduled_at : now) - r.arrival);
+      if (r.scheduled) {
+        f.inference_s = seconds(r.last_token - r.scheduled_at);
+        if (r.num_generated > 0) {
+          f.prefill_s = seconds(r.first_token - r.scheduled_at);
+          f.decode_s = seconds(r.last_token - r.first_token);
+        }
+      }
+      f.prompt_tokens = ev.num_prompt_tokens;
+      f.generation_tokens = r.num_generated;
+      f.max_tokens = r.max_tokens;
+      metrics_.observe_finished(f);
       auto channel = std::move(r.channel);
       routes_.erase(it);
       in_flight_.fetch_sub(1);
@@ -140,6 +164,15 @@ void AsyncEngine::deliver(std::vector<RequestEvent> events) {
     } else {
       r.channel->push(std::move(ev));
     }
+  }
+}
+
+void AsyncEngine::mark_admitted(const std::vector<RequestId>& ids, std::chrono::steady_clock::time_point step_start) {
+  for (RequestId id : ids) {
+    auto it = routes_.find(id);
+    if (it == routes_.end() || it->second.scheduled) continue;  // a preempted request keeps its first time
+    it->second.scheduled = true;
+    it->second.scheduled_at = step_start;
   }
 }
 
@@ -167,7 +200,10 @@ void AsyncEngine::run() {
     if (!busy && aborts.empty() && !need_refresh) continue;
     EngineStepStats stats;
     try {
-      deliver(engine_->step(&stats));
+      const auto step_start = std::chrono::steady_clock::now();
+      std::vector<RequestEvent> events = engine_->step(&stats);
+      mark_admitted(stats.admitted, step_start);
+      deliver(std::move(events));
     } catch (const std::exception& e) {
       // An engine failure is fatal for the requests in it; keep serving the rest.
       M3_LOG_ERROR(std::string("engine step failed: ") + e.what());

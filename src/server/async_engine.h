@@ -81,10 +81,14 @@ class AsyncEngine {
     std::chrono::steady_clock::time_point arrival, last_token;
     int32_t num_generated = 0;
     double ttft_s = 0.0;
+    int32_t max_tokens = 0;
+    bool scheduled = false;  // first admitted (at the start of the step that admitted it)
+    std::chrono::steady_clock::time_point scheduled_at, first_token;
   };
   void run();
   void handle_submit(Submit& cmd);
   void deliver(std::vector<RequestEvent> events);
+  void mark_admitted(const std::vector<RequestId>& ids, std::chrono::steady_clock::time_point step_start);
 
   std::unique_ptr<Engine> engine_;
   Metrics& metrics_;

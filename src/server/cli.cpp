@@ -144,7 +144,7 @@ void serve(ServeOptions& o, const EngineFactory& factory) {
     M3_LOG_WARN("the tokenizer has " + std::to_string((*tokenizer)->vocab_size()) + " ids but the model only " +
                 std::to_string(summary.vocab_size));
 
-  Metrics metrics(o.served_model_names.front());
+  Metrics metrics(o.served_model_names.front(), summary.max_model_len);
   AsyncEngine async(std::move(*engine), metrics, AsyncEngineConfig{o.max_pending});
   ServerOptions server_options;
   server_options.served_model_names = o.served_model_names;

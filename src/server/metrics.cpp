@@ -16,6 +16,19 @@ std::string number(double v) {
 const std::vector<double> kLatencyBuckets = {0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75,
                                              1.0,   2.5,   5.0,  7.5,  10.0, 20.0, 40.0, 80.0, 160.0};
 
+// vLLM's 1-2-5 series up to a maximum: 1, 2, 5, 10, 20, 50, ...
+std::vector<double> one_two_five(int64_t max_value) {
+  std::vector<double> out;
+  for (int64_t scale = 1;; scale *= 10)
+    for (int64_t m : {1, 2, 5}) {
+      if (m * scale > max_value) return out;
+      out.push_back(double(m * scale));
+    }
+}
+
+// Tokens per engine step.
+const std::vector<double> kIterationBuckets = {1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384};
+
 void header(std::string& out, const std::string& name, const char* type, const char* help) {
   out += "# HELP " + name + " " + help + "\n# TYPE " + name + " " + type + "\n";
 }
@@ -48,12 +61,20 @@ void Histogram::render(const std::string& name, const std::string& labels, std::
   out += name + "_count{" + labels + "} " + std::to_string(count_) + "\n";
 }
 
-Metrics::Metrics(std::string model_name)
+Metrics::Metrics(std::string model_name, int32_t max_model_len)
     : labels_("model_name=\"" + model_name + "\""),
       ttft_(kLatencyBuckets),
       tpot_(kLatencyBuckets),
       itl_(kLatencyBuckets),
-      e2e_(kLatencyBuckets) {}
+      e2e_(kLatencyBuckets),
+      queue_(kLatencyBuckets),
+      prefill_(kLatencyBuckets),
+      decode_(kLatencyBuckets),
+      inference_(kLatencyBuckets),
+      request_prompt_tokens_(one_two_five(max_model_len)),
+      request_generation_tokens_(one_two_five(max_model_len)),
+      request_max_tokens_(one_two_five(max_model_len)),
+      iteration_tokens_(kIterationBuckets) {}
 
 void Metrics::observe_step(const EngineStepStats& stats) {
   std::lock_guard<std::mutex> lock(mu_);
@@ -66,6 +87,8 @@ void Metrics::observe_step(const EngineStepStats& stats) {
   prefix_queries_ += s.prefix_query_tokens;
   prefix_hits_ += s.prefix_hit_tokens;
   preemptions_ += s.num_preemptions;
+  const int32_t tokens = s.num_prefill_tokens + s.num_decode_tokens;
+  if (tokens > 0) iteration_tokens_.observe(tokens);
   ++num_steps_;
 }
 
@@ -85,14 +108,33 @@ void Metrics::observe_inter_token(double itl_s) {
   itl_.observe(itl_s);
 }
 
-void Metrics::observe_finished(const std::string& finished_reason, double e2e_s, int32_t prompt_tokens,
-                               int32_t generation_tokens, double tpot_s) {
+void Metrics::observe_finished(const FinishedRequest& r) {
   std::lock_guard<std::mutex> lock(mu_);
-  ++finished_[finished_reason];
-  e2e_.observe(e2e_s);
-  prompt_tokens_ += prompt_tokens;
-  generation_tokens_ += generation_tokens;
-  if (generation_tokens > 1) tpot_.observe(tpot_s);
+  ++finished_[r.reason];
+  e2e_.observe(r.e2e_s);
+  prompt_tokens_ += r.prompt_tokens;
+  generation_tokens_ += r.generation_tokens;
+  if (r.generation_tokens > 1) tpot_.observe(r.tpot_s);
+  request_prompt_tokens_.observe(r.prompt_tokens);
+  request_generation_tokens_.observe(r.generation_tokens);
+  if (r.max_tokens > 0) request_max_tokens_.observe(r.max_tokens);
+  queue_.observe(r.queue_s);
+  if (r.scheduled) {
+    inference_.observe(r.inference_s);
+    if (r.generation_tokens > 0) {
+      prefill_.observe(r.prefill_s);
+      decode_.observe(r.decode_s);
+    }
+  }
+}
+
+void Metrics::set_cache_info(const ModelSummary& summary, bool prefix_caching) {
+  std::lock_guard<std::mutex> lock(mu_);
+  kv_total_blocks_ = summary.num_kv_blocks;
+  cache_info_labels_ = ",block_size=\"" + std::to_string(summary.block_size) + "\",num_gpu_blocks=\"" +
+                       std::to_string(summary.num_kv_blocks) + "\",cache_dtype=\"" + summary.kv_cache_dtype +
+                       "\",index_cache_dtype=\"" + summary.index_cache_dtype + "\",enable_prefix_caching=\"" +
+                       (prefix_caching ? "True" : "False") + "\"";
 }
 
 void Metrics::count_refused() {
@@ -103,11 +145,6 @@ void Metrics::count_refused() {
 void Metrics::count_client_disconnect() {
   std::lock_guard<std::mutex> lock(mu_);
   ++disconnects_;
-}
-
-void Metrics::set_kv_total_blocks(int32_t blocks) {
-  std::lock_guard<std::mutex> lock(mu_);
-  kv_total_blocks_ = blocks;
 }
 
 std::string Metrics::render() const {
@@ -150,6 +187,22 @@ std::string Metrics::render() const {
   itl_.render("vllm:inter_token_latency_seconds", labels_, out);
   header(out, "vllm:e2e_request_latency_seconds", "histogram", "Request latency from arrival to finish.");
   e2e_.render("vllm:e2e_request_latency_seconds", labels_, out);
+  auto histogram = [&](const char* name, const char* help, const Histogram& h) {
+    header(out, name, "histogram", help);
+    h.render(name, labels_, out);
+  };
+  histogram("vllm:request_queue_time_seconds", "Time from arrival to first being scheduled.", queue_);
+  histogram("vllm:request_prefill_time_seconds", "Time from first being scheduled to the first token.", prefill_);
+  histogram("vllm:request_decode_time_seconds", "Time from the first token to the last.", decode_);
+  histogram("vllm:request_inference_time_seconds", "Time from first being scheduled to the last token.", inference_);
+  histogram("vllm:request_prompt_tokens", "Prompt tokens per finished request.", request_prompt_tokens_);
+  histogram("vllm:request_generation_tokens", "Generated tokens per finished request.", request_generation_tokens_);
+  histogram("vllm:request_params_max_tokens", "max_tokens of finished requests.", request_max_tokens_);
+  histogram("vllm:iteration_tokens_total", "Tokens (prefill + decode) per engine step.", iteration_tokens_);
+  if (!cache_info_labels_.empty()) {
+    header(out, "vllm:cache_config_info", "gauge", "KV cache configuration (labels).");
+    sample(out, "vllm:cache_config_info", labels_ + cache_info_labels_, 1.0);
+  }
   return out;
 }
 

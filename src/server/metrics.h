@@ -26,22 +26,32 @@ class Histogram {
   int64_t count_ = 0;
 };
 
+// One finished request's timings (seconds) and sizes, as vLLM's request-level metrics define
+// them: queue = arrival → first scheduled, prefill = scheduled → first token, decode = first →
+// last token, inference = scheduled → last token.
+struct FinishedRequest {
+  std::string reason;  // "stop" | "length" | "abort"
+  double e2e_s = 0.0, queue_s = 0.0, prefill_s = 0.0, decode_s = 0.0, inference_s = 0.0, tpot_s = 0.0;
+  bool scheduled = false;  // false: aborted while waiting (no prefill / decode / inference times)
+  int32_t prompt_tokens = 0, generation_tokens = 0, max_tokens = 0;
+};
+
 class Metrics {
  public:
-  explicit Metrics(std::string model_name);
+  // max_model_len bounds the token-count buckets (1, 2, 5, 10, ... as vLLM builds them).
+  explicit Metrics(std::string model_name, int32_t max_model_len = 1 << 20);
 
   // Engine thread.
   void observe_step(const EngineStepStats& stats);
   void observe_idle();  // no unfinished requests: running and waiting are 0
   void observe_first_token(double ttft_s);
   void observe_inter_token(double itl_s);
-  // finished_reason: "stop" | "length" | "abort"
-  void observe_finished(const std::string& finished_reason, double e2e_s, int32_t prompt_tokens,
-                        int32_t generation_tokens, double tpot_s);
+  void observe_finished(const FinishedRequest& r);
+  // vLLM's cache_config_info: block size, blocks, dtypes, prefix caching (labels, value 1).
+  void set_cache_info(const ModelSummary& summary, bool prefix_caching);
   // HTTP threads.
   void count_refused();           // 503: the pending queue was full or the server is draining
   void count_client_disconnect();  // a streaming client went away; its request was aborted
-  void set_kv_total_blocks(int32_t blocks);
 
   std::string render() const;
 
@@ -55,7 +65,9 @@ class Metrics {
   int64_t prompt_tokens_ = 0, generation_tokens_ = 0;
   int64_t num_steps_ = 0, refused_ = 0, disconnects_ = 0;
   std::map<std::string, int64_t> finished_;  // by reason
-  Histogram ttft_, tpot_, itl_, e2e_;
+  std::string cache_info_labels_;
+  Histogram ttft_, tpot_, itl_, e2e_, queue_, prefill_, decode_, inference_;
+  Histogram request_prompt_tokens_, request_generation_tokens_, request_max_tokens_, iteration_tokens_;
 };
 
 }  // namespace m3::server

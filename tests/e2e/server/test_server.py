@@ -556,6 +556,19 @@ class ServerTest(unittest.TestCase):
         for name in ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
                      "vllm:num_preemptions_total"):
             self.assertIn(key(name), m1)
+        # vLLM's request-level histograms (its Grafana dashboard reads these).
+        for name in ("request_queue_time_seconds", "request_prefill_time_seconds", "request_decode_time_seconds",
+                     "request_inference_time_seconds", "request_prompt_tokens", "request_generation_tokens",
+                     "request_params_max_tokens"):
+            self.assertGreaterEqual(m1[key("vllm:%s_count" % name)] - m0[key("vllm:%s_count" % name)], 2, name)
+        self.assertGreater(m1[key("vllm:iteration_tokens_total_sum")], m0[key("vllm:iteration_tokens_total_sum")])
+        decode = m1[key("vllm:request_decode_time_seconds_sum")] - m0[key("vllm:request_decode_time_seconds_sum")]
+        inference = (m1[key("vllm:request_inference_time_seconds_sum")] -
+                     m0[key("vllm:request_inference_time_seconds_sum")])
+        self.assertGreater(decode, 0.0)
+        self.assertGreaterEqual(inference, decode)
+        self.assertTrue(any(k.startswith("vllm:cache_config_info{") and 'enable_prefix_caching="True"' in k
+                            for k in m1))
         # Usage reports the cached prefix too.
         r = self.server.client().completions.create(model=MODEL, prompt=prompt, max_tokens=1)
         self.assertGreater(r.usage.prompt_tokens_details.cached_tokens, 0)

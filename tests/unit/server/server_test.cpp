@@ -910,7 +910,24 @@ TEST(Metrics, RendersPrometheusText) {
   st.scheduler.num_preemptions = 1;
   m.observe_step(st);
   m.observe_first_token(0.003);
-  m.observe_finished("length", 0.5, 10, 4, 0.1);
+  FinishedRequest f;
+  f.reason = "length";
+  f.e2e_s = 0.5;
+  f.queue_s = 0.002;
+  f.scheduled = true;
+  f.prefill_s = 0.001;
+  f.decode_s = 0.3;
+  f.inference_s = 0.301;
+  f.prompt_tokens = 10;
+  f.generation_tokens = 4;
+  f.max_tokens = 4;
+  f.tpot_s = 0.1;
+  m.observe_finished(f);
+  FinishedRequest waiting;  // aborted before it was scheduled
+  waiting.reason = "abort";
+  waiting.e2e_s = waiting.queue_s = 0.2;
+  waiting.prompt_tokens = 7;
+  m.observe_finished(waiting);
   const std::string text = m.render();
   EXPECT_NE(text.find("vllm:num_requests_running{model_name=\"tiny\"} 3\n"), std::string::npos);
   EXPECT_NE(text.find("vllm:num_requests_waiting{model_name=\"tiny\"} 2\n"), std::string::npos);
@@ -923,6 +940,28 @@ TEST(Metrics, RendersPrometheusText) {
   EXPECT_NE(text.find("vllm:request_success_total{model_name=\"tiny\",finished_reason=\"length\"} 1\n"),
             std::string::npos);
   EXPECT_NE(text.find("vllm:generation_tokens_total{model_name=\"tiny\"} 4\n"), std::string::npos);
+  // Request-level histograms: both requests queued, only the scheduled one has the rest.
+  EXPECT_NE(text.find("vllm:request_queue_time_seconds_count{model_name=\"tiny\"} 2\n"), std::string::npos);
+  EXPECT_NE(text.find("vllm:request_queue_time_seconds_bucket{model_name=\"tiny\",le=\"0.005\"} 1\n"), std::string::npos);
+  EXPECT_NE(text.find("vllm:request_prefill_time_seconds_count{model_name=\"tiny\"} 1\n"), std::string::npos);
+  EXPECT_NE(text.find("vllm:request_decode_time_seconds_sum{model_name=\"tiny\"} 0.3\n"), std::string::npos);
+  EXPECT_NE(text.find("vllm:request_inference_time_seconds_count{model_name=\"tiny\"} 1\n"), std::string::npos);
+  EXPECT_NE(text.find("vllm:request_prompt_tokens_bucket{model_name=\"tiny\",le=\"10\"} 2\n"), std::string::npos);
+  EXPECT_NE(text.find("vllm:request_prompt_tokens_bucket{model_name=\"tiny\",le=\"5\"} 0\n"), std::string::npos);
+  EXPECT_NE(text.find("vllm:request_generation_tokens_bucket{model_name=\"tiny\",le=\"1\"} 1\n"), std::string::npos);
+  EXPECT_NE(text.find("vllm:request_params_max_tokens_count{model_name=\"tiny\"} 1\n"), std::string::npos);
+  EXPECT_NE(text.find("vllm:iteration_tokens_total_count{model_name=\"tiny\"} 0\n"), std::string::npos);
+  EXPECT_EQ(text.find("vllm:cache_config_info"), std::string::npos);  // not set yet
+  ModelSummary summary;
+  summary.block_size = 128;
+  summary.num_kv_blocks = 100;
+  summary.kv_cache_dtype = "bf16";
+  summary.index_cache_dtype = "fp8";
+  m.set_cache_info(summary, true);
+  EXPECT_NE(m.render().find("vllm:cache_config_info{model_name=\"tiny\",block_size=\"128\",num_gpu_blocks=\"100\","
+                            "cache_dtype=\"bf16\",index_cache_dtype=\"fp8\",enable_prefix_caching=\"True\"} 1\n"),
+            std::string::npos);
+  EXPECT_NE(m.render().find("m3:kv_cache_blocks_total{model_name=\"tiny\"} 100\n"), std::string::npos);
   m.observe_idle();
   EXPECT_NE(m.render().find("vllm:num_requests_running{model_name=\"tiny\"} 0\n"), std::string::npos);
 }
