@@ -6,19 +6,22 @@
 
 namespace m3::server {
 
+void ResponseStore::drop(std::unordered_map<std::string, Slot>::iterator it) {
+  bytes_ -= it->second.bytes;
+  order_.erase(it->second.position);
+  slots_.erase(it);
+}
+
 void ResponseStore::put(const std::string& id, StoredResponse entry) {
   if (capacity_ == 0) return;
+  const size_t bytes = entry.response.dump().size() + entry.input_items.dump().size() + entry.messages.dump().size();
+  if (bytes > max_bytes_) return;  // larger than the whole store: kept nowhere
   std::lock_guard<std::mutex> lock(mu_);
-  if (auto it = slots_.find(id); it != slots_.end()) {
-    order_.erase(it->second.position);
-    slots_.erase(it);
-  }
+  if (auto it = slots_.find(id); it != slots_.end()) drop(it);
   order_.push_front(id);
-  slots_.emplace(id, Slot{std::move(entry), order_.begin()});
-  while (slots_.size() > capacity_) {
-    slots_.erase(order_.back());
-    order_.pop_back();
-  }
+  slots_.emplace(id, Slot{std::move(entry), order_.begin(), bytes});
+  bytes_ += bytes;
+  while (slots_.size() > capacity_ || bytes_ > max_bytes_) drop(slots_.find(order_.back()));
 }
 
 std::optional<StoredResponse> ResponseStore::get(const std::string& id) {
@@ -33,14 +36,18 @@ bool ResponseStore::erase(const std::string& id) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = slots_.find(id);
   if (it == slots_.end()) return false;
-  order_.erase(it->second.position);
-  slots_.erase(it);
+  drop(it);
   return true;
 }
 
 size_t ResponseStore::size() const {
   std::lock_guard<std::mutex> lock(mu_);
   return slots_.size();
+}
+
+size_t ResponseStore::bytes() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return bytes_;
 }
 
 namespace {

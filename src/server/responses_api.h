@@ -23,23 +23,30 @@ struct StoredResponse {
   OrderedJson messages;     // the whole conversation in chat form, this response's output included
 };
 
-// Bounded in-memory store, least recently used evicted first. Thread-safe.
+// Bounded in-memory store, least recently used evicted first, by count and by the entries' JSON
+// size (long agentic conversations are megabytes each). Thread-safe.
 class ResponseStore {
  public:
-  explicit ResponseStore(size_t capacity) : capacity_(capacity) {}
+  static constexpr size_t kDefaultMaxBytes = size_t(512) << 20;
+  explicit ResponseStore(size_t capacity, size_t max_bytes = kDefaultMaxBytes)
+      : capacity_(capacity), max_bytes_(max_bytes) {}
   void put(const std::string& id, StoredResponse entry);
   std::optional<StoredResponse> get(const std::string& id);
   bool erase(const std::string& id);
   size_t capacity() const { return capacity_; }
   size_t size() const;
+  size_t bytes() const;
 
  private:
   using Order = std::list<std::string>;
   struct Slot {
     StoredResponse entry;
     Order::iterator position;
+    size_t bytes = 0;
   };
-  const size_t capacity_;
+  void drop(std::unordered_map<std::string, Slot>::iterator it);
+  const size_t capacity_, max_bytes_;
+  size_t bytes_ = 0;
   mutable std::mutex mu_;
   Order order_;  // most recently used first
   std::unordered_map<std::string, Slot> slots_;

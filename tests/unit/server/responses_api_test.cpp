@@ -220,11 +220,37 @@ TEST(ResponseStore, KeepsTheMostRecentlyUsed) {
   ResponseStore none(0);
   none.put("a", entry(1));
   EXPECT_FALSE(none.get("a"));
+
+  // Bounded by bytes too: big conversations push the oldest out; one larger than the store is not kept.
+  auto big = [](char c) {
+    StoredResponse e;
+    e.messages = OrderedJson::array({OrderedJson{{"role", "user"}, {"content", std::string(400, c)}}});
+    return e;
+  };
+  ResponseStore small(100, 1000);
+  small.put("x", big('x'));
+  small.put("y", big('y'));
+  EXPECT_EQ(small.size(), 2u);
+  small.put("z", big('z'));  // three would pass 1000 bytes: x goes
+  EXPECT_FALSE(small.get("x"));
+  EXPECT_TRUE(small.get("y") && small.get("z"));
+  EXPECT_LE(small.bytes(), 1000u);
+  StoredResponse huge;
+  huge.messages = std::string(2000, 'h');
+  small.put("h", huge);
+  EXPECT_FALSE(small.get("h"));
+  EXPECT_EQ(small.size(), 2u);
+  EXPECT_TRUE(small.erase("y"));
+  EXPECT_LT(small.bytes(), 500u);
 }
 
 TEST(ResponseStore, InputItemPages) {
   OrderedJson items = OrderedJson::array();
-  for (int k = 0; k < 5; ++k) items.push_back(OrderedJson{{"id", "i" + std::to_string(k)}});
+  for (int k = 0; k < 5; ++k) {
+    std::string id = "i";
+    id += std::to_string(k);  // (gcc 12 -Wrestrict misfires on "i" + std::to_string(k))
+    items.push_back(OrderedJson{{"id", id}});
+  }
   auto ids = [](const OrderedJson& page) {
     std::string out;
     for (const auto& item : page["data"]) out += item["id"].get<std::string>();
