@@ -12,6 +12,7 @@ Generation::Generation(const Tokenizer& tokenizer, GenerationSpec spec)
   cached_tokens_.assign(choices_.size(), 0);
   text_offset_.assign(choices_.size(), 0);
   prompt_sent_.assign(choices_.size(), false);
+  ids_sent_.assign(choices_.size(), false);
   remaining_ = int32_t(choices_.size());
   if (spec_.responses) writer_ = std::make_unique<ResponsesWriter>(tokenizer_, *spec_.responses);
 }
@@ -38,6 +39,13 @@ OrderedJson Generation::chunk(size_t c, const ChoiceDelta& delta, const std::str
     text_offset_[c] += delta.text.size();
   }
   choice["finish_reason"] = finish_reason ? OrderedJson(*finish_reason) : OrderedJson();
+  const ChoiceOptions& o = choices_[c]->options();
+  if (o.return_token_ids) {
+    // vLLM's: completions give each choice's prompt ids with its first chunk (chat: the role chunk).
+    if (!spec_.chat && !ids_sent_[c]) choice["prompt_token_ids"] = o.prompt_ids;
+    ids_sent_[c] = true;
+    choice["token_ids"] = delta.token_ids;
+  }
   return wrap_chunk(std::move(choice));
 }
 
@@ -113,6 +121,7 @@ std::string Generation::stream_start() {
     out["model"] = spec_.model;
     out["choices"] = OrderedJson::array({std::move(choice)});
     if (spec_.continuous_usage) out["usage"] = usage().to_json();
+    if (choices_[c]->options().return_token_ids) out["prompt_token_ids"] = choices_[c]->options().prompt_ids;
     sse += sse_event(out);
   }
   return sse;
@@ -197,6 +206,10 @@ OrderedJson Generation::response() const {
         choice["prompt_logprobs"] = prompt_logprobs_json(tokenizer_, o.prompt_ids, a.prompt_logprobs());
     }
     choice["finish_reason"] = a.finish_reason();
+    if (a.options().return_token_ids) {
+      if (!spec_.chat) choice["prompt_token_ids"] = a.options().prompt_ids;
+      choice["token_ids"] = a.token_ids();
+    }
     choices.push_back(std::move(choice));
   }
   OrderedJson out = OrderedJson::object();
@@ -206,6 +219,8 @@ OrderedJson Generation::response() const {
   out["model"] = spec_.model;
   out["choices"] = std::move(choices);
   out["usage"] = usage().to_json();
+  if (spec_.chat && !choices_.empty() && choices_[0]->options().return_token_ids)
+    out["prompt_token_ids"] = choices_[0]->options().prompt_ids;
   // vLLM puts a chat request's prompt logprobs beside its choices (one prompt for all of them).
   if (spec_.chat && !choices_.empty() && choices_[0]->options().prompt_logprobs >= 0) {
     const ChoiceAssembler& a = *choices_[0];

@@ -57,6 +57,7 @@ class Generation {
   std::vector<int32_t> cached_tokens_;  // per choice, from the engine's events
   std::vector<size_t> text_offset_;     // per choice: bytes of text already streamed
   std::vector<bool> prompt_sent_;       // per choice: its prompt chunk is out (or had nothing to say)
+  std::vector<bool> ids_sent_;          // per choice: return_token_ids' prompt ids are out
   int32_t remaining_ = 0;
   std::unique_ptr<ResponsesWriter> writer_;
 };

@@ -372,6 +372,7 @@ std::optional<ApiError> parse_common(const OrderedJson& body, bool chat, CommonR
       return invalid_request("'request_id' must be a non-empty string of at most 256 bytes", "request_id");
     out.request_id = v->get<std::string>();
   }
+  M3_TRY(get_bool(body, "return_token_ids", out.return_token_ids));
   i.reset();
   M3_TRY(get_int(body, "priority", i));  // vLLM's: lower is sooner, with --scheduling-policy priority
   if (i) {
@@ -519,7 +520,7 @@ const char* const kCommonFields[] = {
     "guided_json", "guided_regex", "guided_choice", "structured_outputs", "guided_decoding_backend",
     "truncate_prompt_tokens", "bad_words", "use_beam_search",
     "logprobs", "user", "metadata", "store", "service_tier", "request_id", "priority", "skip_special_tokens",
-    "spaces_between_special_tokens"};
+    "spaces_between_special_tokens", "return_token_ids"};
 const char* const kCompletionFields[] = {"prompt", "echo", "suffix"};
 const char* const kChatFields[] = {"messages", "tools", "tool_choice", "chat_template_kwargs", "add_generation_prompt",
                                    "max_completion_tokens", "top_logprobs", "parallel_tool_calls",

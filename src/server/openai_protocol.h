@@ -49,6 +49,7 @@ struct CommonRequest {
   std::vector<std::string> bad_words;       // vLLM's: never generate these (token sequences made by the route)
   int32_t priority = 0;                     // vLLM's: scheduling priority, lower first (priority policy only)
   std::string request_id;                   // vLLM's: the response id's suffix ("" = random)
+  bool return_token_ids = false;            // vLLM's: prompt and generated token ids beside the text
   std::vector<std::string> ignored_fields;  // present in the body, unknown to the server (logged)
 };
 

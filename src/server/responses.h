@@ -27,6 +27,7 @@ struct ChoiceOptions {
   // Prompt-side outputs (completions' echo, vLLM's prompt_logprobs): the prompt's ids and text.
   bool echo = false;
   int prompt_logprobs = -1;          // -1: not reported; N: the prompt_logprobs field with the top N
+  bool return_token_ids = false;     // vLLM's: token ids beside the text (prompt and generated)
   std::vector<int32_t> prompt_ids;
   std::string prompt_text;
 };
@@ -42,7 +43,8 @@ struct ChoiceDelta {
   std::string text;  // completions: the raw text; chat: unused
   OutputDelta chat;  // chat: reasoning / content / tool-call fragments
   std::vector<LogprobEntry> logprobs;
-  bool empty() const { return text.empty() && chat.empty() && logprobs.empty(); }
+  std::vector<int32_t> token_ids;  // the tokens of this push, as sampled (EOS included)
+  bool empty() const { return text.empty() && chat.empty() && logprobs.empty() && token_ids.empty(); }
 };
 
 class ChoiceAssembler {
@@ -68,6 +70,7 @@ class ChoiceAssembler {
   const std::string& text() const { return text_; }
   const ParsedOutput& message() const { return message_; }
   const std::vector<LogprobEntry>& logprobs() const { return logprobs_; }
+  const std::vector<int32_t>& token_ids() const { return token_ids_; }  // every token sampled
 
  private:
   void route(std::string raw, ChoiceDelta& out, bool final);
@@ -89,6 +92,7 @@ class ChoiceAssembler {
   std::string text_;
   ParsedOutput message_;
   std::vector<LogprobEntry> logprobs_;
+  std::vector<int32_t> token_ids_;
   std::vector<PromptLogprob> prompt_logprobs_;
 };
 

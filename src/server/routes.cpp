@@ -471,7 +471,8 @@ void ApiServer::run_generation(GenerationJob&& job, httplib::Response& res) {
       opts.include_stop_str = common.include_stop_str_in_output;
       opts.echo = echo;
       opts.prompt_logprobs = common.prompt_logprobs;
-      if (g.sampling.prompt_logprobs >= 0 || echo) opts.prompt_ids = prompts[p];
+      opts.return_token_ids = common.return_token_ids;
+      if (g.sampling.prompt_logprobs >= 0 || echo || common.return_token_ids) opts.prompt_ids = prompts[p];
       if (echo) {
         const auto& given = completion.prompts[p];
         opts.prompt_text = std::holds_alternative<std::string>(given) && !truncated[p]

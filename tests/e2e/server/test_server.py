@@ -682,6 +682,30 @@ class ServerTest(unittest.TestCase):
             self.assertLessEqual(lp.logprob, 0.0)
             self.assertLessEqual(len(lp.top_logprobs), 2)
 
+    def test_return_token_ids(self):
+        c = self.server.client()
+        r = c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=4,
+                                      temperature=0, extra_body={"return_token_ids": True, "ignore_eos": True})
+        body = r.model_dump()
+        _, tok = self.server.json("POST", "/tokenize", {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]})
+        self.assertEqual(body["prompt_token_ids"], tok["tokens"])
+        ids = body["choices"][0]["token_ids"]
+        self.assertEqual(len(ids), 4)
+        _, detok = self.server.json("POST", "/detokenize", {"tokens": ids})
+        self.assertEqual(detok["prompt"], r.choices[0].message.content)
+        streamed = []
+        for chunk in c.completions.create(model=MODEL, prompt=[5, 6, 7], max_tokens=4, temperature=0, stream=True,
+                                          extra_body={"return_token_ids": True, "ignore_eos": True}):
+            d = chunk.model_dump()
+            for ch in d["choices"]:
+                if ch.get("prompt_token_ids") is not None:
+                    self.assertEqual(ch["prompt_token_ids"], [5, 6, 7])
+                streamed += ch.get("token_ids") or []
+        full = c.completions.create(model=MODEL, prompt=[5, 6, 7], max_tokens=4, temperature=0,
+                                    extra_body={"return_token_ids": True, "ignore_eos": True}).model_dump()
+        self.assertEqual(streamed, full["choices"][0]["token_ids"])
+        self.assertEqual(full["choices"][0]["prompt_token_ids"], [5, 6, 7])
+
     def test_continue_final_message(self):
         msgs = [{"role": "user", "content": "Tell a story"}, {"role": "assistant", "content": "Once upon a time"}]
         body = dict(model=MODEL, messages=msgs, max_tokens=4, temperature=0, ignore_eos=True,

@@ -581,6 +581,44 @@ TEST(ChatGeneration, NoParallelToolCallsEndsAtTheSecondCall) {
   }
 }
 
+TEST(Generation, ReturnTokenIdsInBothForms) {
+  for (bool chat : {false, true}) {
+    ChoiceOptions opts;
+    opts.return_token_ids = true;
+    opts.prompt_ids = {9, 8, 7};
+    Generation gen(test_tokenizer(), spec_for(chat, 1, opts));
+    gen.bind({3});
+    std::vector<RequestId> to_abort;
+    auto toks = tokens_of("Hi there");
+    toks.push_back(TokenOutput{kEos, 0.0f, {}});
+    std::vector<int32_t> sampled;
+    for (const auto& t : toks) sampled.push_back(t.token);
+    const auto chunks = chunks_of(feed_one_by_one(gen, 3, toks, FinishReason::kStopToken, to_abort));
+    std::vector<int32_t> streamed;
+    int prompt_ids_seen = 0;
+    for (const auto& c : chunks) {
+      const auto& choice = c["choices"][0];
+      if (chat ? c.contains("prompt_token_ids") : choice.contains("prompt_token_ids")) {
+        ++prompt_ids_seen;
+        EXPECT_EQ((chat ? c["prompt_token_ids"] : choice["prompt_token_ids"]), OrderedJson({9, 8, 7}));
+      }
+      if (choice.contains("token_ids"))
+        for (const auto& id : choice["token_ids"]) streamed.push_back(id.get<int32_t>());
+    }
+    EXPECT_EQ(prompt_ids_seen, 1) << "chat " << chat;  // once, with the first chunk
+    EXPECT_EQ(streamed, sampled) << "chat " << chat;  // EOS included: what the model sampled
+    const OrderedJson body = gen.response();
+    EXPECT_EQ(body["choices"][0]["token_ids"].get<std::vector<int32_t>>(), sampled);
+    EXPECT_EQ((chat ? body["prompt_token_ids"] : body["choices"][0]["prompt_token_ids"]), OrderedJson({9, 8, 7}));
+  }
+  // Off by default: no such fields.
+  Generation plain(test_tokenizer(), spec_for(false));
+  plain.bind({4});
+  std::vector<RequestId> to_abort;
+  feed_one_by_one(plain, 4, tokens_of("x"), FinishReason::kMaxTokens, to_abort);
+  EXPECT_FALSE(plain.response()["choices"][0].contains("token_ids"));
+}
+
 TEST(ChatGeneration, ThinkingEnabledStartsInReasoning) {
   ChoiceOptions opts;
   opts.parser.thinking_mode = ThinkingMode::kEnabled;
