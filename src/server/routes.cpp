@@ -157,6 +157,17 @@ void ApiServer::install(httplib::Server& http) {
   http.Post("/v1/chat/completions",
             [this](const httplib::Request& req, httplib::Response& res) { handle_generation(req, res, true); });
   http.Post("/v1/responses", [this](const httplib::Request& req, httplib::Response& res) { handle_responses(req, res); });
+  // SageMaker's single route (as vLLM serves it): the body's shape picks the API.
+  http.Post("/invocations", [this](const httplib::Request& req, httplib::Response& res) {
+    OrderedJson body;
+    if (auto err = parse_body(req, body)) return send_error(res, *err);
+    if (body.contains("messages")) return handle_generation(req, res, true);
+    if (body.contains("prompt")) return handle_generation(req, res, false);
+    if (body.contains("input")) return handle_responses(req, res);
+    send_error(res, invalid_request("/invocations takes a chat ('messages'), completion ('prompt') or Responses "
+                                    "('input') request body",
+                                    "body"));
+  });
   http.Get(R"(/v1/responses/([^/]+))", [this](const httplib::Request& req, httplib::Response& res) {
     handle_stored_response(req, res, false);
   });
@@ -236,11 +247,22 @@ void ApiServer::handle_tokenize(const httplib::Request& req, httplib::Response& 
   }
   if (body.contains("model") && body["model"].is_string())
     if (auto err = check_model(body["model"].get<std::string>())) return send_error(res, *err);
+  bool token_strs = false;
+  if (auto it = body.find("return_token_strs"); it != body.end() && !it->is_null()) {
+    if (!it->is_boolean()) return send_error(res, invalid_request("'return_token_strs' must be a boolean", "return_token_strs"));
+    token_strs = it->get<bool>();
+  }
   auto ids = tokenizer_.encode(text, /*allow_special=*/true);
   OrderedJson out = OrderedJson::object();
   out["count"] = ids.size();
   out["max_model_len"] = engine_.model().max_model_len;
   out["tokens"] = ids;
+  if (token_strs) {
+    // vLLM's: each id's vocabulary entry (byte-level BPE spelling, as the tokenizer file has it).
+    OrderedJson strs = OrderedJson::array();
+    for (int32_t id : ids) strs.push_back(tokenizer_.id_to_token(id));
+    out["token_strs"] = std::move(strs);
+  }
   send_json(res, out);
 }
 

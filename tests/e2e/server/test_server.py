@@ -706,6 +706,19 @@ class ServerTest(unittest.TestCase):
         self.assertEqual(streamed, full["choices"][0]["token_ids"])
         self.assertEqual(full["choices"][0]["prompt_token_ids"], [5, 6, 7])
 
+    def test_invocations_and_token_strs(self):
+        st, r = self.server.json("POST", "/invocations", self.chat())
+        self.assertEqual((st, r["object"]), (200, "chat.completion"))
+        st, r = self.server.json("POST", "/invocations", {"model": MODEL, "prompt": "Hi", "max_tokens": 2})
+        self.assertEqual((st, r["object"]), (200, "text_completion"))
+        st, r = self.server.json("POST", "/invocations", {"model": MODEL, "input": "Hi", "max_output_tokens": 2})
+        self.assertEqual((st, r["object"]), (200, "response"))
+        self.check_error({"model": MODEL}, "/invocations", path="/invocations", param="body")
+        st, r = self.server.json("POST", "/tokenize", {"model": MODEL, "prompt": "Hello world", "return_token_strs": True})
+        self.assertEqual(st, 200)
+        self.assertEqual(len(r["token_strs"]), r["count"])
+        self.assertEqual("".join(r["token_strs"]).replace("\u0120", " "), "Hello world")
+
     def test_continue_final_message(self):
         msgs = [{"role": "user", "content": "Tell a story"}, {"role": "assistant", "content": "Once upon a time"}]
         body = dict(model=MODEL, messages=msgs, max_tokens=4, temperature=0, ignore_eos=True,
