@@ -101,6 +101,24 @@ void KvCacheManager::mark_computed(RequestId request_id, std::span<const TokenId
   rb.num_published_blocks = num_full;
 }
 
+void KvCacheManager::unpublished_hashes(RequestId request_id, std::span<const TokenId> tokens,
+                                        std::vector<Hash128>* out) {
+  if (!config_.enable_prefix_caching) return;
+  auto it = requests_.find(request_id);
+  if (it == requests_.end()) return;
+  RequestBlocks& rb = it->second;
+  const int32_t max_blocks = max_hit_blocks(tokens.size());
+  hasher_.extend_block_hashes(tokens, &rb.block_hashes, max_blocks);
+  const int32_t end = std::min<int32_t>(max_blocks, static_cast<int32_t>(rb.block_hashes.size()));
+  for (int32_t i = rb.num_published_blocks; i < end; ++i) out->push_back(rb.block_hashes[i]);
+}
+
+std::optional<Hash128> KvCacheManager::first_missed_hash(RequestId request_id, const PrefixMatch& hit) const {
+  auto it = requests_.find(request_id);
+  if (it == requests_.end() || hit.block_ids.size() >= it->second.block_hashes.size()) return std::nullopt;
+  return it->second.block_hashes[hit.block_ids.size()];
+}
+
 void KvCacheManager::free(RequestId request_id) {
   auto it = requests_.find(request_id);
   if (it == requests_.end()) return;

@@ -6,6 +6,7 @@
 //   allocate_slots(id, tokens, computed, new, &hit)  → all-or-nothing, no side effect on failure
 //   mark_computed(id, tokens, computed)  → publishes newly full, computed blocks' hashes
 //   free(id)                             → refs dropped, blocks become (cached-)free
+#include <optional>
 #include <span>
 #include <string>
 #include <unordered_map>
@@ -71,6 +72,13 @@ class KvCacheManager {
   // later requests.
   void mark_computed(RequestId request_id, std::span<const TokenId> tokens,
                      int32_t num_computed_tokens);
+
+  // Hashes of the request's full blocks of `tokens` (capped as a hit is) whose KV is not computed
+  // yet, appended to `out`: what a request with the same prefix would hit once they are.
+  void unpublished_hashes(RequestId request_id, std::span<const TokenId> tokens, std::vector<Hash128>* out);
+  // After find_cached_prefix(request_id, ...): the hash of the first block the hit left out, if
+  // the request has such a block.
+  std::optional<Hash128> first_missed_hash(RequestId request_id, const PrefixMatch& hit) const;
 
   // Drops the request's references (tail blocks first, so they are evicted first).
   void free(RequestId request_id);

@@ -44,6 +44,7 @@ struct StepStats {
   int32_t kv_blocks_cached = 0;
   int32_t prefix_query_tokens = 0;  // this step's admissions
   int32_t prefix_hit_tokens = 0;
+  int32_t num_deferred_for_prefix = 0;  // waiting requests held back for a prefix a running one computes
 };
 
 struct SchedulePlan {

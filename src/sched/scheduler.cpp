@@ -135,13 +135,33 @@ void Scheduler::schedule_running(SchedulePlan* plan, int32_t* budget) {
 }
 
 void Scheduler::admit_waiting(SchedulePlan* plan, int32_t* budget) {
-  while (!waiting_.empty() && *budget > 0 &&
-         static_cast<int32_t>(running_.size()) < config_.max_num_seqs) {
-    Request* r = waiting_.front();
+  // Prompt blocks that running requests (those admitted below included) will compute: a waiting
+  // request whose next block is among them waits for it rather than computing it a second time
+  // (n > 1 choices, agents fanning out one context).
+  std::unordered_set<Hash128, Hash128Hasher> pending;
+  std::vector<Hash128> hashes;
+  auto add_pending = [&](Request* r) {
+    hashes.clear();
+    kv_.unpublished_hashes(r->id(), r->token_ids(), &hashes);
+    pending.insert(hashes.begin(), hashes.end());
+  };
+  if (kv_.config().enable_prefix_caching)
+    for (Request* r : running_) add_pending(r);
+  size_t w = 0;
+  while (w < waiting_.size() && *budget > 0 && static_cast<int32_t>(running_.size()) < config_.max_num_seqs) {
+    Request* r = waiting_[w];
     const PrefixMatch hit = r->skip_prefix_cache() ? PrefixMatch{} : kv_.find_cached_prefix(r->id(), r->token_ids());
+    if (!pending.empty() && !r->skip_prefix_cache()) {
+      const std::optional<Hash128> next = kv_.first_missed_hash(r->id(), hit);
+      if (next && pending.count(*next)) {
+        ++plan->stats.num_deferred_for_prefix;
+        ++w;  // keeps its place; the next request may still be admitted
+        continue;
+      }
+    }
     const int32_t num_new = std::min(r->num_tokens() - hit.num_tokens, chunk_limit(*budget));
-    if (!kv_.allocate_slots(r->id(), hit.num_tokens, num_new, &hit)) break;  // FCFS: no skipping
-    waiting_.pop_front();
+    if (!kv_.allocate_slots(r->id(), hit.num_tokens, num_new, &hit)) break;  // FCFS: no skipping for blocks
+    waiting_.erase(waiting_.begin() + std::ptrdiff_t(w));
     if (!r->skip_prefix_cache()) {  // a lookup not made is no query of the hit rate
       kv_.record_prefix_query(r->num_tokens(), hit.num_tokens);
       plan->stats.prefix_query_tokens += r->num_tokens();
@@ -155,6 +175,7 @@ void Scheduler::admit_waiting(SchedulePlan* plan, int32_t* budget) {
     else running_.push_back(r);
     add_entry(*r, num_new, /*is_new_admission=*/true, hit.num_tokens, plan);
     *budget -= num_new;
+    if (kv_.config().enable_prefix_caching) add_pending(r);
   }
 }
 

@@ -17,7 +17,10 @@
 //     (blocks freed, num_computed reset to 0, queued at the front of waiting) until it
 //     fits; when the request itself is the newest, it is the one preempted.
 //  2. If nothing was preempted, waiting requests are admitted FCFS while budget, seats
-//     (max_num_seqs) and blocks last: prefix-cache hit first, then a prefill chunk.
+//     (max_num_seqs) and blocks last: prefix-cache hit first, then a prefill chunk. A waiting
+//     request whose next uncached block is one a running request is computing (the same
+//     prompt: n > 1 choices, fanned-out agents) is passed over until that block is published,
+//     so it hits instead of computing it again; the requests behind it may go first.
 // Under SchedulingPolicy::kPriority (vLLM's --scheduling-policy priority) both queues are kept
 // in (priority, arrival) order instead: the most urgent running request is scheduled first,
 // the least urgent (latest arrival among equals) is the one preempted, and a preempted request
@@ -29,6 +32,7 @@
 #include <memory>
 #include <span>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "core/status.h"

@@ -573,6 +573,21 @@ class ServerTest(unittest.TestCase):
         r = self.server.client().completions.create(model=MODEL, prompt=prompt, max_tokens=1)
         self.assertGreater(r.usage.prompt_tokens_details.cached_tokens, 0)
 
+    def test_n_choices_share_the_prompt(self):
+        # The choices of one prompt compute it once: the others wait a step and hit the cache.
+        key = '%s{model_name="%s"}'
+        m0 = self.server.metrics()
+        prompt = [(i * 11) % 400 + 5 for i in range(600)]
+        r = self.server.client().completions.create(model=MODEL, prompt=prompt, max_tokens=2, n=3,
+                                                    extra_body={"ignore_eos": True})
+        self.assertEqual(len(r.choices), 3)
+        m1 = self.server.metrics()
+        hits = m1[key % ("vllm:prefix_cache_hits_total", MODEL)] - m0[key % ("vllm:prefix_cache_hits_total", MODEL)]
+        steps = (m1[key % ("vllm:iteration_tokens_total_sum", MODEL)] -
+                 m0[key % ("vllm:iteration_tokens_total_sum", MODEL)])
+        self.assertEqual(hits, 2 * (599 // 16) * 16)  # 16-token blocks in the fixture
+        self.assertLess(steps, 600 + 2 * 16 + 3 * 2)   # one prompt, two tails, the decode tokens
+
     def test_client_disconnect_aborts(self):
         aborts0 = self.server.metric("vllm:request_success_total", 'finished_reason="abort"')
         disc0 = self.server.metric("m3:client_disconnects_total")

@@ -291,6 +291,53 @@ TEST(Scheduler, ConcurrentRequestsShareALivePrefix) {
   EXPECT_EQ(sched.kv().stats().num_used_blocks, 0);
 }
 
+TEST(Scheduler, SiblingsWaitForTheSharedPrefixInsteadOfComputingIt) {
+  Knobs s;  // 4-token blocks, budget 64: all four would fit in the first step
+  Scheduler sched = make_scheduler(s);
+  FakeModel model(s.num_blocks, s.block_size, kVocab);
+  std::vector<RequestSpec> specs;
+  for (RequestId id : {1, 2, 3}) specs.push_back(make_spec(id, 12, 3, 5));  // one prompt, n = 3
+  specs.push_back(make_spec(4, 9, 3, 50));                                    // an unrelated prompt
+  for (const RequestSpec& spec : specs) ASSERT_TRUE(sched.submit(spec).is_ok());
+  SchedulePlan p = sched.schedule();
+  std::vector<RequestId> first;
+  for (const ScheduledRequest& e : p.scheduled) first.push_back(e.request_id);
+  EXPECT_EQ(first, (std::vector<RequestId>{1, 4}));  // 2 and 3 wait; 4 behind them does not
+  EXPECT_EQ(p.stats.num_deferred_for_prefix, 2);
+  EXPECT_EQ(p.stats.num_prefill_tokens, 12 + 9);
+  fake::DriveResult rest;
+  std::map<RequestId, std::vector<TokenId>> produced;
+  auto out = sched.update(p, model.run(p));
+  ASSERT_TRUE(out.is_ok());
+  for (const RequestOutput& o : *out) produced[o.request_id] = o.new_token_ids;
+  p = sched.schedule();  // 1's two full prompt blocks are published: 2 and 3 hit them
+  int32_t hits = 0;
+  for (const ScheduledRequest& e : p.scheduled)
+    if (e.is_new_admission) {
+      EXPECT_TRUE(e.request_id == 2u || e.request_id == 3u);
+      EXPECT_EQ(e.num_prefix_hit_tokens, 8);
+      ++hits;
+    }
+  EXPECT_EQ(hits, 2);
+  EXPECT_EQ(p.stats.num_deferred_for_prefix, 0);
+  out = sched.update(p, model.run(p));
+  ASSERT_TRUE(out.is_ok());
+  for (const RequestOutput& o : *out)
+    produced[o.request_id].insert(produced[o.request_id].end(), o.new_token_ids.begin(), o.new_token_ids.end());
+  rest = drive(sched, model);
+  for (auto& [id, tokens] : rest.outputs) produced[id].insert(produced[id].end(), tokens.begin(), tokens.end());
+  for (const RequestSpec& spec : specs) EXPECT_EQ(produced[spec.request_id], reference_generate(spec, kVocab));
+
+  // Without prefix caching nothing can be shared, so nothing waits.
+  Knobs off = s;
+  off.prefix_caching = false;
+  Scheduler plain = make_scheduler(off);
+  for (const RequestSpec& spec : specs) ASSERT_TRUE(plain.submit(spec).is_ok());
+  p = plain.schedule();
+  EXPECT_EQ(p.scheduled.size(), 4u);
+  EXPECT_EQ(p.stats.num_deferred_for_prefix, 0);
+}
+
 TEST(Scheduler, TinyPoolForcesPreemptionAndEverythingStillFinishes) {
   for (bool prefix : {true, false}) {
     Knobs s;
