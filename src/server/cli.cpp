@@ -42,10 +42,7 @@ struct ServeOptions {
   int port = 8000;
   EngineConfig engine;
   std::vector<std::string> served_model_names;
-  std::string api_key;
-  size_t responses_store_size = 1024;
-  bool request_id_headers = false, log_requests = false;
-  int max_log_len = -1;
+  ServerOptions server;  // the flags that go to the API server as they are
   // vLLM flags accepted for command-line compatibility, checked in check_vllm_flags().
   std::string tool_call_parser, reasoning_parser, dtype = "auto";
   int tensor_parallel_size = 1;
@@ -146,15 +143,10 @@ void serve(ServeOptions& o, const EngineFactory& factory) {
 
   Metrics metrics(o.served_model_names.front(), summary.max_model_len);
   AsyncEngine async(std::move(*engine), metrics, AsyncEngineConfig{o.max_pending});
-  ServerOptions server_options;
+  ServerOptions server_options = o.server;
   server_options.served_model_names = o.served_model_names;
   server_options.model_dir = o.model_dir;
-  server_options.api_key = o.api_key;
-  server_options.responses_store_size = o.responses_store_size;
   server_options.cors = cors;
-  server_options.request_id_headers = o.request_id_headers;
-  server_options.log_requests = o.log_requests;
-  server_options.max_log_len = o.max_log_len;
   ApiServer api(server_options, **tokenizer, async, metrics);
 
   httplib::Server http;
@@ -228,7 +220,7 @@ void register_serve_command(CLI::App& app, EngineFactory factory) {
   cmd->add_flag("--enable-prefix-caching,!--no-enable-prefix-caching", o->engine.enable_prefix_caching,
                 "prefix caching (on by default)");
   cmd->add_option("--served-model-name", o->served_model_names, "model name(s) clients use (default: the model dir)");
-  cmd->add_option("--api-key", o->api_key, "require 'Authorization: Bearer KEY' on every route but /health");
+  cmd->add_option("--api-key", o->server.api_key, "require 'Authorization: Bearer KEY' on every route but /health");
   cmd->add_option("--allowed-origins", o->allowed_origins,
                   "origins allowed cross-origin requests: a JSON list as vLLM's ('[\"http://a\"]') or a comma list; "
                   "default \"*\" (any)");
@@ -240,12 +232,12 @@ void register_serve_command(CLI::App& app, EngineFactory factory) {
                   "preempted first)")
       ->check(CLI::IsMember({"fcfs", "priority"}))
       ->capture_default_str();
-  cmd->add_flag("--enable-request-id-headers", o->request_id_headers,
+  cmd->add_flag("--enable-request-id-headers", o->server.request_id_headers,
                 "answer generation requests with X-Request-Id (the request's X-Request-Id or request_id, else the "
                 "response id)");
-  cmd->add_flag("--enable-log-requests,!--disable-log-requests", o->log_requests,
+  cmd->add_flag("--enable-log-requests,!--disable-log-requests", o->server.log_requests,
                 "log one line per generation request (off by default)");
-  cmd->add_option("--max-log-len", o->max_log_len, "prompt characters in a logged request (default: all)");
+  cmd->add_option("--max-log-len", o->server.max_log_len, "prompt characters in a logged request (default: all)");
   cmd->add_option("--tool-call-parser", o->tool_call_parser, "vLLM compatibility: minimax_* (M3's parser always runs)");
   cmd->add_option("--reasoning-parser", o->reasoning_parser, "vLLM compatibility: minimax_* (M3's parser always runs)");
   cmd->add_flag("--enable-auto-tool-choice", o->compat_flag, "vLLM compatibility: tool calls are always parsed");
@@ -254,7 +246,7 @@ void register_serve_command(CLI::App& app, EngineFactory factory) {
   cmd->add_option("--tensor-parallel-size", o->tensor_parallel_size, "vLLM compatibility: 1 only");
   cmd->add_option("--gpu-memory-utilization", o->gpu_memory_utilization,
                   "not supported: size the KV cache with --kv-cache-memory or --num-gpu-blocks-override");
-  cmd->add_option("--responses-store-size", o->responses_store_size,
+  cmd->add_option("--responses-store-size", o->server.responses_store_size,
                   "Responses API responses kept in memory for GET /v1/responses/{id} and previous_response_id "
                   "(least recently used dropped first; 0 = store none)");
   cmd->add_option("--kv-cache-memory", o->engine.kv_cache_memory_bytes, "bytes of KV cache")->capture_default_str();
