@@ -16,6 +16,8 @@ constexpr auto kPollInterval = std::chrono::milliseconds(50);
 // An SSE comment after this much silence (queued or in a long prefill): a write is the only
 // way to notice that a streaming client went away, and SSE clients ignore comments.
 constexpr auto kHeartbeatInterval = std::chrono::seconds(1);
+// The same probe for a JSON answer (a space): later, so quick answers come back unpadded.
+constexpr auto kPlainProbeInterval = std::chrono::seconds(2);
 
 int64_t unix_seconds() {
   return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
@@ -559,54 +561,42 @@ void ApiServer::run_generation(GenerationJob&& job, httplib::Response& res) {
   }
 
   auto on_complete = std::move(job.on_complete);
-  if (!job.stream) {
-    // On any exit (including an exception), the engine requests must not outlive the handler.
-    struct Guard {
-      ApiServer* self;
-      Generation& gen;
-      ~Guard() {
-        for (RequestId id : gen.unfinished_ids()) self->engine_.abort(id);
-        --self->active_;
-      }
-    } guard{this, *generation};
-    while (!generation->done()) {
-      std::vector<RequestId> to_abort;
-      generation->on_events(channel->wait(kPollInterval), to_abort);
-      for (RequestId id : to_abort) engine_.abort(id);
-    }
-    if (on_complete) on_complete(*generation);
-    send_json(res, generation->response());
-    return;
-  }
-
+  // Both forms are written by a content provider: a write is the only way to notice that a client
+  // went away, and a dropped client's request must free its KV blocks then, not at max_tokens.
+  // Streams send SSE comments when idle; a plain JSON answer taking long sends single spaces
+  // first (whitespace before a JSON value is still the same JSON).
   struct StreamState {
     std::shared_ptr<Generation> generation;
     std::shared_ptr<RequestChannel> channel;
     std::function<void(const Generation&)> on_complete;
+    bool stream = false;
     bool started = false;
     bool complete = false;
     std::chrono::steady_clock::time_point last_write = std::chrono::steady_clock::now();
   };
-  auto state = std::make_shared<StreamState>(StreamState{generation, channel, std::move(on_complete)});
-  res.set_header("Cache-Control", "no-cache");
+  auto state = std::make_shared<StreamState>(StreamState{generation, channel, std::move(on_complete), job.stream});
+  if (job.stream) res.set_header("Cache-Control", "no-cache");
   res.set_chunked_content_provider(
-      "text/event-stream",
+      job.stream ? "text/event-stream" : "application/json",
       [this, state](size_t, httplib::DataSink& sink) {
+        Generation& gen = *state->generation;
         std::string out;
         if (!state->started) {
-          out = state->generation->stream_start();
+          if (state->stream) out = gen.stream_start();
           state->started = true;
         }
         std::vector<RequestId> to_abort;
-        out += state->generation->on_events(state->channel->wait(kPollInterval), to_abort);
+        std::string sse = gen.on_events(state->channel->wait(kPollInterval), to_abort);
+        if (state->stream) out += sse;
         for (RequestId id : to_abort) engine_.abort(id);
-        const bool done = state->generation->done();
+        const bool done = gen.done();
         if (done) {
-          out += state->generation->stream_end();
-          if (state->on_complete) state->on_complete(*state->generation);
+          if (state->on_complete) state->on_complete(gen);
+          out += state->stream ? gen.stream_end() : dump_json(gen.response());
         }
         const auto now = std::chrono::steady_clock::now();
-        if (out.empty() && now - state->last_write >= kHeartbeatInterval) out = ": keep-alive\n\n";
+        if (out.empty() && now - state->last_write >= (state->stream ? kHeartbeatInterval : kPlainProbeInterval))
+          out = state->stream ? ": keep-alive\n\n" : " ";
         if (!out.empty()) {
           if (!sink.write(out.data(), out.size())) return false;  // client went away
           state->last_write = now;

@@ -615,6 +615,34 @@ class ServerTest(unittest.TestCase):
         self.assertEqual(self.server.metric("m3:kv_cache_blocks_used"), 0)  # its blocks were freed
         self.assertEqual(self.server.metric("vllm:num_requests_running"), 0)
 
+    def test_client_disconnect_aborts_a_plain_request(self):
+        # Not streamed: the answer's leading spaces are the writes that notice the client is gone.
+        aborts0 = self.server.metric("vllm:request_success_total", 'finished_reason="abort"')
+        disc0 = self.server.metric("m3:client_disconnects_total")
+        sock = socket.create_connection(("127.0.0.1", self.server.port))
+        body = json.dumps({"model": MODEL, "prompt": "Keep going", "max_tokens": 1900, "n": 4,
+                           "ignore_eos": True}).encode()
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + API_KEY.encode() +
+                     b"\r\nContent-Type: application/json\r\nContent-Length: " + str(len(body)).encode() +
+                     b"\r\n\r\n" + body)
+        got = b""
+        while b"\r\n\r\n" not in got or not got.split(b"\r\n\r\n", 1)[1]:
+            got += sock.recv(4096)  # the headers, then the first probe
+        self.assertIn(b"Transfer-Encoding: chunked", got)
+        self.assertGreater(self.server.metric("m3:kv_cache_blocks_used"), 0)
+        sock.close()
+        deadline = time.time() + 20
+        while time.time() < deadline:
+            if self.server.metric("vllm:request_success_total", 'finished_reason="abort"') >= aborts0 + 4:
+                break
+            time.sleep(0.05)
+        self.assertEqual(self.server.metric("vllm:request_success_total", 'finished_reason="abort"'), aborts0 + 4)
+        self.assertEqual(self.server.metric("m3:client_disconnects_total"), disc0 + 1)
+        deadline = time.time() + 5
+        while time.time() < deadline and self.server.metric("m3:kv_cache_blocks_used") > 0:
+            time.sleep(0.05)
+        self.assertEqual(self.server.metric("m3:kv_cache_blocks_used"), 0)
+
     # ---- bad input (plain HTTP) ---------------------------------------------------------------
 
     def check_error(self, body, param_part, status=400, path="/v1/chat/completions", raw=None, etype=None,
