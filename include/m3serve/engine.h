@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -50,6 +51,12 @@ struct EngineConfig {
   std::string index_cache_dtype = "auto";
   // "fcfs" (arrival order) or "priority" (GenerationRequest::priority, lower first; vLLM's).
   std::string scheduling_policy = "fcfs";
+  // vLLM's --long-prefill-token-threshold: most tokens one request's prefill takes per step
+  // (0: the whole budget), so long prompts leave room for other requests' decode steps.
+  int32_t long_prefill_token_threshold = 0;
+  // vLLM's --seed: requests without a seed draw theirs from a stream seeded with it, so a run
+  // repeats given the same requests in the same order. Unset: from the OS's randomness.
+  std::optional<uint64_t> seed;
 };
 
 struct GenerationRequest {

@@ -100,6 +100,8 @@ class EngineImpl final : public Engine {
     std::vector<int32_t> stop_ids = spec.stop_token_ids;  // what min_tokens bans
     Status st = scheduler_.submit(std::move(spec));
     if (!st.is_ok()) return st;
+    // With --seed, an unseeded request takes the next seed of the engine's stream.
+    if (request.sampling.seed < 0 && config_.seed) request.sampling.seed = int64_t(seed_source_() >> 1);
     RequestState state;
     state.prompt = std::move(request.prompt_token_ids);
     state.sampling = request.sampling;
@@ -378,7 +380,7 @@ class EngineImpl final : public Engine {
   std::unique_ptr<ForwardWorkspace> ws_;
   std::unique_ptr<StepBuffers> step_;
   std::map<int, Graph> graphs_;  // batch bucket -> captured decode step
-  std::mt19937_64 seed_source_{std::random_device{}()};
+  std::mt19937_64 seed_source_{config_.seed ? *config_.seed : std::random_device{}()};
 };
 
 std::string model_fingerprint(const std::string& model_dir) {
@@ -452,6 +454,7 @@ Result<std::unique_ptr<Engine>> Engine::create(const EngineConfig& config) {
   SchedulerConfig sc;
   sc.max_num_batched_tokens = config.max_num_batched_tokens;
   sc.max_num_seqs = config.max_num_seqs;
+  sc.max_chunk_tokens = config.long_prefill_token_threshold;
   sc.max_model_len = max_len;
   if (config.scheduling_policy != "fcfs" && config.scheduling_policy != "priority")
     return Status::error("scheduling_policy must be fcfs or priority, got '" + config.scheduling_policy + "'");

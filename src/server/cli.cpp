@@ -227,6 +227,15 @@ void register_serve_command(CLI::App& app, EngineFactory factory) {
   cmd->add_option("--allowed-methods", o->allowed_methods, "methods allowed cross-origin (default \"*\")");
   cmd->add_option("--allowed-headers", o->allowed_headers, "request headers allowed cross-origin (default \"*\")");
   cmd->add_flag("--allow-credentials", o->allow_credentials, "allow cross-origin requests with credentials");
+  cmd->add_option("--long-prefill-token-threshold", o->engine.long_prefill_token_threshold,
+                  "most prompt tokens one request prefills per step (0: the whole --max-num-batched-tokens), so "
+                  "a long prompt leaves room for other requests' decode steps")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  cmd->add_option("--seed", o->engine.seed,
+                  "seed of the engine's sampling: requests without a seed become reproducible run to run "
+                  "(default: unseeded)");
+  cmd->add_flag("--enable-chunked-prefill", o->compat_flag, "vLLM compatibility: prefills are always chunked");
   cmd->add_option("--scheduling-policy", o->engine.scheduling_policy,
                   "fcfs (arrival order) or priority (requests' 'priority', lower first; the least urgent is "
                   "preempted first)")

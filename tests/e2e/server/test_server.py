@@ -822,6 +822,25 @@ class ServerTest(unittest.TestCase):
             self.assertNotEqual(out.returncode, 0, flags)
             self.assertIn(name, out.stderr + out.stdout)
 
+    def test_seed_and_long_prefill_threshold(self):
+        body = {"model": MODEL, "prompt": [(i * 5) % 300 + 3 for i in range(300)], "max_tokens": 8,
+                "temperature": 1.0, "ignore_eos": True}
+        texts = []
+        for _ in range(2):  # two fresh servers, the same unseeded request
+            server = Server(api_key=None, extra=["--seed", "1234", "--long-prefill-token-threshold", "64",
+                                                 "--enable-chunked-prefill"])
+            try:
+                key = 'vllm:iteration_tokens_total_bucket{model_name="%s",le="64"}' % MODEL
+                before = server.metrics()[key]
+                st, r = server.json("POST", "/v1/completions", body)
+                self.assertEqual(st, 200, r)
+                texts.append(r["choices"][0]["text"])
+                # 300 prompt tokens in chunks of <= 64: five prefill steps, then the decode steps.
+                self.assertGreaterEqual(server.metrics()[key] - before, 5 + 7)
+            finally:
+                server.stop()
+        self.assertEqual(texts[0], texts[1])
+
     def test_cors(self):
         def call(method, path, headers, body=None):
             conn = http.client.HTTPConnection("127.0.0.1", self.server.port, timeout=60)
