@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <functional>
+#include <unordered_set>
 
 namespace m3::server {
 
@@ -126,6 +127,12 @@ std::optional<ApiError> convert_input(const OrderedJson& input, const std::funct
     return std::nullopt;
   }
   if (!input.is_array()) return bad("input", "must be a string or an array of input items");
+  // Calls a function_call_output may answer: those of the history, then the input's own.
+  std::unordered_set<std::string> call_ids;
+  for (const auto& m : messages)
+    if (m.contains("tool_calls"))
+      for (const auto& c : m["tool_calls"])
+        if (c.contains("id") && c["id"].is_string()) call_ids.insert(c["id"].get<std::string>());
   std::string reasoning;  // a reasoning item's text, for the assistant turn that follows it
   // The assistant message the next function_call joins (none once anything else came between).
   std::optional<size_t> open_assistant;
@@ -149,6 +156,7 @@ std::optional<ApiError> convert_input(const OrderedJson& input, const std::funct
     const OrderedJson* type = present(item, "type");
     if (type && !type->is_string()) return bad(where + ".type", "must be a string");
     const std::string t = type ? type->get<std::string>() : (item.contains("role") ? "message" : "");
+    if (const OrderedJson* id = present(item, "id"); id && !id->is_string()) return bad(where + ".id", "must be a string");
     if (t == "message") {
       const OrderedJson* role = present(item, "role");
       if (!role || !role->is_string()) return bad(where + ".role", "must be a string");
@@ -179,6 +187,9 @@ std::optional<ApiError> convert_input(const OrderedJson& input, const std::funct
         const OrderedJson* v = present(item, key);
         if (!v || !v->is_string()) return bad(where + "." + key, "must be a string");
       }
+      OrderedJson args = OrderedJson::parse(item["arguments"].get<std::string>(), nullptr, /*allow_exceptions=*/false);
+      if (!args.is_object()) return bad(where + ".arguments", "must be a JSON object in a string");
+      call_ids.insert(item["call_id"].get<std::string>());
       OrderedJson call = OrderedJson{{"id", item["call_id"]},
                                      {"type", "function"},
                                      {"function", OrderedJson{{"name", item["name"]}, {"arguments", item["arguments"]}}}};
@@ -189,6 +200,9 @@ std::optional<ApiError> convert_input(const OrderedJson& input, const std::funct
     } else if (t == "function_call_output") {
       const OrderedJson* call_id = present(item, "call_id");
       if (!call_id || !call_id->is_string()) return bad(where + ".call_id", "must be a string");
+      if (!call_ids.count(call_id->get<std::string>()))
+        return bad(where + ".call_id", "is '" + call_id->get<std::string>() +
+                                           "', which no earlier function_call (here or in the previous response) has");
       const OrderedJson* output = present(item, "output");
       if (!output) return bad(where + ".output", "is required");
       std::string text;

@@ -395,7 +395,11 @@ void ApiServer::run_generation(GenerationJob&& job, httplib::Response& res) {
   const char* prompt_param = job.prompt_param;
   if (chat) {
     std::string text;
-    if (auto err = render_messages(chat_req, text)) return send_error(res, *err);
+    if (auto err = render_messages(chat_req, text)) {
+      // The Responses API's conversation is the client's input (and stored history), not 'messages'.
+      if (job.responses) err->param = "input";
+      return send_error(res, *err);
+    }
     prompts.push_back(tokenizer_.encode(text, /*allow_special=*/true));
   } else {
     for (const auto& p : completion.prompts) {
