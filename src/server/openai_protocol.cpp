@@ -649,6 +649,14 @@ std::optional<ApiError> parse_chat_request(const OrderedJson& body, ChatRequest&
       if (!et->is_boolean()) return wrong_type("chat_template_kwargs.enable_thinking", "a boolean", *et);
       out.thinking_mode = et->get<bool>() ? ThinkingMode::kEnabled : ThinkingMode::kDisabled;
     }
+    if (const OrderedJson* mi = member(*kw, "model_identity")) {
+      if (!mi->is_string()) return wrong_type("chat_template_kwargs.model_identity", "a string", *mi);
+      out.model_identity = mi->get<std::string>();
+    }
+    // The M3 template reads no other variable: anything else would change nothing, so say so.
+    for (auto it = kw->begin(); it != kw->end(); ++it)
+      if (it.key() != "thinking_mode" && it.key() != "enable_thinking" && it.key() != "model_identity")
+        out.common.ignored_fields.push_back("chat_template_kwargs." + it.key());
   }
   M3_TRY(get_bool(body, "parallel_tool_calls", out.parallel_tool_calls));
   M3_TRY(get_bool(body, "continue_final_message", out.continue_final_message));

@@ -69,6 +69,7 @@ struct ChatRequest {
   ToolChoice tool_choice = ToolChoice::kAuto;
   std::string tool_choice_name;  // kNamed
   std::optional<ThinkingMode> thinking_mode;  // chat_template_kwargs.thinking_mode
+  std::optional<std::string> model_identity;  // chat_template_kwargs.model_identity: the default developer prompt
   bool add_generation_prompt = true;
   bool parallel_tool_calls = true;  // false: the first call only (generation stops at a second)
   // vLLM's: the output continues the last (assistant) message instead of starting a new turn.

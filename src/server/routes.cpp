@@ -50,6 +50,7 @@ std::optional<ApiError> render_messages(const ChatRequest& chat, std::string& pr
   opts.add_generation_prompt = chat.add_generation_prompt;
   opts.thinking_mode = chat.thinking_mode;
   opts.continue_final_message = chat.continue_final_message;
+  opts.model_identity = chat.model_identity;
   auto rendered = render_chat(chat.messages, chat.tools, opts);
   if (!rendered) return template_error(rendered.error());
   prompt = std::move(*rendered);

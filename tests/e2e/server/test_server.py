@@ -762,6 +762,17 @@ class ServerTest(unittest.TestCase):
         self.assertEqual(len(r["token_strs"]), r["count"])
         self.assertEqual("".join(r["token_strs"]).replace("\u0120", " "), "Hello world")
 
+    def test_model_identity(self):
+        msgs = [{"role": "user", "content": "hi"}]
+        _, default = self.server.json("POST", "/tokenize", {"model": MODEL, "messages": msgs})
+        _, bob = self.server.json("POST", "/tokenize", {"model": MODEL, "messages": msgs,
+                                                        "chat_template_kwargs": {"model_identity": "You are Bob."}})
+        text = lambda t: self.server.json("POST", "/detokenize", {"tokens": t["tokens"]})[1]["prompt"]
+        self.assertIn("You are a helpful assistant.", text(default))
+        self.assertIn("You are Bob.", text(bob))
+        self.assertNotIn("You are a helpful assistant.", text(bob))
+        self.check_error(self.chat(chat_template_kwargs={"model_identity": 3}), "chat_template_kwargs.model_identity")
+
     def test_continue_final_message(self):
         msgs = [{"role": "user", "content": "Tell a story"}, {"role": "assistant", "content": "Once upon a time"}]
         body = dict(model=MODEL, messages=msgs, max_tokens=4, temperature=0, ignore_eos=True,
