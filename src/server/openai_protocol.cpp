@@ -593,6 +593,11 @@ std::optional<ApiError> parse_chat_request(const OrderedJson& body, ChatRequest&
   if (!messages) return invalid_request("'messages' is required", "messages");
   M3_TRY(check_messages(*messages));
   out.messages = *messages;
+  // An assistant turn's reasoning under vLLM's current name feeds the template's reasoning_content.
+  for (auto& m : out.messages) {
+    auto r = m.find("reasoning");
+    if (r != m.end() && r->is_string() && !m.contains("reasoning_content")) m["reasoning_content"] = *r;
+  }
   if (const OrderedJson* tools = member(body, "tools")) {
     M3_TRY(validate_tools(*tools));
     if (!tools->empty()) out.tools = *tools;

@@ -264,7 +264,11 @@ OrderedJson prompt_logprobs_json(const Tokenizer& tok, const std::vector<int32_t
 
 OrderedJson chat_delta_json(const OutputDelta& delta) {
   OrderedJson d = OrderedJson::object();
-  if (!delta.reasoning_content.empty()) d["reasoning_content"] = delta.reasoning_content;
+  // Both names: vLLM's current `reasoning` and the `reasoning_content` many clients still read.
+  if (!delta.reasoning_content.empty()) {
+    d["reasoning"] = delta.reasoning_content;
+    d["reasoning_content"] = delta.reasoning_content;
+  }
   if (!delta.content.empty()) d["content"] = delta.content;
   if (!delta.tool_calls.empty()) {
     OrderedJson calls = OrderedJson::array();
@@ -290,7 +294,8 @@ OrderedJson chat_message_json(const ParsedOutput& message) {
   OrderedJson m = OrderedJson::object();
   m["role"] = "assistant";
   m["content"] = message.content.empty() && !message.tool_calls.empty() ? OrderedJson() : OrderedJson(message.content);
-  m["reasoning_content"] = message.reasoning_content.empty() ? OrderedJson() : OrderedJson(message.reasoning_content);
+  m["reasoning"] = message.reasoning_content.empty() ? OrderedJson() : OrderedJson(message.reasoning_content);
+  m["reasoning_content"] = m["reasoning"];
   if (!message.tool_calls.empty()) {
     OrderedJson calls = OrderedJson::array();
     for (const auto& c : message.tool_calls)

@@ -119,7 +119,7 @@ void append_logprobs(OrderedJson& into, const OrderedJson& more);
 OrderedJson prompt_logprobs_json(const Tokenizer& tok, const std::vector<int32_t>& prompt_ids,
                                  const std::vector<PromptLogprob>& entries);
 
-// The JSON of a delta: {"reasoning_content"?, "content"?, "tool_calls"?}.
+// The JSON of a delta: {"reasoning"? and "reasoning_content"? (the same text), "content"?, "tool_calls"?}.
 OrderedJson chat_delta_json(const OutputDelta& delta);
 // A finished chat choice's message.
 OrderedJson chat_message_json(const ParsedOutput& message);

@@ -40,12 +40,12 @@ def free_port():
 
 
 class Server:
-    def __init__(self, extra=(), api_key=API_KEY, script=None):
+    def __init__(self, extra=(), api_key=API_KEY, script=None, script_extra=()):
         self.port = free_port()
         self.clients = []
         # With a script, the test-only m3serve_scripted runs the same serve command with a
         # fixed-output engine in place of the model.
-        binary = [ARGS.m3serve_scripted, "--script", script] if script else [ARGS.m3serve]
+        binary = [ARGS.m3serve_scripted, "--script", script, *script_extra] if script else [ARGS.m3serve]
         cmd = [*binary, "serve", ARGS.fixture, "--host", "127.0.0.1", "--port", str(self.port),
                "--served-model-name", MODEL, "--max-model-len", "2048", "--num-gpu-blocks-override", "400",
                "--max-num-seqs", "32", *extra]
@@ -615,34 +615,6 @@ class ServerTest(unittest.TestCase):
         self.assertEqual(self.server.metric("m3:kv_cache_blocks_used"), 0)  # its blocks were freed
         self.assertEqual(self.server.metric("vllm:num_requests_running"), 0)
 
-    def test_client_disconnect_aborts_a_plain_request(self):
-        # Not streamed: the answer's leading spaces are the writes that notice the client is gone.
-        aborts0 = self.server.metric("vllm:request_success_total", 'finished_reason="abort"')
-        disc0 = self.server.metric("m3:client_disconnects_total")
-        sock = socket.create_connection(("127.0.0.1", self.server.port))
-        body = json.dumps({"model": MODEL, "prompt": "Keep going", "max_tokens": 1900, "n": 4,
-                           "ignore_eos": True}).encode()
-        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + API_KEY.encode() +
-                     b"\r\nContent-Type: application/json\r\nContent-Length: " + str(len(body)).encode() +
-                     b"\r\n\r\n" + body)
-        got = b""
-        while b"\r\n\r\n" not in got or not got.split(b"\r\n\r\n", 1)[1]:
-            got += sock.recv(4096)  # the headers, then the first probe
-        self.assertIn(b"Transfer-Encoding: chunked", got)
-        self.assertGreater(self.server.metric("m3:kv_cache_blocks_used"), 0)
-        sock.close()
-        deadline = time.time() + 20
-        while time.time() < deadline:
-            if self.server.metric("vllm:request_success_total", 'finished_reason="abort"') >= aborts0 + 4:
-                break
-            time.sleep(0.05)
-        self.assertEqual(self.server.metric("vllm:request_success_total", 'finished_reason="abort"'), aborts0 + 4)
-        self.assertEqual(self.server.metric("m3:client_disconnects_total"), disc0 + 1)
-        deadline = time.time() + 5
-        while time.time() < deadline and self.server.metric("m3:kv_cache_blocks_used") > 0:
-            time.sleep(0.05)
-        self.assertEqual(self.server.metric("m3:kv_cache_blocks_used"), 0)
-
     # ---- bad input (plain HTTP) ---------------------------------------------------------------
 
     def check_error(self, body, param_part, status=400, path="/v1/chat/completions", raw=None, etype=None,
@@ -846,7 +818,11 @@ class ServerTest(unittest.TestCase):
                 st, r = server.json("POST", "/v1/completions", body)
                 self.assertEqual(st, 200, r)
                 texts.append(r["choices"][0]["text"])
-                # 300 prompt tokens in chunks of <= 64: five prefill steps, then the decode steps.
+                # 300 prompt tokens in chunks of <= 64: five prefill steps, then the decode steps (the
+                # last step's figures land just after its tokens).
+                deadline = time.time() + 5
+                while time.time() < deadline and server.metrics()[key] - before < 5 + 7:
+                    time.sleep(0.05)
                 self.assertGreaterEqual(server.metrics()[key] - before, 5 + 7)
             finally:
                 server.stop()
@@ -1040,6 +1016,7 @@ class ToolCallTest(unittest.TestCase):
     def test_tool_call_non_stream(self):
         r = self.server.client().chat.completions.create(**self.request())
         msg = r.choices[0].message
+        self.assertEqual(msg.model_dump()["reasoning"], "The user wants the weather.")  # vLLM's current name too
         self.assertEqual(r.choices[0].finish_reason, "tool_calls")
         self.assertEqual(msg.reasoning_content, "The user wants the weather.")
         self.assertEqual(msg.content, "Checking now.")
@@ -1129,6 +1106,18 @@ class ToolCallTest(unittest.TestCase):
         self.assertEqual(final.output[2].arguments, args)
         self.assertEqual(final.output_text, "Checking now.")
 
+    def test_reasoning_sent_back_under_either_name(self):
+        # The previous turn's reasoning comes back as `reasoning` (vLLM's name) or `reasoning_content`:
+        # both render the same prompt.
+        turn = lambda key: [{"role": "user", "content": "x"},
+                            {"role": "assistant", "content": "ok", key: "Thought about it."},
+                            {"role": "user", "content": "y"}]
+        counts = [self.server.json("POST", "/tokenize", {"model": MODEL, "messages": turn(k)})[1]["tokens"]
+                  for k in ("reasoning", "reasoning_content")]
+        self.assertEqual(counts[0], counts[1])
+        plain = self.server.json("POST", "/tokenize", {"model": MODEL, "messages": turn("other")})[1]["tokens"]
+        self.assertNotEqual(counts[0], plain)
+
     def test_thinking_enabled_and_stop_string(self):
         r = self.server.client().chat.completions.create(
             model=MODEL, messages=[{"role": "user", "content": "x"}], max_tokens=200, stop=["now"],
@@ -1136,6 +1125,38 @@ class ToolCallTest(unittest.TestCase):
         self.assertEqual(r.choices[0].message.reasoning_content, "The user wants the weather.")
         self.assertEqual(r.choices[0].message.content, "Checking ")
         self.assertEqual(r.choices[0].finish_reason, "stop")
+
+
+class SlowModelTest(unittest.TestCase):
+    """A scripted model that takes 20 ms a step: long enough to leave in the middle."""
+
+    def test_client_disconnect_aborts_a_plain_request(self):
+        path = os.path.join(ARGS.work, "long_script.txt")
+        with open(path, "w") as f:
+            f.write("word " * 800)
+        server = Server(api_key=None, script=path, script_extra=["--step-delay-ms", "20"])
+        try:
+            # Not streamed: the answer's leading spaces are the writes that notice the client is gone.
+            sock = socket.create_connection(("127.0.0.1", server.port))
+            body = json.dumps({"model": MODEL, "prompt": "Go", "max_tokens": 700}).encode()
+            sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                         b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+            got = b""
+            while b"\r\n\r\n" not in got or not got.split(b"\r\n\r\n", 1)[1]:
+                got += sock.recv(4096)  # the headers, then the first probe (after 2 s)
+            self.assertIn(b"Transfer-Encoding: chunked", got)
+            self.assertEqual(server.metric("vllm:num_requests_running"), 1)
+            sock.close()
+            t0 = time.time()
+            while time.time() - t0 < 10 and server.metric("m3:client_disconnects_total") < 1:
+                time.sleep(0.05)
+            self.assertEqual(server.metric("m3:client_disconnects_total"), 1)
+            # Aborted long before its 700 steps (14 s) would have ended.
+            self.assertEqual(server.metric("vllm:request_success_total", 'finished_reason="abort"'), 1)
+            self.assertEqual(server.metric("vllm:request_success_total", 'finished_reason="length"'), 0)
+            self.assertLess(time.time() - t0, 8)
+        finally:
+            server.stop()
 
 
 class ShutdownTest(unittest.TestCase):

@@ -2,6 +2,8 @@
 #include "scripted_engine.h"
 
 #include <algorithm>
+#include <chrono>
+#include <thread>
 
 namespace m3::server {
 namespace {
@@ -42,6 +44,8 @@ class ScriptedEngine final : public Engine {
   }
 
   std::vector<RequestEvent> step(EngineStepStats* stats) override {
+    if (config_.step_delay_ms > 0 && !active_.empty())
+      std::this_thread::sleep_for(std::chrono::milliseconds(config_.step_delay_ms));
     std::vector<RequestEvent> events = std::move(pending_);
     pending_.clear();
     EngineStepStats st;

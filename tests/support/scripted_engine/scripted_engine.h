@@ -17,6 +17,7 @@ struct ScriptedEngineConfig {
   int64_t vocab_size = 0;
   int32_t max_model_len = 4096;
   int32_t eos_token_id = 0;
+  int32_t step_delay_ms = 0;  // each step sleeps this long (a slow model, for disconnect tests)
 };
 
 std::unique_ptr<Engine> make_scripted_engine(ScriptedEngineConfig config);

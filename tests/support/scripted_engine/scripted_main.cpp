@@ -14,6 +14,8 @@ int main(int argc, char** argv) {
   CLI::App app{"m3serve_scripted: test server answering every request with a fixed script"};
   std::string script_path;
   app.add_option("--script", script_path, "text whose tokens every request receives, then EOS")->required();
+  int step_delay_ms = 0;
+  app.add_option("--step-delay-ms", step_delay_ms, "each engine step sleeps this long (a slow model)");
   app.require_subcommand(1);
   m3::server::register_serve_command(app, [&](const m3::EngineConfig& config, const m3::Tokenizer& tokenizer)
                                               -> m3::Result<std::unique_ptr<m3::Engine>> {
@@ -28,6 +30,7 @@ int main(int argc, char** argv) {
     sc.vocab_size = tokenizer.vocab_size();
     sc.max_model_len = config.max_model_len > 0 ? config.max_model_len : 4096;
     sc.eos_token_id = *eos;
+    sc.step_delay_ms = step_delay_ms;
     return m3::server::make_scripted_engine(std::move(sc));
   });
   try {
