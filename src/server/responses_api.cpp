@@ -78,13 +78,6 @@ const char* const kPassThrough[] = {
     "bad_words", "chat_template_kwargs", "request_id", "priority", "skip_special_tokens",
     "spaces_between_special_tokens"};
 
-template <size_t N>
-bool listed(const std::string& key, const char* const (&fields)[N]) {
-  for (const char* f : fields)
-    if (key == f) return true;
-  return false;
-}
-
 // Content parts (or a string) → the text they hold. Non-text parts are refused by name.
 std::optional<ApiError> content_text(const OrderedJson& content, const std::string& where, std::string& out) {
   if (content.is_string()) {
@@ -285,8 +278,10 @@ std::optional<ApiError> parse_responses_request(const OrderedJson& body, const S
 
   OrderedJson chat = OrderedJson::object();
   for (auto it = body.begin(); it != body.end(); ++it) {
-    if (listed(it.key(), kPassThrough)) chat[it.key()] = it.value();
-    else if (!listed(it.key(), kResponsesFields)) out.chat.common.ignored_fields.push_back(it.key());
+    auto is_key = [&](const char* f) { return it.key() == f; };
+    if (std::any_of(std::begin(kPassThrough), std::end(kPassThrough), is_key)) chat[it.key()] = it.value();
+    else if (std::none_of(std::begin(kResponsesFields), std::end(kResponsesFields), is_key))
+      out.chat.common.ignored_fields.push_back(it.key());
   }
   if (const OrderedJson* m = present(body, "model")) chat["model"] = *m;
 
