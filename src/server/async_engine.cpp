@@ -36,7 +36,8 @@ std::vector<RequestEvent> RequestChannel::wait(std::chrono::milliseconds timeout
 }
 
 AsyncEngine::AsyncEngine(std::unique_ptr<Engine> engine, Metrics& metrics, AsyncEngineConfig config)
-    : engine_(std::move(engine)), metrics_(metrics), config_(config), summary_(engine_->model()),
+    : engine_(std::move(engine)), metrics_(metrics), config_(config),
+      stats_logger_(config.log_stats_interval_s, std::chrono::steady_clock::now()), summary_(engine_->model()),
       kernel_entries_(engine_->kernel_entries()) {
   metrics_.set_cache_info(summary_, summary_.enable_prefix_caching);
   thread_ = std::thread([this] { run(); });
@@ -127,6 +128,7 @@ void AsyncEngine::deliver(std::vector<RequestEvent> events) {
     auto it = routes_.find(ev.request_id);
     if (it == routes_.end()) continue;
     Route& r = it->second;
+    stats_logger_.add_generated(int64_t(ev.new_tokens.size()));
     for (size_t k = 0; k < ev.new_tokens.size(); ++k) {
       if (r.num_generated == 0) {
         r.ttft_s = seconds(now - r.arrival);
@@ -212,6 +214,7 @@ void AsyncEngine::run() {
       continue;
     }
     metrics_.observe_step(stats);
+    if (auto line = stats_logger_.observe_step(stats, std::chrono::steady_clock::now())) M3_LOG_INFO(*line);
     need_refresh = false;
     if (!engine_->has_unfinished_requests()) {
       metrics_.observe_idle();

@@ -18,6 +18,7 @@
 
 #include "m3serve/engine.h"
 #include "server/metrics.h"
+#include "server/stats_logger.h"
 
 namespace m3::server {
 
@@ -35,6 +36,7 @@ class RequestChannel {
 
 struct AsyncEngineConfig {
   int32_t max_pending = 1024;  // engine requests in flight (waiting + running) before 503
+  double log_stats_interval_s = 0.0;  // vLLM's periodic stats line (0: none)
 };
 
 struct SubmitOutcome {
@@ -93,6 +95,7 @@ class AsyncEngine {
   std::unique_ptr<Engine> engine_;
   Metrics& metrics_;
   AsyncEngineConfig config_;
+  StatsLogger stats_logger_;
   ModelSummary summary_;
   std::vector<ops::EntryInfo> kernel_entries_;
   std::atomic<int32_t> in_flight_{0};

@@ -52,6 +52,8 @@ struct ServeOptions {
   bool allow_credentials = false;
   int32_t max_pending = 1024;
   int http_threads = 1100;
+  double log_stats_interval_s = 10.0;
+  bool disable_log_stats = false;
 };
 
 // vLLM's flags that have one meaning here are accepted (the M3 parsers always run, the weights
@@ -142,7 +144,8 @@ void serve(ServeOptions& o, const EngineFactory& factory) {
                 std::to_string(summary.vocab_size));
 
   Metrics metrics(o.served_model_names.front(), summary.max_model_len);
-  AsyncEngine async(std::move(*engine), metrics, AsyncEngineConfig{o.max_pending});
+  AsyncEngine async(std::move(*engine), metrics,
+                    AsyncEngineConfig{o.max_pending, o.disable_log_stats ? 0.0 : o.log_stats_interval_s});
   ServerOptions server_options = o.server;
   server_options.served_model_names = o.served_model_names;
   server_options.model_dir = o.model_dir;
@@ -246,6 +249,11 @@ void register_serve_command(CLI::App& app, EngineFactory factory) {
                 "response id)");
   cmd->add_flag("--enable-log-requests,!--disable-log-requests", o->server.log_requests,
                 "log one line per generation request (off by default)");
+  cmd->add_flag("--disable-log-stats", o->disable_log_stats,
+                "no periodic stats line (prompt / generation throughput, running / waiting, KV use, prefix hits)");
+  cmd->add_option("--log-stats-interval", o->log_stats_interval_s, "seconds between stats lines while busy")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
   cmd->add_option("--max-log-len", o->server.max_log_len, "prompt characters in a logged request (default: all)");
   cmd->add_option("--tool-call-parser", o->tool_call_parser, "vLLM compatibility: minimax_* (M3's parser always runs)");
   cmd->add_option("--reasoning-parser", o->reasoning_parser, "vLLM compatibility: minimax_* (M3's parser always runs)");

@@ -772,7 +772,7 @@ class ServerTest(unittest.TestCase):
                                              "--enable-auto-tool-choice", "--tool-call-parser", "minimax_m2",
                                              "--reasoning-parser", "minimax_m2_append_think", "--dtype", "auto",
                                              "--tensor-parallel-size", "1", "--enable-request-id-headers", "--enable-log-requests",
-                                             "--max-log-len", "12"])
+                                             "--max-log-len", "12", "--disable-log-stats"])
         try:
             conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
             conn.request("POST", "/v1/chat/completions", body=json.dumps(self.chat()),
@@ -795,6 +795,7 @@ class ServerTest(unittest.TestCase):
             server.stop()
         log = open(server.log_path).read()
         self.assertIn("request chatcmpl-trace-42: 1 prompt(s) of", log)
+        self.assertNotIn("Avg prompt throughput", log)  # --disable-log-stats
         self.assertIn("request cmpl-from-body", log)
         # What the server does not do stops it at once, naming the flag.
         for flags, name in ((["--tensor-parallel-size", "2"], "--tensor-parallel-size"),
@@ -811,7 +812,7 @@ class ServerTest(unittest.TestCase):
         texts = []
         for _ in range(2):  # two fresh servers, the same unseeded request
             server = Server(api_key=None, extra=["--seed", "1234", "--long-prefill-token-threshold", "64",
-                                                 "--enable-chunked-prefill"])
+                                                 "--enable-chunked-prefill", "--log-stats-interval", "0.001"])
             try:
                 key = 'vllm:iteration_tokens_total_bucket{model_name="%s",le="64"}' % MODEL
                 before = server.metrics()[key]
@@ -826,6 +827,7 @@ class ServerTest(unittest.TestCase):
                 self.assertGreaterEqual(server.metrics()[key] - before, 5 + 7)
             finally:
                 server.stop()
+            self.assertIn("Avg prompt throughput:", open(server.log_path).read())  # the periodic stats line
         self.assertEqual(texts[0], texts[1])
 
     def test_cors(self):

@@ -18,6 +18,7 @@
 #include "tokenizer/list_tokenizer.h"
 #include "server/metrics.h"
 #include "server/openai_protocol.h"
+#include "server/stats_logger.h"
 #include "scripted_engine.h"
 
 namespace m3::server {
@@ -1002,6 +1003,33 @@ TEST(Metrics, RendersPrometheusText) {
   EXPECT_NE(m.render().find("m3:kv_cache_blocks_total{model_name=\"tiny\"} 100\n"), std::string::npos);
   m.observe_idle();
   EXPECT_NE(m.render().find("vllm:num_requests_running{model_name=\"tiny\"} 0\n"), std::string::npos);
+}
+
+TEST(StatsLogger, LogsAtTheIntervalWhileBusy) {
+  using Clock = StatsLogger::Clock;
+  const Clock::time_point t0{};
+  StatsLogger log(10.0, t0);
+  EngineStepStats st;
+  st.scheduler.num_prefill_tokens = 500;
+  st.scheduler.num_running = 2;
+  st.scheduler.num_waiting = 1;
+  st.scheduler.kv_blocks_used = 25;
+  st.scheduler.kv_blocks_free = 75;
+  st.scheduler.prefix_query_tokens = 400;
+  st.scheduler.prefix_hit_tokens = 100;
+  log.add_generated(100);
+  EXPECT_FALSE(log.observe_step(st, t0 + std::chrono::seconds(5)));  // not due yet
+  st.scheduler.num_prefill_tokens = 500;
+  const auto line = log.observe_step(st, t0 + std::chrono::seconds(10));
+  ASSERT_TRUE(line);
+  EXPECT_EQ(*line, "Avg prompt throughput: 100.0 tokens/s, Avg generation throughput: 10.0 tokens/s, Running: 2 reqs, "
+                   "Waiting: 1 reqs, KV cache usage: 25.0%, Prefix cache hit rate: 25.0%");
+  // Idle for an interval: nothing to say. Interval 0: never.
+  EngineStepStats idle;
+  EXPECT_FALSE(log.observe_step(idle, t0 + std::chrono::seconds(25)));
+  StatsLogger off(0.0, t0);
+  off.add_generated(5);
+  EXPECT_FALSE(off.observe_step(st, t0 + std::chrono::seconds(100)));
 }
 
 // ---- AsyncEngine over the scripted engine ---------------------------------------------------

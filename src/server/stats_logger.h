@@ -1,0 +1,29 @@
+#pragma once
+// vLLM's periodic engine log line (prompt / generation throughput, running and waiting
+// requests, KV cache use, prefix-cache hit rate over the interval), for operators reading logs.
+// Pure: steps and generated-token counts in, a line out when one is due.
+#include <chrono>
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "m3serve/engine.h"
+
+namespace m3::server {
+
+class StatsLogger {
+ public:
+  using Clock = std::chrono::steady_clock;
+  // interval_s <= 0: never logs.
+  StatsLogger(double interval_s, Clock::time_point start);
+  void add_generated(int64_t tokens) { generated_ += tokens; }
+  // After each engine step: the line to log, when the interval has passed and anything happened.
+  std::optional<std::string> observe_step(const EngineStepStats& stats, Clock::time_point now);
+
+ private:
+  double interval_s_;
+  Clock::time_point last_;
+  int64_t prompt_ = 0, generated_ = 0, queries_ = 0, hits_ = 0;
+};
+
+}  // namespace m3::server
