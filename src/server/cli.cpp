@@ -239,6 +239,7 @@ void register_serve_command(CLI::App& app, EngineFactory factory) {
                   "seed of the engine's sampling: requests without a seed become reproducible run to run "
                   "(default: unseeded)");
   cmd->add_flag("--enable-chunked-prefill", o->compat_flag, "vLLM compatibility: prefills are always chunked");
+  cmd->add_flag("--enable-server-load-tracking", o->compat_flag, "vLLM compatibility: GET /load always answers");
   cmd->add_option("--scheduling-policy", o->engine.scheduling_policy,
                   "fcfs (arrival order) or priority (requests' 'priority', lower first; the least urgent is "
                   "preempted first)")

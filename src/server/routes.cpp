@@ -145,6 +145,10 @@ void ApiServer::install(httplib::Server& http) {
   // vLLM's liveness probes and version.
   http.Get("/ping", [](const httplib::Request&, httplib::Response& res) { res.status = 200; });
   http.Post("/ping", [](const httplib::Request&, httplib::Response& res) { res.status = 200; });
+  // vLLM's server-load probe (what its routers balance on): generation requests being answered.
+  http.Get("/load", [this](const httplib::Request&, httplib::Response& res) {
+    send_json(res, OrderedJson{{"server_load", active_.load()}});
+  });
   http.Get("/version", [](const httplib::Request&, httplib::Response& res) {
     send_json(res, OrderedJson{{"version", M3_VERSION}});
   });

@@ -721,6 +721,21 @@ class ServerTest(unittest.TestCase):
         self.assertEqual(streamed, full["choices"][0]["token_ids"])
         self.assertEqual(full["choices"][0]["prompt_token_ids"], [5, 6, 7])
 
+    def test_load(self):
+        st, r = self.server.json("GET", "/load")
+        self.assertEqual(st, 200)
+        self.assertIsInstance(r["server_load"], int)
+        # A stream in flight counts.
+        conn = http.client.HTTPConnection("127.0.0.1", self.server.port, timeout=60)
+        conn.request("POST", "/v1/completions", body=json.dumps(
+            {"model": MODEL, "prompt": "Hi", "max_tokens": 1500, "stream": True, "ignore_eos": True}),
+            headers={"Content-Type": "application/json", "Authorization": "Bearer " + API_KEY})
+        resp = conn.getresponse()
+        resp.readline()
+        self.assertGreaterEqual(self.server.json("GET", "/load")[1]["server_load"], 1)
+        self.assertIn(b"[DONE]", resp.read())  # read to the end: no abort left behind for later tests
+        conn.close()
+
     def test_invocations_and_token_strs(self):
         st, r = self.server.json("POST", "/invocations", self.chat())
         self.assertEqual((st, r["object"]), (200, "chat.completion"))
