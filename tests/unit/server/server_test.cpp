@@ -937,15 +937,21 @@ TEST(Protocol, ValidRequestsParse) {
   EXPECT_EQ(e->param, "prompt");
 }
 
-TEST(Metrics, RendersPrometheusText) {
-  Metrics m("tiny");
+// A step's stats: running / waiting requests, a quarter of 100 KV blocks used, prefix lookups.
+EngineStepStats step_stats(int32_t running, int32_t waiting, int32_t queries, int32_t hits) {
   EngineStepStats st;
-  st.scheduler.num_running = 3;
-  st.scheduler.num_waiting = 2;
+  st.scheduler.num_running = running;
+  st.scheduler.num_waiting = waiting;
   st.scheduler.kv_blocks_used = 25;
   st.scheduler.kv_blocks_free = 75;
-  st.scheduler.prefix_query_tokens = 32;
-  st.scheduler.prefix_hit_tokens = 16;
+  st.scheduler.prefix_query_tokens = queries;
+  st.scheduler.prefix_hit_tokens = hits;
+  return st;
+}
+
+TEST(Metrics, RendersPrometheusText) {
+  Metrics m("tiny");
+  EngineStepStats st = step_stats(3, 2, 32, 16);
   st.scheduler.num_preemptions = 1;
   m.observe_step(st);
   m.observe_first_token(0.003);
@@ -1009,14 +1015,8 @@ TEST(StatsLogger, LogsAtTheIntervalWhileBusy) {
   using Clock = StatsLogger::Clock;
   const Clock::time_point t0{};
   StatsLogger log(10.0, t0);
-  EngineStepStats st;
+  EngineStepStats st = step_stats(2, 1, 400, 100);
   st.scheduler.num_prefill_tokens = 500;
-  st.scheduler.num_running = 2;
-  st.scheduler.num_waiting = 1;
-  st.scheduler.kv_blocks_used = 25;
-  st.scheduler.kv_blocks_free = 75;
-  st.scheduler.prefix_query_tokens = 400;
-  st.scheduler.prefix_hit_tokens = 100;
   log.add_generated(100);
   EXPECT_FALSE(log.observe_step(st, t0 + std::chrono::seconds(5)));  // not due yet
   st.scheduler.num_prefill_tokens = 500;
