@@ -135,6 +135,7 @@ void Scheduler::schedule_running(SchedulePlan* plan, int32_t* budget) {
 }
 
 void Scheduler::admit_waiting(SchedulePlan* plan, int32_t* budget) {
+  if (waiting_.empty()) return;  // nothing to admit: no pending-block set to build
   // Prompt blocks that running requests (those admitted below included) will compute: a waiting
   // request whose next block is among them waits for it rather than computing it a second time
   // (n > 1 choices, agents fanning out one context).

@@ -39,7 +39,7 @@ AsyncEngine::AsyncEngine(std::unique_ptr<Engine> engine, Metrics& metrics, Async
     : engine_(std::move(engine)), metrics_(metrics), config_(config),
       stats_logger_(config.log_stats_interval_s, std::chrono::steady_clock::now()), summary_(engine_->model()),
       kernel_entries_(engine_->kernel_entries()) {
-  metrics_.set_cache_info(summary_, summary_.enable_prefix_caching);
+  metrics_.set_cache_info(summary_);
   thread_ = std::thread([this] { run(); });
 }
 

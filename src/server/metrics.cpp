@@ -128,13 +128,13 @@ void Metrics::observe_finished(const FinishedRequest& r) {
   }
 }
 
-void Metrics::set_cache_info(const ModelSummary& summary, bool prefix_caching) {
+void Metrics::set_cache_info(const ModelSummary& summary) {
   std::lock_guard<std::mutex> lock(mu_);
   kv_total_blocks_ = summary.num_kv_blocks;
   cache_info_labels_ = ",block_size=\"" + std::to_string(summary.block_size) + "\",num_gpu_blocks=\"" +
                        std::to_string(summary.num_kv_blocks) + "\",cache_dtype=\"" + summary.kv_cache_dtype +
                        "\",index_cache_dtype=\"" + summary.index_cache_dtype + "\",enable_prefix_caching=\"" +
-                       (prefix_caching ? "True" : "False") + "\"";
+                       (summary.enable_prefix_caching ? "True" : "False") + "\"";
 }
 
 void Metrics::count_refused() {

@@ -48,7 +48,7 @@ class Metrics {
   void observe_inter_token(double itl_s);
   void observe_finished(const FinishedRequest& r);
   // vLLM's cache_config_info: block size, blocks, dtypes, prefix caching (labels, value 1).
-  void set_cache_info(const ModelSummary& summary, bool prefix_caching);
+  void set_cache_info(const ModelSummary& summary);
   // HTTP threads.
   void count_refused();           // 503: the pending queue was full or the server is draining
   void count_client_disconnect();  // a streaming client went away; its request was aborted

@@ -49,8 +49,10 @@ ChoiceDelta ChoiceAssembler::push(const std::vector<TokenOutput>& tokens) {
   std::string raw;
   for (const auto& t : tokens) {
     ++num_tokens_;
-    token_ids_.push_back(t.token);
-    if (options_.return_token_ids) out.token_ids.push_back(t.token);
+    if (options_.return_token_ids) {
+      token_ids_.push_back(t.token);
+      out.token_ids.push_back(t.token);
+    }
     if (options_.stop_token_ids.count(t.token)) continue;  // EOS / stop ids end the text, never appear in it
     raw += decoder_.push(t.token);
     if (num_tokens_ <= options_.min_tokens) protected_ = pending_.size() + raw.size();

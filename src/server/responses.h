@@ -70,7 +70,7 @@ class ChoiceAssembler {
   const std::string& text() const { return text_; }
   const ParsedOutput& message() const { return message_; }
   const std::vector<LogprobEntry>& logprobs() const { return logprobs_; }
-  const std::vector<int32_t>& token_ids() const { return token_ids_; }  // every token sampled
+  const std::vector<int32_t>& token_ids() const { return token_ids_; }  // every token sampled (return_token_ids)
 
  private:
   void route(std::string raw, ChoiceDelta& out, bool final);

@@ -20,15 +20,15 @@ void ResponseStore::put(const std::string& id, StoredResponse entry) {
   std::lock_guard<std::mutex> lock(mu_);
   if (auto it = slots_.find(id); it != slots_.end()) drop(it);
   order_.push_front(id);
-  slots_.emplace(id, Slot{std::move(entry), order_.begin(), bytes});
+  slots_.emplace(id, Slot{std::make_shared<const StoredResponse>(std::move(entry)), order_.begin(), bytes});
   bytes_ += bytes;
   while (slots_.size() > capacity_ || bytes_ > max_bytes_) drop(slots_.find(order_.back()));
 }
 
-std::optional<StoredResponse> ResponseStore::get(const std::string& id) {
+std::shared_ptr<const StoredResponse> ResponseStore::get(const std::string& id) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = slots_.find(id);
-  if (it == slots_.end()) return std::nullopt;
+  if (it == slots_.end()) return nullptr;
   order_.splice(order_.begin(), order_, it->second.position);
   return it->second.entry;
 }

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <functional>
 #include <list>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -31,7 +32,8 @@ class ResponseStore {
   explicit ResponseStore(size_t capacity, size_t max_bytes = kDefaultMaxBytes)
       : capacity_(capacity), max_bytes_(max_bytes) {}
   void put(const std::string& id, StoredResponse entry);
-  std::optional<StoredResponse> get(const std::string& id);
+  // Shared, not copied: a stored conversation can be megabytes.
+  std::shared_ptr<const StoredResponse> get(const std::string& id);
   bool erase(const std::string& id);
   size_t capacity() const { return capacity_; }
   size_t size() const;
@@ -40,7 +42,7 @@ class ResponseStore {
  private:
   using Order = std::list<std::string>;
   struct Slot {
-    StoredResponse entry;
+    std::shared_ptr<const StoredResponse> entry;
     Order::iterator position;
     size_t bytes = 0;
   };

@@ -1,6 +1,7 @@
 // Route handlers. Generation: validate → prompt ids → submit → stream or collect.
 #include "server/routes.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <functional>
@@ -331,7 +332,7 @@ void ApiServer::handle_responses(const httplib::Request& req, httplib::Response&
   OrderedJson body;
   if (auto err = parse_body(req, body)) return send_error(res, *err);
   // The stored conversation this one continues.
-  std::optional<StoredResponse> previous;
+  std::shared_ptr<const StoredResponse> previous;
   if (auto it = body.find("previous_response_id"); it != body.end() && it->is_string()) {
     previous = store_.get(it->get<std::string>());
     if (!previous)
@@ -340,7 +341,7 @@ void ApiServer::handle_responses(const httplib::Request& req, httplib::Response&
   }
   ResponsesRequest request;
   auto new_id = [this](const char* prefix) { return new_response_id(prefix); };
-  if (auto err = parse_responses_request(body, previous ? &*previous : nullptr, new_id, request))
+  if (auto err = parse_responses_request(body, previous.get(), new_id, request))
     return send_error(res, *err);
   GenerationJob job;
   job.chat = true;
@@ -564,7 +565,10 @@ void ApiServer::run_generation(GenerationJob&& job, httplib::Response& res) {
     line.append(", top_p ").append(std::to_string(common.sampling.top_p));
     line.append(job.stream ? ", streamed" : "");
     if (common.priority != 0) line.append(", priority ").append(std::to_string(common.priority));
-    std::string text = tokenizer_.decode(prompts[0], false);
+    // Decode no more tokens than characters are wanted (a token is at least one character).
+    const size_t shown = options_.max_log_len >= 0 ? std::min(prompts[0].size(), size_t(options_.max_log_len))
+                                                   : prompts[0].size();
+    std::string text = tokenizer_.decode({prompts[0].begin(), prompts[0].begin() + std::ptrdiff_t(shown)}, false);
     if (options_.max_log_len >= 0 && text.size() > size_t(options_.max_log_len)) text.resize(size_t(options_.max_log_len));
     M3_LOG_INFO(line + ", prompt: " + OrderedJson(text).dump(-1, ' ', false, OrderedJson::error_handler_t::replace));
   }

@@ -1002,7 +1002,7 @@ TEST(Metrics, RendersPrometheusText) {
   summary.num_kv_blocks = 100;
   summary.kv_cache_dtype = "bf16";
   summary.index_cache_dtype = "fp8";
-  m.set_cache_info(summary, true);
+  m.set_cache_info(summary);  // prefix caching on: the summary's default
   EXPECT_NE(m.render().find("vllm:cache_config_info{model_name=\"tiny\",block_size=\"128\",num_gpu_blocks=\"100\","
                             "cache_dtype=\"bf16\",index_cache_dtype=\"fp8\",enable_prefix_caching=\"True\"} 1\n"),
             std::string::npos);
