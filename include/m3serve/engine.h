@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "core/status.h"
+#include "exec/ngram_proposer.h"
 #include "exec/sampler.h"
 #include "ops/dispatch.h"
 #include "ops/ops.h"
@@ -57,6 +58,12 @@ struct EngineConfig {
   // vLLM's --seed: requests without a seed draw theirs from a stream seeded with it, so a run
   // repeats given the same requests in the same order. Unset: from the OS's randomness.
   std::optional<uint64_t> seed;
+  // Speculative decoding (vLLM's --speculative-config): "" (off) or "ngram" (prompt lookup,
+  // configured by `ngram`). Each decoding request's draft is verified in the next step, the
+  // drafts kept up to the first disagreement with the model's own sample: the output is the one
+  // decoding without drafts gives (token for token where the kernels are batch-invariant).
+  std::string speculative_method;
+  NgramConfig ngram;
 };
 
 struct GenerationRequest {
@@ -100,6 +107,12 @@ struct EngineStepStats {
   int32_t graph_batch = 0;       // > 0: this step replayed (or captured) the graph of that batch bucket
   bool sampled_on_device = false;  // every row sampled by the backend's sample op
   std::vector<RequestId> admitted;  // requests admitted this step (first time, or again after a preemption)
+  // Speculative decoding (vLLM's spec_decode counters): requests that verified a draft, draft
+  // tokens verified, drafts accepted, and accepted drafts by their position in the draft.
+  int32_t spec_num_drafts = 0;
+  int32_t spec_num_draft_tokens = 0;
+  int32_t spec_num_accepted_tokens = 0;
+  std::vector<int32_t> spec_accepted_per_pos;
 };
 
 struct ModelSummary {
@@ -115,6 +128,8 @@ struct ModelSummary {
   std::string index_cache_dtype;  // as resolved: "f32", "bf16" or "fp8"
   std::string scheduling_policy;  // "fcfs" or "priority"
   bool enable_prefix_caching = true;
+  std::string speculative_method;     // "" = off, "ngram"
+  int32_t num_speculative_tokens = 0;
 };
 
 class Engine {

@@ -33,6 +33,8 @@ struct RequestState {
   bool device_sampling = false;           // the backend's sample op can serve these params
   int32_t num_cached_prompt_tokens = -1;  // set at first admission
   int32_t prompt_logprobs_next = 1;       // the first prompt position whose logprob is still to come
+  std::vector<int32_t> stop_ids;          // what ends the request (stop ids, EOS unless ignored)
+  bool is_stop(int32_t token) const { return std::find(stop_ids.begin(), stop_ids.end(), token) != stop_ids.end(); }
 };
 
 // What the on-device sample op implements; everything else goes to the host Sampler.
@@ -71,8 +73,12 @@ class EngineImpl final : public Engine {
     ctx_ = ops::OpContext{&kernels_, &stats_, rt_->device(), config.batch_invariant};
     const int max_tokens = config.max_num_batched_tokens, max_seqs = config.max_num_seqs;
     max_blocks_per_seq_ = (summary_.max_model_len + summary_.block_size - 1) / summary_.block_size;
-    ws_ = model_->make_workspace(max_tokens, max_seqs);
-    step_ = std::make_unique<StepBuffers>(rt_, max_tokens, max_seqs, max_blocks_per_seq_);
+    speculate_ = config.speculative_method == "ngram" && config.ngram.num_speculative_tokens > 0;
+    // Logits rows: one per sequence, 1 + the draft length per speculating one (within the budget).
+    const int max_rows =
+        speculate_ ? std::min(max_tokens, max_seqs * (1 + config.ngram.num_speculative_tokens)) : max_seqs;
+    ws_ = model_->make_workspace(max_tokens, std::max(max_seqs, max_rows));
+    step_ = std::make_unique<StepBuffers>(rt_, max_tokens, max_seqs, max_rows, max_blocks_per_seq_);
   }
 
   Result<RequestId> submit(GenerationRequest request) override {
@@ -105,6 +111,7 @@ class EngineImpl final : public Engine {
     RequestState state;
     state.prompt = std::move(request.prompt_token_ids);
     state.sampling = request.sampling;
+    state.stop_ids = stop_ids;
     state.sampler = std::make_unique<Sampler>(request.sampling, std::move(stop_ids));
     state.device_sampling = rt_->device() != Device::kCpu && device_samplable(request.sampling);
     state.device_seed = request.sampling.seed >= 0 ? uint64_t(request.sampling.seed) : seed_source_();
@@ -166,7 +173,8 @@ class EngineImpl final : public Engine {
       const auto& s = plan.scheduled[size_t(i)];
       first_row[size_t(i)] = sb.num_tokens();
       sb.add_sequence(s.token_ids, s.end_pos - int32_t(s.token_ids.size()), s.block_table, block_size());
-      if (s.samples) batch.logits_rows.push_back(sb.num_tokens() - 1);
+      if (s.samples)
+        for (int32_t j = s.num_spec_tokens; j >= 0; --j) batch.logits_rows.push_back(sb.num_tokens() - 1 - j);
       auto it = requests_.find(s.request_id);
       if (it != requests_.end() && s.is_new_admission && it->second.num_cached_prompt_tokens < 0)
         it->second.num_cached_prompt_tokens = s.num_prefix_hit_tokens;
@@ -206,57 +214,79 @@ class EngineImpl final : public Engine {
     }
 
     // Sampling: rows the backend's sample op can serve are sampled where the logits are; the
-    // rest (penalties, top-k/p, min-p) download their logits for the host Sampler.
+    // rest (penalties, top-k/p, min-p) download their logits for the host Sampler. A request
+    // verifying k drafts has k + 1 rows, row j sampled as output token output.size() + j.
     const int64_t vocab = summary_.vocab_size;
     const int rows = int(batch.logits_rows.size());
-    std::vector<const RequestState*> row_state;
-    for (const auto& s : plan.scheduled) {
-      if (!s.samples) continue;
-      auto it = requests_.find(s.request_id);
-      row_state.push_back(it == requests_.end() ? nullptr : &it->second);
-    }
     bool any_device = false, all_device = true;
-    for (const RequestState* r : row_state) {
-      const bool d = r && r->device_sampling;
-      any_device = any_device || d;
-      all_device = all_device && (d || !r);
-    }
-    if (any_device) {
-      std::vector<ops::SampleRowParams> params(static_cast<size_t>(rows));
-      for (size_t i = 0; i < row_state.size(); ++i) {
-        const RequestState* r = row_state[i];
-        if (!r || !r->device_sampling) continue;
-        params[i].temperature = r->sampling.temperature;
-        params[i].top_n = std::max(0, r->sampling.logprobs);
-        params[i].seed = r->device_seed;
-        params[i].step = uint64_t(r->output.size());
+    std::vector<ops::SampleRowParams> params(static_cast<size_t>(rows));
+    {
+      size_t row = 0;
+      for (const auto& s : plan.scheduled) {
+        if (!s.samples) continue;
+        auto it = requests_.find(s.request_id);
+        const RequestState* r = it == requests_.end() ? nullptr : &it->second;
+        const bool d = r && r->device_sampling;
+        any_device = any_device || d;
+        all_device = all_device && (d || !r);
+        for (int32_t j = 0; j <= s.num_spec_tokens; ++j, ++row) {
+          if (!d) continue;
+          params[row].temperature = r->sampling.temperature;
+          params[row].top_n = std::max(0, r->sampling.logprobs);
+          params[row].seed = r->device_seed;
+          params[row].step = uint64_t(r->output.size()) + uint64_t(j);
+        }
       }
-      sb.sample(ctx_, ws_->logits_view(rows, vocab), params);
     }
+    if (any_device) sb.sample(ctx_, ws_->logits_view(rows, vocab), params);
     rt_->synchronize();
     stats.forward_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - tf).count();
     stats.sampled_on_device = any_device && all_device;
 
     std::vector<SampledTokens> sampled;
-    std::map<RequestId, SampleResult> results;
+    std::map<RequestId, std::vector<SampleResult>> results;
     std::vector<float> host_logits;
     size_t row = 0;
     for (const auto& s : plan.scheduled) {
       if (!s.samples) continue;
-      const size_t this_row = row++;
+      const size_t first = row;
+      row += size_t(s.num_spec_tokens) + 1;
       auto it = requests_.find(s.request_id);
       if (it == requests_.end()) continue;  // aborted while in flight
       RequestState& r = it->second;
-      SampleResult res;
-      if (r.device_sampling) {
-        res = sb.sampled(int(this_row), r.sampling.logprobs);
-      } else {
-        host_logits.resize(size_t(vocab));
-        rt_->download(host_logits.data(), ws_->logits.as<float>() + this_row * size_t(vocab), size_t(vocab) * 4);
-        res = r.sampler->sample(host_logits.data(), vocab, r.prompt, r.output);
+      // Drafts are kept while the model's sample at the position before agrees with them; the
+      // first disagreeing sample is kept too. Sampling stops there, so the host sampler's
+      // generator and a constraint's state advance exactly as without drafts.
+      const int32_t k = s.num_spec_tokens;
+      const int32_t* draft = s.token_ids.data() + (s.token_ids.size() - size_t(k));
+      std::vector<int32_t> tokens;
+      std::vector<SampleResult>& res_list = results[s.request_id];
+      std::vector<int32_t> grown;  // the output with the accepted drafts (host penalties)
+      if (k > 0 && !r.device_sampling) grown = r.output;
+      for (int32_t j = 0; j <= k; ++j) {
+        SampleResult res;
+        if (r.device_sampling) {
+          res = sb.sampled(int(first) + j, r.sampling.logprobs);
+        } else {
+          host_logits.resize(size_t(vocab));
+          rt_->download(host_logits.data(), ws_->logits.as<float>() + (first + size_t(j)) * size_t(vocab),
+                        size_t(vocab) * 4);
+          res = r.sampler->sample(host_logits.data(), vocab, r.prompt, k > 0 ? grown : r.output);
+        }
+        tokens.push_back(res.token);
+        res_list.push_back(std::move(res));
+        if (j == k || tokens.back() != draft[j] || r.is_stop(tokens.back())) break;
+        if (!r.device_sampling) grown.push_back(tokens.back());
       }
-      sampled.push_back(SampledTokens{s.request_id, {res.token}, false});
-      results[s.request_id] = std::move(res);
+      if (k > 0) {
+        const int32_t accepted = int32_t(tokens.size()) - 1;
+        ++stats.spec_num_drafts;
+        stats.spec_num_draft_tokens += k;
+        stats.spec_num_accepted_tokens += accepted;
+        if (int32_t(stats.spec_accepted_per_pos.size()) < k) stats.spec_accepted_per_pos.resize(size_t(k), 0);
+        for (int32_t p = 0; p < accepted; ++p) ++stats.spec_accepted_per_pos[size_t(p)];
+      }
+      sampled.push_back(SampledTokens{s.request_id, std::move(tokens), false});
     }
     std::map<RequestId, std::vector<PromptLogprob>> prompt_lps = prompt_logprobs(plan, first_row);
     auto outputs = scheduler_.update(plan, sampled);
@@ -273,20 +303,22 @@ class EngineImpl final : public Engine {
       }
       ev.num_prompt_tokens = int32_t(r.prompt.size());
       ev.num_cached_prompt_tokens = std::max(0, r.num_cached_prompt_tokens);
-      for (int32_t tok : out.new_token_ids) {
+      auto res = results.find(out.request_id);
+      for (size_t t = 0; t < out.new_token_ids.size(); ++t) {
+        const int32_t tok = out.new_token_ids[t];
         r.output.push_back(tok);
         TokenOutput to;
         to.token = tok;
-        auto res = results.find(out.request_id);
-        if (res != results.end() && res->second.token == tok) {
-          to.logprob = res->second.logprob;
-          to.top_logprobs = res->second.top;
+        if (res != results.end() && t < res->second.size() && res->second[t].token == tok) {
+          to.logprob = res->second[t].logprob;
+          to.top_logprobs = std::move(res->second[t].top);
         }
         ev.new_tokens.push_back(std::move(to));
       }
       ev.finished = out.finished;
       ev.finish_reason = out.finish_reason;
       if (out.finished) requests_.erase(it);
+      else if (speculate_ && !out.new_token_ids.empty()) propose(out.request_id, r);
       events.push_back(std::move(ev));
     }
     for (auto& [id, lps] : prompt_lps) {  // non-final prefill chunks: no token, an event all the same
@@ -306,6 +338,16 @@ class EngineImpl final : public Engine {
   }
 
   int block_size() const { return summary_.block_size; }
+
+  // The next step's draft for a request that just sampled (so it decodes): prompt lookup over
+  // its tokens, no longer than the output it may still produce after the verified token.
+  void propose(RequestId id, const RequestState& r) {
+    const int32_t room = r.sampling.max_tokens - int32_t(r.output.size()) - 1;
+    std::vector<int32_t> draft = propose_ngram(r.prompt, r.output, config_.ngram, room);
+    if (draft.empty()) return;
+    Status st = scheduler_.set_spec_tokens(id, std::move(draft));
+    if (!st.is_ok()) throw std::runtime_error("engine: " + st.message());
+  }
 
   // Prompt logprobs of the requests that asked for them: position p + 1's from the logits at row
   // p of this step's chunk (the final hidden states the forward left in the workspace), through
@@ -380,6 +422,7 @@ class EngineImpl final : public Engine {
   std::unique_ptr<ForwardWorkspace> ws_;
   std::unique_ptr<StepBuffers> step_;
   std::map<int, Graph> graphs_;  // batch bucket -> captured decode step
+  bool speculate_ = false;       // ngram drafts are proposed after each sampled token
   std::mt19937_64 seed_source_{config_.seed ? *config_.seed : std::random_device{}()};
 };
 
@@ -484,6 +527,15 @@ Result<std::unique_ptr<Engine>> Engine::create(const EngineConfig& config) {
   summary.index_cache_dtype = index_dtype_name;
   summary.scheduling_policy = config.scheduling_policy;
   summary.enable_prefix_caching = config.enable_prefix_caching;
+  if (config.speculative_method != "" && config.speculative_method != "ngram")
+    return Status::error("speculative method must be ngram (prompt lookup), got '" + config.speculative_method +
+                         "': draft models (eagle, eagle3, mtp, draft_model) are not supported");
+  if (!config.speculative_method.empty()) {
+    Status st = config.ngram.validate();
+    if (!st.is_ok()) return Status::error("speculative config: " + st.message());
+    summary.speculative_method = config.speculative_method;
+    summary.num_speculative_tokens = config.ngram.num_speculative_tokens;
+  }
   if (config.max_num_batched_tokens < 1 || config.max_num_seqs < 1)
     return Status::error("max_num_batched_tokens and max_num_seqs must be >= 1");
   try {

@@ -7,9 +7,13 @@
 
 namespace m3 {
 
-StepBuffers::StepBuffers(ops::BackendRuntime* rt, int max_tokens, int max_seqs, int max_blocks_per_seq)
-    : rt_(rt), max_tokens_(max_tokens), max_seqs_(max_seqs), max_blocks_(std::max(1, max_blocks_per_seq)) {
-  const size_t T = size_t(max_tokens), S = size_t(max_seqs), K = size_t(ops::kMaxTopLogprobs);
+StepBuffers::StepBuffers(ops::BackendRuntime* rt, int max_tokens, int max_seqs, int max_rows, int max_blocks_per_seq)
+    : rt_(rt),
+      max_tokens_(max_tokens),
+      max_seqs_(max_seqs),
+      max_rows_(std::max(max_seqs, max_rows)),
+      max_blocks_(std::max(1, max_blocks_per_seq)) {
+  const size_t T = size_t(max_tokens), S = size_t(max_seqs), R = size_t(max_rows_), K = size_t(ops::kMaxTopLogprobs);
   auto pair = [rt](ops::HostStaging& h, ops::DeviceBuffer& d, size_t bytes) {
     h = ops::HostStaging(rt, bytes);
     d = ops::DeviceBuffer(rt, bytes);
@@ -20,12 +24,12 @@ StepBuffers::StepBuffers(ops::BackendRuntime* rt, int max_tokens, int max_seqs, 
   pair(h_query_start_, d_query_start_, (S + 1) * 4);
   pair(h_seq_lens_, d_seq_lens_, S * 4);
   pair(h_tables_, d_tables_, S * size_t(max_blocks_) * 4);
-  pair(h_logits_rows_, d_logits_rows_, S * 4);
-  pair(h_params_, d_params_, S * sizeof(ops::SampleRowParams));
-  pair(h_out_tokens_, d_out_tokens_, S * 4);
-  pair(h_out_logprobs_, d_out_logprobs_, S * 4);
-  pair(h_top_ids_, d_top_ids_, S * K * 4);
-  pair(h_top_logprobs_, d_top_logprobs_, S * K * 4);
+  pair(h_logits_rows_, d_logits_rows_, R * 4);
+  pair(h_params_, d_params_, R * sizeof(ops::SampleRowParams));
+  pair(h_out_tokens_, d_out_tokens_, R * 4);
+  pair(h_out_logprobs_, d_out_logprobs_, R * 4);
+  pair(h_top_ids_, d_top_ids_, R * K * 4);
+  pair(h_top_logprobs_, d_top_logprobs_, R * K * 4);
 }
 
 void StepBuffers::begin() {
@@ -72,7 +76,7 @@ void StepBuffers::add_padding_sequence() {
 }
 
 void StepBuffers::set_logits_rows(const std::vector<int32_t>& rows) {
-  if (int(rows.size()) > max_seqs_) throw std::runtime_error("more logits rows than max_num_seqs");
+  if (int(rows.size()) > max_rows_) throw std::runtime_error("more logits rows than the step buffers hold");
   std::copy(rows.begin(), rows.end(), h_logits_rows_.as<int32_t>());
   num_rows_ = int(rows.size());
 }
@@ -111,7 +115,7 @@ ops::AttentionMetadata StepBuffers::metadata(int block_size) const {
 void StepBuffers::sample(const ops::OpContext& ctx, const TensorView& logits,
                          const std::vector<ops::SampleRowParams>& params) {
   const int64_t rows = logits.shape[0];
-  if (rows > max_seqs_ || int64_t(params.size()) != rows) throw std::runtime_error("sample: rows do not match params");
+  if (rows > max_rows_ || int64_t(params.size()) != rows) throw std::runtime_error("sample: rows do not match params");
   std::memcpy(h_params_.as<void>(), params.data(), params.size() * sizeof(ops::SampleRowParams));
   rt_->upload(d_params_.data(), h_params_.as<void>(), params.size() * sizeof(ops::SampleRowParams));
   const Device dev = rt_->device();

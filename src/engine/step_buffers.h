@@ -15,7 +15,8 @@ namespace m3 {
 
 class StepBuffers {
  public:
-  StepBuffers(ops::BackendRuntime* rt, int max_tokens, int max_seqs, int max_blocks_per_seq);
+  // max_rows: logits rows one step samples (max_seqs, times 1 + the draft length when speculating).
+  StepBuffers(ops::BackendRuntime* rt, int max_tokens, int max_seqs, int max_rows, int max_blocks_per_seq);
 
   void begin();
   // One sequence's new tokens at absolute positions start_pos.., through its page table.
@@ -30,7 +31,7 @@ class StepBuffers {
   // Replaces the logits rows after the step's forward and sampling have completed (the runtime
   // synchronized): rows for another LM-head pass (prompt logprobs). Returns them in runtime memory.
   const int32_t* upload_rows(const std::vector<int32_t>& rows);
-  int max_rows() const { return max_seqs_; }
+  int max_rows() const { return max_rows_; }
 
   const int32_t* device_tokens() const { return d_tokens_.as<int32_t>(); }
   const int32_t* device_logits_rows() const { return d_logits_rows_.as<int32_t>(); }
@@ -43,7 +44,7 @@ class StepBuffers {
 
  private:
   ops::BackendRuntime* rt_;
-  int max_tokens_, max_seqs_, max_blocks_;
+  int max_tokens_, max_seqs_, max_rows_, max_blocks_;
   int num_tokens_ = 0, num_seqs_ = 0, num_rows_ = 0;
   ops::HostStaging h_tokens_, h_positions_, h_slots_, h_query_start_, h_seq_lens_, h_tables_, h_logits_rows_;
   ops::DeviceBuffer d_tokens_, d_positions_, d_slots_, d_query_start_, d_seq_lens_, d_tables_, d_logits_rows_;

@@ -69,9 +69,16 @@ class Request {
   // Appends one generated token; returns the reason it finishes the request, or kNone.
   FinishReason append_output_token(TokenId token);
 
+  // Speculative draft for the tokens after the last known one (the engine's proposer), used
+  // by the next schedule() only; output tokens the request may still produce cap what is used.
+  const std::vector<TokenId>& spec_token_ids() const { return spec_token_ids_; }
+  void set_spec_token_ids(std::vector<TokenId> ids) { spec_token_ids_ = std::move(ids); }
+  void clear_spec_token_ids() { spec_token_ids_.clear(); }
+
  private:
   RequestSpec spec_;
   std::vector<TokenId> token_ids_;
+  std::vector<TokenId> spec_token_ids_;
   RequestState state_ = RequestState::kWaiting;
   FinishReason finish_reason_ = FinishReason::kNone;
   int32_t num_computed_tokens_ = 0;

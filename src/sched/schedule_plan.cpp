@@ -45,7 +45,8 @@ std::vector<int32_t> SchedulePlan::sample_token_indices() const {
   int32_t offset = 0;
   for (const ScheduledRequest& r : scheduled) {
     offset += r.num_scheduled_tokens();
-    if (r.samples) out.push_back(offset - 1);
+    if (r.samples)
+      for (int32_t j = r.num_spec_tokens; j >= 0; --j) out.push_back(offset - 1 - j);
   }
   return out;
 }

@@ -16,9 +16,13 @@ struct ScheduledRequest {
   int32_t start_pos = 0;
   int32_t end_pos = 0;
   std::vector<TokenId> token_ids;  // the input tokens at [start_pos, end_pos)
-  // True when end_pos reaches the end of the known tokens: sample one token from the
-  // logits at position end_pos - 1. False for a non-final prefill chunk.
+  // True when end_pos reaches the end of the known tokens (drafts included): sample one token
+  // from the logits at position end_pos - 1. False for a non-final prefill chunk.
   bool samples = false;
+  // Speculative decoding: the last num_spec_tokens of token_ids are draft tokens after the last
+  // known one. The runner samples at each of the num_spec_tokens + 1 last positions and keeps
+  // the drafts up to the first one its sample disagrees with, plus that sample.
+  int32_t num_spec_tokens = 0;
   // First step since (re)admission: drop any per-request state kept from before.
   bool is_new_admission = false;
   int32_t num_prefix_hit_tokens = 0;  // tokens reused from the prefix cache at admission
@@ -45,6 +49,7 @@ struct StepStats {
   int32_t prefix_query_tokens = 0;  // this step's admissions
   int32_t prefix_hit_tokens = 0;
   int32_t num_deferred_for_prefix = 0;  // waiting requests held back for a prefix a running one computes
+  int32_t num_spec_tokens = 0;          // draft tokens scheduled for verification (in num_decode_tokens)
 };
 
 struct SchedulePlan {
@@ -63,7 +68,8 @@ struct SchedulePlan {
   std::vector<int64_t> slot_mapping() const;
   std::vector<int32_t> query_start_offsets() const;  // size scheduled.size() + 1
   std::vector<int32_t> seq_lens() const;  // end_pos per request: keys attention may read
-  // Flat indices (into positions()) of the tokens whose logits are sampled, in batch order.
+  // Flat indices (into positions()) of the tokens whose logits are sampled, in batch order
+  // (num_spec_tokens + 1 per speculating request).
   std::vector<int32_t> sample_token_indices() const;
 };
 

@@ -66,20 +66,34 @@ Status Scheduler::submit(RequestSpec spec) {
 }
 
 void Scheduler::add_entry(const Request& request, int32_t num_new_tokens, bool is_new_admission,
-                          int32_t num_prefix_hit_tokens, SchedulePlan* plan) const {
+                          int32_t num_prefix_hit_tokens, SchedulePlan* plan, int32_t num_spec) const {
   ScheduledRequest e;
   e.request_id = request.id();
   e.start_pos = request.num_computed_tokens();
-  e.end_pos = e.start_pos + num_new_tokens;
+  e.end_pos = e.start_pos + num_new_tokens + num_spec;
   e.token_ids.assign(request.token_ids().begin() + e.start_pos,
-                     request.token_ids().begin() + e.end_pos);
-  e.samples = e.end_pos == request.num_tokens();
+                     request.token_ids().begin() + e.start_pos + num_new_tokens);
+  e.token_ids.insert(e.token_ids.end(), request.spec_token_ids().begin(),
+                     request.spec_token_ids().begin() + num_spec);
+  e.samples = e.start_pos + num_new_tokens == request.num_tokens();
+  e.num_spec_tokens = num_spec;
   e.is_new_admission = is_new_admission;
   e.num_prefix_hit_tokens = num_prefix_hit_tokens;
   e.block_table = kv_.block_table(request.id()).block_ids();
   const bool is_decode = num_new_tokens == 1 && e.samples && e.start_pos >= request.num_prompt_tokens();
-  (is_decode ? plan->stats.num_decode_tokens : plan->stats.num_prefill_tokens) += num_new_tokens;
+  (is_decode ? plan->stats.num_decode_tokens : plan->stats.num_prefill_tokens) += num_new_tokens + num_spec;
+  plan->stats.num_spec_tokens += num_spec;
   plan->scheduled.push_back(std::move(e));
+}
+
+int32_t Scheduler::usable_spec_tokens(const Request& r, int32_t budget) const {
+  if (r.spec_token_ids().empty() || r.num_tokens() - r.num_computed_tokens() != 1 ||
+      r.num_computed_tokens() < r.num_prompt_tokens())
+    return 0;
+  // Verifying k drafts yields up to k + 1 tokens: never more than max_tokens allows, which also
+  // keeps every draft position inside the blocks submit() checked the pool for.
+  const int32_t room = r.max_tokens() - r.num_output_tokens() - 1;
+  return std::max(0, std::min({int32_t(r.spec_token_ids().size()), chunk_limit(budget) - 1, room}));
 }
 
 namespace {
@@ -98,6 +112,7 @@ void Scheduler::insert_by_priority(Queue& queue, Request* request) {
 
 void Scheduler::preempt(Request* request, SchedulePlan* plan) {
   kv_.free(request->id());
+  request->clear_spec_token_ids();
   request->set_num_computed_tokens(0);
   request->transition(RequestState::kPreempted);
   request->count_preemption();
@@ -115,6 +130,16 @@ void Scheduler::schedule_running(SchedulePlan* plan, int32_t* budget) {
     M3_CHECK(remaining > 0, "running request %llu has nothing to compute",
              static_cast<unsigned long long>(r->id()));
     const int32_t num_new = std::min(remaining, chunk_limit(*budget));
+    // Drafts only take free blocks: a request is never preempted to verify guesses.
+    int32_t num_spec = usable_spec_tokens(*r, *budget);
+    if (num_spec > 0 && !kv_.allocate_slots(r->id(), r->num_computed_tokens(), num_new + num_spec)) num_spec = 0;
+    r->clear_spec_token_ids();
+    if (num_spec > 0) {
+      add_entry(*r, num_new, /*is_new_admission=*/false, 0, plan, num_spec);
+      *budget -= num_new + num_spec;
+      ++i;
+      continue;
+    }
     bool self_preempted = false;
     while (!kv_.allocate_slots(r->id(), r->num_computed_tokens(), num_new)) {
       // Requests after i are unscheduled this step, so taking the newest (priority: the
@@ -191,6 +216,7 @@ SchedulePlan Scheduler::schedule() {
 
   int32_t budget = config_.max_num_batched_tokens;
   schedule_running(&plan, &budget);
+  for (Request* r : running_) r->clear_spec_token_ids();  // those the budget left unscheduled
   // After a preemption the pool is known to be short: admitting now would only thrash.
   if (plan.preempted.empty()) admit_waiting(&plan, &budget);
 
@@ -244,6 +270,15 @@ Result<std::vector<RequestOutput>> Scheduler::update(const SchedulePlan& plan,
     if (!samples.emplace(s.request_id, &s).second) {
       return Status::error("update: request " + std::to_string(s.request_id) + " sampled twice");
     }
+    // Every token but the last must be an accepted draft: their KV is what this step computed.
+    const ScheduledRequest& e = *it->second;
+    const size_t first_draft = e.token_ids.size() - size_t(e.num_spec_tokens);
+    if (s.token_ids.size() > size_t(e.num_spec_tokens) + 1 ||
+        !std::equal(s.token_ids.begin(), s.token_ids.end() - 1, e.token_ids.begin() + std::ptrdiff_t(first_draft))) {
+      return Status::error("update: request " + std::to_string(s.request_id) + " returned " +
+                           std::to_string(s.token_ids.size()) + " tokens that are not its accepted drafts (" +
+                           std::to_string(e.num_spec_tokens) + " drafted) and one sample");
+    }
   }
   for (const ScheduledRequest& e : plan.scheduled) {
     auto it = requests_.find(e.request_id);
@@ -262,10 +297,15 @@ Result<std::vector<RequestOutput>> Scheduler::update(const SchedulePlan& plan,
     if (it == requests_.end() || it->second->state() != RequestState::kRunning) continue;
     Request* r = it->second.get();
     M3_CHECK(r->num_computed_tokens() == e.start_pos, "plan and request disagree on progress");
-    r->set_num_computed_tokens(e.end_pos);
-    kv_.mark_computed(r->id(), r->token_ids(), e.end_pos);
-    if (!e.samples) continue;
+    if (!e.samples) {
+      r->set_num_computed_tokens(e.end_pos);
+      kv_.mark_computed(r->id(), r->token_ids(), e.end_pos);
+      continue;
+    }
     const SampledTokens& s = *samples.at(e.request_id);
+    // The KV of rejected drafts is dead: computed stops after the last accepted one (later
+    // steps overwrite those slots), and only blocks of real tokens are published.
+    const int32_t computed = e.end_pos - e.num_spec_tokens + int32_t(s.token_ids.size()) - 1;
     RequestOutput out;
     out.request_id = r->id();
     for (TokenId t : s.token_ids) {
@@ -273,12 +313,22 @@ Result<std::vector<RequestOutput>> Scheduler::update(const SchedulePlan& plan,
       out.finish_reason = r->append_output_token(t);
       if (out.finish_reason != FinishReason::kNone) break;
     }
+    r->set_num_computed_tokens(std::min(computed, r->num_tokens() - 1));
+    kv_.mark_computed(r->id(), r->token_ids(), r->num_computed_tokens());
     if (out.finish_reason == FinishReason::kNone && s.stop) out.finish_reason = FinishReason::kCallerStop;
     out.finished = out.finish_reason != FinishReason::kNone;
     if (out.finished) finish(r, out.finish_reason);
     outputs.push_back(std::move(out));
   }
   return outputs;
+}
+
+Status Scheduler::set_spec_tokens(RequestId request_id, std::vector<TokenId> draft) {
+  auto it = requests_.find(request_id);
+  if (it == requests_.end() || it->second->state() != RequestState::kRunning)
+    return Status::error("set_spec_tokens: request " + std::to_string(request_id) + " is not running");
+  it->second->set_spec_token_ids(std::move(draft));
+  return Status::ok();
 }
 
 Status Scheduler::abort(RequestId request_id) {

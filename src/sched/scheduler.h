@@ -12,7 +12,8 @@
 //
 // Policy, in order, each step:
 //  1. Running requests, oldest admission first, each get min(remaining, budget,
-//     max_chunk_tokens) tokens.
+//     max_chunk_tokens) tokens; a decoding request with draft tokens (set_spec_tokens) gets
+//     them too when budget and free blocks allow.
 //     If the pool cannot hold them, the newest-admitted running request is preempted
 //     (blocks freed, num_computed reset to 0, queued at the front of waiting) until it
 //     fits; when the request itself is the newest, it is the one preempted.
@@ -58,7 +59,9 @@ struct SchedulerConfig {
 // What the runner sampled for one scheduled request with samples == true.
 struct SampledTokens {
   RequestId request_id = 0;
-  std::vector<TokenId> token_ids;  // usually one; tokens after a finishing one are dropped
+  // One token; with drafts, the accepted drafts (a prefix of them) and then one sampled token,
+  // at most num_spec_tokens + 1. Tokens after a finishing one are dropped.
+  std::vector<TokenId> token_ids;
   bool stop = false;               // the caller finishes it (e.g. a stop string matched)
 };
 
@@ -87,6 +90,12 @@ class Scheduler {
   // Finishes a live request now and frees its blocks; error if unknown.
   Status abort(RequestId request_id);
 
+  // Speculative decoding: draft tokens to verify after the request's last token in the next
+  // schedule() (only there; a later plan needs new ones). Used only while the request decodes,
+  // trimmed to the budget and to the tokens it may still produce, and dropped rather than
+  // preempting anyone when the pool cannot hold them. Error unless the request is running.
+  Status set_spec_tokens(RequestId request_id, std::vector<TokenId> draft);
+
   bool has_unfinished_requests() const { return !requests_.empty(); }
   int32_t num_running() const { return static_cast<int32_t>(running_.size()); }
   int32_t num_waiting() const { return static_cast<int32_t>(waiting_.size()); }
@@ -105,7 +114,9 @@ class Scheduler {
   void admit_waiting(SchedulePlan* plan, int32_t* budget);
   void preempt(Request* request, SchedulePlan* plan);
   void add_entry(const Request& request, int32_t num_new_tokens, bool is_new_admission,
-                 int32_t num_prefix_hit_tokens, SchedulePlan* plan) const;
+                 int32_t num_prefix_hit_tokens, SchedulePlan* plan, int32_t num_spec = 0) const;
+  // Drafts of a decoding request that fit `budget` and its remaining output; 0 if none.
+  int32_t usable_spec_tokens(const Request& request, int32_t budget) const;
   void finish(Request* request, FinishReason reason);
   // Priority policy: `request` goes into `queue` before the first request it outranks.
   template <typename Queue>

@@ -214,7 +214,10 @@ void AsyncEngine::run() {
       continue;
     }
     metrics_.observe_step(stats);
-    if (auto line = stats_logger_.observe_step(stats, std::chrono::steady_clock::now())) M3_LOG_INFO(*line);
+    if (auto line = stats_logger_.observe_step(stats, std::chrono::steady_clock::now())) {
+      M3_LOG_INFO(*line);
+      if (auto spec = stats_logger_.take_spec_line()) M3_LOG_INFO(*spec);
+    }
     need_refresh = false;
     if (!engine_->has_unfinished_requests()) {
       metrics_.observe_idle();

@@ -24,6 +24,7 @@
 #include "core/log.h"
 #include "server/async_engine.h"
 #include "server/routes.h"
+#include "server/speculative_config.h"
 
 #ifndef M3_DEFAULT_MODEL_DIR
 #define M3_DEFAULT_MODEL_DIR "models/m3-small"
@@ -54,6 +55,7 @@ struct ServeOptions {
   int http_threads = 1100;
   double log_stats_interval_s = 10.0;
   bool disable_log_stats = false;
+  std::string speculative_config;
 };
 
 // vLLM's flags that have one meaning here are accepted (the M3 parsers always run, the weights
@@ -115,6 +117,8 @@ void serve(ServeOptions& o, const EngineFactory& factory) {
                                    std::tuple{"--allowed-headers", &o.allowed_headers, &cors.headers}})
     if (auto err = parse_cors_list(flag, *value, *list)) throw std::runtime_error(*err);
   cors.credentials = o.allow_credentials;
+  if (!o.speculative_config.empty())
+    if (auto err = parse_speculative_config(o.speculative_config, o.engine)) throw std::runtime_error(*err);
 
   o.engine.model_dir = o.model_dir;
   o.engine.on_load_progress = progress_bar();
@@ -139,6 +143,11 @@ void serve(ServeOptions& o, const EngineFactory& factory) {
               std::to_string(summary.block_size) + " tokens (KV " + summary.kv_cache_dtype + ", index keys " +
               summary.index_cache_dtype + "), on " + summary.device + " (" +
               std::to_string(summary.weight_bytes >> 20) + " MiB of weights)");
+  if (!summary.speculative_method.empty())
+    M3_LOG_INFO("speculative decoding: " + summary.speculative_method + ", " +
+                std::to_string(o.engine.ngram.num_speculative_tokens) + " draft tokens, prompt lookup " +
+                std::to_string(o.engine.ngram.prompt_lookup_min) + ".." + std::to_string(o.engine.ngram.prompt_lookup_max) +
+                " tokens");
   if ((*tokenizer)->vocab_size() > summary.vocab_size)
     M3_LOG_WARN("the tokenizer has " + std::to_string((*tokenizer)->vocab_size()) + " ids but the model only " +
                 std::to_string(summary.vocab_size));
@@ -238,6 +247,10 @@ void register_serve_command(CLI::App& app, EngineFactory factory) {
   cmd->add_option("--seed", o->engine.seed,
                   "seed of the engine's sampling: requests without a seed become reproducible run to run "
                   "(default: unseeded)");
+  cmd->add_option("--speculative-config", o->speculative_config,
+                  "speculative decoding as vLLM's JSON: {\"method\": \"ngram\", \"num_speculative_tokens\": K, "
+                  "\"prompt_lookup_max\": 4, \"prompt_lookup_min\": 2}: drafts from the request's own tokens, "
+                  "verified in one step; the output is unchanged");
   cmd->add_flag("--enable-chunked-prefill", o->compat_flag, "vLLM compatibility: prefills are always chunked");
   cmd->add_flag("--enable-server-load-tracking", o->compat_flag, "vLLM compatibility: GET /load always answers");
   cmd->add_option("--scheduling-policy", o->engine.scheduling_policy,

@@ -89,6 +89,12 @@ void Metrics::observe_step(const EngineStepStats& stats) {
   preemptions_ += s.num_preemptions;
   const int32_t tokens = s.num_prefill_tokens + s.num_decode_tokens;
   if (tokens > 0) iteration_tokens_.observe(tokens);
+  spec_drafts_ += stats.spec_num_drafts;
+  spec_draft_tokens_ += stats.spec_num_draft_tokens;
+  spec_accepted_ += stats.spec_num_accepted_tokens;
+  if (spec_accepted_per_pos_.size() < stats.spec_accepted_per_pos.size())
+    spec_accepted_per_pos_.resize(stats.spec_accepted_per_pos.size(), 0);
+  for (size_t p = 0; p < stats.spec_accepted_per_pos.size(); ++p) spec_accepted_per_pos_[p] += stats.spec_accepted_per_pos[p];
   ++num_steps_;
 }
 
@@ -135,6 +141,9 @@ void Metrics::set_cache_info(const ModelSummary& summary) {
                        std::to_string(summary.num_kv_blocks) + "\",cache_dtype=\"" + summary.kv_cache_dtype +
                        "\",index_cache_dtype=\"" + summary.index_cache_dtype + "\",enable_prefix_caching=\"" +
                        (summary.enable_prefix_caching ? "True" : "False") + "\"";
+  speculative_ = !summary.speculative_method.empty();
+  if (speculative_ && spec_accepted_per_pos_.size() < size_t(summary.num_speculative_tokens))
+    spec_accepted_per_pos_.resize(size_t(summary.num_speculative_tokens), 0);
 }
 
 void Metrics::count_refused() {
@@ -199,6 +208,15 @@ std::string Metrics::render() const {
   histogram("vllm:request_generation_tokens", "Generated tokens per finished request.", request_generation_tokens_);
   histogram("vllm:request_params_max_tokens", "max_tokens of finished requests.", request_max_tokens_);
   histogram("vllm:iteration_tokens_total", "Tokens (prefill + decode) per engine step.", iteration_tokens_);
+  if (speculative_) {
+    counter("vllm:spec_decode_num_drafts_total", "Requests' drafts verified.", double(spec_drafts_));
+    counter("vllm:spec_decode_num_draft_tokens_total", "Draft tokens verified.", double(spec_draft_tokens_));
+    counter("vllm:spec_decode_num_accepted_tokens_total", "Draft tokens accepted.", double(spec_accepted_));
+    header(out, "vllm:spec_decode_num_accepted_tokens_per_pos_total", "counter", "Draft tokens accepted, by position in the draft.");
+    for (size_t p = 0; p < spec_accepted_per_pos_.size(); ++p)
+      sample(out, "vllm:spec_decode_num_accepted_tokens_per_pos_total", labels_ + ",position=\"" + std::to_string(p) + "\"",
+             double(spec_accepted_per_pos_[p]));
+  }
   if (!cache_info_labels_.empty()) {
     header(out, "vllm:cache_config_info", "gauge", "KV cache configuration (labels).");
     sample(out, "vllm:cache_config_info", labels_ + cache_info_labels_, 1.0);

@@ -45,23 +45,29 @@ ChoiceAssembler::ChoiceAssembler(const Tokenizer& tokenizer, ChoiceOptions optio
 
 ChoiceDelta ChoiceAssembler::push(const std::vector<TokenOutput>& tokens) {
   ChoiceDelta out;
-  if (finished_ || stop_matched_) return out;
-  std::string raw;
+  // One token at a time: several arrive together with speculative decoding, and nothing after
+  // a stop string (or a refused second tool call) may reach the text, the logprobs or the count.
   for (const auto& t : tokens) {
-    ++num_tokens_;
-    if (options_.return_token_ids) {
-      token_ids_.push_back(t.token);
-      out.token_ids.push_back(t.token);
-    }
-    if (options_.stop_token_ids.count(t.token)) continue;  // EOS / stop ids end the text, never appear in it
-    raw += decoder_.push(t.token);
-    if (num_tokens_ <= options_.min_tokens) protected_ = pending_.size() + raw.size();
-    if (options_.logprobs >= 0) {
-      LogprobEntry e{t.token, t.logprob, t.top_logprobs};
-      if (e.top.size() > size_t(options_.logprobs)) e.top.resize(size_t(options_.logprobs));
-      out.logprobs.push_back(e);
-      logprobs_.push_back(std::move(e));
-    }
+    if (finished_ || stop_matched_) break;
+    push_one(t, out);
+  }
+  return out;
+}
+
+void ChoiceAssembler::push_one(const TokenOutput& t, ChoiceDelta& out) {
+  ++num_tokens_;
+  if (options_.return_token_ids) {
+    token_ids_.push_back(t.token);
+    out.token_ids.push_back(t.token);
+  }
+  if (options_.stop_token_ids.count(t.token)) return;  // EOS / stop ids end the text, never appear in it
+  const std::string raw = decoder_.push(t.token);
+  if (num_tokens_ <= options_.min_tokens) protected_ = pending_.size() + raw.size();
+  if (options_.logprobs >= 0) {
+    LogprobEntry e{t.token, t.logprob, t.top_logprobs};
+    if (e.top.size() > size_t(options_.logprobs)) e.top.resize(size_t(options_.logprobs));
+    out.logprobs.push_back(e);
+    logprobs_.push_back(std::move(e));
   }
   pending_ += raw;
   const size_t match = find_stop();
@@ -71,7 +77,7 @@ ChoiceDelta ChoiceAssembler::push(const std::vector<TokenOutput>& tokens) {
     pending_.clear();
     protected_ = 0;
     route(std::move(keep), out, false);
-    return out;
+    return;
   }
   // Hold back what could still grow into a stop string.
   const size_t hold = max_stop_bytes_ > 0 ? max_stop_bytes_ - 1 : 0;
@@ -82,7 +88,6 @@ ChoiceDelta ChoiceAssembler::push(const std::vector<TokenOutput>& tokens) {
     protected_ -= std::min(protected_, release);
     route(std::move(head), out, false);
   }
-  return out;
 }
 
 size_t ChoiceAssembler::find_stop() const {

@@ -73,6 +73,7 @@ class ChoiceAssembler {
   const std::vector<int32_t>& token_ids() const { return token_ids_; }  // every token sampled (return_token_ids)
 
  private:
+  void push_one(const TokenOutput& token, ChoiceDelta& out);
   void route(std::string raw, ChoiceDelta& out, bool final);
   // Where the text ends at the first stop string match in pending_ that ends past its protected
   // bytes (before the string, or after it with include_stop_str), or npos.

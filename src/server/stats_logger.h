@@ -6,6 +6,8 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "m3serve/engine.h"
 
@@ -19,11 +21,17 @@ class StatsLogger {
   void add_generated(int64_t tokens) { generated_ += tokens; }
   // After each engine step: the line to log, when the interval has passed and anything happened.
   std::optional<std::string> observe_step(const EngineStepStats& stats, Clock::time_point now);
+  // With speculative decoding: vLLM's "SpecDecoding metrics" line over the interval the last
+  // line returned by observe_step covered (once; nullopt when no draft was verified).
+  std::optional<std::string> take_spec_line() { return std::exchange(spec_line_, std::nullopt); }
 
  private:
   double interval_s_;
   Clock::time_point last_;
   int64_t prompt_ = 0, generated_ = 0, queries_ = 0, hits_ = 0;
+  int64_t drafts_ = 0, draft_tokens_ = 0, accepted_ = 0;
+  std::vector<int64_t> accepted_per_pos_;
+  std::optional<std::string> spec_line_;
 };
 
 }  // namespace m3::server

@@ -845,6 +845,61 @@ class ServerTest(unittest.TestCase):
             self.assertIn("Avg prompt throughput:", open(server.log_path).read())  # the periodic stats line
         self.assertEqual(texts[0], texts[1])
 
+    def test_speculative_decoding(self):
+        # ngram drafts change how many steps a request takes, never its output: the same greedy text,
+        # token ids and logprobs as the plain server, stop strings honoured inside a multi-token step.
+        spec = json.dumps({"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1,
+                           "prompt_lookup_max": 3})
+        server = Server(api_key=None, extra=["--speculative-config", spec, "--log-stats-interval", "0.001"])
+        try:
+            phrase = [17, 250, 33, 98, 4, 61, 120]
+            prompt = (phrase + [9]) * 6 + phrase[:3]
+            for extra in ({}, {"stop": ["e"]}):
+                body = {"model": MODEL, "prompt": prompt, "max_tokens": 48, "temperature": 0, "logprobs": 2,
+                        "ignore_eos": True, "return_token_ids": True, **extra}
+                st_a, a = self.server.json("POST", "/v1/completions", body)
+                st_b, b = server.json("POST", "/v1/completions", body)
+                self.assertEqual((st_a, st_b), (200, 200), (a, b))
+                ca, cb = a["choices"][0], b["choices"][0]
+                self.assertEqual(ca["text"], cb["text"])
+                self.assertEqual(ca["token_ids"], cb["token_ids"])
+                self.assertEqual(ca["logprobs"]["token_logprobs"], cb["logprobs"]["token_logprobs"])
+                self.assertEqual((ca["finish_reason"], a["usage"]), (cb["finish_reason"], b["usage"]))
+            # Streamed: the chunks join to the same text.
+            body = {"model": MODEL, "prompt": prompt, "max_tokens": 32, "temperature": 0, "ignore_eos": True,
+                    "stream": True}
+            status, payload = server.request("POST", "/v1/completions", body)
+            self.assertEqual(status, 200)
+            chunks = [json.loads(part[6:]) for part in payload.decode().split("\n\n") if part.startswith("data: {")]
+            joined = "".join(c["choices"][0]["text"] for c in chunks if c["choices"])
+            self.assertEqual(joined, self.server.json("POST", "/v1/completions", dict(body, stream=False))[1]
+                             ["choices"][0]["text"])
+            name = 'vllm:spec_decode_num_draft_tokens_total{model_name="%s"}' % MODEL
+            deadline = time.time() + 5
+            while time.time() < deadline and server.metrics().get(name, 0) == 0:
+                time.sleep(0.05)
+            m = server.metrics()
+            drafted = m[name]
+            accepted = m['vllm:spec_decode_num_accepted_tokens_total{model_name="%s"}' % MODEL]
+            self.assertGreater(drafted, 0)
+            self.assertGreater(accepted, 0)
+            self.assertLessEqual(accepted, drafted)
+            self.assertIn('vllm:spec_decode_num_accepted_tokens_per_pos_total{model_name="%s",position="3"}' % MODEL, m)
+        finally:
+            server.stop()
+        with open(server.log_path) as f:
+            log = f.read()
+        self.assertIn("speculative decoding: ngram, 4 draft tokens", log)
+        self.assertIn("SpecDecoding metrics: Mean acceptance length:", log)
+        for value, needle in (('{"method": "eagle3", "model": "x", "num_speculative_tokens": 3}', "draft model"),
+                              ("{nope", "not JSON"),
+                              ('{"method": "ngram"}', "num_speculative_tokens is required"),
+                              ('{"method": "ngram", "num_speculative_tokens": 3, "lookahead": 2}', "unknown key")):
+            out = subprocess.run([ARGS.m3serve, "serve", ARGS.fixture, "--speculative-config", value],
+                                 capture_output=True, text=True, timeout=60)
+            self.assertNotEqual(out.returncode, 0, value)
+            self.assertIn(needle, out.stderr + out.stdout)
+
     def test_cors(self):
         def call(method, path, headers, body=None):
             conn = http.client.HTTPConnection("127.0.0.1", self.server.port, timeout=60)

@@ -27,6 +27,7 @@ class Rng {
 
 struct FuzzStats {
   int64_t steps = 0, finished = 0, aborted = 0, rejected = 0, preemptions = 0, hit_tokens = 0;
+  int64_t draft_tokens = 0, accepted_tokens = 0;
 };
 
 void fuzz_one(uint64_t seed, int32_t num_steps, FuzzStats* totals) {
@@ -44,6 +45,7 @@ void fuzz_one(uint64_t seed, int32_t num_steps, FuzzStats* totals) {
   sc.max_model_len = rng.uniform(8, 160);
   sc.max_chunk_tokens = rng.chance(30) ? rng.uniform(1, 16) : 0;
   const bool by_priority = rng.chance(40);
+  const bool speculate = rng.chance(50);  // drafts: the true continuation, corrupted at random
   sc.policy = by_priority ? SchedulingPolicy::kPriority : SchedulingPolicy::kFcfs;
   Result<Scheduler> created = Scheduler::create(sc, kc);
   ASSERT_TRUE(created.is_ok()) << created.status().message();
@@ -131,7 +133,14 @@ void fuzz_one(uint64_t seed, int32_t num_steps, FuzzStats* totals) {
     }
     for (RequestId id : plan.preempted) EXPECT_FALSE(ids.count(id));
 
+    for (const ScheduledRequest& r : plan.scheduled) {
+      if (r.num_spec_tokens == 0) continue;
+      EXPECT_TRUE(r.samples);
+      EXPECT_EQ(r.num_scheduled_tokens(), r.num_spec_tokens + 1);
+      totals->draft_tokens += r.num_spec_tokens;
+    }
     std::vector<SampledTokens> sampled = model.run(plan);
+    for (const SampledTokens& s : sampled) totals->accepted_tokens += int64_t(s.token_ids.size()) - 1;
     if (!draining && rng.chance(3)) abort_random();  // mid-step abort
     for (SampledTokens& s : sampled) {
       if (live.count(s.request_id) && rng.chance(1)) {
@@ -145,7 +154,18 @@ void fuzz_one(uint64_t seed, int32_t num_steps, FuzzStats* totals) {
       ASSERT_TRUE(live.count(o.request_id)) << "output for a dead request " << o.request_id;
       auto& dst = outputs[o.request_id];
       dst.insert(dst.end(), o.new_token_ids.begin(), o.new_token_ids.end());
-      if (!o.finished) continue;
+      if (!o.finished) {
+        if (speculate && !o.new_token_ids.empty() && rng.chance(70)) {
+          const std::vector<TokenId> ref = fake::reference_generate(live.at(o.request_id), kVocab);
+          std::vector<TokenId> draft;
+          for (int32_t n = rng.uniform(1, 6), j = 0; j < n; ++j) {
+            const size_t at = dst.size() + size_t(j);
+            draft.push_back(at < ref.size() && !rng.chance(20) ? ref[at] : rng.uniform(0, kVocab - 1));
+          }
+          EXPECT_TRUE(sched.set_spec_tokens(o.request_id, std::move(draft)).is_ok());
+        }
+        continue;
+      }
       const std::vector<TokenId> expected = fake::reference_generate(live.at(o.request_id), kVocab);
       if (o.finish_reason == FinishReason::kCallerStop) {
         ASSERT_LE(dst.size(), expected.size());
@@ -174,16 +194,20 @@ TEST(SchedulerFuzz, RandomWorkloadsKeepInvariantsAndOutputs) {
     if (::testing::Test::HasFatalFailure()) return;
   }
   std::printf("fuzz: %lld steps, %lld finished, %lld aborted, %lld rejected, %lld preemptions, "
-              "%lld prefix-hit tokens\n",
+              "%lld prefix-hit tokens, %lld draft tokens (%lld accepted)\n",
               static_cast<long long>(totals.steps), static_cast<long long>(totals.finished),
               static_cast<long long>(totals.aborted), static_cast<long long>(totals.rejected),
-              static_cast<long long>(totals.preemptions), static_cast<long long>(totals.hit_tokens));
+              static_cast<long long>(totals.preemptions), static_cast<long long>(totals.hit_tokens),
+              static_cast<long long>(totals.draft_tokens), static_cast<long long>(totals.accepted_tokens));
   // The workload must actually exercise the interesting paths.
   EXPECT_GT(totals.steps, 5000);
   EXPECT_GT(totals.finished, 500);
   EXPECT_GT(totals.preemptions, 20);
   EXPECT_GT(totals.hit_tokens, 500);
   EXPECT_GT(totals.aborted, 10);
+  EXPECT_GT(totals.draft_tokens, 1000);
+  EXPECT_GT(totals.accepted_tokens, 300);
+  EXPECT_LT(totals.accepted_tokens, totals.draft_tokens);
 }
 
 }  // namespace

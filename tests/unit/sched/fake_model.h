@@ -6,6 +6,7 @@
 // therefore changes the generated tokens, which tests compare with direct generation.
 #include <gtest/gtest.h>
 
+#include <functional>
 #include <map>
 #include <span>
 #include <vector>
@@ -64,13 +65,26 @@ class FakeModel {
     std::vector<SampledTokens> sampled;
     for (const ScheduledRequest& r : plan.scheduled) {
       if (!r.samples) continue;
+      // With drafts: sample after each of the last num_spec_tokens + 1 positions, keeping the
+      // drafts while the sample agrees (the engine's acceptance rule).
+      const int32_t first = r.end_pos - r.num_spec_tokens;
       std::vector<TokenId> context;
-      for (int32_t p = 0; p < r.end_pos; ++p) {
+      for (int32_t p = 0; p < first; ++p) {
         const Slot& s = slots_.at(static_cast<size_t>(r.slot(p, plan.block_size_tokens)));
         EXPECT_EQ(s.position, p) << "request " << r.request_id << " reads a foreign slot";
         context.push_back(s.token);
       }
-      sampled.push_back(SampledTokens{r.request_id, {fake_next_token(context, vocab_size_)}, false});
+      SampledTokens out{r.request_id, {}, false};
+      for (int32_t j = 0; j <= r.num_spec_tokens; ++j) {
+        out.token_ids.push_back(fake_next_token(context, vocab_size_));
+        if (j == r.num_spec_tokens) break;
+        const int32_t p = first + j;
+        const Slot& s = slots_.at(static_cast<size_t>(r.slot(p, plan.block_size_tokens)));
+        EXPECT_EQ(s.position, p);
+        if (s.token != out.token_ids.back()) break;  // the draft at p disagrees
+        context.push_back(s.token);
+      }
+      sampled.push_back(std::move(out));
     }
     return sampled;
   }
@@ -93,7 +107,11 @@ struct DriveResult {
   int32_t num_steps = 0;
 };
 
-inline DriveResult drive(Scheduler& scheduler, FakeModel& model, int32_t max_steps = 100000) {
+// Proposes the draft for a running request after a step that gave it tokens (empty: none).
+using Drafter = std::function<std::vector<TokenId>(const Request&)>;
+
+inline DriveResult drive(Scheduler& scheduler, FakeModel& model, int32_t max_steps = 100000,
+                         const Drafter& drafter = {}) {
   DriveResult result;
   while (scheduler.has_unfinished_requests() && result.num_steps < max_steps) {
     SchedulePlan plan = scheduler.schedule();
@@ -108,6 +126,12 @@ inline DriveResult drive(Scheduler& scheduler, FakeModel& model, int32_t max_ste
       auto& dst = result.outputs[o.request_id];
       dst.insert(dst.end(), o.new_token_ids.begin(), o.new_token_ids.end());
       if (o.finished) result.reasons[o.request_id] = o.finish_reason;
+      if (drafter && !o.finished && !o.new_token_ids.empty()) {
+        std::vector<TokenId> draft = drafter(*scheduler.find_request(o.request_id));
+        if (!draft.empty()) {
+          EXPECT_TRUE(scheduler.set_spec_tokens(o.request_id, std::move(draft)).is_ok());
+        }
+      }
     }
     const Status inv = scheduler.check_invariants();
     EXPECT_TRUE(inv.is_ok()) << "after step " << plan.step_id << ": " << inv.message();

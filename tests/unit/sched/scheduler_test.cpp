@@ -627,5 +627,166 @@ TEST(Scheduler, SamePlansForSameInputs) {
   EXPECT_EQ(run_once(), run_once());
 }
 
+
+// Speculative decoding: an oracle drafter proposes the reference continuation with every third
+// draft corrupted, so steps accept some drafts and reject the rest. The outputs must equal
+// direct generation (a rejected draft's KV slot is never read as context: the fake model reads
+// tokens back through the block table), in fewer steps, with the draft tokens counted.
+fake::Drafter oracle_drafter(const std::map<RequestId, std::vector<TokenId>>& refs, int32_t length, int32_t* counter) {
+  return [&refs, length, counter](const Request& r) {
+    const std::vector<TokenId>& ref = refs.at(r.id());
+    std::vector<TokenId> d;
+    for (int32_t j = 0; j < length && r.num_output_tokens() + j < int32_t(ref.size()); ++j) {
+      TokenId t = ref[size_t(r.num_output_tokens() + j)];
+      if (++*counter % 3 == 0) t = (t + 1) % kVocab;
+      d.push_back(t);
+    }
+    return d;
+  };
+}
+
+TEST(Scheduler, SpeculativeDraftsKeepOutputsAndSaveSteps) {
+  Knobs s;
+  s.num_blocks = 96;
+  s.budget = 32;
+  s.max_seqs = 4;
+  std::vector<RequestSpec> specs;
+  std::map<RequestId, std::vector<TokenId>> refs;
+  for (int i = 0; i < 6; ++i) {
+    specs.push_back(make_spec(10 + i, 3 + 5 * i, 20 + i, TokenId(i + 1)));
+    refs[specs.back().request_id] = reference_generate(specs.back(), kVocab);
+  }
+  auto run = [&](bool speculate) {
+    Scheduler sched = make_scheduler(s);
+    FakeModel model(s.num_blocks, s.block_size, kVocab);
+    for (const auto& spec : specs) EXPECT_TRUE(sched.submit(spec).is_ok());
+    int32_t counter = 0;
+    return drive(sched, model, 100000, speculate ? oracle_drafter(refs, 4, &counter) : fake::Drafter{});
+  };
+  const fake::DriveResult plain = run(false), spec = run(true);
+  expect_matches_reference(specs, spec);
+  int32_t drafted = 0, max_rows = 0;
+  for (const SchedulePlan& p : spec.plans) {
+    drafted += p.stats.num_spec_tokens;
+    int32_t rows = 0;
+    for (const ScheduledRequest& e : p.scheduled) {
+      EXPECT_LE(e.num_spec_tokens, 4);
+      if (e.num_spec_tokens > 0) {
+        EXPECT_TRUE(e.samples);
+        EXPECT_EQ(e.num_scheduled_tokens(), e.num_spec_tokens + 1);
+      }
+      rows += e.samples ? e.num_spec_tokens + 1 : 0;
+    }
+    EXPECT_EQ(int32_t(p.sample_token_indices().size()), rows);
+    EXPECT_LE(p.num_scheduled_tokens(), s.budget);
+    max_rows = std::max(max_rows, rows);
+  }
+  EXPECT_GT(drafted, 100);
+  EXPECT_GT(max_rows, s.max_seqs);
+  EXPECT_LT(spec.num_steps * 3, plain.num_steps * 2) << spec.num_steps << " vs " << plain.num_steps;
+}
+
+// Drafts never make a request exceed max_tokens, and a stop token among the accepted drafts
+// ends it there.
+TEST(Scheduler, SpeculativeDraftsRespectMaxTokensAndStopTokens) {
+  Knobs s;
+  RequestSpec a = make_spec(1, 5, 6, 3);
+  std::vector<TokenId> ref_a = reference_generate(a, kVocab);
+  RequestSpec b = make_spec(2, 7, 30, 5);
+  const std::vector<TokenId> full_b = reference_generate(b, kVocab);
+  b.stop_token_ids = {full_b[9]};  // the 10th token ends it
+  std::map<RequestId, std::vector<TokenId>> refs{{1, ref_a}, {2, full_b}};
+  Scheduler sched = make_scheduler(s);
+  FakeModel model(s.num_blocks, s.block_size, kVocab);
+  ASSERT_TRUE(sched.submit(a).is_ok());
+  ASSERT_TRUE(sched.submit(b).is_ok());
+  // Always the exact continuation, 16 long: as much as the rules allow is accepted.
+  auto exact = [&](const Request& r) {
+    const auto& ref = refs.at(r.id());
+    std::vector<TokenId> d;
+    for (int32_t j = r.num_output_tokens(); j < int32_t(ref.size()) && d.size() < 16; ++j) d.push_back(ref[size_t(j)]);
+    return d;
+  };
+  const fake::DriveResult r = drive(sched, model, 1000, exact);
+  EXPECT_EQ(r.outputs.at(1), ref_a);
+  EXPECT_EQ(r.reasons.at(1), FinishReason::kMaxTokens);
+  EXPECT_EQ(r.outputs.at(2), std::vector<TokenId>(full_b.begin(), full_b.begin() + 10));
+  EXPECT_EQ(r.reasons.at(2), FinishReason::kStopToken);
+  for (const SchedulePlan& p : r.plans)
+    for (const ScheduledRequest& e : p.scheduled)
+      if (e.request_id == 1) {
+        EXPECT_LE(e.end_pos, 5 + 6 - 1);  // the last token is never fed back
+      }
+}
+
+// Drafts take only free blocks and spare budget: with the pool one block short they are dropped,
+// nobody is preempted for them, and a set draft is used by the next plan only.
+TEST(Scheduler, SpeculativeDraftsNeverPreemptAndAreSingleUse) {
+  Knobs s;
+  s.num_blocks = 4;  // 16 tokens
+  s.block_size = 4;
+  s.budget = 64;
+  Scheduler sched = make_scheduler(s);
+  FakeModel model(s.num_blocks, s.block_size, kVocab);
+  ASSERT_TRUE(sched.submit(make_spec(1, 6, 2)).is_ok());  // 2 blocks
+  ASSERT_TRUE(sched.submit(make_spec(2, 6, 2, 7)).is_ok());  // 2 blocks: the pool is full
+  SchedulePlan p = sched.schedule();
+  ASSERT_EQ(p.scheduled.size(), 2u);
+  auto outs = sched.update(p, model.run(p));
+  ASSERT_TRUE(outs.is_ok()) << outs.status().message();
+  // Request 1 sits at 7 tokens (8 would fill its second block); 4 drafts need a third block.
+  ASSERT_TRUE(sched.set_spec_tokens(1, {1, 2, 3, 4}).is_ok());
+  p = sched.schedule();
+  EXPECT_EQ(p.stats.num_preemptions, 0);
+  EXPECT_EQ(p.stats.num_spec_tokens, 0);
+  for (const ScheduledRequest& e : p.scheduled) EXPECT_EQ(e.num_spec_tokens, 0);
+  ASSERT_TRUE(sched.update(p, model.run(p)).is_ok());
+  EXPECT_FALSE(sched.has_unfinished_requests());
+  // Not running: refused.
+  EXPECT_FALSE(sched.set_spec_tokens(1, {1}).is_ok());
+  ASSERT_TRUE(sched.submit(make_spec(3, 2, 9)).is_ok());
+  EXPECT_FALSE(sched.set_spec_tokens(3, {1}).is_ok());  // waiting
+  p = sched.schedule();
+  ASSERT_TRUE(sched.update(p, model.run(p)).is_ok());
+  ASSERT_TRUE(sched.set_spec_tokens(3, {5, 6}).is_ok());
+  p = sched.schedule();
+  ASSERT_EQ(p.scheduled.size(), 1u);
+  EXPECT_EQ(p.scheduled[0].num_spec_tokens, 2);
+  EXPECT_EQ(p.scheduled[0].token_ids, (std::vector<TokenId>{p.scheduled[0].token_ids[0], 5, 6}));
+  ASSERT_TRUE(sched.update(p, model.run(p)).is_ok());
+  p = sched.schedule();  // no new draft: one token
+  ASSERT_EQ(p.scheduled.size(), 1u);
+  EXPECT_EQ(p.scheduled[0].num_spec_tokens, 0);
+  ASSERT_TRUE(sched.update(p, model.run(p)).is_ok());
+}
+
+// The runner must return accepted drafts then one sample; anything else is refused unchanged.
+TEST(Scheduler, SpeculativeUpdateRejectsTokensThatAreNotAcceptedDrafts) {
+  Knobs s;
+  Scheduler sched = make_scheduler(s);
+  FakeModel model(s.num_blocks, s.block_size, kVocab);
+  ASSERT_TRUE(sched.submit(make_spec(1, 5, 20)).is_ok());
+  SchedulePlan p = sched.schedule();
+  ASSERT_TRUE(sched.update(p, model.run(p)).is_ok());
+  ASSERT_TRUE(sched.set_spec_tokens(1, {11, 12, 13}).is_ok());
+  p = sched.schedule();
+  ASSERT_EQ(p.scheduled.at(0).num_spec_tokens, 3);
+  const int32_t computed = sched.find_request(1)->num_computed_tokens();
+  for (std::vector<TokenId> bad : {std::vector<TokenId>{12, 40}, std::vector<TokenId>{11, 12, 13, 14, 15},
+                                   std::vector<TokenId>{11, 13, 40}}) {
+    std::vector<SampledTokens> sampled{SampledTokens{1, bad, false}};
+    auto r = sched.update(p, sampled);
+    ASSERT_FALSE(r.is_ok());
+    EXPECT_NE(r.status().message().find("accepted drafts"), std::string::npos) << r.status().message();
+    EXPECT_EQ(sched.find_request(1)->num_computed_tokens(), computed);
+  }
+  std::vector<SampledTokens> good{SampledTokens{1, {11, 12, 40}, false}};  // two accepted, then a sample
+  auto r = sched.update(p, good);
+  ASSERT_TRUE(r.is_ok()) << r.status().message();
+  EXPECT_EQ(r->at(0).new_token_ids, (std::vector<TokenId>{11, 12, 40}));
+  EXPECT_EQ(sched.find_request(1)->num_computed_tokens(), computed + 3);  // last token + 2 drafts
+  EXPECT_TRUE(sched.check_invariants().is_ok());
+}
+
 }  // namespace
 }  // namespace m3

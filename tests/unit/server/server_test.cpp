@@ -157,6 +157,26 @@ TEST(ChoiceAssembler, StopStringSpanningTokensIsCutAndAborts) {
   EXPECT_TRUE(gen.on_events({event(9, {}, FinishReason::kAborted)}, to_abort).empty());
 }
 
+// Speculative decoding delivers several tokens per event: a stop string inside the event cuts
+// the text there, and the tokens after it are neither counted nor given logprobs.
+TEST(ChoiceAssembler, StopStringInsideAMultiTokenEventDropsTheTokensAfterIt) {
+  ChoiceOptions opts;
+  opts.stop = {"xy"};
+  opts.logprobs = 0;
+  Generation gen(test_tokenizer(), spec_for(false, 1, opts));
+  gen.bind({4});
+  std::vector<RequestId> to_abort;
+  std::vector<TokenOutput> toks = tokens_of("abxycd");
+  gen.on_events({event(4, toks, FinishReason::kNone)}, to_abort);
+  ASSERT_TRUE(gen.done());
+  EXPECT_EQ(to_abort, std::vector<RequestId>{4});
+  const auto body = gen.response();
+  EXPECT_EQ(body["choices"][0]["text"], "ab");
+  EXPECT_EQ(body["choices"][0]["finish_reason"], "stop");
+  EXPECT_EQ(body["usage"]["completion_tokens"], 4);  // a, b, x, y: not c, d
+  EXPECT_EQ(body["choices"][0]["logprobs"]["tokens"].size(), 4u);
+}
+
 TEST(ChoiceAssembler, StopStringsCountOnlyPastTheFirstMinTokens) {
   // One token per character: "abxa" are the first four tokens, so with min_tokens 4 the "ab" at 0
   // does not count and the one at 3 (ending in the fifth token) does.
@@ -684,7 +704,7 @@ TEST(Generation, CompletionLogprobsShape) {
 
 TEST(Generation, RandomChunkingGivesTheSameResult) {
   const std::string ns = "]<]minimax[>[";
-  const std::string text = "<mm:think>r\xc3\xa9" "flexion</mm:think>R\xc3\xa9ponse " + ns + "<tool_call>\n" + ns +
+  const std::string text = std::string("<mm:think>r\xc3\xa9" "flexion</mm:think>R\xc3\xa9ponse ") + ns + "<tool_call>\n" + ns +
                            "<invoke name=\"f\">" + ns + "<q>x y" + ns + "</q>" + ns + "</invoke>\n" + ns + "</tool_call>";
   auto all = tokens_of(text);
   std::mt19937 rng(5);
@@ -692,7 +712,7 @@ TEST(Generation, RandomChunkingGivesTheSameResult) {
   for (int trial = 0; trial < 20; ++trial) {
     ChoiceOptions opts;
     opts.stop = {"never-matches"};
-    opts.parser.call_id_prefix = "c";
+    opts.parser.call_id_prefix = std::string(1, 'c');
     Generation gen(test_tokenizer(), spec_for(true, 1, opts));
     gen.bind({1});
     std::vector<RequestId> to_abort;
@@ -1030,6 +1050,56 @@ TEST(StatsLogger, LogsAtTheIntervalWhileBusy) {
   StatsLogger off(0.0, t0);
   off.add_generated(5);
   EXPECT_FALSE(off.observe_step(st, t0 + std::chrono::seconds(100)));
+}
+
+TEST(StatsLogger, SpecDecodingLineOverTheSameInterval) {
+  using Clock = StatsLogger::Clock;
+  const Clock::time_point t0{};
+  StatsLogger log(10.0, t0);
+  EngineStepStats st = step_stats(2, 0, 400, 100);
+  st.spec_num_drafts = 10;
+  st.spec_num_draft_tokens = 40;
+  st.spec_num_accepted_tokens = 15;
+  st.spec_accepted_per_pos = {8, 4, 2, 1};
+  log.add_generated(25);
+  EXPECT_FALSE(log.observe_step(st, t0 + std::chrono::seconds(4)));
+  EXPECT_FALSE(log.take_spec_line());  // only with a stats line
+  EXPECT_TRUE(log.observe_step(st, t0 + std::chrono::seconds(10)));
+  const auto spec = log.take_spec_line();
+  ASSERT_TRUE(spec);
+  EXPECT_EQ(*spec, "SpecDecoding metrics: Mean acceptance length: 2.50, Accepted throughput: 3.00 tokens/s, Drafted "
+                   "throughput: 8.00 tokens/s, Accepted: 30 tokens, Drafted: 80 tokens, Per-position acceptance "
+                   "rate: 0.800, 0.400, 0.200, 0.100, Avg Draft acceptance rate: 37.5%");
+  EXPECT_FALSE(log.take_spec_line());  // once
+  // An interval without drafts has no spec line.
+  EngineStepStats plain = step_stats(1, 0, 400, 100);
+  log.add_generated(3);
+  EXPECT_TRUE(log.observe_step(plain, t0 + std::chrono::seconds(20)));
+  EXPECT_FALSE(log.take_spec_line());
+}
+
+TEST(Metrics, SpecDecodeCountersOnlyWithSpeculation) {
+  Metrics m("tiny");
+  EngineStepStats st = step_stats(1, 0, 32, 16);
+  st.spec_num_drafts = 2;
+  st.spec_num_draft_tokens = 6;
+  st.spec_num_accepted_tokens = 4;
+  st.spec_accepted_per_pos = {2, 1, 1};
+  m.observe_step(st);
+  EXPECT_EQ(m.render().find("spec_decode"), std::string::npos);
+  ModelSummary summary;
+  summary.speculative_method = "ngram";
+  summary.num_speculative_tokens = 4;
+  m.set_cache_info(summary);
+  m.observe_step(st);
+  const std::string text = m.render();
+  EXPECT_NE(text.find("vllm:spec_decode_num_drafts_total{model_name=\"tiny\"} 4\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("vllm:spec_decode_num_draft_tokens_total{model_name=\"tiny\"} 12\n"), std::string::npos);
+  EXPECT_NE(text.find("vllm:spec_decode_num_accepted_tokens_total{model_name=\"tiny\"} 8\n"), std::string::npos);
+  EXPECT_NE(text.find("vllm:spec_decode_num_accepted_tokens_per_pos_total{model_name=\"tiny\",position=\"0\"} 4\n"),
+            std::string::npos);
+  EXPECT_NE(text.find("vllm:spec_decode_num_accepted_tokens_per_pos_total{model_name=\"tiny\",position=\"3\"} 0\n"),
+            std::string::npos);
 }
 
 // ---- AsyncEngine over the scripted engine ---------------------------------------------------

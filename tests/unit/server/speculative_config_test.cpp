@@ -1,0 +1,51 @@
+// --speculative-config: vLLM's JSON for the ngram method; everything else refused with the reason.
+#include <gtest/gtest.h>
+
+#include "server/speculative_config.h"
+
+namespace m3::server {
+namespace {
+
+TEST(SpeculativeConfig, NgramWithDefaultsAndBounds) {
+  EngineConfig c;
+  EXPECT_FALSE(parse_speculative_config(R"({"method": "ngram", "num_speculative_tokens": 5})", c));
+  EXPECT_EQ(c.speculative_method, "ngram");
+  EXPECT_EQ(c.ngram.num_speculative_tokens, 5);
+  EXPECT_EQ(c.ngram.prompt_lookup_min, 2);
+  EXPECT_EQ(c.ngram.prompt_lookup_max, 4);
+  // One bound given: the other follows where the default would contradict it.
+  EXPECT_FALSE(parse_speculative_config(R"({"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 6})", c));
+  EXPECT_EQ(c.ngram.prompt_lookup_min, 6);
+  EXPECT_EQ(c.ngram.prompt_lookup_max, 6);
+  EXPECT_FALSE(parse_speculative_config(R"({"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 1})", c));
+  EXPECT_EQ(c.ngram.prompt_lookup_min, 1);
+  EXPECT_EQ(c.ngram.prompt_lookup_max, 1);
+}
+
+TEST(SpeculativeConfig, ErrorsNameTheProblem) {
+  const std::pair<const char*, const char*> cases[] = {
+      {"{nope", "not JSON"},
+      {"[1]", "JSON object"},
+      {R"({"num_speculative_tokens": 3})", "method is required"},
+      {R"({"model": "org/draft", "num_speculative_tokens": 3})", "draft model"},
+      {R"({"method": "eagle3", "model": "d", "num_speculative_tokens": 3})", "'eagle3' needs a draft model"},
+      {R"({"method": "ngram"})", "num_speculative_tokens is required"},
+      {R"({"method": "ngram", "num_speculative_tokens": 0})", "num_speculative_tokens must be >= 1"},
+      {R"({"method": "ngram", "num_speculative_tokens": 64})", "num_speculative_tokens must be in [0, 32]"},
+      {R"({"method": "ngram", "num_speculative_tokens": 2.5})", "must be an integer"},
+      {R"({"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 5, "prompt_lookup_max": 2})",
+       "prompt_lookup_max (2) must be >= prompt_lookup_min (5)"},
+      {R"({"method": "ngram", "num_speculative_tokens": 3, "draft_tensor_parallel_size": 1})", "unknown key"},
+  };
+  for (const auto& [text, needle] : cases) {
+    EngineConfig c;
+    auto err = parse_speculative_config(text, c);
+    ASSERT_TRUE(err) << text;
+    EXPECT_NE(err->find(needle), std::string::npos) << text << " -> " << *err;
+    EXPECT_EQ(err->rfind("--speculative-config: ", 0), 0u) << *err;
+    EXPECT_TRUE(c.speculative_method.empty());
+  }
+}
+
+}  // namespace
+}  // namespace m3::server
