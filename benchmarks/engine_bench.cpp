@@ -16,41 +16,11 @@
 #include "backend/cpu/cpu_backend.h"
 #include "m3serve/engine.h"
 #include "model/minimax_m3/make_model.h"
+#include "cpu_roofline.h"
 
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-// Measured fp32 GEMM ceiling of this machine (the CPU backend's roofline).
-double measure_sgemm_gflops() {
-  const int n = 768;
-  std::vector<float> a(size_t(n) * n, 1.0f), b(size_t(n) * n, 0.5f), c(size_t(n) * n);
-  m3::cpu::sgemm_xwt(a.data(), b.data(), c.data(), n, n, n);
-  auto t0 = Clock::now();
-  const int reps = 5;
-  for (int i = 0; i < reps; ++i) m3::cpu::sgemm_xwt(a.data(), b.data(), c.data(), n, n, n);
-  const double s = std::chrono::duration<double>(Clock::now() - t0).count();
-  return 2.0 * n * n * double(n) * reps / s / 1e9;
-}
-
-// Matmul FLOPs one token costs (weights it touches: dense layers, top-k + shared experts, LM
-// head), excluding attention's context-dependent part, which is added per token below.
-double flops_per_token(const m3::MiniMaxM3Config& c) {
-  double params = 0;
-  const double h = double(c.hidden_size);
-  for (int l = 0; l < c.num_hidden_layers; ++l) {
-    params += h * c.head_dim * (c.num_attention_heads * 2.0 + c.num_key_value_heads * 2.0);
-    if (c.is_sparse_layer(l)) params += h * c.index_head_dim * (c.index_n_heads + 1.0);
-    if (c.is_moe_layer(l)) {
-      params += h * c.num_local_experts;
-      params += 3.0 * h * c.intermediate_size * c.num_experts_per_tok + 3.0 * h * c.shared_intermediate_size;
-    } else {
-      params += 3.0 * h * c.dense_intermediate_size;
-    }
-  }
-  params += h * double(c.vocab_size);
-  return 2.0 * params;
-}
 
 std::vector<int> parse_list(const std::string& s) {
   std::vector<int> v;
@@ -83,8 +53,8 @@ int main(int argc, char** argv) {
   }
   auto cfg = m3::MiniMaxM3Config::from_file(model_dir + "/config.json");
   if (!cfg) { std::fprintf(stderr, "%s\n", cfg.error().c_str()); return 1; }
-  const double ceiling = measure_sgemm_gflops();
-  const double fpt = flops_per_token(*cfg);
+  const double ceiling = m3::bench::measure_sgemm_gflops();
+  const double fpt = m3::bench::flops_per_token(*cfg);
   nlohmann::json out = {{"model", model_dir}, {"backend", "cpu"}, {"input_len", input_len}, {"output_len", output_len},
                         {"sgemm_ceiling_gflops", ceiling}, {"matmul_flops_per_token", fpt}, {"points", nlohmann::json::array()}};
   std::printf("sgemm ceiling %.1f GFLOP/s; %.2f MFLOP per token (matmuls)\n", ceiling, fpt / 1e6);

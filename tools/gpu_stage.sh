@@ -20,6 +20,12 @@ for t in "${targets[@]}"; do
   cp "$bin" "$stage/"
   strip --strip-debug "$stage/$t"
 done
+# spec_bench reads a public-domain corpus from ../shared, which the device copy lacks.
+corpus=$root/../shared/data/corpus/pg1184-monte-cristo.txt
+if [[ " ${targets[*]} " == *" spec_bench "* && -f $corpus ]]; then
+  mkdir -p "$stage/data"
+  cp "$corpus" "$stage/data/"
+fi
 source "$root/tools/gpu_stage_libs.sh"
 stage_host_libs "$stage/lib" "$stage"/*
 # M3_STAGE_BASE=<a decode_bench built from an older commit>: staged as decode_bench_base, the
