@@ -865,6 +865,14 @@ class ServerTest(unittest.TestCase):
                 self.assertEqual(ca["token_ids"], cb["token_ids"])
                 self.assertEqual(ca["logprobs"]["token_logprobs"], cb["logprobs"]["token_logprobs"])
                 self.assertEqual((ca["finish_reason"], a["usage"]), (cb["finish_reason"], b["usage"]))
+            # Structured output: the constraint sees the same tokens in the same order.
+            chat = {"model": MODEL, "messages": [{"role": "user", "content": "a b a b a b"}], "max_tokens": 24,
+                    "temperature": 0, "response_format": {"type": "json_object"},
+                    "chat_template_kwargs": {"thinking_mode": "disabled"}}
+            st_a, a = self.server.json("POST", "/v1/chat/completions", chat)
+            st_b, b = server.json("POST", "/v1/chat/completions", chat)
+            self.assertEqual((st_a, st_b), (200, 200), (a, b))
+            self.assertEqual(a["choices"][0]["message"]["content"], b["choices"][0]["message"]["content"])
             # Streamed: the chunks join to the same text.
             body = {"model": MODEL, "prompt": prompt, "max_tokens": 32, "temperature": 0, "ignore_eos": True,
                     "stream": True}
