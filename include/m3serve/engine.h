@@ -25,6 +25,10 @@ struct EngineConfig {
   int32_t max_model_len = 0;              // 0 = the model's max_position_embeddings, capped by the pool
   int32_t num_kv_blocks = 0;              // 0 = derived from kv_cache_memory_bytes
   int64_t kv_cache_memory_bytes = int64_t(1) << 30;
+  // Host-memory KV tier (vLLM's --kv-offloading-size): blocks evicted from the KV cache are kept
+  // in this many bytes of host memory and copied back on a prefix hit instead of recomputed.
+  // 0 = off; needs prefix caching.
+  int64_t kv_offload_bytes = 0;
   bool enable_prefix_caching = true;
   uint64_t prefix_hash_seed = 0;          // same on every process that shares KV
   bool trace_dispatch = false;            // log first use of each (op, kernel, shape class)
@@ -120,6 +124,7 @@ struct ModelSummary {
   int32_t max_model_len = 0;
   int32_t block_size = 0;
   int32_t num_kv_blocks = 0;
+  int32_t num_host_kv_blocks = 0;  // host KV tier slots (kv_offload_bytes / bytes per block)
   std::vector<int32_t> eos_token_ids;
   int32_t bos_token_id = 0;
   std::string device;            // the runtime, e.g. "cuda:0 NVIDIA H200 (sm_90, 132 SMs, 139.8 GiB)"

@@ -56,12 +56,15 @@ int graph_bucket(int n, int max_seqs) {
 class EngineImpl final : public Engine {
  public:
   EngineImpl(const EngineConfig& config, std::unique_ptr<ops::BackendRuntime> owned_runtime, ops::BackendRuntime* rt,
-             std::unique_ptr<MiniMaxM3Model> model, BackendKvCache cache, Scheduler scheduler, ModelSummary summary)
+             std::unique_ptr<MiniMaxM3Model> model, BackendKvCache cache, ops::HostStaging host_kv, int64_t page_bytes,
+             Scheduler scheduler, ModelSummary summary)
       : config_(config),
         owned_runtime_(std::move(owned_runtime)),
         rt_(rt),
         model_(std::move(model)),
         cache_(std::move(cache)),
+        host_kv_(std::move(host_kv)),
+        page_bytes_(page_bytes),
         cache_views_(cache_.views(rt->device())),
         scheduler_(std::move(scheduler)),
         summary_(std::move(summary)),
@@ -160,6 +163,10 @@ class EngineImpl final : public Engine {
  private:
   void run_plan(const SchedulePlan& plan, std::vector<RequestEvent>& events, EngineStepStats& stats) {
     rt_->activate();
+    // Host KV tier: evicted blocks out (their KV is intact until this step writes), then hits in.
+    char* host = host_kv_.as<char>();
+    for (const KvTransfer& t : plan.kv_offloads) cache_.save_block(rt_, t.device_block, host + t.host_slot * page_bytes_);
+    for (const KvTransfer& t : plan.kv_loads) cache_.load_block(rt_, t.device_block, host + t.host_slot * page_bytes_);
     // Flatten the plan into one ragged batch; every KV access goes through its page tables.
     const int n = int(plan.scheduled.size());
     bool decode_only = true;
@@ -409,6 +416,8 @@ class EngineImpl final : public Engine {
   ops::BackendRuntime* rt_;
   std::unique_ptr<MiniMaxM3Model> model_;
   BackendKvCache cache_;
+  ops::HostStaging host_kv_;  // the host KV tier's slots, page_bytes_ each
+  int64_t page_bytes_ = 0;
   KvCacheTensors cache_views_;
   Scheduler scheduler_;
   ModelSummary summary_;
@@ -507,6 +516,13 @@ Result<std::unique_ptr<Engine>> Engine::create(const EngineConfig& config) {
   kc.block_size_tokens = bs;
   kc.enable_prefix_caching = config.enable_prefix_caching;
   kc.hash_seed = config.prefix_hash_seed;
+  if (config.kv_offload_bytes < 0) return Status::error("kv_offload_bytes must be >= 0");
+  if (config.kv_offload_bytes > 0 && !config.enable_prefix_caching)
+    return Status::error("KV offloading (a host tier of evicted blocks) needs prefix caching");
+  kc.num_host_blocks = int32_t(std::min<int64_t>(config.kv_offload_bytes / page_bytes, INT32_MAX));
+  if (config.kv_offload_bytes > 0 && kc.num_host_blocks < 1)
+    return Status::error("kv_offload_bytes " + std::to_string(config.kv_offload_bytes) + " holds no KV block (" +
+                         std::to_string(page_bytes) + " bytes each)");
   // The cache key covers what changes a cached block: the model's identity (its config.json
   // content and total weight bytes, not its path, so two processes serving the same checkpoint
   // agree) and the KV and index-key dtypes. Block size and seed are in the hasher's root already.
@@ -519,6 +535,7 @@ Result<std::unique_ptr<Engine>> Engine::create(const EngineConfig& config) {
   summary.max_model_len = max_len;
   summary.block_size = bs;
   summary.num_kv_blocks = num_blocks;
+  summary.num_host_kv_blocks = kc.num_host_blocks;
   summary.eos_token_ids = c.eos_token_ids;
   summary.bos_token_id = c.bos_token_id;
   summary.device = rt->describe();
@@ -540,8 +557,9 @@ Result<std::unique_ptr<Engine>> Engine::create(const EngineConfig& config) {
     return Status::error("max_num_batched_tokens and max_num_seqs must be >= 1");
   try {
     BackendKvCache cache = BackendKvCache::allocate(rt, c, num_blocks, bs, kv_dtype, index_dtype);
+    ops::HostStaging host_kv(rt, size_t(kc.num_host_blocks) * size_t(page_bytes));
     return std::unique_ptr<Engine>(new EngineImpl(config, std::move(owned), rt, std::move(*model), std::move(cache),
-                                                  std::move(*scheduler), summary));
+                                                  std::move(host_kv), page_bytes, std::move(*scheduler), summary));
   } catch (const std::exception& e) {
     return Status::error(std::string("allocating the KV cache and step buffers failed: ") + e.what());
   }

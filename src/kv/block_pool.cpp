@@ -11,10 +11,11 @@ BlockPool::BlockPool(int32_t num_blocks)
   M3_CHECK(num_blocks > 0, "num_blocks %d", num_blocks);
 }
 
-BlockId BlockPool::allocate() {
+BlockId BlockPool::allocate(std::optional<Hash128>* evicted) {
   const BlockId b = free_queue_.pop_front();
   if (b == kNoBlock) return kNoBlock;
   if (hashes_[b]) {
+    if (evicted) *evicted = hashes_[b];
     cached_.erase(*hashes_[b]);
     hashes_[b].reset();
     ++num_evictions_;

@@ -28,9 +28,9 @@ class BlockPool {
   int32_t ref_count(BlockId block_id) const { return ref_counts_[block_id]; }
   const std::optional<Hash128>& block_hash(BlockId block_id) const { return hashes_[block_id]; }
 
-  // A fresh block with ref count 1, evicting the LRU cached-free block if needed;
-  // kNoBlock when every block is in use.
-  BlockId allocate();
+  // A fresh block with ref count 1, evicting the LRU cached-free block if needed (its hash
+  // goes to *evicted when given); kNoBlock when every block is in use.
+  BlockId allocate(std::optional<Hash128>* evicted = nullptr);
 
   // The cached block holding `hash`, or kNoBlock. No side effects.
   BlockId find_cached(const Hash128& hash) const;

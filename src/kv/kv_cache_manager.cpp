@@ -13,6 +13,9 @@ Status KvCacheConfig::validate() const {
   if (block_size_tokens <= 0) {
     problems += "block_size_tokens must be > 0 (got " + std::to_string(block_size_tokens) + "); ";
   }
+  if (num_host_blocks < 0) problems += "num_host_blocks must be >= 0 (got " + std::to_string(num_host_blocks) + "); ";
+  if (num_host_blocks > 0 && !enable_prefix_caching)
+    problems += "a host KV tier (num_host_blocks) needs prefix caching; ";
   if (problems.empty()) return Status::ok();
   problems.resize(problems.size() - 2);
   return Status::error("KvCacheConfig: " + problems);
@@ -26,7 +29,9 @@ Result<KvCacheManager> KvCacheManager::create(const KvCacheConfig& config) {
 KvCacheManager::KvCacheManager(const KvCacheConfig& config)
     : config_(config),
       hasher_(config.hash_seed, config.block_size_tokens, config.hash_extra_keys),
-      pool_(config.num_blocks) {}
+      pool_(config.num_blocks) {
+  if (config.num_host_blocks > 0) host_.emplace(config.num_host_blocks);
+}
 
 PrefixMatch KvCacheManager::match_hashes(std::span<const Hash128> hashes) const {
   PrefixMatch match;
@@ -35,7 +40,14 @@ PrefixMatch KvCacheManager::match_hashes(std::span<const Hash128> hashes) const 
     if (b == kNoBlock) break;
     match.block_ids.push_back(b);
   }
-  match.num_tokens = static_cast<int32_t>(match.block_ids.size()) * block_size();
+  if (host_) {
+    for (size_t i = match.block_ids.size(); i < hashes.size(); ++i) {
+      const std::optional<int32_t> slot = host_->find(hashes[i]);
+      if (!slot) break;
+      match.host_slots.push_back(*slot);
+    }
+  }
+  match.num_tokens = match.num_blocks() * block_size();
   return match;
 }
 
@@ -59,10 +71,14 @@ bool KvCacheManager::allocate_slots(RequestId request_id, int32_t num_computed_t
                                     int32_t num_new_tokens, const PrefixMatch* hit) {
   RequestBlocks& rb = requests_[request_id];
   const int32_t num_hit_blocks = hit ? static_cast<int32_t>(hit->block_ids.size()) : 0;
-  M3_CHECK(num_hit_blocks == 0 || rb.table.num_blocks() == 0,
+  const int32_t num_host_hits = hit ? static_cast<int32_t>(hit->host_slots.size()) : 0;
+  M3_CHECK(num_hit_blocks + num_host_hits == 0 || rb.table.num_blocks() == 0,
            "prefix hit for request %llu that already holds blocks",
            static_cast<unsigned long long>(request_id));
+  M3_CHECK(num_host_hits == 0 || (host_ && static_cast<int32_t>(rb.block_hashes.size()) >= num_hit_blocks + num_host_hits),
+           "host-tier hit for request %llu without its block hashes", static_cast<unsigned long long>(request_id));
   const int32_t num_needed = blocks_for_tokens(int64_t{num_computed_tokens} + num_new_tokens);
+  // Host hits take fresh blocks too (they are loaded into them).
   const int32_t num_fresh = std::max(0, num_needed - rb.table.num_blocks() - num_hit_blocks);
   // Hit blocks that are cached-free leave the free list when acquired: they are not
   // available as fresh blocks in the same call.
@@ -75,13 +91,46 @@ bool KvCacheManager::allocate_slots(RequestId request_id, int32_t num_computed_t
     pool_.acquire(hit->block_ids[i]);
     rb.table.append(hit->block_ids[i]);
   }
-  rb.num_published_blocks += num_hit_blocks;
-  for (int32_t i = 0; i < num_fresh; ++i) {
-    const BlockId b = pool_.allocate();
+  // Pinned first: the evictions the fresh blocks cause must not reuse a slot about to be read.
+  for (int32_t j = 0; j < num_host_hits; ++j) host_->pin(hit->host_slots[j]);
+  for (int32_t j = 0; j < num_host_hits; ++j) {
+    const BlockId b = allocate_block();
+    M3_CHECK(b != kNoBlock, "free count said a block was available");
+    rb.table.append(b);
+    loads_.push_back(KvTransfer{b, hit->host_slots[j]});
+    ++num_loaded_;
+    pool_.register_hash(b, rb.block_hashes[size_t(num_hit_blocks + j)]);
+  }
+  rb.num_published_blocks += num_hit_blocks + num_host_hits;
+  for (int32_t i = num_host_hits; i < num_fresh; ++i) {
+    const BlockId b = allocate_block();
     M3_CHECK(b != kNoBlock, "free count said a block was available");
     rb.table.append(b);
   }
   return true;
+}
+
+BlockId KvCacheManager::allocate_block() {
+  std::optional<Hash128> evicted;
+  const BlockId b = pool_.allocate(host_ ? &evicted : nullptr);
+  if (b != kNoBlock && evicted && !host_->find(*evicted)) {
+    if (const std::optional<int32_t> slot = host_->store(*evicted)) {
+      offloads_.push_back(KvTransfer{b, *slot});
+      ++num_offloaded_;
+    }
+  }
+  return b;
+}
+
+void KvCacheManager::begin_step() {
+  if (host_) host_->unpin_all();
+}
+
+void KvCacheManager::take_transfers(std::vector<KvTransfer>* offloads, std::vector<KvTransfer>* loads) {
+  *offloads = std::move(offloads_);
+  *loads = std::move(loads_);
+  offloads_.clear();
+  loads_.clear();
 }
 
 void KvCacheManager::mark_computed(RequestId request_id, std::span<const TokenId> tokens,
@@ -115,8 +164,9 @@ void KvCacheManager::unpublished_hashes(RequestId request_id, std::span<const To
 
 std::optional<Hash128> KvCacheManager::first_missed_hash(RequestId request_id, const PrefixMatch& hit) const {
   auto it = requests_.find(request_id);
-  if (it == requests_.end() || hit.block_ids.size() >= it->second.block_hashes.size()) return std::nullopt;
-  return it->second.block_hashes[hit.block_ids.size()];
+  const size_t n = size_t(hit.num_blocks());
+  if (it == requests_.end() || n >= it->second.block_hashes.size()) return std::nullopt;
+  return it->second.block_hashes[n];
 }
 
 void KvCacheManager::free(RequestId request_id) {
@@ -152,11 +202,18 @@ KvStats KvCacheManager::stats() const {
   s.num_evictions = pool_.num_evictions();
   s.prefix_query_tokens = prefix_query_tokens_;
   s.prefix_hit_tokens = prefix_hit_tokens_;
+  if (host_) {
+    s.num_host_blocks = host_->num_slots();
+    s.num_host_used_blocks = host_->num_used_slots();
+  }
+  s.num_offloaded_blocks = num_offloaded_;
+  s.num_loaded_blocks = num_loaded_;
   return s;
 }
 
 Status KvCacheManager::check_invariants() const {
   M3_RETURN_IF_ERROR(pool_.check_invariants());
+  if (host_) M3_RETURN_IF_ERROR(host_->check_invariants());
   std::vector<int32_t> holders(pool_.num_blocks(), 0);
   for (const auto& [id, rb] : requests_) {
     std::map<BlockId, int> seen;

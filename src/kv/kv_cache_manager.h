@@ -15,6 +15,7 @@
 #include "core/status.h"
 #include "kv/block_pool.h"
 #include "kv/block_table.h"
+#include "kv/host_block_tier.h"
 #include "kv/prefix_hash.h"
 
 namespace m3 {
@@ -25,12 +26,19 @@ struct KvCacheConfig {
   bool enable_prefix_caching = true;
   uint64_t hash_seed = 0;                    // same on every node that shares KV
   std::vector<std::string> hash_extra_keys;  // e.g. "model_rev=<sha>", "kv_dtype=bf16"
+  // Host-memory tier (KV offloading): evicted hashed blocks are kept in this many host slots
+  // and loaded back on a prefix hit. 0 = off. Needs prefix caching.
+  int32_t num_host_blocks = 0;
   Status validate() const;                   // every problem, in one message
 };
 
 struct PrefixMatch {
   std::vector<BlockId> block_ids;  // physical blocks of logical blocks 0..n-1
-  int32_t num_tokens = 0;          // block_ids.size() * block_size
+  // Host-tier slots of the logical blocks after those (n..n+m-1): loaded into fresh device
+  // blocks when the match is allocated.
+  std::vector<int32_t> host_slots;
+  int32_t num_tokens = 0;          // (block_ids.size() + host_slots.size()) * block_size
+  int32_t num_blocks() const { return int32_t(block_ids.size() + host_slots.size()); }
 };
 
 struct KvStats {
@@ -41,6 +49,10 @@ struct KvStats {
   int64_t num_evictions = 0;
   int64_t prefix_query_tokens = 0;  // cumulative, see record_prefix_query
   int64_t prefix_hit_tokens = 0;
+  int32_t num_host_blocks = 0;       // host tier slots (0: no tier)
+  int32_t num_host_used_blocks = 0;
+  int64_t num_offloaded_blocks = 0;  // cumulative, device -> host
+  int64_t num_loaded_blocks = 0;     // cumulative, host -> device
 };
 
 class KvCacheManager {
@@ -83,6 +95,13 @@ class KvCacheManager {
   // Drops the request's references (tail blocks first, so they are evicted first).
   void free(RequestId request_id);
 
+  // Host tier: the copies the allocations since the last take_transfers() need, offloads
+  // (evicted blocks' KV to host slots) to run before loads (host slots into blocks of prefix
+  // hits), both before the step's forward. begin_step() releases the slots the last step's
+  // loads pinned.
+  void begin_step();
+  void take_transfers(std::vector<KvTransfer>* offloads, std::vector<KvTransfer>* loads);
+
   bool holds_blocks(RequestId request_id) const;
   const BlockTable& block_table(RequestId request_id) const;  // empty table if unknown
 
@@ -104,6 +123,8 @@ class KvCacheManager {
 
   explicit KvCacheManager(const KvCacheConfig& config);
   PrefixMatch match_hashes(std::span<const Hash128> hashes) const;
+  // pool_.allocate(), queueing the evicted block's copy to the host tier when there is one.
+  BlockId allocate_block();
   int32_t max_hit_blocks(size_t num_tokens) const {
     return num_tokens == 0 ? 0 : static_cast<int32_t>((num_tokens - 1) / block_size());
   }
@@ -114,6 +135,9 @@ class KvCacheManager {
   std::unordered_map<RequestId, RequestBlocks> requests_;
   int64_t prefix_query_tokens_ = 0;
   int64_t prefix_hit_tokens_ = 0;
+  std::optional<HostBlockTier> host_;
+  std::vector<KvTransfer> offloads_, loads_;  // pending for the plan being built
+  int64_t num_offloaded_ = 0, num_loaded_ = 0;
 };
 
 }  // namespace m3

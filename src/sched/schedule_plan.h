@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "kv/block_table.h"
+#include "kv/host_block_tier.h"
 #include "kv/kv_types.h"
 
 namespace m3 {
@@ -50,6 +51,10 @@ struct StepStats {
   int32_t prefix_hit_tokens = 0;
   int32_t num_deferred_for_prefix = 0;  // waiting requests held back for a prefix a running one computes
   int32_t num_spec_tokens = 0;          // draft tokens scheduled for verification (in num_decode_tokens)
+  int32_t prefix_host_hit_tokens = 0;   // of prefix_hit_tokens: loaded from the host KV tier
+  int32_t kv_offloaded_blocks = 0;      // evicted blocks copied to the host tier this step
+  int32_t kv_loaded_blocks = 0;         // host-tier blocks copied back for this step's hits
+  int32_t kv_host_blocks_used = 0;      // host tier slots holding a block
 };
 
 struct SchedulePlan {
@@ -58,6 +63,9 @@ struct SchedulePlan {
   std::vector<ScheduledRequest> scheduled;  // batch order: running first, then admissions
   std::vector<RequestId> preempted;         // lost their blocks this step; not scheduled
   std::vector<RequestId> finished;          // finished or aborted since the previous plan
+  // Host KV tier copies to run before the forward: offloads (an evicted block's KV, still intact,
+  // to a host slot) first, then loads (a host slot into a block of this step's prefix hits).
+  std::vector<KvTransfer> kv_offloads, kv_loads;
   StepStats stats;
 
   bool empty() const { return scheduled.empty(); }

@@ -192,6 +192,7 @@ void Scheduler::admit_waiting(SchedulePlan* plan, int32_t* budget) {
       kv_.record_prefix_query(r->num_tokens(), hit.num_tokens);
       plan->stats.prefix_query_tokens += r->num_tokens();
       plan->stats.prefix_hit_tokens += hit.num_tokens;
+      plan->stats.prefix_host_hit_tokens += static_cast<int32_t>(hit.host_slots.size()) * kv_.block_size();
     }
     r->set_num_computed_tokens(hit.num_tokens);
     if (r->state() == RequestState::kWaiting) r->set_num_cached_prompt_tokens(hit.num_tokens);
@@ -214,6 +215,7 @@ SchedulePlan Scheduler::schedule() {
   plan.finished = std::move(finished_since_last_plan_);
   finished_since_last_plan_.clear();
 
+  kv_.begin_step();
   int32_t budget = config_.max_num_batched_tokens;
   schedule_running(&plan, &budget);
   for (Request* r : running_) r->clear_spec_token_ids();  // those the budget left unscheduled
@@ -227,6 +229,10 @@ SchedulePlan Scheduler::schedule() {
   plan.stats.kv_blocks_used = kv.num_used_blocks;
   plan.stats.kv_blocks_free = kv.num_free_blocks;
   plan.stats.kv_blocks_cached = kv.num_cached_blocks;
+  kv_.take_transfers(&plan.kv_offloads, &plan.kv_loads);
+  plan.stats.kv_offloaded_blocks = static_cast<int32_t>(plan.kv_offloads.size());
+  plan.stats.kv_loaded_blocks = static_cast<int32_t>(plan.kv_loads.size());
+  plan.stats.kv_host_blocks_used = kv.num_host_used_blocks;
   if (!plan.empty()) outstanding_step_id_ = plan.step_id;
   return plan;
 }

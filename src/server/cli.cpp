@@ -56,6 +56,8 @@ struct ServeOptions {
   double log_stats_interval_s = 10.0;
   bool disable_log_stats = false;
   std::string speculative_config;
+  double kv_offloading_size_gib = 0.0;
+  std::string kv_offloading_backend = "native";
 };
 
 // vLLM's flags that have one meaning here are accepted (the M3 parsers always run, the weights
@@ -117,6 +119,11 @@ void serve(ServeOptions& o, const EngineFactory& factory) {
                                    std::tuple{"--allowed-headers", &o.allowed_headers, &cors.headers}})
     if (auto err = parse_cors_list(flag, *value, *list)) throw std::runtime_error(*err);
   cors.credentials = o.allow_credentials;
+  if (o.kv_offloading_size_gib < 0) throw std::runtime_error("--kv-offloading-size must be >= 0 GiB");
+  if (o.kv_offloading_backend != "native")
+    throw std::runtime_error("--kv-offloading-backend " + o.kv_offloading_backend +
+                             ": only native (host memory in this process) is built in");
+  o.engine.kv_offload_bytes = int64_t(o.kv_offloading_size_gib * double(int64_t(1) << 30));
   if (!o.speculative_config.empty())
     if (auto err = parse_speculative_config(o.speculative_config, o.engine)) throw std::runtime_error(*err);
 
@@ -143,6 +150,9 @@ void serve(ServeOptions& o, const EngineFactory& factory) {
               std::to_string(summary.block_size) + " tokens (KV " + summary.kv_cache_dtype + ", index keys " +
               summary.index_cache_dtype + "), on " + summary.device + " (" +
               std::to_string(summary.weight_bytes >> 20) + " MiB of weights)");
+  if (summary.num_host_kv_blocks > 0)
+    M3_LOG_INFO("KV offloading: " + std::to_string(summary.num_host_kv_blocks) + " blocks of host memory (" +
+                std::to_string(o.engine.kv_offload_bytes >> 20) + " MiB)");
   if (!summary.speculative_method.empty())
     M3_LOG_INFO("speculative decoding: " + summary.speculative_method + ", " +
                 std::to_string(o.engine.ngram.num_speculative_tokens) + " draft tokens, prompt lookup " +
@@ -281,6 +291,12 @@ void register_serve_command(CLI::App& app, EngineFactory factory) {
                   "Responses API responses kept in memory for GET /v1/responses/{id} and previous_response_id "
                   "(least recently used dropped first; 0 = store none)");
   cmd->add_option("--kv-cache-memory", o->engine.kv_cache_memory_bytes, "bytes of KV cache")->capture_default_str();
+  cmd->add_option("--kv-offloading-size", o->kv_offloading_size_gib,
+                  "GiB of host memory that keep KV blocks evicted from the KV cache; a later request with their "
+                  "prefix loads them back instead of recomputing them (0: off; needs prefix caching)")
+      ->capture_default_str();
+  cmd->add_option("--kv-offloading-backend", o->kv_offloading_backend, "native (the only one built in)")
+      ->capture_default_str();
   cmd->add_option("--num-gpu-blocks-override", o->engine.num_kv_blocks, "KV blocks (overrides --kv-cache-memory)");
   cmd->add_option("--device", o->engine.device, "auto (CUDA when a GPU is present), cuda or cpu")
       ->check(CLI::IsMember({"auto", "cuda", "cpu"}))

@@ -89,6 +89,10 @@ void Metrics::observe_step(const EngineStepStats& stats) {
   preemptions_ += s.num_preemptions;
   const int32_t tokens = s.num_prefill_tokens + s.num_decode_tokens;
   if (tokens > 0) iteration_tokens_.observe(tokens);
+  kv_offloaded_ += s.kv_offloaded_blocks;
+  kv_loaded_ += s.kv_loaded_blocks;
+  host_hit_tokens_ += s.prefix_host_hit_tokens;
+  host_blocks_used_ = s.kv_host_blocks_used;
   spec_drafts_ += stats.spec_num_drafts;
   spec_draft_tokens_ += stats.spec_num_draft_tokens;
   spec_accepted_ += stats.spec_num_accepted_tokens;
@@ -141,6 +145,7 @@ void Metrics::set_cache_info(const ModelSummary& summary) {
                        std::to_string(summary.num_kv_blocks) + "\",cache_dtype=\"" + summary.kv_cache_dtype +
                        "\",index_cache_dtype=\"" + summary.index_cache_dtype + "\",enable_prefix_caching=\"" +
                        (summary.enable_prefix_caching ? "True" : "False") + "\"";
+  host_blocks_total_ = summary.num_host_kv_blocks;
   speculative_ = !summary.speculative_method.empty();
   if (speculative_ && spec_accepted_per_pos_.size() < size_t(summary.num_speculative_tokens))
     spec_accepted_per_pos_.resize(size_t(summary.num_speculative_tokens), 0);
@@ -208,6 +213,15 @@ std::string Metrics::render() const {
   histogram("vllm:request_generation_tokens", "Generated tokens per finished request.", request_generation_tokens_);
   histogram("vllm:request_params_max_tokens", "max_tokens of finished requests.", request_max_tokens_);
   histogram("vllm:iteration_tokens_total", "Tokens (prefill + decode) per engine step.", iteration_tokens_);
+  if (host_blocks_total_ > 0) {
+    gauge("m3:kv_offload_blocks_used", "Host KV tier blocks holding an evicted block.", host_blocks_used_);
+    gauge("m3:kv_offload_blocks_total", "Host KV tier blocks (--kv-offloading-size).", host_blocks_total_);
+    counter("m3:kv_offload_stored_blocks_total", "KV blocks copied to host memory on eviction.", double(kv_offloaded_));
+    counter("m3:kv_offload_loaded_blocks_total", "KV blocks copied back from host memory for a prefix hit.",
+            double(kv_loaded_));
+    counter("m3:kv_offload_prefix_hits_total", "Prompt tokens of prefix hits served from host memory.",
+            double(host_hit_tokens_));
+  }
   if (speculative_) {
     counter("vllm:spec_decode_num_drafts_total", "Requests' drafts verified.", double(spec_drafts_));
     counter("vllm:spec_decode_num_draft_tokens_total", "Draft tokens verified.", double(spec_draft_tokens_));

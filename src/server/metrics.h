@@ -64,6 +64,8 @@ class Metrics {
   int64_t prefix_queries_ = 0, prefix_hits_ = 0, preemptions_ = 0;
   int64_t prompt_tokens_ = 0, generation_tokens_ = 0;
   int64_t num_steps_ = 0, refused_ = 0, disconnects_ = 0;
+  int64_t kv_offloaded_ = 0, kv_loaded_ = 0, host_hit_tokens_ = 0;
+  int32_t host_blocks_used_ = 0, host_blocks_total_ = 0;
   bool speculative_ = false;  // the spec_decode counters are rendered (vLLM shows them only then)
   int64_t spec_drafts_ = 0, spec_draft_tokens_ = 0, spec_accepted_ = 0;
   std::vector<int64_t> spec_accepted_per_pos_;

@@ -347,6 +347,7 @@ BackendKvCache BackendKvCache::allocate(ops::BackendRuntime* rt, const MiniMaxM3
   const size_t esz = dtype_size_bytes(dtype), iesz = dtype_size_bytes(idt);
   BackendKvCache cache;
   cache.block_size = block_size;
+  cache.num_blocks = num_blocks;
   cache.dtype = dtype;
   cache.index_dtype = idt;
   const int64_t slots = num_blocks * block_size;
@@ -367,6 +368,28 @@ BackendKvCache BackendKvCache::allocate(ops::BackendRuntime* rt, const MiniMaxM3
     }
   }
   return cache;
+}
+
+void BackendKvCache::save_block(ops::BackendRuntime* rt, int64_t block, void* host) const {
+  char* out = static_cast<char*>(host);
+  for (size_t l = 0; l < k.size(); ++l)
+    for (const ops::DeviceBuffer* t : {&k[l], &v[l], &index_k[l]}) {
+      if (t->size_bytes() == 0) continue;
+      const size_t n = t->size_bytes() / size_t(num_blocks);  // one block of this tensor
+      rt->download(out, static_cast<const char*>(t->data()) + size_t(block) * n, n);
+      out += n;
+    }
+}
+
+void BackendKvCache::load_block(ops::BackendRuntime* rt, int64_t block, const void* host) const {
+  const char* in = static_cast<const char*>(host);
+  for (size_t l = 0; l < k.size(); ++l)
+    for (const ops::DeviceBuffer* t : {&k[l], &v[l], &index_k[l]}) {
+      if (t->size_bytes() == 0) continue;
+      const size_t n = t->size_bytes() / size_t(num_blocks);
+      rt->upload(static_cast<char*>(t->data()) + size_t(block) * n, in, n);
+      in += n;
+    }
 }
 
 }  // namespace m3

@@ -37,6 +37,11 @@ struct BackendKvCache {
                                  std::optional<DType> index_dtype = std::nullopt);
   static BackendKvCache allocate(ops::BackendRuntime* runtime, const MiniMaxM3Config& config, int64_t num_blocks,
                                  int block_size, DType dtype = DType::kF32, std::optional<DType> index_dtype = std::nullopt);
+  // Block `block` of every layer's K, V and index keys copied to / from `host` (bytes_per_block
+  // bytes: K, V, index-K of layer 0, then layer 1, ...) through the runtime (the host KV tier).
+  void save_block(ops::BackendRuntime* rt, int64_t block, void* host) const;
+  void load_block(ops::BackendRuntime* rt, int64_t block, const void* host) const;
+  int64_t num_blocks = 0;
 
  private:
   std::vector<TensorView> k_views_, v_views_, index_k_views_;

@@ -40,14 +40,14 @@ def free_port():
 
 
 class Server:
-    def __init__(self, extra=(), api_key=API_KEY, script=None, script_extra=()):
+    def __init__(self, extra=(), api_key=API_KEY, script=None, script_extra=(), blocks=400):
         self.port = free_port()
         self.clients = []
         # With a script, the test-only m3serve_scripted runs the same serve command with a
         # fixed-output engine in place of the model.
         binary = [ARGS.m3serve_scripted, "--script", script, *script_extra] if script else [ARGS.m3serve]
         cmd = [*binary, "serve", ARGS.fixture, "--host", "127.0.0.1", "--port", str(self.port),
-               "--served-model-name", MODEL, "--max-model-len", "2048", "--num-gpu-blocks-override", "400",
+               "--served-model-name", MODEL, "--max-model-len", "2048", "--num-gpu-blocks-override", str(blocks),
                "--max-num-seqs", "32", *extra]
         if api_key:
             cmd += ["--api-key", api_key]
@@ -907,6 +907,38 @@ class ServerTest(unittest.TestCase):
                                  capture_output=True, text=True, timeout=60)
             self.assertNotEqual(out.returncode, 0, value)
             self.assertIn(needle, out.stderr + out.stdout)
+
+    def test_kv_offloading(self):
+        # A 24-block pool (384 tokens): two long prompts evict the first one's blocks, which come back
+        # from host memory as a prefix hit with the same answer.
+        server = Server(api_key=None, blocks=24, extra=["--kv-offloading-size", "0.01"])
+        try:
+            def ask(prompt):
+                st, r = server.json("POST", "/v1/completions", {"model": MODEL, "prompt": prompt, "max_tokens": 6,
+                                                                 "temperature": 0, "logprobs": 1, "ignore_eos": True})
+                self.assertEqual(st, 200, r)
+                return r
+            a = [(i * 7) % 400 + 3 for i in range(120)]
+            first = ask(a)
+            ask([(i * 11) % 400 + 5 for i in range(150)])
+            ask([(i * 13) % 400 + 9 for i in range(150)])
+            again = ask(a)
+            self.assertEqual(again["usage"]["prompt_tokens_details"]["cached_tokens"], 112)  # 7 blocks of 16
+            self.assertEqual(again["choices"][0]["text"], first["choices"][0]["text"])
+            self.assertEqual(again["choices"][0]["logprobs"]["token_logprobs"],
+                             first["choices"][0]["logprobs"]["token_logprobs"])
+            m = server.metrics()
+            self.assertGreater(m['m3:kv_offload_loaded_blocks_total{model_name="%s"}' % MODEL], 0)
+            self.assertGreater(m['m3:kv_offload_stored_blocks_total{model_name="%s"}' % MODEL], 0)
+            self.assertGreater(m['m3:kv_offload_blocks_total{model_name="%s"}' % MODEL], 0)
+        finally:
+            server.stop()
+        with open(server.log_path) as f:
+            self.assertIn("KV offloading:", f.read())
+        out = subprocess.run([ARGS.m3serve, "serve", ARGS.fixture, "--kv-offloading-size", "1",
+                              "--no-enable-prefix-caching"], capture_output=True, text=True, timeout=60)
+        self.assertNotEqual(out.returncode, 0)
+        self.assertIn("prefix caching", out.stderr + out.stdout)
 
     def test_cors(self):
         def call(method, path, headers, body=None):

@@ -27,7 +27,7 @@ class Rng {
 
 struct FuzzStats {
   int64_t steps = 0, finished = 0, aborted = 0, rejected = 0, preemptions = 0, hit_tokens = 0;
-  int64_t draft_tokens = 0, accepted_tokens = 0;
+  int64_t draft_tokens = 0, accepted_tokens = 0, host_hit_tokens = 0, offloads = 0;
 };
 
 void fuzz_one(uint64_t seed, int32_t num_steps, FuzzStats* totals) {
@@ -39,6 +39,7 @@ void fuzz_one(uint64_t seed, int32_t num_steps, FuzzStats* totals) {
   kc.num_blocks = rng.uniform(2, 48);
   kc.enable_prefix_caching = rng.chance(75);
   kc.hash_seed = seed;
+  kc.num_host_blocks = kc.enable_prefix_caching && rng.chance(50) ? rng.uniform(1, 40) : 0;
   SchedulerConfig sc;
   sc.max_num_batched_tokens = rng.uniform(1, 48);
   sc.max_num_seqs = rng.uniform(1, 8);
@@ -111,6 +112,8 @@ void fuzz_one(uint64_t seed, int32_t num_steps, FuzzStats* totals) {
     ++totals->steps;
     totals->preemptions += plan.stats.num_preemptions;
     totals->hit_tokens += plan.stats.prefix_hit_tokens;
+    totals->host_hit_tokens += plan.stats.prefix_host_hit_tokens;
+    totals->offloads += plan.stats.kv_offloaded_blocks;
     if (plan.empty()) {
       EXPECT_TRUE(live.empty()) << "live requests but nothing scheduled at step " << step;
       continue;
@@ -194,10 +197,11 @@ TEST(SchedulerFuzz, RandomWorkloadsKeepInvariantsAndOutputs) {
     if (::testing::Test::HasFatalFailure()) return;
   }
   std::printf("fuzz: %lld steps, %lld finished, %lld aborted, %lld rejected, %lld preemptions, "
-              "%lld prefix-hit tokens, %lld draft tokens (%lld accepted)\n",
+              "%lld prefix-hit tokens (%lld from the host tier, %lld blocks offloaded), %lld draft tokens (%lld accepted)\n",
               static_cast<long long>(totals.steps), static_cast<long long>(totals.finished),
               static_cast<long long>(totals.aborted), static_cast<long long>(totals.rejected),
               static_cast<long long>(totals.preemptions), static_cast<long long>(totals.hit_tokens),
+              static_cast<long long>(totals.host_hit_tokens), static_cast<long long>(totals.offloads),
               static_cast<long long>(totals.draft_tokens), static_cast<long long>(totals.accepted_tokens));
   // The workload must actually exercise the interesting paths.
   EXPECT_GT(totals.steps, 5000);
@@ -206,6 +210,8 @@ TEST(SchedulerFuzz, RandomWorkloadsKeepInvariantsAndOutputs) {
   EXPECT_GT(totals.hit_tokens, 500);
   EXPECT_GT(totals.aborted, 10);
   EXPECT_GT(totals.draft_tokens, 1000);
+  EXPECT_GT(totals.host_hit_tokens, 100);
+  EXPECT_GT(totals.offloads, 100);
   EXPECT_GT(totals.accepted_tokens, 300);
   EXPECT_LT(totals.accepted_tokens, totals.draft_tokens);
 }

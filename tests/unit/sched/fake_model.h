@@ -49,6 +49,20 @@ class FakeModel {
     const std::vector<int64_t> slot_map = plan.slot_mapping();
     const std::vector<int32_t> positions = plan.positions();
     const std::vector<int32_t> offsets = plan.query_start_offsets();
+    // The host KV tier's copies: offloads, then loads, before the step writes anything.
+    const size_t bs = static_cast<size_t>(plan.block_size_tokens);
+    for (const KvTransfer& t : plan.kv_offloads) {
+      auto first = slots_.begin() + std::ptrdiff_t(size_t(t.device_block) * bs);
+      host_[t.host_slot].assign(first, first + std::ptrdiff_t(bs));
+      ++num_offloads_;
+    }
+    for (const KvTransfer& t : plan.kv_loads) {
+      auto it = host_.find(t.host_slot);
+      EXPECT_NE(it, host_.end()) << "load from host slot " << t.host_slot << " that was never written";
+      if (it == host_.end()) continue;
+      std::copy(it->second.begin(), it->second.end(), slots_.begin() + std::ptrdiff_t(size_t(t.device_block) * bs));
+      ++num_loads_;
+    }
     // Writes first (a forward pass writes all KV of a layer before attending).
     for (size_t i = 0; i < plan.scheduled.size(); ++i) {
       const ScheduledRequest& r = plan.scheduled[i];
@@ -95,7 +109,11 @@ class FakeModel {
     int32_t position = -1;
   };
   std::vector<Slot> slots_;
+  std::map<int32_t, std::vector<Slot>> host_;  // host tier slot -> one block's slots
   int32_t vocab_size_;
+
+ public:
+  int64_t num_offloads_ = 0, num_loads_ = 0;
 };
 
 // Drives schedule → run → update until nothing is left (or max_steps), checking the

@@ -23,6 +23,7 @@ struct Knobs {
   int32_t max_seqs = 8;
   int32_t max_model_len = 512;
   bool prefix_caching = true;
+  int32_t host_blocks = 0;
 };
 
 Scheduler make_scheduler_with(const Knobs& s, int32_t max_chunk_tokens) {
@@ -33,6 +34,7 @@ Scheduler make_scheduler_with(const Knobs& s, int32_t max_chunk_tokens) {
   k.enable_prefix_caching = s.prefix_caching;
   k.hash_seed = 99;
   k.hash_extra_keys = {"model_rev=fake"};
+  k.num_host_blocks = s.host_blocks;
   Result<Scheduler> r = Scheduler::create(c, k);
   EXPECT_TRUE(r.is_ok()) << r.status().message();
   return std::move(r).value();
@@ -786,6 +788,71 @@ TEST(Scheduler, SpeculativeUpdateRejectsTokensThatAreNotAcceptedDrafts) {
   EXPECT_EQ(r->at(0).new_token_ids, (std::vector<TokenId>{11, 12, 40}));
   EXPECT_EQ(sched.find_request(1)->num_computed_tokens(), computed + 3);  // last token + 2 drafts
   EXPECT_TRUE(sched.check_invariants().is_ok());
+}
+
+
+// Host KV tier: blocks evicted from the pool are copied to host slots and loaded back into fresh
+// blocks when their prefix comes again; the fake model reads context only through the slots, so
+// a wrong copy (or a load from a slot reused since) changes the tokens.
+TEST(Scheduler, HostTierRestoresEvictedPrefixes) {
+  auto run = [](int32_t host_blocks, int64_t* host_hits, int64_t* loads) {
+    Knobs s;
+    s.num_blocks = 12;  // 48 tokens
+    s.block_size = 4;
+    s.host_blocks = host_blocks;
+    Scheduler sched = make_scheduler(s);
+    FakeModel model(s.num_blocks, s.block_size, kVocab);
+    std::vector<RequestSpec> specs{make_spec(1, 21, 3, 5)};
+    for (const auto& sp : specs) EXPECT_TRUE(sched.submit(sp).is_ok());
+    drive(sched, model);
+    // Two others take the whole pool: request 1's cached blocks are evicted.
+    std::vector<RequestSpec> others{make_spec(2, 21, 2, 40), make_spec(3, 22, 2, 70)};
+    for (const auto& sp : others) EXPECT_TRUE(sched.submit(sp).is_ok());
+    fake::DriveResult r2 = drive(sched, model);
+    expect_matches_reference(others, r2);
+    RequestSpec again = make_spec(4, 21, 6, 5);  // request 1's prompt again
+    EXPECT_TRUE(sched.submit(again).is_ok());
+    fake::DriveResult r3 = drive(sched, model);
+    expect_matches_reference({again}, r3);
+    for (const SchedulePlan& p : r3.plans) {
+      *host_hits += p.stats.prefix_host_hit_tokens;
+      *loads += p.stats.kv_loaded_blocks;
+      EXPECT_EQ(p.stats.kv_loaded_blocks, int32_t(p.kv_loads.size()));
+    }
+    EXPECT_EQ(model.num_loads_, *loads);
+    EXPECT_TRUE(sched.check_invariants().is_ok());
+    return sched.kv().stats();
+  };
+  int64_t hits_off = 0, loads_off = 0, hits_on = 0, loads_on = 0;
+  const KvStats off = run(0, &hits_off, &loads_off);
+  const KvStats on = run(16, &hits_on, &loads_on);
+  EXPECT_EQ(hits_off, 0);
+  EXPECT_EQ(off.num_offloaded_blocks, 0);
+  EXPECT_EQ(hits_on, 20);  // five full blocks of 4 (the last prompt token is always computed)
+  EXPECT_EQ(loads_on, 5);
+  EXPECT_GE(on.num_offloaded_blocks, 5);
+  EXPECT_EQ(on.num_host_blocks, 16);
+  EXPECT_GT(on.num_host_used_blocks, 0);
+}
+
+// A host tier smaller than what is evicted keeps the most recently evicted blocks and never
+// reuses a slot a pending load reads; invariants hold throughout.
+TEST(Scheduler, SmallHostTierCyclesWithoutCorruption) {
+  Knobs s;
+  s.num_blocks = 10;
+  s.block_size = 2;
+  s.budget = 16;
+  s.max_seqs = 3;
+  s.host_blocks = 3;
+  Scheduler sched = make_scheduler(s);
+  FakeModel model(s.num_blocks, s.block_size, kVocab);
+  std::vector<RequestSpec> specs;
+  for (int round = 0; round < 6; ++round)
+    for (int i = 0; i < 3; ++i) specs.push_back(make_spec(RequestId(100 + round * 10 + i), 7 + i, 3, TokenId(1 + i)));
+  for (const auto& sp : specs) ASSERT_TRUE(sched.submit(sp).is_ok());
+  const fake::DriveResult r = drive(sched, model);
+  expect_matches_reference(specs, r);
+  EXPECT_GT(model.num_offloads_, 0);
 }
 
 }  // namespace
