@@ -68,6 +68,10 @@ struct EngineConfig {
   // decoding without drafts gives (token for token where the kernels are batch-invariant).
   std::string speculative_method;
   NgramConfig ngram;
+  // MSA index sharing (the seeds' "index reuse across layers"): groups of this many consecutive
+  // sparse layers take the first one's block selection; the others skip their indexer and keep
+  // no index keys. Changes the model's output (an approximation); 1 = off, the model as trained.
+  int32_t msa_index_reuse = 1;
 };
 
 struct GenerationRequest {
@@ -135,6 +139,7 @@ struct ModelSummary {
   bool enable_prefix_caching = true;
   std::string speculative_method;     // "" = off, "ngram"
   int32_t num_speculative_tokens = 0;
+  int32_t msa_index_reuse = 1;
 };
 
 class Engine {

@@ -479,6 +479,9 @@ Result<std::unique_ptr<Engine>> Engine::create(const EngineConfig& config) {
     return Status::error(config.model_dir + ": loading weights into " + rt->describe() + " failed: " + e.what());
   }
   if (!model) return model.status();
+  if (config.msa_index_reuse < 1 || config.msa_index_reuse > 64)
+    return Status::error("msa_index_reuse must be in [1, 64], got " + std::to_string(config.msa_index_reuse));
+  (*model)->set_msa_index_reuse(config.msa_index_reuse);
   const MiniMaxM3Config& c = (*model)->config();
   const int32_t bs = c.index_block_size;
   // KV element type: BF16 on CUDA by default (what the tuned MSA kernels read), F32 on the CPU.
@@ -528,6 +531,8 @@ Result<std::unique_ptr<Engine>> Engine::create(const EngineConfig& config) {
   // agree) and the KV and index-key dtypes. Block size and seed are in the hasher's root already.
   kc.hash_extra_keys = {"model=" + model_fingerprint(config.model_dir), "kv_dtype=" + kv_dtype_name,
                         "index_dtype=" + index_dtype_name};
+  // Index sharing changes every later layer's K and V for the same tokens.
+  if (config.msa_index_reuse > 1) kc.hash_extra_keys.push_back("msa_index_reuse=" + std::to_string(config.msa_index_reuse));
   auto scheduler = Scheduler::create(sc, kc);
   if (!scheduler) return scheduler.status();
   ModelSummary summary;
@@ -536,6 +541,7 @@ Result<std::unique_ptr<Engine>> Engine::create(const EngineConfig& config) {
   summary.block_size = bs;
   summary.num_kv_blocks = num_blocks;
   summary.num_host_kv_blocks = kc.num_host_blocks;
+  summary.msa_index_reuse = config.msa_index_reuse;
   summary.eos_token_ids = c.eos_token_ids;
   summary.bos_token_id = c.bos_token_id;
   summary.device = rt->describe();

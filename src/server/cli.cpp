@@ -150,6 +150,9 @@ void serve(ServeOptions& o, const EngineFactory& factory) {
               std::to_string(summary.block_size) + " tokens (KV " + summary.kv_cache_dtype + ", index keys " +
               summary.index_cache_dtype + "), on " + summary.device + " (" +
               std::to_string(summary.weight_bytes >> 20) + " MiB of weights)");
+  if (summary.msa_index_reuse > 1)
+    M3_LOG_WARN("MSA index sharing: groups of " + std::to_string(summary.msa_index_reuse) +
+                " sparse layers share one block selection (an approximation of the model)");
   if (summary.num_host_kv_blocks > 0)
     M3_LOG_INFO("KV offloading: " + std::to_string(summary.num_host_kv_blocks) + " blocks of host memory (" +
                 std::to_string(o.engine.kv_offload_bytes >> 20) + " MiB)");
@@ -294,6 +297,11 @@ void register_serve_command(CLI::App& app, EngineFactory factory) {
   cmd->add_option("--kv-offloading-size", o->kv_offloading_size_gib,
                   "GiB of host memory that keep KV blocks evicted from the KV cache; a later request with their "
                   "prefix loads them back instead of recomputing them (0: off; needs prefix caching)")
+      ->capture_default_str();
+  cmd->add_option("--msa-index-reuse", o->engine.msa_index_reuse,
+                  "MSA index sharing: groups of N consecutive sparse layers use the first one's block selection "
+                  "(the others skip their indexer and index-key cache); changes the output, 1 = off")
+      ->check(CLI::Range(1, 64))
       ->capture_default_str();
   cmd->add_option("--kv-offloading-backend", o->kv_offloading_backend, "native (the only one built in)")
       ->capture_default_str();

@@ -37,6 +37,14 @@ int MiniMaxM3Config::num_sparse_layers() const {
   return n;
 }
 
+bool MiniMaxM3Config::computes_index(int layer) const {
+  if (!is_sparse_layer(layer)) return false;
+  if (msa_index_reuse <= 1) return true;
+  int ordinal = 0;  // sparse layers before this one
+  for (int l = 0; l < layer; ++l) ordinal += is_sparse_layer(l);
+  return ordinal % msa_index_reuse == 0;
+}
+
 int MiniMaxM3Config::num_moe_layers() const {
   int n = 0;
   for (int f : moe_layer_freq) n += f != 0;

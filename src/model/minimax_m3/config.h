@@ -55,6 +55,10 @@ struct MiniMaxM3Config {
   int index_topk_blocks = 16;
   int index_local_blocks = 1;
   int index_init_blocks = 0;
+  // Index sharing across layers (a serving choice, never read from config.json; it changes the
+  // model's work): groups of msa_index_reuse consecutive sparse layers use the first one's block
+  // selection, the others compute no index keys and keep no index-key cache. 1 = off.
+  int msa_index_reuse = 1;
 
   // Weights
   QuantMethod quant_method = QuantMethod::kNone;
@@ -63,6 +67,8 @@ struct MiniMaxM3Config {
 
   bool is_moe_layer(int layer) const { return moe_layer_freq[size_t(layer)] != 0; }
   bool is_sparse_layer(int layer) const { return sparse_layer_freq[size_t(layer)] != 0; }
+  // A sparse layer that selects its own blocks (first of its msa_index_reuse group).
+  bool computes_index(int layer) const;
   int num_kv_groups() const { return num_attention_heads / num_key_value_heads; }
   int num_sparse_layers() const;
   int num_moe_layers() const;

@@ -227,10 +227,13 @@ void MiniMaxM3Model::forward(const ops::OpContext& ctx, const ForwardBatch& batc
     // The layer's projections of x in one group (on the GPU: one x split, small projections
     // streamed in the same launch as q; the same bits as separate calls).
     const bool sparse = c.is_sparse_layer(l);
+    // With index sharing a sparse layer may take the previous selection (still in ws.selected):
+    // no index projections, keys or top-k of its own.
+    const bool own_index = c.computes_index(l);
     const ops::LinearWeight* proj_w[5] = {&L.q_proj, &L.k_proj, &L.v_proj, &L.index_q_proj, &L.index_k_proj};
     const TensorView proj_y[5] = {f2(ws.q, T, Hq * D), f2(ws.k, T, Hkv * D), f2(ws.v, T, Hkv * D),
-                                  sparse ? f2(ws.iq, T, Hi * Di) : TensorView{}, sparse ? ik2 : TensorView{}};
-    ops::linear_group(ctx, xv, proj_w, proj_y, sparse ? 5 : 3);
+                                  own_index ? f2(ws.iq, T, Hi * Di) : TensorView{}, own_index ? ik2 : TensorView{}};
+    ops::linear_group(ctx, xv, proj_w, proj_y, own_index ? 5 : 3);
     ops::AttnPrologue pro;
     pro.q = q3;
     pro.k = k3;
@@ -239,7 +242,7 @@ void MiniMaxM3Model::forward(const ops::OpContext& ctx, const ForwardBatch& batc
     pro.k_norm = L.k_norm;
     pro.k_cache = cache.k[size_t(l)];
     pro.v_cache = cache.v[size_t(l)];
-    if (sparse) {
+    if (own_index) {
       pro.index_q = iq3;
       pro.index_k = ik3;
       pro.index_q_norm = L.index_q_norm;
@@ -253,8 +256,9 @@ void MiniMaxM3Model::forward(const ops::OpContext& ctx, const ForwardBatch& batc
     pro.eps = c.rms_norm_eps;
     ops::attn_prologue(ctx, pro);
     if (sparse) {
-      ops::indexer_topk(ctx, iq3, cache.index_k[size_t(l)], meta,
-                        ops::IndexerParams{c.index_block_size, c.index_topk_blocks}, sel);
+      if (own_index)
+        ops::indexer_topk(ctx, iq3, cache.index_k[size_t(l)], meta,
+                          ops::IndexerParams{c.index_block_size, c.index_topk_blocks}, sel);
       if (trace) {
         std::vector<int32_t> host(size_t(sel.numel()));
         runtime_->download(host.data(), sel.data, host.size() * 4);
@@ -332,7 +336,7 @@ int64_t BackendKvCache::bytes_per_block(const MiniMaxM3Config& c, int block_size
   int64_t kv = 0, index = 0;  // elements per token
   for (int l = 0; l < c.num_hidden_layers; ++l) {
     kv += 2 * int64_t(c.num_key_value_heads) * c.head_dim;
-    if (c.is_sparse_layer(l)) index += c.index_head_dim;
+    if (c.computes_index(l)) index += c.index_head_dim;
   }
   return (kv * int64_t(dtype_size_bytes(dtype)) + index * int64_t(dtype_size_bytes(index_dtype.value_or(dtype)))) *
          block_size;
@@ -358,7 +362,7 @@ BackendKvCache BackendKvCache::allocate(ops::BackendRuntime* rt, const MiniMaxM3
     cache.v.emplace_back(rt, size_t(kv.numel()) * esz);
     cache.k_views_.push_back(TensorView{cache.k.back().data(), dtype, kv, dev});
     cache.v_views_.push_back(TensorView{cache.v.back().data(), dtype, kv, dev});
-    if (c.is_sparse_layer(l)) {
+    if (c.computes_index(l)) {
       const Shape ik{slots, c.index_head_dim};
       cache.index_k.emplace_back(rt, size_t(ik.numel()) * iesz);
       cache.index_k_views_.push_back(TensorView{cache.index_k.back().data(), idt, ik, dev});
@@ -376,7 +380,9 @@ void BackendKvCache::save_block(ops::BackendRuntime* rt, int64_t block, void* ho
     for (const ops::DeviceBuffer* t : {&k[l], &v[l], &index_k[l]}) {
       if (t->size_bytes() == 0) continue;
       const size_t n = t->size_bytes() / size_t(num_blocks);  // one block of this tensor
-      rt->download(out, static_cast<const char*>(t->data()) + size_t(block) * n, n);
+      // Queued on the runtime's stream like the loads and the forward after it: the copy reads
+      // the block before anything overwrites it, and `host` is pinned.
+      rt->download_async(out, static_cast<const char*>(t->data()) + size_t(block) * n, n);
       out += n;
     }
 }

@@ -39,6 +39,7 @@ struct BackendKvCache {
                                  int block_size, DType dtype = DType::kF32, std::optional<DType> index_dtype = std::nullopt);
   // Block `block` of every layer's K, V and index keys copied to / from `host` (bytes_per_block
   // bytes: K, V, index-K of layer 0, then layer 1, ...) through the runtime (the host KV tier).
+  // Both only queue the copies (stream order); `host` must be the runtime's pinned memory.
   void save_block(ops::BackendRuntime* rt, int64_t block, void* host) const;
   void load_block(ops::BackendRuntime* rt, int64_t block, const void* host) const;
   int64_t num_blocks = 0;
@@ -107,6 +108,8 @@ class MiniMaxM3Model {
                                                       const LoadOptions& options);
 
   const MiniMaxM3Config& config() const { return config_; }
+  // Index sharing across layers (MiniMaxM3Config::msa_index_reuse); set before caches are made.
+  void set_msa_index_reuse(int n) { config_.msa_index_reuse = n < 1 ? 1 : n; }
 
   ops::BackendRuntime* runtime() const { return runtime_; }
   // Bytes of weights in backend memory, per layer and in all.
