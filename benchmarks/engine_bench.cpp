@@ -13,6 +13,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "bench_util.h"
+
 #include "backend/cpu/cpu_backend.h"
 #include "m3serve/engine.h"
 #include "model/minimax_m3/make_model.h"
@@ -21,13 +23,6 @@
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-std::vector<int> parse_list(const std::string& s) {
-  std::vector<int> v;
-  std::stringstream ss(s);
-  for (std::string x; std::getline(ss, x, ',');) v.push_back(std::stoi(x));
-  return v;
-}
 
 }  // namespace
 
@@ -59,7 +54,7 @@ int main(int argc, char** argv) {
                         {"sgemm_ceiling_gflops", ceiling}, {"matmul_flops_per_token", fpt}, {"points", nlohmann::json::array()}};
   std::printf("sgemm ceiling %.1f GFLOP/s; %.2f MFLOP per token (matmuls)\n", ceiling, fpt / 1e6);
   for (bool invariant : {true, false})
-  for (int batch : parse_list(batches)) {
+  for (int batch : m3::bench::parse_list(batches)) {
     m3::EngineConfig ec;
     ec.batch_invariant = invariant;
     ec.model_dir = model_dir;

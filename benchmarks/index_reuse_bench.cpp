@@ -14,6 +14,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "bench_util.h"
+
 #include "backend/cpu/cpu_backend.h"
 #include "exec/sequence_runner.h"
 #include "model/minimax_m3/model.h"
@@ -22,13 +24,6 @@
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-std::vector<int> parse_list(const std::string& s) {
-  std::vector<int> v;
-  std::stringstream ss(s);
-  for (std::string x; std::getline(ss, x, ',');) v.push_back(std::stoi(x));
-  return v;
-}
 
 }  // namespace
 
@@ -48,13 +43,12 @@ int main(int argc, char** argv) {
     else if (k == "--json") json_path = v;
     else { std::fprintf(stderr, "unknown option %s\n", k.c_str()); return 2; }
   }
-  std::ifstream in(corpus_path, std::ios::binary);
-  if (!in) { std::fprintf(stderr, "corpus %s not found (pass --corpus FILE)\n", corpus_path.c_str()); return 1; }
-  std::stringstream text;
-  text << in.rdbuf();
-  auto tok = m3::Tokenizer::from_dir(model_dir);
-  if (!tok) { std::fprintf(stderr, "tokenizer: %s\n", tok.error().c_str()); return 1; }
-  const std::vector<int32_t> corpus = (*tok)->encode(text.str(), false);
+  auto corpus_ids = m3::bench::corpus_tokens(corpus_path, model_dir);
+  if (!corpus_ids) {
+    std::fprintf(stderr, "%s\n", corpus_ids.error().c_str());
+    return 1;
+  }
+  const std::vector<int32_t>& corpus = *corpus_ids;
   auto model = m3::MiniMaxM3Model::load(model_dir);
   if (!model) { std::fprintf(stderr, "%s\n", model.error().c_str()); return 1; }
   const int64_t vocab = (*model)->config().vocab_size;
@@ -65,7 +59,7 @@ int main(int argc, char** argv) {
                         {"decode_tokens", decode_tokens}, {"points", nlohmann::json::array()}};
   std::vector<std::vector<int32_t>> base_argmax;  // N = 1's greedy next token at every position
   double base_ppl = 0, base_decode_ms = 0;
-  for (int reuse : parse_list(reuse_list)) {
+  for (int reuse : m3::bench::parse_list(reuse_list)) {
     (*model)->set_msa_index_reuse(reuse);
     double nll = 0, decode_s = 0, prefill_s = 0;
     int64_t count = 0, agree = 0, compared = 0;

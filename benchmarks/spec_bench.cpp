@@ -1,6 +1,6 @@
 // Speculative decoding (ngram drafts) against plain decoding on one checkpoint (default: the
 // bundled m3-small), greedy, on two workloads cut from a public-domain corpus:
-//   echo: a passage, a blank line, then its first sentence again: the continuation repeats the
+//   echo: a passage, then its first 24 tokens again: the continuation repeats the
 //         context (what agents quoting tool output, code edits and summaries look like);
 //   free: a passage alone: the continuation is new text (drafts are mostly wrong: the cost).
 // For each (workload, batch, draft length) it prints and saves the wall time, output tokens/s,
@@ -19,6 +19,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "bench_util.h"
+
 #include "cpu_roofline.h"
 #include "m3serve/engine.h"
 #include "tokenizer/tokenizer.h"
@@ -27,22 +29,16 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-std::vector<int> parse_list(const std::string& s) {
-  std::vector<int> v;
-  std::stringstream ss(s);
-  for (std::string x; std::getline(ss, x, ',');) v.push_back(std::stoi(x));
-  return v;
-}
 
 // Prompt b of a workload: input_len tokens of the corpus from the last fifth (held out from
 // m3-small's training), passages 4096 tokens apart.
-std::vector<int32_t> make_prompt(const std::vector<int32_t>& corpus, const std::vector<int32_t>& blank_line,
+std::vector<int32_t> make_prompt(const std::vector<int32_t>& corpus,
                                  const std::string& workload, int b, int input_len) {
   const size_t start = corpus.size() * 4 / 5 + size_t(b) * 4096;
   std::vector<int32_t> p(corpus.begin() + long(start), corpus.begin() + long(start) + input_len);
   if (workload == "echo") {
-    p.insert(p.end(), blank_line.begin(), blank_line.end());
-    p.insert(p.end(), p.begin(), p.begin() + 24);
+    const std::vector<int32_t> head(p.begin(), p.begin() + 24);
+    p.insert(p.end(), head.begin(), head.end());
   }
   return p;
 }
@@ -67,20 +63,15 @@ int main(int argc, char** argv) {
     else if (k == "--json") json_path = v;
     else { std::fprintf(stderr, "unknown option %s\n", k.c_str()); return 2; }
   }
-  std::ifstream in(corpus_path, std::ios::binary);
-  if (!in) {
-    std::fprintf(stderr, "corpus %s not found (pass --corpus FILE)\n", corpus_path.c_str());
+  auto corpus_ids = m3::bench::corpus_tokens(corpus_path, tokenizer_dir.empty() ? model_dir : tokenizer_dir);
+  if (!corpus_ids) {
+    std::fprintf(stderr, "%s\n", corpus_ids.error().c_str());
     return 1;
   }
-  std::stringstream text;
-  text << in.rdbuf();
-  auto tok = m3::Tokenizer::from_dir(tokenizer_dir.empty() ? model_dir : tokenizer_dir);
-  if (!tok) { std::fprintf(stderr, "tokenizer: %s\n", tok.error().c_str()); return 1; }
-  const std::vector<int32_t> corpus = (*tok)->encode(text.str(), /*allow_special=*/false);
-  const std::vector<int32_t> blank = (*tok)->encode("\n\n", false);
+  const std::vector<int32_t>& corpus = *corpus_ids;
   auto cfg = m3::MiniMaxM3Config::from_file(model_dir + "/config.json");
   if (!cfg) { std::fprintf(stderr, "%s\n", cfg.error().c_str()); return 1; }
-  const std::vector<int> batch_sizes = parse_list(batches);
+  const std::vector<int> batch_sizes = m3::bench::parse_list(batches);
   int max_batch = 1;
   for (int b : batch_sizes) max_batch = std::max(max_batch, b);
   if (corpus.size() < corpus.size() * 4 / 5 + size_t(max_batch) * 4096 + size_t(input_len)) {
@@ -95,7 +86,7 @@ int main(int argc, char** argv) {
   std::map<std::string, double> plain_s;
   for (const std::string workload : {"echo", "free"})
   for (int batch : batch_sizes)
-  for (int k : parse_list(drafts)) {
+  for (int k : m3::bench::parse_list(drafts)) {
     m3::EngineConfig ec;
     ec.model_dir = model_dir;
     ec.device = device;
@@ -117,7 +108,7 @@ int main(int argc, char** argv) {
     std::map<m3::RequestId, int> which;
     for (int b = 0; b < batch; ++b) {
       m3::GenerationRequest r;
-      r.prompt_token_ids = make_prompt(corpus, blank, workload, b, input_len);
+      r.prompt_token_ids = make_prompt(corpus, workload, b, input_len);
       r.sampling.temperature = 0.0f;
       r.sampling.max_tokens = output_len;
       r.sampling.ignore_eos = true;

@@ -15,36 +15,19 @@
 #include "m3serve/engine.h"
 #include "loader/safetensors.h"
 #include "model/minimax_m3/make_model.h"
+#include "../../support/tiny_model/tiny_model.h"
 
 namespace m3 {
 namespace {
 
 namespace fs = std::filesystem;
 
-// A fresh tiny checkpoint under the build dir.
-std::string make_tiny(const std::string& name, uint64_t seed) {
-  const char* b = std::getenv("M3_BINARY_DIR");
-  fs::path p = fs::path(b ? b : "/tmp") / name;
-  fs::remove_all(p);
-  MakeModelOptions o;
-  o.config = *MiniMaxM3Config::preset("tiny");
-  o.out_dir = p.string();
-  o.seed = seed;
-  if (!make_model(o).is_ok()) std::abort();
-  return p.string();
-}
-
 const std::string& tiny_dir() {
-  static const std::string dir = make_tiny("engine_test_tiny", 7);
+  static const std::string dir = test::make_tiny_model("engine_test_tiny", 7);
   return dir;
 }
 
-std::vector<int32_t> prompt(int len, int seed) {
-  std::mt19937 rng{uint32_t(seed)};
-  std::vector<int32_t> p;
-  for (int i = 0; i < len; ++i) p.push_back(3 + int32_t(rng() % 500));
-  return p;
-}
+std::vector<int32_t> prompt(int len, int seed) { return test::random_prompt(len, seed); }
 
 SamplingParams greedy(int max_tokens) {
   SamplingParams s;
@@ -223,7 +206,7 @@ TEST(Engine, ReproducesOracleGreedyContinuations) {
                                       "/tests/fixtures/goldens/tiny_bf16/golden.safetensors");
   ASSERT_TRUE(golden.is_ok()) << golden.error();
   EngineConfig cfg;
-  cfg.model_dir = make_tiny("engine_test_golden_tiny", std::stoull((*golden)->metadata().at("m3_seed")));
+  cfg.model_dir = test::make_tiny_model("engine_test_golden_tiny", std::stoull((*golden)->metadata().at("m3_seed")));
   cfg.max_num_batched_tokens = 40;  // the 300-token prompt prefills in 8 chunks
   cfg.num_kv_blocks = 64;
   cfg.check_invariants = true;

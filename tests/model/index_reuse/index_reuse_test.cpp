@@ -13,33 +13,17 @@
 #include "exec/sequence_runner.h"
 #include "m3serve/engine.h"
 #include "model/minimax_m3/make_model.h"
+#include "../../support/tiny_model/tiny_model.h"
 
 namespace m3 {
 namespace {
 
-namespace fs = std::filesystem;
-
 const std::string& tiny_dir() {
-  static const std::string dir = [] {
-    const char* b = std::getenv("M3_BINARY_DIR");
-    fs::path p = fs::path(b ? b : "/tmp") / "index_reuse_test_tiny";
-    fs::remove_all(p);
-    MakeModelOptions o;
-    o.config = *MiniMaxM3Config::preset("tiny");
-    o.out_dir = p.string();
-    o.seed = 3;
-    if (!make_model(o).is_ok()) std::abort();
-    return p.string();
-  }();
+  static const std::string dir = test::make_tiny_model("index_reuse_test_tiny", 3);
   return dir;
 }
 
-std::vector<int32_t> prompt(int len, int seed) {
-  std::mt19937 rng{uint32_t(seed)};
-  std::vector<int32_t> p;
-  for (int i = 0; i < len; ++i) p.push_back(3 + int32_t(rng() % 500));
-  return p;
-}
+std::vector<int32_t> prompt(int len, int seed) { return test::random_prompt(len, seed); }
 
 // Greedy tokens one sequence at a time with index sharing `reuse`; the trace of the prompt pass.
 std::vector<int32_t> reference(const std::vector<int32_t>& p, int n, int reuse, ForwardTrace* trace = nullptr) {

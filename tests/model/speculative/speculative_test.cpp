@@ -10,24 +10,13 @@
 
 #include "m3serve/engine.h"
 #include "model/minimax_m3/make_model.h"
+#include "../../support/tiny_model/tiny_model.h"
 
 namespace m3 {
 namespace {
 
-namespace fs = std::filesystem;
-
 const std::string& tiny_dir() {
-  static const std::string dir = [] {
-    const char* b = std::getenv("M3_BINARY_DIR");
-    fs::path p = fs::path(b ? b : "/tmp") / "speculative_test_tiny";
-    fs::remove_all(p);
-    MakeModelOptions o;
-    o.config = *MiniMaxM3Config::preset("tiny");
-    o.out_dir = p.string();
-    o.seed = 11;
-    if (!make_model(o).is_ok()) std::abort();
-    return p.string();
-  }();
+  static const std::string dir = test::make_tiny_model("speculative_test_tiny", 11);
   return dir;
 }
 
