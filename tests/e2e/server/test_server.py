@@ -935,10 +935,12 @@ class ServerTest(unittest.TestCase):
             server.stop()
         with open(server.log_path) as f:
             self.assertIn("KV offloading:", f.read())
-        out = subprocess.run([ARGS.m3serve, "serve", ARGS.fixture, "--kv-offloading-size", "1",
-                              "--no-enable-prefix-caching"], capture_output=True, text=True, timeout=60)
-        self.assertNotEqual(out.returncode, 0)
-        self.assertIn("prefix caching", out.stderr + out.stdout)
+        for flags, needle in ((["--kv-offloading-size", "1", "--no-enable-prefix-caching"], "prefix caching"),
+                              (["--kv-offloading-size", "1", "--kv-offloading-backend", "lmcache"], "native"),
+                              (["--kv-offloading-size", "-1"], "--kv-offloading-size")):
+            out = subprocess.run([ARGS.m3serve, "serve", ARGS.fixture, *flags], capture_output=True, text=True, timeout=60)
+            self.assertNotEqual(out.returncode, 0, flags)
+            self.assertIn(needle, out.stderr + out.stdout)
 
     def test_cors(self):
         def call(method, path, headers, body=None):
