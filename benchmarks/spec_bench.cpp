@@ -8,7 +8,8 @@
 // every output equals plain decoding's, and on the CPU the matmul FLOP/s of the tokens computed
 // (drafts included) over the measured sgemm ceiling.
 //   spec_bench [--model DIR] [--tokenizer DIR] [--corpus FILE] [--batch-sizes 1,8] [--draft-lens 0,3,5]
-//              [--input-len 256] [--output-len 128] [--device auto|cpu|cuda] [--json FILE]
+//              [--input-len 256] [--output-len 128] [--device auto|cpu|cuda] [--spec-graphs 0|1] [--json FILE]
+// --spec-graphs 1: verification steps replay CUDA graphs (full-length drafts; EngineConfig::spec_cuda_graphs).
 #include <chrono>
 #include <cstdio>
 #include <fstream>
@@ -49,7 +50,7 @@ int main(int argc, char** argv) {
   std::string model_dir = M3_SOURCE_DIR "/models/m3-small", corpus_path = M3_SOURCE_DIR "/../shared/data/corpus/pg1184-monte-cristo.txt";
   std::string tokenizer_dir;
   std::string json_path = "spec_bench.json", batches = "1,8", drafts = "0,3,5", device = "auto";
-  int input_len = 256, output_len = 128;
+  int input_len = 256, output_len = 128, spec_graphs = 0;
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string k = argv[i], v = argv[i + 1];
     if (k == "--model") model_dir = v;
@@ -60,6 +61,7 @@ int main(int argc, char** argv) {
     else if (k == "--input-len") input_len = std::stoi(v);
     else if (k == "--output-len") output_len = std::stoi(v);
     else if (k == "--device") device = v;
+    else if (k == "--spec-graphs") spec_graphs = std::stoi(v);
     else if (k == "--json") json_path = v;
     else { std::fprintf(stderr, "unknown option %s\n", k.c_str()); return 2; }
   }
@@ -79,7 +81,7 @@ int main(int argc, char** argv) {
     return 1;
   }
   const double fpt = m3::bench::flops_per_token(*cfg);
-  nlohmann::json out = {{"model", model_dir}, {"corpus", corpus_path}, {"input_len", input_len},
+  nlohmann::json out = {{"model", model_dir}, {"corpus", corpus_path}, {"input_len", input_len}, {"spec_graphs", spec_graphs},
                         {"output_len", output_len}, {"matmul_flops_per_token", fpt}, {"points", nlohmann::json::array()}};
   double ceiling = 0;
   std::map<std::string, std::vector<std::vector<int32_t>>> plain_outputs;
@@ -96,6 +98,7 @@ int main(int argc, char** argv) {
     if (k > 0) {
       ec.speculative_method = "ngram";
       ec.ngram.num_speculative_tokens = k;
+      ec.spec_cuda_graphs = spec_graphs != 0;
     }
     auto engine = m3::Engine::create(ec);
     if (!engine) { std::fprintf(stderr, "%s\n", engine.error().c_str()); return 1; }
@@ -117,7 +120,7 @@ int main(int argc, char** argv) {
       which[*id] = b;
     }
     std::vector<std::vector<int32_t>> outputs(static_cast<size_t>(batch));
-    int64_t steps = 0, drafts_n = 0, draft_tokens = 0, accepted = 0, computed = 0, decode_steps = 0;
+    int64_t steps = 0, drafts_n = 0, draft_tokens = 0, accepted = 0, computed = 0, decode_steps = 0, graph_steps = 0;
     double decode_s = 0;
     const auto t0 = Clock::now();
     while ((*engine)->has_unfinished_requests()) {
@@ -130,6 +133,7 @@ int main(int argc, char** argv) {
       accepted += st.spec_num_accepted_tokens;
       if (st.scheduler.num_prefill_tokens == 0) {
         ++decode_steps;
+        graph_steps += st.graph_batch > 0;
         decode_s += st.step_ms / 1e3;
         computed += st.scheduler.num_decode_tokens;
       }
@@ -144,6 +148,7 @@ int main(int argc, char** argv) {
     const int64_t generated = int64_t(batch) * output_len;
     nlohmann::json point = {{"workload", workload}, {"batch", batch}, {"num_speculative_tokens", k},
                             {"total_s", total_s}, {"decode_s", decode_s}, {"steps", steps}, {"decode_steps", decode_steps},
+                            {"graph_replayed_decode_steps", graph_steps},
                             {"output_tok_s", double(generated) / std::max(total_s, 1e-9)},
                             {"decode_tok_s", double(generated - batch) / std::max(decode_s, 1e-9)},
                             {"drafts", drafts_n}, {"draft_tokens", draft_tokens}, {"accepted_tokens", accepted},
@@ -156,10 +161,11 @@ int main(int argc, char** argv) {
       point["decode_matmul_gflops"] = gflops;
       point["decode_roofline_ratio"] = gflops / ceiling;
     }
-    std::printf("%-4s batch %2d k=%d: decode %6.1f tok/s (%.2fx), %4lld decode steps, acceptance length %.2f "
-                "(rate %.0f%%), same output %s\n",
+    std::printf("%-4s batch %2d k=%d: decode %6.1f tok/s (%.2fx), %4lld decode steps (%lld in graphs), acceptance "
+                "length %.2f (rate %.0f%%), same output %s\n",
                 workload.c_str(), batch, k, point["decode_tok_s"].get<double>(), point["decode_speedup"].get<double>(),
-                static_cast<long long>(decode_steps), point["mean_acceptance_length"].get<double>(),
+                static_cast<long long>(decode_steps), static_cast<long long>(graph_steps),
+                point["mean_acceptance_length"].get<double>(),
                 100.0 * point["acceptance_rate"].get<double>(), same ? "yes" : "NO");
     out["points"].push_back(point);
   }

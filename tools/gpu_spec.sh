@@ -10,14 +10,18 @@ source "$(dirname "$0")/gpu_env.sh"
 corpus=$dir/data/pg1184-monte-cristo.txt
 [[ -f $corpus ]] || { echo "gpu_spec: no staged corpus at $corpus"; exit 2; }
 batches=${M3_SPEC_BATCHES:-1,8,32}
-step spec_small 240 "$dir/spec_bench" --model "$root/models/m3-small" --corpus "$corpus" --device cuda \
-  --batch-sizes "$batches" --draft-lens 0,3,5 --json "$out/spec_small.json"
-grep -E "batch|ceiling" "$out/spec_small.log"
+# Eager verification steps, then graph-replayed ones (full-length drafts): both must give plain
+# decoding's outputs ("same output yes"); the second shows how many steps replayed a graph.
+for graphs in 0 1; do
+  step spec_small_g$graphs 240 "$dir/spec_bench" --model "$root/models/m3-small" --corpus "$corpus" --device cuda \
+    --batch-sizes "$batches" --draft-lens 0,3,5 --spec-graphs $graphs --json "$out/spec_small_g$graphs.json"
+  grep -E "batch" "$out/spec_small_g$graphs.log" | sed "s/^/graphs=$graphs /"
+done
 layers=${M3_SPEC_LAYERS:-2}
 ckpt=${TMPDIR:-/tmp}/m3-layers-$layers-mxfp8
 [[ -f $ckpt/config.json ]] || step make_model 300 "$dir/m3serve" make-model --preset "m3-layers:$layers" --mxfp8 \
   --seed 0 --out "$ckpt"
 step spec_layers 300 "$dir/spec_bench" --model "$ckpt" --tokenizer "$root/models/m3-small" --corpus "$corpus" \
-  --device cuda --batch-sizes "$batches" --draft-lens 0,3 --output-len 64 --json "$out/spec_layers.json"
+  --device cuda --batch-sizes "$batches" --draft-lens 0,3 --output-len 64 --spec-graphs 1 --json "$out/spec_layers.json"
 grep -E "batch" "$out/spec_layers.log"
 exit $status

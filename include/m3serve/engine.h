@@ -68,6 +68,11 @@ struct EngineConfig {
   // decoding without drafts gives (token for token where the kernels are batch-invariant).
   std::string speculative_method;
   NgramConfig ngram;
+  // Verification steps replay a CUDA graph per (batch bucket, 1 + num_speculative_tokens): every
+  // decoding request then verifies a full-length draft (short ones filled with repeats of their
+  // last token). Off by default: it verifies more tokens per step, which pays only where a step is
+  // bound by weight reads (GPU, small batches).
+  bool spec_cuda_graphs = false;
   // MSA index sharing (the seeds' "index reuse across layers"): groups of this many consecutive
   // sparse layers take the first one's block selection; the others skip their indexer and keep
   // no index keys. Changes the model's output (an approximation); 1 = off, the model as trained.

@@ -168,10 +168,19 @@ class EngineImpl final : public Engine {
     for (const KvTransfer& t : plan.kv_offloads) cache_.save_block(rt_, t.device_block, host + t.host_slot * page_bytes_);
     for (const KvTransfer& t : plan.kv_loads) cache_.load_block(rt_, t.device_block, host + t.host_slot * page_bytes_);
     // Flatten the plan into one ragged batch; every KV access goes through its page tables.
+    // A step where every request decodes the same q tokens (1, or its last token + the same
+    // number of drafts) can replay a CUDA graph of its batch bucket.
     const int n = int(plan.scheduled.size());
-    bool decode_only = true;
-    for (const auto& s : plan.scheduled) decode_only = decode_only && s.token_ids.size() == 1 && s.samples;
-    const int bucket = decode_only && config_.cuda_graphs && rt_->supports_graphs() ? graph_bucket(n, std::min(config_.max_num_seqs, config_.max_num_batched_tokens)) : 0;
+    int q = 0;
+    bool uniform = true;
+    for (const auto& s : plan.scheduled) {
+      const int len = int(s.token_ids.size());
+      uniform = uniform && s.samples && len == 1 + s.num_spec_tokens && (q == 0 || len == q);
+      q = len;
+    }
+    const bool graphable = uniform && (q == 1 || config_.spec_cuda_graphs) && config_.cuda_graphs && rt_->supports_graphs();
+    const int bucket =
+        graphable ? graph_bucket(n, std::min(config_.max_num_seqs, config_.max_num_batched_tokens / std::max(1, q))) : 0;
     StepBuffers& sb = *step_;
     sb.begin();
     ForwardBatch batch;
@@ -189,8 +198,8 @@ class EngineImpl final : public Engine {
     // Graph steps run a fixed batch: padding sequences write no KV (slot -1) and read one
     // position of page 0; their logits rows are ignored.
     for (int i = n; i < bucket; ++i) {
-      sb.add_padding_sequence();
-      batch.logits_rows.push_back(sb.num_tokens() - 1);
+      sb.add_padding_sequence(q);
+      for (int j = q - 1; j >= 0; --j) batch.logits_rows.push_back(sb.num_tokens() - 1 - j);
     }
     sb.set_logits_rows(batch.logits_rows);
     sb.upload();
@@ -199,7 +208,8 @@ class EngineImpl final : public Engine {
     batch.logits_rows_ptr = sb.device_logits_rows();
 
     auto tf = std::chrono::steady_clock::now();
-    auto graph = graphs_.find(bucket);
+    const std::pair<int, int> key{bucket, q};
+    auto graph = graphs_.find(key);
     if (bucket > 0 && graph != graphs_.end()) {
       stats_.replay(graph->second.selections);
       rt_->replay(graph->second.id);
@@ -215,7 +225,7 @@ class EngineImpl final : public Engine {
         ops::OpContext quiet = ctx_;
         quiet.stats = nullptr;
         g.id = rt_->capture([&] { model_->forward(quiet, batch, cache_views_, *ws_); });
-        graphs_.emplace(bucket, std::move(g));
+        graphs_.emplace(key, std::move(g));
         stats.graph_batch = bucket;
       }
     }
@@ -351,6 +361,13 @@ class EngineImpl final : public Engine {
   void propose(RequestId id, const RequestState& r) {
     const int32_t room = r.sampling.max_tokens - int32_t(r.output.size()) - 1;
     std::vector<int32_t> draft = propose_ngram(r.prompt, r.output, config_.ngram, room);
+    // Graph-replayed verification needs every request at the full draft length: a short or
+    // missing draft is filled with repeats of its last token (rejected unless the model agrees).
+    if (config_.spec_cuda_graphs) {
+      const int32_t full = std::min(config_.ngram.num_speculative_tokens, room);
+      const int32_t fill = draft.empty() ? r.output.back() : draft.back();
+      while (int32_t(draft.size()) < full) draft.push_back(fill);
+    }
     if (draft.empty()) return;
     Status st = scheduler_.set_spec_tokens(id, std::move(draft));
     if (!st.is_ok()) throw std::runtime_error("engine: " + st.message());
@@ -430,7 +447,7 @@ class EngineImpl final : public Engine {
   int max_blocks_per_seq_ = 1;
   std::unique_ptr<ForwardWorkspace> ws_;
   std::unique_ptr<StepBuffers> step_;
-  std::map<int, Graph> graphs_;  // batch bucket -> captured decode step
+  std::map<std::pair<int, int>, Graph> graphs_;  // (batch bucket, tokens per request) -> captured decode step
   bool speculate_ = false;       // ngram drafts are proposed after each sampled token
   std::mt19937_64 seed_source_{config_.seed ? *config_.seed : std::random_device{}()};
 };
@@ -558,6 +575,8 @@ Result<std::unique_ptr<Engine>> Engine::create(const EngineConfig& config) {
     if (!st.is_ok()) return Status::error("speculative config: " + st.message());
     summary.speculative_method = config.speculative_method;
     summary.num_speculative_tokens = config.ngram.num_speculative_tokens;
+    if (config.spec_cuda_graphs && config.ngram.num_speculative_tokens + 1 > bs)
+      return Status::error("spec_cuda_graphs needs 1 + num_speculative_tokens <= the block size (" + std::to_string(bs) + ")");
   }
   if (config.max_num_batched_tokens < 1 || config.max_num_seqs < 1)
     return Status::error("max_num_batched_tokens and max_num_seqs must be >= 1");

@@ -63,14 +63,16 @@ void StepBuffers::add_sequence(const std::vector<int32_t>& tokens, int32_t start
   h_query_start_.as<int32_t>()[num_seqs_] = num_tokens_;
 }
 
-void StepBuffers::add_padding_sequence() {
-  if (num_seqs_ >= max_seqs_ || num_tokens_ + 1 > max_tokens_) throw std::runtime_error("padding exceeds the step buffers");
+void StepBuffers::add_padding_sequence(int tokens) {
+  if (num_seqs_ >= max_seqs_ || num_tokens_ + tokens > max_tokens_) throw std::runtime_error("padding exceeds the step buffers");
   h_tables_.as<int32_t>()[size_t(num_seqs_) * size_t(max_blocks_)] = 0;
-  h_tokens_.as<int32_t>()[num_tokens_] = 0;
-  h_positions_.as<int32_t>()[num_tokens_] = 0;
-  h_slots_.as<int64_t>()[num_tokens_] = -1;
-  ++num_tokens_;
-  h_seq_lens_.as<int32_t>()[num_seqs_] = 1;
+  for (int i = 0; i < tokens; ++i) {
+    h_tokens_.as<int32_t>()[num_tokens_] = 0;
+    h_positions_.as<int32_t>()[num_tokens_] = i;
+    h_slots_.as<int64_t>()[num_tokens_] = -1;
+    ++num_tokens_;
+  }
+  h_seq_lens_.as<int32_t>()[num_seqs_] = tokens;
   ++num_seqs_;
   h_query_start_.as<int32_t>()[num_seqs_] = num_tokens_;
 }

@@ -22,8 +22,9 @@ class StepBuffers {
   // One sequence's new tokens at absolute positions start_pos.., through its page table.
   void add_sequence(const std::vector<int32_t>& tokens, int32_t start_pos, const std::vector<int32_t>& block_table,
                     int block_size);
-  // A one-token sequence that writes no KV (slot -1) and reads position 0 of page 0.
-  void add_padding_sequence();
+  // A sequence of `tokens` tokens that writes no KV (slot -1) and reads positions 0.. of page 0
+  // (graph padding; tokens must fit one page).
+  void add_padding_sequence(int tokens = 1);
   void set_logits_rows(const std::vector<int32_t>& rows);
   int num_tokens() const { return num_tokens_; }
   int num_seqs() const { return num_seqs_; }

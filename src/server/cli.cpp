@@ -264,6 +264,9 @@ void register_serve_command(CLI::App& app, EngineFactory factory) {
                   "speculative decoding as vLLM's JSON: {\"method\": \"ngram\", \"num_speculative_tokens\": K, "
                   "\"prompt_lookup_max\": 4, \"prompt_lookup_min\": 2}: drafts from the request's own tokens, "
                   "verified in one step; the output is unchanged");
+  cmd->add_flag("--speculative-cuda-graphs", o->engine.spec_cuda_graphs,
+                "with --speculative-config: verification steps replay a CUDA graph (every request verifies a "
+                "full-length draft, short ones filled); pays where steps are bound by weight reads");
   cmd->add_flag("--enable-chunked-prefill", o->compat_flag, "vLLM compatibility: prefills are always chunked");
   cmd->add_flag("--enable-server-load-tracking", o->compat_flag, "vLLM compatibility: GET /load always answers");
   cmd->add_option("--scheduling-policy", o->engine.scheduling_policy,

@@ -40,7 +40,8 @@ struct RunResult {
   std::vector<int64_t> per_pos;
 };
 
-RunResult run_engine(const std::vector<std::vector<int32_t>>& prompts, const std::vector<SamplingParams>& params, int k) {
+RunResult run_engine(const std::vector<std::vector<int32_t>>& prompts, const std::vector<SamplingParams>& params, int k,
+                     bool full_drafts = false) {
   EngineConfig cfg;
   cfg.model_dir = tiny_dir();
   cfg.max_num_batched_tokens = 64;
@@ -52,6 +53,7 @@ RunResult run_engine(const std::vector<std::vector<int32_t>>& prompts, const std
     cfg.ngram.num_speculative_tokens = k;
     cfg.ngram.prompt_lookup_min = 1;
     cfg.ngram.prompt_lookup_max = 3;
+    cfg.spec_cuda_graphs = full_drafts;
   }
   auto engine = Engine::create(cfg);
   EXPECT_TRUE(engine.is_ok()) << engine.error();
@@ -148,6 +150,23 @@ TEST(Speculative, SeededSamplingWithPenaltiesEqualsPlainDecoding) {
   EXPECT_GT(spec.draft_tokens, 0);
 }
 
+// The graph-replay mode's full-length drafts (short ones filled with their last token): every
+// verification step has the same shape, the output is still plain decoding's.
+TEST(Speculative, FullLengthDraftsKeepTheOutput) {
+  SamplingParams s;
+  s.temperature = 0.0f;
+  s.max_tokens = 24;
+  s.ignore_eos = true;
+  s.logprobs = 1;
+  const auto p = prompts(4);
+  const RunResult plain = run_engine(p, {s}, 0), full = run_engine(p, {s}, 3, /*full_drafts=*/true);
+  expect_same_tokens(plain, full, /*logprobs=*/true);
+  // Every verification is full length except where max_tokens leaves less room (drafts of 2 and
+  // 1 at the end of each request: 3 tokens short per request at most).
+  EXPECT_GE(full.draft_tokens, 3 * full.drafts - 4 * 3);
+  EXPECT_GT(full.drafts, 4 * 10);
+}
+
 TEST(Speculative, ConfigErrorsNameTheProblem) {
   EngineConfig cfg;
   cfg.model_dir = tiny_dir();
@@ -164,6 +183,13 @@ TEST(Speculative, ConfigErrorsNameTheProblem) {
   ASSERT_FALSE(e.is_ok());
   EXPECT_NE(e.error().find("prompt_lookup_max"), std::string::npos) << e.error();
   cfg.ngram.prompt_lookup_max = 5;
+  cfg.ngram.num_speculative_tokens = 16;  // 1 + 16 tokens exceed the tiny model's 16-token page
+  cfg.spec_cuda_graphs = true;
+  e = Engine::create(cfg);
+  ASSERT_FALSE(e.is_ok());
+  EXPECT_NE(e.error().find("spec_cuda_graphs"), std::string::npos) << e.error();
+  cfg.spec_cuda_graphs = false;
+  cfg.ngram.num_speculative_tokens = 3;
   e = Engine::create(cfg);
   ASSERT_TRUE(e.is_ok()) << e.error();
   EXPECT_EQ((*e)->model().speculative_method, "ngram");
