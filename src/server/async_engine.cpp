@@ -129,7 +129,9 @@ void AsyncEngine::deliver(std::vector<RequestEvent> events) {
     if (it == routes_.end()) continue;
     Route& r = it->second;
     stats_logger_.add_generated(int64_t(ev.new_tokens.size()));
-    for (size_t k = 0; k < ev.new_tokens.size(); ++k) {
+    // One latency per step that gave the request tokens, as vLLM counts them: a speculative
+    // step's several tokens are one inter-token latency, not one plus zeros.
+    if (!ev.new_tokens.empty()) {
       if (r.num_generated == 0) {
         r.ttft_s = seconds(now - r.arrival);
         r.first_token = now;
@@ -137,7 +139,7 @@ void AsyncEngine::deliver(std::vector<RequestEvent> events) {
       } else {
         metrics_.observe_inter_token(seconds(now - r.last_token));
       }
-      ++r.num_generated;
+      r.num_generated += int32_t(ev.new_tokens.size());
       r.last_token = now;
     }
     if (ev.finished) {

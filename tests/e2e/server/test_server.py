@@ -893,6 +893,18 @@ class ServerTest(unittest.TestCase):
             self.assertGreater(accepted, 0)
             self.assertLessEqual(accepted, drafted)
             self.assertIn('vllm:spec_decode_num_accepted_tokens_per_pos_total{model_name="%s",position="3"}' % MODEL, m)
+            # One latency per step that gave tokens (vLLM's count): first-token plus inter-token
+            # observations are the generated tokens less the accepted drafts.
+            k = lambda n: '%s{model_name="%s"}' % (n, MODEL)
+            observed = lambda m: (m[k("vllm:time_to_first_token_seconds_count")] +
+                                  m[k("vllm:inter_token_latency_seconds_count")])
+            expected = lambda m: (m[k("vllm:generation_tokens_total")] -
+                                  m[k("vllm:spec_decode_num_accepted_tokens_total")])
+            deadline = time.time() + 5
+            while time.time() < deadline and observed(server.metrics()) != expected(server.metrics()):
+                time.sleep(0.05)
+            m = server.metrics()
+            self.assertEqual(observed(m), expected(m))
         finally:
             server.stop()
         with open(server.log_path) as f:
