@@ -80,6 +80,7 @@ int main(int argc, char** argv) {
   std::string model_dir, json_path = "decode_bench.json", batches = "1,8,32,128";
   int context = 4096, iters = 20;
   std::string kv_name = "bf16", disable;
+  int index_reuse = 1;
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string k = argv[i], v = argv[i + 1];
     if (k == "--model") model_dir = v;
@@ -89,6 +90,7 @@ int main(int argc, char** argv) {
     else if (k == "--json") json_path = v;
     else if (k == "--kv-dtype") kv_name = v;
     else if (k == "--disable-entries") disable = v;  // dispatch entries to drop: before/after in one binary
+    else if (k == "--msa-index-reuse") index_reuse = std::stoi(v);  // MSA index sharing (1: off)
     else {
       std::fprintf(stderr, "unknown option %s\n", k.c_str());
       return 2;
@@ -96,7 +98,7 @@ int main(int argc, char** argv) {
   }
   if (model_dir.empty() || context < 1 || (kv_name != "bf16" && kv_name != "f32")) {
     std::fprintf(stderr, "usage: decode_bench --model DIR [--batch-sizes 1,8] [--context N] [--iters N] [--json F] "
-                 "[--disable-entries NAME,...]\n");
+                 "[--disable-entries NAME,...] [--msa-index-reuse N]\n");
     return 2;
   }
   if (m3::cuda::device_count() == 0) {
@@ -123,6 +125,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "%s\n", loaded.error().c_str());
     return 1;
   }
+  (*loaded)->set_msa_index_reuse(index_reuse);
   const MiniMaxM3Model& model = **loaded;
   const MiniMaxM3Config& c = model.config();
   std::printf("loaded %s (%d layers, %.2f GiB of weights on the device) in %.1f s\n", model_dir.c_str(),
@@ -157,6 +160,7 @@ int main(int argc, char** argv) {
   out["context"] = context;
   out["kv_dtype"] = kv_name;
   out["disabled_entries"] = disabled;
+  out["msa_index_reuse"] = index_reuse;
   size_t head_bytes = model.weight_bytes();
   for (size_t b : model.layer_weight_bytes()) head_bytes -= b;  // embedding + final norm + LM head
   const size_t lm_head_bytes = size_t(c.vocab_size) * size_t(c.hidden_size) * 2;  // BF16 (never quantised)
