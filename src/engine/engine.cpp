@@ -195,8 +195,8 @@ class EngineImpl final : public Engine {
       if (it != requests_.end() && s.is_new_admission && it->second.num_cached_prompt_tokens < 0)
         it->second.num_cached_prompt_tokens = s.num_prefix_hit_tokens;
     }
-    // Graph steps run a fixed batch: padding sequences write no KV (slot -1) and read one
-    // position of page 0; their logits rows are ignored.
+    // Graph steps run a fixed batch: padding sequences of q tokens write no KV (slot -1) and
+    // read positions 0.. of page 0; their logits rows are ignored.
     for (int i = n; i < bucket; ++i) {
       sb.add_padding_sequence(q);
       for (int j = q - 1; j >= 0; --j) batch.logits_rows.push_back(sb.num_tokens() - 1 - j);
