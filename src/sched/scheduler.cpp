@@ -133,9 +133,8 @@ void Scheduler::schedule_running(SchedulePlan* plan, int32_t* budget) {
     // Drafts only take free blocks: a request is never preempted to verify guesses.
     int32_t num_spec = usable_spec_tokens(*r, *budget);
     if (num_spec > 0 && !kv_.allocate_slots(r->id(), r->num_computed_tokens(), num_new + num_spec)) num_spec = 0;
-    r->clear_spec_token_ids();
     if (num_spec > 0) {
-      add_entry(*r, num_new, /*is_new_admission=*/false, 0, plan, num_spec);
+      add_entry(*r, num_new, /*is_new_admission=*/false, 0, plan, num_spec);  // copies the draft
       *budget -= num_new + num_spec;
       ++i;
       continue;
@@ -218,7 +217,7 @@ SchedulePlan Scheduler::schedule() {
   kv_.begin_step();
   int32_t budget = config_.max_num_batched_tokens;
   schedule_running(&plan, &budget);
-  for (Request* r : running_) r->clear_spec_token_ids();  // those the budget left unscheduled
+  for (Request* r : running_) r->clear_spec_token_ids();  // single use: the plan holds its copies
   // After a preemption the pool is known to be short: admitting now would only thrash.
   if (plan.preempted.empty()) admit_waiting(&plan, &budget);
 
