@@ -103,12 +103,17 @@ void expect_same_tokens(const RunResult& a, const RunResult& b, bool logprobs) {
   }
 }
 
-TEST(Speculative, GreedyTokensAndLogprobsEqualPlainDecoding) {
+SamplingParams greedy(int max_tokens, int logprobs) {
   SamplingParams s;
   s.temperature = 0.0f;
-  s.max_tokens = 40;
+  s.max_tokens = max_tokens;
   s.ignore_eos = true;
-  s.logprobs = 3;
+  s.logprobs = logprobs;
+  return s;
+}
+
+TEST(Speculative, GreedyTokensAndLogprobsEqualPlainDecoding) {
+  const SamplingParams s = greedy(40, 3);
   const auto p = prompts(6);
   const RunResult plain = run_engine(p, {s}, 0), spec = run_engine(p, {s}, 4);
   expect_same_tokens(plain, spec, /*logprobs=*/true);
@@ -153,11 +158,7 @@ TEST(Speculative, SeededSamplingWithPenaltiesEqualsPlainDecoding) {
 // The graph-replay mode's full-length drafts (short ones filled with their last token): every
 // verification step has the same shape, the output is still plain decoding's.
 TEST(Speculative, FullLengthDraftsKeepTheOutput) {
-  SamplingParams s;
-  s.temperature = 0.0f;
-  s.max_tokens = 24;
-  s.ignore_eos = true;
-  s.logprobs = 1;
+  const SamplingParams s = greedy(24, 1);
   const auto p = prompts(4);
   const RunResult plain = run_engine(p, {s}, 0), full = run_engine(p, {s}, 3, /*full_drafts=*/true);
   expect_same_tokens(plain, full, /*logprobs=*/true);
