@@ -308,6 +308,9 @@ class EngineImpl final : public Engine {
     std::map<RequestId, std::vector<PromptLogprob>> prompt_lps = prompt_logprobs(plan, first_row);
     auto outputs = scheduler_.update(plan, sampled);
     if (!outputs) throw std::runtime_error("engine: scheduler rejected the step's results: " + outputs.error());
+    const int32_t cap = config_.ngram.disable_by_batch_size;
+    const bool drafting =
+        speculate_ && (cap == 0 || scheduler_.num_running() + scheduler_.num_waiting() <= cap);
     for (const auto& out : *outputs) {
       auto it = requests_.find(out.request_id);
       if (it == requests_.end()) continue;
@@ -335,7 +338,7 @@ class EngineImpl final : public Engine {
       ev.finished = out.finished;
       ev.finish_reason = out.finish_reason;
       if (out.finished) requests_.erase(it);
-      else if (speculate_ && !out.new_token_ids.empty()) propose(out.request_id, r);
+      else if (drafting && !out.new_token_ids.empty()) propose(out.request_id, r);
       events.push_back(std::move(ev));
     }
     for (auto& [id, lps] : prompt_lps) {  // non-final prefill chunks: no token, an event all the same

@@ -8,6 +8,8 @@ Status NgramConfig::validate() const {
   if (num_speculative_tokens < 0 || num_speculative_tokens > 32)
     return Status::error("num_speculative_tokens must be in [0, 32], got " + std::to_string(num_speculative_tokens));
   if (prompt_lookup_min < 1) return Status::error("prompt_lookup_min must be >= 1, got " + std::to_string(prompt_lookup_min));
+  if (disable_by_batch_size < 0)
+    return Status::error("disable_by_batch_size must be >= 0, got " + std::to_string(disable_by_batch_size));
   if (prompt_lookup_max < prompt_lookup_min)
     return Status::error("prompt_lookup_max (" + std::to_string(prompt_lookup_max) + ") must be >= prompt_lookup_min (" +
                          std::to_string(prompt_lookup_min) + ")");

@@ -16,6 +16,10 @@ struct NgramConfig {
   int32_t num_speculative_tokens = 0;  // longest draft; 0 = speculation off
   int32_t prompt_lookup_min = 2;       // shortest suffix that may match
   int32_t prompt_lookup_max = 4;       // longest suffix tried
+  // vLLM's disable_by_batch_size: no drafts while more requests than this are running or
+  // waiting (verification costs more than it saves once steps stop being bound by weight reads).
+  // 0 = always draft.
+  int32_t disable_by_batch_size = 0;
   Status validate() const;
 };
 

@@ -31,8 +31,11 @@ std::optional<std::string> parse_speculative_config(const std::string& text, Eng
     int32_t* field = key == "num_speculative_tokens" ? &ng.num_speculative_tokens
                      : key == "prompt_lookup_max"    ? &ng.prompt_lookup_max
                      : key == "prompt_lookup_min"    ? &ng.prompt_lookup_min
-                                                     : nullptr;
-    if (!field) return flag + "unknown key '" + key + "' for method ngram (num_speculative_tokens, prompt_lookup_max, prompt_lookup_min)";
+                     : key == "disable_by_batch_size" ? &ng.disable_by_batch_size
+                                                      : nullptr;
+    if (!field)
+      return flag + "unknown key '" + key +
+             "' for method ngram (num_speculative_tokens, prompt_lookup_max, prompt_lookup_min, disable_by_batch_size)";
     if (!value.is_number_integer()) return flag + key + " must be an integer";
     const int64_t v = value.get<int64_t>();
     if (v < 0 || v > 1024) return flag + key + " out of range: " + std::to_string(v);

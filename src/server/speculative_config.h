@@ -1,6 +1,7 @@
 #pragma once
 // vLLM's --speculative-config JSON for `m3serve serve`: {"method": "ngram",
-// "num_speculative_tokens": K, "prompt_lookup_max": N, "prompt_lookup_min": M}.
+// "num_speculative_tokens": K, "prompt_lookup_max": N, "prompt_lookup_min": M,
+// "disable_by_batch_size": B}.
 #include <optional>
 #include <string>
 

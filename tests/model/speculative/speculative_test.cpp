@@ -37,11 +37,12 @@ std::vector<int32_t> prompt(int len, int seed) {
 struct RunResult {
   std::map<RequestId, std::vector<TokenOutput>> tokens;
   int64_t steps = 0, drafts = 0, draft_tokens = 0, accepted = 0, decode_tokens = 0;
+  int64_t drafts_above_2 = 0;  // drafts verified in steps with more than 2 requests running
   std::vector<int64_t> per_pos;
 };
 
 RunResult run_engine(const std::vector<std::vector<int32_t>>& prompts, const std::vector<SamplingParams>& params, int k,
-                     bool full_drafts = false) {
+                     bool full_drafts = false, int disable_by_batch_size = 0) {
   EngineConfig cfg;
   cfg.model_dir = tiny_dir();
   cfg.max_num_batched_tokens = 64;
@@ -54,6 +55,7 @@ RunResult run_engine(const std::vector<std::vector<int32_t>>& prompts, const std
     cfg.ngram.prompt_lookup_min = 1;
     cfg.ngram.prompt_lookup_max = 3;
     cfg.spec_cuda_graphs = full_drafts;
+    cfg.ngram.disable_by_batch_size = disable_by_batch_size;
   }
   auto engine = Engine::create(cfg);
   EXPECT_TRUE(engine.is_ok()) << engine.error();
@@ -69,6 +71,7 @@ RunResult run_engine(const std::vector<std::vector<int32_t>>& prompts, const std
       for (auto& t : ev.new_tokens) r.tokens[ev.request_id].push_back(t);
     ++r.steps;
     r.drafts += st.spec_num_drafts;
+    if (st.scheduler.num_running > 2) r.drafts_above_2 += st.spec_num_drafts;
     r.draft_tokens += st.spec_num_draft_tokens;
     r.accepted += st.spec_num_accepted_tokens;
     r.decode_tokens += st.scheduler.num_decode_tokens;
@@ -166,6 +169,21 @@ TEST(Speculative, FullLengthDraftsKeepTheOutput) {
   // 1 at the end of each request: 3 tokens short per request at most).
   EXPECT_GE(full.draft_tokens, 3 * full.drafts - 4 * 3);
   EXPECT_GT(full.drafts, 4 * 10);
+}
+
+// disable_by_batch_size: no drafts while more requests are live; requests finishing at different
+// lengths bring the batch under the cap, and drafting resumes for the rest.
+TEST(Speculative, NoDraftsAboveTheBatchSizeCap) {
+  std::vector<SamplingParams> params;
+  for (int i = 0; i < 6; ++i) params.push_back(greedy(8 + 8 * i, -1));
+  const auto p = prompts(6);
+  const RunResult plain = run_engine(p, params, 0), all = run_engine(p, params, 3),
+                  capped = run_engine(p, params, 3, false, /*disable_by_batch_size=*/2);
+  expect_same_tokens(plain, capped, /*logprobs=*/false);
+  EXPECT_GT(all.drafts_above_2, 0);
+  EXPECT_EQ(capped.drafts_above_2, 0);
+  EXPECT_GT(capped.drafts, 0);
+  EXPECT_LT(capped.drafts, all.drafts);
 }
 
 TEST(Speculative, ConfigErrorsNameTheProblem) {

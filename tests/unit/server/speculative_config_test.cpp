@@ -20,6 +20,9 @@ TEST(SpeculativeConfig, NgramWithDefaultsAndBounds) {
   EXPECT_FALSE(parse_speculative_config(R"({"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 1})", c));
   EXPECT_EQ(c.ngram.prompt_lookup_min, 1);
   EXPECT_EQ(c.ngram.prompt_lookup_max, 1);
+  EXPECT_EQ(c.ngram.disable_by_batch_size, 0);
+  EXPECT_FALSE(parse_speculative_config(R"({"method": "ngram", "num_speculative_tokens": 3, "disable_by_batch_size": 8})", c));
+  EXPECT_EQ(c.ngram.disable_by_batch_size, 8);
 }
 
 TEST(SpeculativeConfig, ErrorsNameTheProblem) {
