@@ -33,8 +33,6 @@ struct RequestState {
   bool device_sampling = false;           // the backend's sample op can serve these params
   int32_t num_cached_prompt_tokens = -1;  // set at first admission
   int32_t prompt_logprobs_next = 1;       // the first prompt position whose logprob is still to come
-  std::vector<int32_t> stop_ids;          // what ends the request (stop ids, EOS unless ignored)
-  bool is_stop(int32_t token) const { return std::find(stop_ids.begin(), stop_ids.end(), token) != stop_ids.end(); }
 };
 
 // What the on-device sample op implements; everything else goes to the host Sampler.
@@ -79,8 +77,8 @@ class EngineImpl final : public Engine {
     speculate_ = config.speculative_method == "ngram" && config.ngram.num_speculative_tokens > 0;
     // Logits rows: one per sequence, 1 + the draft length per speculating one (within the budget).
     const int max_rows =
-        speculate_ ? std::min(max_tokens, max_seqs * (1 + config.ngram.num_speculative_tokens)) : max_seqs;
-    ws_ = model_->make_workspace(max_tokens, std::max(max_seqs, max_rows));
+        std::max(max_seqs, speculate_ ? std::min(max_tokens, max_seqs * (1 + config.ngram.num_speculative_tokens)) : 0);
+    ws_ = model_->make_workspace(max_tokens, max_rows);
     step_ = std::make_unique<StepBuffers>(rt_, max_tokens, max_seqs, max_rows, max_blocks_per_seq_);
   }
 
@@ -114,7 +112,6 @@ class EngineImpl final : public Engine {
     RequestState state;
     state.prompt = std::move(request.prompt_token_ids);
     state.sampling = request.sampling;
-    state.stop_ids = stop_ids;
     state.sampler = std::make_unique<Sampler>(request.sampling, std::move(stop_ids));
     state.device_sampling = rt_->device() != Device::kCpu && device_samplable(request.sampling);
     state.device_seed = request.sampling.seed >= 0 ? uint64_t(request.sampling.seed) : seed_source_();
@@ -292,7 +289,7 @@ class EngineImpl final : public Engine {
         }
         tokens.push_back(res.token);
         res_list.push_back(std::move(res));
-        if (j == k || tokens.back() != draft[j] || r.is_stop(tokens.back())) break;
+        if (j == k || tokens.back() != draft[j] || r.sampler->is_stop(tokens.back())) break;
         if (!r.device_sampling) grown.push_back(tokens.back());
       }
       if (k > 0) {
@@ -486,6 +483,17 @@ Result<std::unique_ptr<Engine>> Engine::create(const EngineConfig& config) {
 #else
   if (config.device == "cuda") return Status::error("this m3serve was built without the CUDA backend (no nvcc at build time)");
 #endif
+  // Serving options are checked before the weights load (minutes for M3).
+  if (config.msa_index_reuse < 1 || config.msa_index_reuse > 64)
+    return Status::error("msa_index_reuse must be in [1, 64], got " + std::to_string(config.msa_index_reuse));
+  if (config.kv_offload_bytes < 0) return Status::error("kv_offload_bytes must be >= 0");
+  if (config.speculative_method != "" && config.speculative_method != "ngram")
+    return Status::error("speculative method must be ngram (prompt lookup), got '" + config.speculative_method +
+                         "': draft models (eagle, eagle3, mtp, draft_model) are not supported");
+  if (!config.speculative_method.empty()) {
+    Status st = config.ngram.validate();
+    if (!st.is_ok()) return Status::error("speculative config: " + st.message());
+  }
   LoadProgress progress;
   progress.on_progress = config.on_load_progress;
   auto dir = ModelDir::open(config.model_dir);
@@ -499,8 +507,6 @@ Result<std::unique_ptr<Engine>> Engine::create(const EngineConfig& config) {
     return Status::error(config.model_dir + ": loading weights into " + rt->describe() + " failed: " + e.what());
   }
   if (!model) return model.status();
-  if (config.msa_index_reuse < 1 || config.msa_index_reuse > 64)
-    return Status::error("msa_index_reuse must be in [1, 64], got " + std::to_string(config.msa_index_reuse));
   (*model)->set_msa_index_reuse(config.msa_index_reuse);
   const MiniMaxM3Config& c = (*model)->config();
   const int32_t bs = c.index_block_size;
@@ -539,9 +545,7 @@ Result<std::unique_ptr<Engine>> Engine::create(const EngineConfig& config) {
   kc.block_size_tokens = bs;
   kc.enable_prefix_caching = config.enable_prefix_caching;
   kc.hash_seed = config.prefix_hash_seed;
-  if (config.kv_offload_bytes < 0) return Status::error("kv_offload_bytes must be >= 0");
-  if (config.kv_offload_bytes > 0 && !config.enable_prefix_caching)
-    return Status::error("KV offloading (a host tier of evicted blocks) needs prefix caching");
+  // (KvCacheConfig::validate refuses a host tier without prefix caching.)
   kc.num_host_blocks = int32_t(std::min<int64_t>(config.kv_offload_bytes / page_bytes, INT32_MAX));
   if (config.kv_offload_bytes > 0 && kc.num_host_blocks < 1)
     return Status::error("kv_offload_bytes " + std::to_string(config.kv_offload_bytes) + " holds no KV block (" +
@@ -570,12 +574,7 @@ Result<std::unique_ptr<Engine>> Engine::create(const EngineConfig& config) {
   summary.index_cache_dtype = index_dtype_name;
   summary.scheduling_policy = config.scheduling_policy;
   summary.enable_prefix_caching = config.enable_prefix_caching;
-  if (config.speculative_method != "" && config.speculative_method != "ngram")
-    return Status::error("speculative method must be ngram (prompt lookup), got '" + config.speculative_method +
-                         "': draft models (eagle, eagle3, mtp, draft_model) are not supported");
   if (!config.speculative_method.empty()) {
-    Status st = config.ngram.validate();
-    if (!st.is_ok()) return Status::error("speculative config: " + st.message());
     summary.speculative_method = config.speculative_method;
     summary.num_speculative_tokens = config.ngram.num_speculative_tokens;
     if (config.spec_cuda_graphs && config.ngram.num_speculative_tokens + 1 > bs)

@@ -49,6 +49,10 @@ Sampler::Sampler(const SamplingParams& params, std::vector<int32_t> stop_ids)
       stop_ids_(std::move(stop_ids)),
       rng_(params.seed >= 0 ? uint64_t(params.seed) : std::random_device{}()) {}
 
+bool Sampler::is_stop(int32_t token) const {
+  return std::find(stop_ids_.begin(), stop_ids_.end(), token) != stop_ids_.end();
+}
+
 void log_softmax(const float* logits, int64_t vocab, std::vector<float>& out) {
   out.resize(size_t(vocab));
   const float max_v = *std::max_element(logits, logits + vocab);

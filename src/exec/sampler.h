@@ -80,6 +80,8 @@ class Sampler {
   // logits: [vocab]; prompt/output ids feed the penalties. `logits` is modified in place.
   SampleResult sample(float* logits, int64_t vocab, const std::vector<int32_t>& prompt_ids,
                       const std::vector<int32_t>& output_ids);
+  // Whether `token` ends the request (one of the stop ids given at construction).
+  bool is_stop(int32_t token) const;
 
  private:
   SamplingParams params_;

@@ -374,28 +374,30 @@ BackendKvCache BackendKvCache::allocate(ops::BackendRuntime* rt, const MiniMaxM3
   return cache;
 }
 
-void BackendKvCache::save_block(ops::BackendRuntime* rt, int64_t block, void* host) const {
-  char* out = static_cast<char*>(host);
+template <typename Fn>
+void BackendKvCache::for_each_block_piece(int64_t block, Fn&& fn) const {
+  size_t offset = 0;  // into the host copy: K, V, index-K of layer 0, then layer 1, ...
   for (size_t l = 0; l < k.size(); ++l)
     for (const ops::DeviceBuffer* t : {&k[l], &v[l], &index_k[l]}) {
       if (t->size_bytes() == 0) continue;
       const size_t n = t->size_bytes() / size_t(num_blocks);  // one block of this tensor
-      // Queued on the runtime's stream like the loads and the forward after it: the copy reads
-      // the block before anything overwrites it, and `host` is pinned.
-      rt->download_async(out, static_cast<const char*>(t->data()) + size_t(block) * n, n);
-      out += n;
+      fn(static_cast<char*>(t->data()) + size_t(block) * n, offset, n);
+      offset += n;
     }
 }
 
+// Both queue the copies on the runtime's stream like the forward after them: a save reads the
+// block before anything overwrites it, and `host` is pinned.
+void BackendKvCache::save_block(ops::BackendRuntime* rt, int64_t block, void* host) const {
+  for_each_block_piece(block, [&](char* dev, size_t offset, size_t n) {
+    rt->download_async(static_cast<char*>(host) + offset, dev, n);
+  });
+}
+
 void BackendKvCache::load_block(ops::BackendRuntime* rt, int64_t block, const void* host) const {
-  const char* in = static_cast<const char*>(host);
-  for (size_t l = 0; l < k.size(); ++l)
-    for (const ops::DeviceBuffer* t : {&k[l], &v[l], &index_k[l]}) {
-      if (t->size_bytes() == 0) continue;
-      const size_t n = t->size_bytes() / size_t(num_blocks);
-      rt->upload(static_cast<char*>(t->data()) + size_t(block) * n, in, n);
-      in += n;
-    }
+  for_each_block_piece(block, [&](char* dev, size_t offset, size_t n) {
+    rt->upload(dev, static_cast<const char*>(host) + offset, n);
+  });
 }
 
 }  // namespace m3

@@ -45,6 +45,9 @@ struct BackendKvCache {
   int64_t num_blocks = 0;
 
  private:
+  // fn(device address, offset in the host copy, bytes) for each tensor's piece of `block`.
+  template <typename Fn>
+  void for_each_block_piece(int64_t block, Fn&& fn) const;
   std::vector<TensorView> k_views_, v_views_, index_k_views_;
 };
 
