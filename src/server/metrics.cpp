@@ -93,12 +93,7 @@ void Metrics::observe_step(const EngineStepStats& stats) {
   kv_loaded_ += s.kv_loaded_blocks;
   host_hit_tokens_ += s.prefix_host_hit_tokens;
   host_blocks_used_ = s.kv_host_blocks_used;
-  spec_drafts_ += stats.spec_num_drafts;
-  spec_draft_tokens_ += stats.spec_num_draft_tokens;
-  spec_accepted_ += stats.spec_num_accepted_tokens;
-  if (spec_accepted_per_pos_.size() < stats.spec_accepted_per_pos.size())
-    spec_accepted_per_pos_.resize(stats.spec_accepted_per_pos.size(), 0);
-  for (size_t p = 0; p < stats.spec_accepted_per_pos.size(); ++p) spec_accepted_per_pos_[p] += stats.spec_accepted_per_pos[p];
+  spec_.add(stats);
   ++num_steps_;
 }
 
@@ -147,8 +142,8 @@ void Metrics::set_cache_info(const ModelSummary& summary) {
                        (summary.enable_prefix_caching ? "True" : "False") + "\"";
   host_blocks_total_ = summary.num_host_kv_blocks;
   speculative_ = !summary.speculative_method.empty();
-  if (speculative_ && spec_accepted_per_pos_.size() < size_t(summary.num_speculative_tokens))
-    spec_accepted_per_pos_.resize(size_t(summary.num_speculative_tokens), 0);
+  if (speculative_ && spec_.accepted_per_pos.size() < size_t(summary.num_speculative_tokens))
+    spec_.accepted_per_pos.resize(size_t(summary.num_speculative_tokens), 0);
 }
 
 void Metrics::count_refused() {
@@ -223,13 +218,13 @@ std::string Metrics::render() const {
             double(host_hit_tokens_));
   }
   if (speculative_) {
-    counter("vllm:spec_decode_num_drafts_total", "Requests' drafts verified.", double(spec_drafts_));
-    counter("vllm:spec_decode_num_draft_tokens_total", "Draft tokens verified.", double(spec_draft_tokens_));
-    counter("vllm:spec_decode_num_accepted_tokens_total", "Draft tokens accepted.", double(spec_accepted_));
+    counter("vllm:spec_decode_num_drafts_total", "Requests' drafts verified.", double(spec_.drafts));
+    counter("vllm:spec_decode_num_draft_tokens_total", "Draft tokens verified.", double(spec_.draft_tokens));
+    counter("vllm:spec_decode_num_accepted_tokens_total", "Draft tokens accepted.", double(spec_.accepted));
     header(out, "vllm:spec_decode_num_accepted_tokens_per_pos_total", "counter", "Draft tokens accepted, by position in the draft.");
-    for (size_t p = 0; p < spec_accepted_per_pos_.size(); ++p)
+    for (size_t p = 0; p < spec_.accepted_per_pos.size(); ++p)
       sample(out, "vllm:spec_decode_num_accepted_tokens_per_pos_total", labels_ + ",position=\"" + std::to_string(p) + "\"",
-             double(spec_accepted_per_pos_[p]));
+             double(spec_.accepted_per_pos[p]));
   }
   if (!cache_info_labels_.empty()) {
     header(out, "vllm:cache_config_info", "gauge", "KV cache configuration (labels).");

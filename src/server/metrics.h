@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "m3serve/engine.h"
+#include "server/spec_decode_counts.h"
 
 namespace m3::server {
 
@@ -67,8 +68,7 @@ class Metrics {
   int64_t kv_offloaded_ = 0, kv_loaded_ = 0, host_hit_tokens_ = 0;
   int32_t host_blocks_used_ = 0, host_blocks_total_ = 0;
   bool speculative_ = false;  // the spec_decode counters are rendered (vLLM shows them only then)
-  int64_t spec_drafts_ = 0, spec_draft_tokens_ = 0, spec_accepted_ = 0;
-  std::vector<int64_t> spec_accepted_per_pos_;
+  SpecDecodeCounts spec_;
   std::map<std::string, int64_t> finished_;  // by reason
   std::string cache_info_labels_;
   Histogram ttft_, tpot_, itl_, e2e_, queue_, prefill_, decode_, inference_;

@@ -12,11 +12,7 @@ std::optional<std::string> StatsLogger::observe_step(const EngineStepStats& stat
   prompt_ += s.num_prefill_tokens;
   queries_ += s.prefix_query_tokens;
   hits_ += s.prefix_hit_tokens;
-  drafts_ += stats.spec_num_drafts;
-  draft_tokens_ += stats.spec_num_draft_tokens;
-  accepted_ += stats.spec_num_accepted_tokens;
-  if (accepted_per_pos_.size() < stats.spec_accepted_per_pos.size()) accepted_per_pos_.resize(stats.spec_accepted_per_pos.size());
-  for (size_t p = 0; p < stats.spec_accepted_per_pos.size(); ++p) accepted_per_pos_[p] += stats.spec_accepted_per_pos[p];
+  spec_.add(stats);
   const double elapsed = std::chrono::duration<double>(now - last_).count();
   if (interval_s_ <= 0 || elapsed < interval_s_) return std::nullopt;
   const bool active = prompt_ > 0 || generated_ > 0 || s.num_running > 0 || s.num_waiting > 0;
@@ -28,28 +24,27 @@ std::optional<std::string> StatsLogger::observe_step(const EngineStepStats& stat
                 double(prompt_) / elapsed, double(generated_) / elapsed, s.num_running, s.num_waiting,
                 blocks > 0 ? 100.0 * s.kv_blocks_used / blocks : 0.0, queries_ > 0 ? 100.0 * hits_ / queries_ : 0.0);
   spec_line_.reset();
-  if (drafts_ > 0) {
+  if (spec_.drafts > 0) {
     char head[256];
     std::snprintf(head, sizeof head,
                   "SpecDecoding metrics: Mean acceptance length: %.2f, Accepted throughput: %.2f tokens/s, Drafted "
                   "throughput: %.2f tokens/s, Accepted: %lld tokens, Drafted: %lld tokens, Per-position acceptance rate: ",
-                  1.0 + double(accepted_) / double(drafts_), double(accepted_) / elapsed,
-                  double(draft_tokens_) / elapsed, static_cast<long long>(accepted_),
-                  static_cast<long long>(draft_tokens_));
+                  1.0 + double(spec_.accepted) / double(spec_.drafts), double(spec_.accepted) / elapsed,
+                  double(spec_.draft_tokens) / elapsed, static_cast<long long>(spec_.accepted),
+                  static_cast<long long>(spec_.draft_tokens));
     std::string spec = head;
-    for (size_t p = 0; p < accepted_per_pos_.size(); ++p) {
+    for (size_t p = 0; p < spec_.accepted_per_pos.size(); ++p) {
       char rate[16];
-      std::snprintf(rate, sizeof rate, "%s%.3f", p ? ", " : "", double(accepted_per_pos_[p]) / double(drafts_));
+      std::snprintf(rate, sizeof rate, "%s%.3f", p ? ", " : "", double(spec_.accepted_per_pos[p]) / double(spec_.drafts));
       spec += rate;
     }
     char tail[64];
     std::snprintf(tail, sizeof tail, ", Avg Draft acceptance rate: %.1f%%",
-                  draft_tokens_ > 0 ? 100.0 * double(accepted_) / double(draft_tokens_) : 0.0);
+                  spec_.draft_tokens > 0 ? 100.0 * double(spec_.accepted) / double(spec_.draft_tokens) : 0.0);
     spec += tail;
     spec_line_ = std::move(spec);
   }
-  drafts_ = draft_tokens_ = accepted_ = 0;
-  accepted_per_pos_.clear();
+  spec_ = SpecDecodeCounts{};
   last_ = now;
   prompt_ = generated_ = queries_ = hits_ = 0;
   if (!active) return std::nullopt;

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "m3serve/engine.h"
+#include "server/spec_decode_counts.h"
 
 namespace m3::server {
 
@@ -29,8 +30,7 @@ class StatsLogger {
   double interval_s_;
   Clock::time_point last_;
   int64_t prompt_ = 0, generated_ = 0, queries_ = 0, hits_ = 0;
-  int64_t drafts_ = 0, draft_tokens_ = 0, accepted_ = 0;
-  std::vector<int64_t> accepted_per_pos_;
+  SpecDecodeCounts spec_;  // over the interval
   std::optional<std::string> spec_line_;
 };
 
