@@ -19,7 +19,8 @@ SequenceRunner::SequenceRunner(const MiniMaxM3Model& model, const ops::OpContext
   rt_->synchronize();
 }
 
-std::vector<float> SequenceRunner::extend(const std::vector<int32_t>& tokens, bool all_logits, ForwardTrace* trace) {
+std::vector<float> SequenceRunner::extend(const std::vector<int32_t>& tokens, bool all_logits, ForwardTrace* trace,
+                                          const ForwardHooks* hooks) {
   const int num = int(tokens.size());
   if (length_ + num > max_tokens_) throw std::runtime_error("SequenceRunner: sequence exceeds its KV capacity");
   std::vector<int32_t> positions(static_cast<size_t>(num)), query_start = {0, num};
@@ -63,7 +64,7 @@ std::vector<float> SequenceRunner::extend(const std::vector<int32_t>& tokens, bo
   m.block_size = block_size_;
   m.slot_mapping = d_slots.as<int64_t>();
   auto ws = model_.make_workspace(num, int64_t(batch.logits_rows.size()));
-  model_.forward(ctx_, batch, cache_.views(rt_->device()), *ws, trace);
+  model_.forward(ctx_, batch, cache_.views(rt_->device()), *ws, trace, hooks);
   std::vector<float> logits(batch.logits_rows.size() * size_t(model_.config().vocab_size));
   rt_->download(logits.data(), ws->logits.data(), logits.size() * 4);
   length_ += num;

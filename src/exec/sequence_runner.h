@@ -19,7 +19,8 @@ class SequenceRunner {
 
   // Appends `tokens` at positions [length(), length() + tokens.size()) and returns logits
   // for every new token (all_logits) or only the last one: [rows, vocab] (host).
-  std::vector<float> extend(const std::vector<int32_t>& tokens, bool all_logits, ForwardTrace* trace = nullptr);
+  std::vector<float> extend(const std::vector<int32_t>& tokens, bool all_logits, ForwardTrace* trace = nullptr,
+                            const ForwardHooks* hooks = nullptr);
   int64_t length() const { return length_; }
 
  private:

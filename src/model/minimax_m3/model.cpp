@@ -218,12 +218,16 @@ void MiniMaxM3Model::forward(const ops::OpContext& ctx, const ForwardBatch& batc
     if (hooks && hooks->after_layer) hooks->after_layer(l);
   };
   mark(-1);
+  auto tap = [hooks](int l, const char* op, const TensorView& v) {
+    if (hooks && hooks->on_activation) hooks->on_activation(l, op, v);
+  };
   const ops::SwigluParams act{c.swiglu_alpha, c.swiglu_limit, c.swiglu_beta};
 
   for (int l = 0; l < c.num_hidden_layers; ++l) {
     const Layer& L = layers_[size_t(l)];
     // The input norm of later layers ran with the previous layer's residual add (add_rms_norm).
     if (l == 0) ops::rms_norm(ctx, hv, L.input_norm, c.rms_norm_eps, xv);
+    tap(l, "attn_in", xv);
     // The layer's projections of x in one group (on the GPU: one x split, small projections
     // streamed in the same launch as q; the same bits as separate calls).
     const bool sparse = c.is_sparse_layer(l);
@@ -234,6 +238,8 @@ void MiniMaxM3Model::forward(const ops::OpContext& ctx, const ForwardBatch& batc
     const TensorView proj_y[5] = {f2(ws.q, T, Hq * D), f2(ws.k, T, Hkv * D), f2(ws.v, T, Hkv * D),
                                   own_index ? f2(ws.iq, T, Hi * Di) : TensorView{}, own_index ? ik2 : TensorView{}};
     ops::linear_group(ctx, xv, proj_w, proj_y, own_index ? 5 : 3);
+    static constexpr const char* kProjNames[5] = {"q", "k", "v", "iq", "ik"};
+    for (int i = 0; i < (own_index ? 5 : 3); ++i) tap(l, kProjNames[i], proj_y[i]);
     ops::AttnPrologue pro;
     pro.q = q3;
     pro.k = k3;
@@ -255,6 +261,8 @@ void MiniMaxM3Model::forward(const ops::OpContext& ctx, const ForwardBatch& batc
     pro.theta = c.rope_theta;
     pro.eps = c.rms_norm_eps;
     ops::attn_prologue(ctx, pro);
+    tap(l, "q_rope", q3);
+    if (own_index) tap(l, "iq_rope", iq3);
     if (sparse) {
       if (own_index)
         ops::indexer_topk(ctx, iq3, cache.index_k[size_t(l)], meta,
@@ -268,11 +276,16 @@ void MiniMaxM3Model::forward(const ops::OpContext& ctx, const ForwardBatch& batc
     } else {
       ops::attention(ctx, q3, cache.k[size_t(l)], cache.v[size_t(l)], meta, TensorView{}, 0, o3);
     }
+    tap(l, "attn", o3);
     ops::linear(ctx, f2(ws.o, T, Hq * D), L.o_proj, yv);
+    tap(l, "o_proj", yv);
     ops::add_rms_norm(ctx, hv, yv, L.post_norm, c.rms_norm_eps, xv);
+    tap(l, "mlp_in", xv);
     if (c.is_moe_layer(l)) {
       ops::moe_router(ctx, xv, L.router, L.router_bias,
                       ops::RouterParams{c.num_experts_per_tok, c.routed_scaling_factor, c.use_routing_bias}, ids, wts);
+    tap(l, "expert_ids", ids);
+    tap(l, "expert_weights", wts);
       if (trace) {
         std::vector<int32_t> host(size_t(ids.numel()));
         runtime_->download(host.data(), ids.data, host.size() * 4);
@@ -284,17 +297,20 @@ void MiniMaxM3Model::forward(const ops::OpContext& ctx, const ForwardBatch& batc
     } else {
       ops::dense_mlp(ctx, xv, L.mlp_gate, L.mlp_up, L.mlp_down, act, yv);
     }
+    tap(l, "mlp", yv);
     if (l + 1 < c.num_hidden_layers) {
       ops::add_rms_norm(ctx, hv, yv, layers_[size_t(l) + 1].input_norm, c.rms_norm_eps, xv);
     } else {
       ops::add(ctx, hv, yv);
     }
+    tap(l, "residual", hv);
     mark(l);
   }
 
   // Final norm and LM head only on the rows that need logits (gathered like embeddings).
   if (R == 0) return;
   logits_of_rows(ctx, batch.logits_rows_ptr ? batch.logits_rows_ptr : batch.logits_rows.data(), R, T, ws);
+  tap(c.num_hidden_layers, "logits", ws.logits_view(R, c.vocab_size));
   mark(c.num_hidden_layers + 1);
 }
 

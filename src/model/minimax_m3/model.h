@@ -96,6 +96,10 @@ struct ForwardTrace {
 // for per-layer timing; it may only queue work (it can run inside graph capture).
 struct ForwardHooks {
   std::function<void(int layer)> after_layer;
+  // Each op's output within a layer (`op`: "attn_in", "q", ..., "residual"; rows = tokens first;
+  // layer = num_hidden_layers for "logits"), for per-op parity between two batch shapes
+  // (tools/invariance_probe). Null in serving.
+  std::function<void(int layer, const char* op, const TensorView& value)> on_activation;
 };
 
 struct LoadProgress {
