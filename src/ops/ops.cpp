@@ -12,6 +12,13 @@ void embedding(const OpContext& ctx, const int32_t* ids, int num_tokens, const T
   e.fn(ids, num_tokens, table, out);
 }
 
+void all_reduce(const OpContext& ctx, const TensorView& x) {
+  if (!ctx.comm || ctx.comm->size() == 1) return;
+  if (ctx.stats) ctx.stats->record(problem(ctx, "all_reduce", x.dtype, x.shape[0], x.numel() / x.shape[0], ctx.comm->size()),
+                                   ctx.comm->entry_name(), "tensor parallel size " + std::to_string(ctx.comm->size()));
+  ctx.comm->all_reduce_sum(x);
+}
+
 void rms_norm(const OpContext& ctx, const TensorView& x, const TensorView& weight, float eps, const TensorView& out) {
   auto& e = ctx.kernels->rms_norm.select(problem(ctx, "rms_norm", x.dtype, x.shape[0], x.shape[1], 0), ctx.stats);
   e.fn(x, weight, eps, out);

@@ -6,6 +6,7 @@
 
 #include "core/tensor.h"
 #include "ops/attention_metadata.h"
+#include "ops/communicator.h"
 #include "ops/dispatch.h"
 
 namespace m3::ops {
@@ -153,9 +154,13 @@ struct OpContext {
   // Results per token independent of batch composition and chunking (so a prefix-cache hit,
   // a chunked prefill and a cold run give bit-identical logits). Costs GEMM efficiency.
   bool batch_invariant = true;
+  // The tensor-parallel group (null or size 1: the whole model on this rank).
+  Communicator* comm = nullptr;
 };
 
 void embedding(const OpContext& ctx, const int32_t* ids, int num_tokens, const TensorView& table, const TensorView& out);
+// x = the sum of x over the tensor-parallel ranks (OpContext::comm); nothing without a group.
+void all_reduce(const OpContext& ctx, const TensorView& x);
 // Gemma RMSNorm over the last dim: y = x * rsqrt(mean(x^2) + eps) * (1 + w). x: [rows, dim].
 void rms_norm(const OpContext& ctx, const TensorView& x, const TensorView& weight, float eps, const TensorView& out);
 // NeoX rotation of the first rotary_dim dims of every head, in place. x: [tokens, heads, head_dim].

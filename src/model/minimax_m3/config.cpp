@@ -45,6 +45,41 @@ bool MiniMaxM3Config::computes_index(int layer) const {
   return ordinal % msa_index_reuse == 0;
 }
 
+Result<MiniMaxM3Config> MiniMaxM3Config::shard(int tp, int rank) const {
+  if (this->tp_size != 1) return Status::error("shard: the config is already one rank's share");
+  if (tp < 1 || rank < 0 || rank >= tp)
+    return Status::error("tensor parallel rank " + std::to_string(rank) + " of " + std::to_string(tp) + " is invalid");
+  const std::string of = " for tensor parallel size " + std::to_string(tp);
+  if (num_attention_heads % tp != 0)
+    return Status::error("num_attention_heads " + std::to_string(num_attention_heads) + " does not divide" + of);
+  if (tp <= num_key_value_heads ? num_key_value_heads % tp != 0 : tp % num_key_value_heads != 0)
+    return Status::error("num_key_value_heads " + std::to_string(num_key_value_heads) +
+                         " neither divides by nor divides the tensor parallel size " + std::to_string(tp));
+  // Row-parallel projections split their K: MXFP8 needs whole 32-wide scale blocks per rank.
+  const int64_t align = quant_method == QuantMethod::kMxfp8 ? int64_t(tp) * quant_block_k : int64_t(tp);
+  const std::pair<const char*, int64_t> widths[] = {{"intermediate_size", intermediate_size},
+                                                     {"shared_intermediate_size", shared_intermediate_size},
+                                                     {"dense_intermediate_size", dense_intermediate_size}};
+  for (const auto& [name, w] : widths)
+    if (w % align != 0)
+      return Status::error(std::string(name) + " " + std::to_string(w) + " does not split into " + std::to_string(tp) +
+                           (align > tp ? " multiples of the MXFP8 block (32)" : " equal parts") + of);
+  if (quant_method == QuantMethod::kMxfp8 && (int64_t(num_attention_heads / tp) * head_dim) % quant_block_k != 0)
+    return Status::error("a rank's o_proj input (" + std::to_string(num_attention_heads / tp) + " heads x " +
+                         std::to_string(head_dim) + ") is not a multiple of the MXFP8 block (32)" + of);
+  MiniMaxM3Config c = *this;
+  c.tp_size = tp;
+  c.tp_rank = rank;
+  c.num_attention_heads = num_attention_heads / tp;
+  c.num_key_value_heads = tp <= num_key_value_heads ? num_key_value_heads / tp : 1;
+  c.kv_head_offset = tp <= num_key_value_heads ? rank * c.num_key_value_heads : rank / (tp / num_key_value_heads);
+  c.index_n_heads = c.num_key_value_heads;
+  c.intermediate_size = intermediate_size / tp;
+  c.shared_intermediate_size = shared_intermediate_size / tp;
+  c.dense_intermediate_size = dense_intermediate_size / tp;
+  return c;
+}
+
 int MiniMaxM3Config::num_moe_layers() const {
   int n = 0;
   for (int f : moe_layer_freq) n += f != 0;

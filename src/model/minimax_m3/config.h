@@ -60,6 +60,13 @@ struct MiniMaxM3Config {
   // selection, the others compute no index keys and keep no index-key cache. 1 = off.
   int msa_index_reuse = 1;
 
+  // Tensor parallelism (a serving choice): after shard(), the head counts, index heads and MLP /
+  // expert widths above are this rank's share. Query heads and MLP widths split evenly; KV heads
+  // (and the index heads, one per KV group) split while tp_size <= the model's KV heads and are
+  // replicated beyond (rank r then holds KV head r / (tp_size / kv_heads)).
+  int tp_size = 1, tp_rank = 0;
+  int kv_head_offset = 0;  // the first global KV (= index) head this rank holds
+
   // Weights
   QuantMethod quant_method = QuantMethod::kNone;
   int quant_block_k = 32;  // MXFP8: one e8m0 scale per 1 x 32 run along K
@@ -72,6 +79,10 @@ struct MiniMaxM3Config {
   int num_kv_groups() const { return num_attention_heads / num_key_value_heads; }
   int num_sparse_layers() const;
   int num_moe_layers() const;
+
+  // This rank's config for tp_size ranks (from the whole model's); an error names the width that
+  // does not divide. MXFP8 widths split along K must stay multiples of its 32-wide scale blocks.
+  Result<MiniMaxM3Config> shard(int tp_size, int tp_rank) const;
 
   // Every problem at once; empty means valid.
   std::vector<std::string> validate() const;

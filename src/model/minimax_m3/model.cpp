@@ -6,6 +6,7 @@
 #include "core/check.h"
 #include "ops/host_runtime.h"
 #include "model/minimax_m3/weight_reader.h"
+#include "model/minimax_m3/tp_shard.h"
 #include "model/minimax_m3/weight_specs.h"
 
 namespace m3 {
@@ -36,6 +37,11 @@ Result<std::unique_ptr<MiniMaxM3Model>> MiniMaxM3Model::load(const ModelDir& dir
                                                              const LoadOptions& options) {
   auto cfg = MiniMaxM3Config::from_json(dir.config_json());
   if (!cfg) return Status::error(dir.path() + "/config.json: " + cfg.error());
+  const MiniMaxM3Config whole = *cfg;
+  if (options.tp_size != 1) {
+    cfg = whole.shard(options.tp_size, options.tp_rank);
+    if (!cfg) return Status::error(dir.path() + ": " + cfg.error());
+  }
   auto model = std::unique_ptr<MiniMaxM3Model>(new MiniMaxM3Model());
   model->config_ = *cfg;
   model->runtime_ = options.runtime ? options.runtime : ops::host_runtime();
@@ -52,7 +58,7 @@ Result<std::unique_ptr<MiniMaxM3Model>> MiniMaxM3Model::load(const ModelDir& dir
       model->layers_[size_t(l)].expert_down.resize(n);
     }
   }
-  const auto specs = weight_specs(c);
+  const auto specs = weight_specs(whole);  // named and shaped as stored; each rank loads its slice
   size_t total_bytes = 0, done_bytes = 0;
   for (const auto& s : specs) total_bytes += size_t(s.shape.numel()) * 4;
   const bool mxfp8 = c.quant_method == QuantMethod::kMxfp8;
@@ -71,6 +77,8 @@ Result<std::unique_ptr<MiniMaxM3Model>> MiniMaxM3Model::load(const ModelDir& dir
   for (const auto& spec : specs) {
     ops::LinearWeight linear_w;
     TensorView t;
+    const TpSlice slice = tp_slice(spec, c);
+    const Shape shape = sliced_shape(spec.shape, slice);
     const bool is_linear = spec.role == WeightRole::kLinear || spec.role == WeightRole::kLmHead;
     const LinearFormat format = spec.expert ? options.expert_format.value_or(options.linear_format) : options.linear_format;
     bool done = false;
@@ -78,7 +86,6 @@ Result<std::unique_ptr<MiniMaxM3Model>> MiniMaxM3Model::load(const ModelDir& dir
       auto stored = locate_weight(dir, spec, mxfp8);
       if (!stored) return stored.status();
       if (stored->is_mxfp8()) {
-        const TensorInfo& w = *stored->weight;
         const TensorInfo& sc = *stored->scale;
         for (size_t i = 0; i < sc.size_bytes; ++i) {
           if (sc.data[i] == 255) {
@@ -86,20 +93,26 @@ Result<std::unique_ptr<MiniMaxM3Model>> MiniMaxM3Model::load(const ModelDir& dir
                                  " is 255 (e8m0 NaN), expected 0..254");
           }
         }
-        linear_w.data = to_backend(w.data, w.size_bytes, DType::kF8E4M3, spec.shape, spec.layer);
-        linear_w.scale = to_backend(sc.data, sc.size_bytes, DType::kU8, sc.shape, spec.layer);
+        const Mxfp8Slice part = slice_mxfp8(*stored, slice, c.quant_block_k);
+        linear_w.data = to_backend(part.weight.data(), part.weight.size(), DType::kF8E4M3, part.weight_shape, spec.layer);
+        linear_w.scale = to_backend(part.scale.data(), part.scale.size(), DType::kU8, part.scale_shape, spec.layer);
         done = true;
       }
     }
     if (!done) {
       auto values = read_f32(dir, spec, mxfp8);
       if (!values) return values.status();
+      if (!slice.whole()) {
+        const auto part = slice_bytes(reinterpret_cast<const uint8_t*>(values->data()), spec.shape, 4, slice);
+        values->resize(part.size() / 4);
+        std::memcpy(values->data(), part.data(), part.size());
+      }
       if (is_linear && format != LinearFormat::kF32) {
         std::vector<uint16_t> bf(values->size());
         for (size_t i = 0; i < bf.size(); ++i) bf[i] = f32_to_bf16((*values)[i]);
-        linear_w.data = to_backend(bf.data(), bf.size() * 2, DType::kBF16, spec.shape, spec.layer);
+        linear_w.data = to_backend(bf.data(), bf.size() * 2, DType::kBF16, shape, spec.layer);
       } else {
-        t = to_backend(values->data(), values->size() * 4, DType::kF32, spec.shape, spec.layer);
+        t = to_backend(values->data(), values->size() * 4, DType::kF32, shape, spec.layer);
         linear_w.data = t;
       }
     }
@@ -278,6 +291,7 @@ void MiniMaxM3Model::forward(const ops::OpContext& ctx, const ForwardBatch& batc
     }
     tap(l, "attn", o3);
     ops::linear(ctx, f2(ws.o, T, Hq * D), L.o_proj, yv);
+    ops::all_reduce(ctx, yv);  // tensor parallel: each rank's heads' share of the projection
     tap(l, "o_proj", yv);
     ops::add_rms_norm(ctx, hv, yv, L.post_norm, c.rms_norm_eps, xv);
     tap(l, "mlp_in", xv);
@@ -297,6 +311,7 @@ void MiniMaxM3Model::forward(const ops::OpContext& ctx, const ForwardBatch& batc
     } else {
       ops::dense_mlp(ctx, xv, L.mlp_gate, L.mlp_up, L.mlp_down, act, yv);
     }
+    ops::all_reduce(ctx, yv);  // tensor parallel: each rank's slice of the intermediate width
     tap(l, "mlp", yv);
     if (l + 1 < c.num_hidden_layers) {
       ops::add_rms_norm(ctx, hv, yv, layers_[size_t(l) + 1].input_norm, c.rms_norm_eps, xv);

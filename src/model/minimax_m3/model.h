@@ -78,6 +78,9 @@ struct LoadOptions {
   // The MoE experts' projections; unset: as linear_format. The MXFP8 MoE kernels read native
   // experts in both of their paths, so the engine keeps them native where dense linears go BF16.
   std::optional<LinearFormat> expert_format;
+  // Tensor parallelism: load rank tp_rank's share of tp_size (MiniMaxM3Config::shard); the
+  // forward then sums row-parallel outputs through OpContext::comm.
+  int tp_size = 1, tp_rank = 0;
 };
 
 // What the engine loads: F32 on the CPU. On a GPU, MXFP8 stays native under batch invariance
