@@ -77,6 +77,10 @@ struct EngineConfig {
   // sparse layers take the first one's block selection; the others skip their indexer and keep
   // no index keys. Changes the model's output (an approximation); 1 = off, the model as trained.
   int32_t msa_index_reuse = 1;
+  // Tensor parallelism (vLLM's --tensor-parallel-size): the model's heads and MLP / expert widths
+  // split over this many ranks, each with its own slice of the weights and KV cache (threads of
+  // this process; on the CPU their all-reduces go through host memory). 1 = off.
+  int32_t tensor_parallel_size = 1;
 };
 
 struct GenerationRequest {
@@ -137,7 +141,8 @@ struct ModelSummary {
   std::vector<int32_t> eos_token_ids;
   int32_t bos_token_id = 0;
   std::string device;            // the runtime, e.g. "cuda:0 NVIDIA H200 (sm_90, 132 SMs, 139.8 GiB)"
-  size_t weight_bytes = 0;       // model weights in device memory
+  size_t weight_bytes = 0;       // model weights in device memory (all ranks together)
+  int32_t tensor_parallel_size = 1;
   std::string kv_cache_dtype;     // as resolved: "f32" or "bf16"
   std::string index_cache_dtype;  // as resolved: "f32", "bf16" or "fp8"
   std::string scheduling_policy;  // "fcfs" or "priority"

@@ -13,6 +13,8 @@
 #include "core/hash128.h"
 
 #include "backend/cpu/cpu_backend.h"
+#include "dist/in_process_group.h"
+#include "dist/rank_threads.h"
 #include "engine/step_buffers.h"
 #include "model/minimax_m3/model.h"
 #include "ops/host_runtime.h"
@@ -51,35 +53,59 @@ int graph_bucket(int n, int max_seqs) {
   return 0;
 }
 
+struct Graph {
+  int id = -1;
+  std::vector<ops::DispatchStats::Selection> selections;
+};
+
+// One tensor-parallel rank's part of the engine (the whole engine's at size 1): its runtime
+// (device), its slice of the model, its KV pages (the scheduler's block ids index every rank's
+// pool alike), activations, step buffers and captured graphs.
+struct Rank {
+  std::unique_ptr<ops::BackendRuntime> owned_runtime;  // declared first: outlives every buffer
+  ops::BackendRuntime* rt = nullptr;
+  std::unique_ptr<MiniMaxM3Model> model;
+  BackendKvCache cache;
+  ops::HostStaging host_kv;  // the host KV tier's slots, page_bytes each
+  KvCacheTensors cache_views;
+  std::unique_ptr<ops::Communicator> comm;
+  ops::KernelTable kernels;
+  ops::OpContext ctx;
+  std::unique_ptr<ForwardWorkspace> ws;
+  std::unique_ptr<StepBuffers> step;
+  std::map<std::pair<int, int>, Graph> graphs;  // (batch bucket, tokens per request) -> captured step
+};
+
 class EngineImpl final : public Engine {
  public:
-  EngineImpl(const EngineConfig& config, std::unique_ptr<ops::BackendRuntime> owned_runtime, ops::BackendRuntime* rt,
-             std::unique_ptr<MiniMaxM3Model> model, BackendKvCache cache, ops::HostStaging host_kv, int64_t page_bytes,
-             Scheduler scheduler, ModelSummary summary)
+  EngineImpl(const EngineConfig& config, std::unique_ptr<dist::InProcessGroup> group,
+             std::vector<std::unique_ptr<Rank>> ranks, int64_t page_bytes, Scheduler scheduler, ModelSummary summary)
       : config_(config),
-        owned_runtime_(std::move(owned_runtime)),
-        rt_(rt),
-        model_(std::move(model)),
-        cache_(std::move(cache)),
-        host_kv_(std::move(host_kv)),
+        group_(std::move(group)),
+        ranks_(std::move(ranks)),
+        threads_(int(ranks_.size())),
         page_bytes_(page_bytes),
-        cache_views_(cache_.views(rt->device())),
         scheduler_(std::move(scheduler)),
         summary_(std::move(summary)),
         stats_(config.trace_dispatch) {
-#if M3_HAVE_CUDA_BACKEND
-    if (rt_->device() == Device::kCuda) cuda::register_cuda_kernels(kernels_);
-#endif
-    cpu::register_cpu_kernels(kernels_);
-    ctx_ = ops::OpContext{&kernels_, &stats_, rt_->device(), config.batch_invariant};
     const int max_tokens = config.max_num_batched_tokens, max_seqs = config.max_num_seqs;
     max_blocks_per_seq_ = (summary_.max_model_len + summary_.block_size - 1) / summary_.block_size;
     speculate_ = config.speculative_method == "ngram" && config.ngram.num_speculative_tokens > 0;
     // Logits rows: one per sequence, 1 + the draft length per speculating one (within the budget).
     const int max_rows =
         std::max(max_seqs, speculate_ ? std::min(max_tokens, max_seqs * (1 + config.ngram.num_speculative_tokens)) : 0);
-    ws_ = model_->make_workspace(max_tokens, max_rows);
-    step_ = std::make_unique<StepBuffers>(rt_, max_tokens, max_seqs, max_rows, max_blocks_per_seq_);
+    for (size_t r = 0; r < ranks_.size(); ++r) {
+      Rank& k = *ranks_[r];
+#if M3_HAVE_CUDA_BACKEND
+      if (k.rt->device() == Device::kCuda) cuda::register_cuda_kernels(k.kernels);
+#endif
+      cpu::register_cpu_kernels(k.kernels);
+      // Rank 0's choices are the engine's dispatch trace; the others run the same entries.
+      k.ctx = ops::OpContext{&k.kernels, r == 0 ? &stats_ : nullptr, k.rt->device(), config.batch_invariant, k.comm.get()};
+      k.cache_views = k.cache.views(k.rt->device());
+      k.ws = k.model->make_workspace(max_tokens, max_rows);
+      k.step = std::make_unique<StepBuffers>(k.rt, max_tokens, max_seqs, max_rows, max_blocks_per_seq_);
+    }
   }
 
   Result<RequestId> submit(GenerationRequest request) override {
@@ -113,7 +139,7 @@ class EngineImpl final : public Engine {
     state.prompt = std::move(request.prompt_token_ids);
     state.sampling = request.sampling;
     state.sampler = std::make_unique<Sampler>(request.sampling, std::move(stop_ids));
-    state.device_sampling = rt_->device() != Device::kCpu && device_samplable(request.sampling);
+    state.device_sampling = ranks_[0]->rt->device() != Device::kCpu && device_samplable(request.sampling);
     state.device_seed = request.sampling.seed >= 0 ? uint64_t(request.sampling.seed) : seed_source_();
     requests_.emplace(id, std::move(state));
     return id;
@@ -154,16 +180,11 @@ class EngineImpl final : public Engine {
   bool has_unfinished_requests() const override { return scheduler_.has_unfinished_requests(); }
   const ModelSummary& model() const override { return summary_; }
   const ops::DispatchStats& dispatch_stats() const override { return stats_; }
-  std::vector<ops::EntryInfo> kernel_entries() const override { return kernels_.describe(); }
+  std::vector<ops::EntryInfo> kernel_entries() const override { return ranks_[0]->kernels.describe(); }
   Status check_invariants() const override { return scheduler_.check_invariants(); }
 
  private:
   void run_plan(const SchedulePlan& plan, std::vector<RequestEvent>& events, EngineStepStats& stats) {
-    rt_->activate();
-    // Host KV tier: evicted blocks out (their KV is intact until this step writes), then hits in.
-    char* host = host_kv_.as<char>();
-    for (const KvTransfer& t : plan.kv_offloads) cache_.save_block(rt_, t.device_block, host + t.host_slot * page_bytes_);
-    for (const KvTransfer& t : plan.kv_loads) cache_.load_block(rt_, t.device_block, host + t.host_slot * page_bytes_);
     // Flatten the plan into one ragged batch; every KV access goes through its page tables.
     // A step where every request decodes the same q tokens (1, or its last token + the same
     // number of drafts) can replay a CUDA graph of its batch bucket.
@@ -175,63 +196,34 @@ class EngineImpl final : public Engine {
       uniform = uniform && s.samples && len == 1 + s.num_spec_tokens && (q == 0 || len == q);
       q = len;
     }
-    const bool graphable = uniform && (q == 1 || config_.spec_cuda_graphs) && config_.cuda_graphs && rt_->supports_graphs();
+    const bool graphable = uniform && (q == 1 || config_.spec_cuda_graphs) && config_.cuda_graphs &&
+                           ranks_[0]->rt->supports_graphs();
     const int bucket =
         graphable ? graph_bucket(n, std::min(config_.max_num_seqs, config_.max_num_batched_tokens / std::max(1, q))) : 0;
-    StepBuffers& sb = *step_;
-    sb.begin();
-    ForwardBatch batch;
-    std::vector<int32_t> first_row(static_cast<size_t>(n), 0);  // each sequence's first batch row
+    // Batch rows: each sequence's tokens in plan order, then (graph steps) padding sequences of q
+    // tokens whose logits rows are ignored.
+    std::vector<int32_t> logits_rows, first_row(static_cast<size_t>(n), 0);  // each sequence's first batch row
+    int32_t num_tokens = 0;
     for (int i = 0; i < n; ++i) {
       const auto& s = plan.scheduled[size_t(i)];
-      first_row[size_t(i)] = sb.num_tokens();
-      sb.add_sequence(s.token_ids, s.end_pos - int32_t(s.token_ids.size()), s.block_table, block_size());
+      first_row[size_t(i)] = num_tokens;
+      num_tokens += int32_t(s.token_ids.size());
       if (s.samples)
-        for (int32_t j = s.num_spec_tokens; j >= 0; --j) batch.logits_rows.push_back(sb.num_tokens() - 1 - j);
+        for (int32_t j = s.num_spec_tokens; j >= 0; --j) logits_rows.push_back(num_tokens - 1 - j);
       auto it = requests_.find(s.request_id);
       if (it != requests_.end() && s.is_new_admission && it->second.num_cached_prompt_tokens < 0)
         it->second.num_cached_prompt_tokens = s.num_prefix_hit_tokens;
     }
-    // Graph steps run a fixed batch: padding sequences of q tokens write no KV (slot -1) and
-    // read positions 0.. of page 0; their logits rows are ignored.
     for (int i = n; i < bucket; ++i) {
-      sb.add_padding_sequence(q);
-      for (int j = q - 1; j >= 0; --j) batch.logits_rows.push_back(sb.num_tokens() - 1 - j);
-    }
-    sb.set_logits_rows(batch.logits_rows);
-    sb.upload();
-    batch.token_ids = sb.device_tokens();
-    batch.meta = sb.metadata(block_size());
-    batch.logits_rows_ptr = sb.device_logits_rows();
-
-    auto tf = std::chrono::steady_clock::now();
-    const std::pair<int, int> key{bucket, q};
-    auto graph = graphs_.find(key);
-    if (bucket > 0 && graph != graphs_.end()) {
-      stats_.replay(graph->second.selections);
-      rt_->replay(graph->second.id);
-      stats.graph_batch = bucket;
-    } else {
-      // Eager; a new bucket is then captured (not run) for the next steps of its size, with
-      // the selections of the eager run standing for the graph's in the dispatch counts.
-      if (bucket > 0) stats_.begin_recording();
-      model_->forward(ctx_, batch, cache_views_, *ws_);
-      if (bucket > 0) {
-        Graph g;
-        g.selections = stats_.end_recording();
-        ops::OpContext quiet = ctx_;
-        quiet.stats = nullptr;
-        g.id = rt_->capture([&] { model_->forward(quiet, batch, cache_views_, *ws_); });
-        graphs_.emplace(key, std::move(g));
-        stats.graph_batch = bucket;
-      }
+      num_tokens += q;
+      for (int j = q - 1; j >= 0; --j) logits_rows.push_back(num_tokens - 1 - j);
     }
 
     // Sampling: rows the backend's sample op can serve are sampled where the logits are; the
     // rest (penalties, top-k/p, min-p) download their logits for the host Sampler. A request
     // verifying k drafts has k + 1 rows, row j sampled as output token output.size() + j.
     const int64_t vocab = summary_.vocab_size;
-    const int rows = int(batch.logits_rows.size());
+    const int rows = int(logits_rows.size());
     bool any_device = false, all_device = true;
     std::vector<ops::SampleRowParams> params(static_cast<size_t>(rows));
     {
@@ -252,10 +244,58 @@ class EngineImpl final : public Engine {
         }
       }
     }
-    if (any_device) sb.sample(ctx_, ws_->logits_view(rows, vocab), params);
-    rt_->synchronize();
+
+    // Every rank runs the same batch on its slice of the model; the ranks' all-reduces meet
+    // inside the forward, so every rank ends with the same logits (rank 0's are sampled).
+    auto tf = std::chrono::steady_clock::now();
+    threads_.run([&](int r) {
+      Rank& k = *ranks_[size_t(r)];
+      k.rt->activate();
+      // Host KV tier: evicted blocks out (their KV is intact until this step writes), then hits in.
+      char* host = k.host_kv.as<char>();
+      for (const KvTransfer& t : plan.kv_offloads) k.cache.save_block(k.rt, t.device_block, host + t.host_slot * page_bytes_);
+      for (const KvTransfer& t : plan.kv_loads) k.cache.load_block(k.rt, t.device_block, host + t.host_slot * page_bytes_);
+      StepBuffers& sb = *k.step;
+      sb.begin();
+      for (const auto& s : plan.scheduled)
+        sb.add_sequence(s.token_ids, s.end_pos - int32_t(s.token_ids.size()), s.block_table, block_size());
+      // Graph steps run a fixed batch: padding sequences of q tokens write no KV (slot -1) and
+      // read positions 0.. of page 0.
+      for (int i = n; i < bucket; ++i) sb.add_padding_sequence(q);
+      sb.set_logits_rows(logits_rows);
+      sb.upload();
+      ForwardBatch batch;
+      batch.logits_rows = logits_rows;
+      batch.token_ids = sb.device_tokens();
+      batch.meta = sb.metadata(block_size());
+      batch.logits_rows_ptr = sb.device_logits_rows();
+      const std::pair<int, int> key{bucket, q};
+      auto graph = k.graphs.find(key);
+      if (bucket > 0 && graph != k.graphs.end()) {
+        if (r == 0) stats_.replay(graph->second.selections);
+        k.rt->replay(graph->second.id);
+      } else {
+        // Eager; a new bucket is then captured (not run) for the next steps of its size, with
+        // the selections of the eager run standing for the graph's in the dispatch counts.
+        if (bucket > 0 && r == 0) stats_.begin_recording();
+        k.model->forward(k.ctx, batch, k.cache_views, *k.ws);
+        if (bucket > 0) {
+          Graph g;
+          if (r == 0) g.selections = stats_.end_recording();
+          ops::OpContext quiet = k.ctx;
+          quiet.stats = nullptr;
+          g.id = k.rt->capture([&] { k.model->forward(quiet, batch, k.cache_views, *k.ws); });
+          k.graphs.emplace(key, std::move(g));
+        }
+      }
+      if (r == 0 && any_device) sb.sample(k.ctx, k.ws->logits_view(rows, vocab), params);
+      k.rt->synchronize();
+    });
+    if (bucket > 0) stats.graph_batch = bucket;
     stats.forward_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - tf).count();
     stats.sampled_on_device = any_device && all_device;
+    Rank& r0 = *ranks_[0];
+    StepBuffers& sb = *r0.step;
 
     std::vector<SampledTokens> sampled;
     std::map<RequestId, std::vector<SampleResult>> results;
@@ -283,8 +323,8 @@ class EngineImpl final : public Engine {
           res = sb.sampled(int(first) + j, r.sampling.logprobs);
         } else {
           host_logits.resize(size_t(vocab));
-          rt_->download(host_logits.data(), ws_->logits.as<float>() + (first + size_t(j)) * size_t(vocab),
-                        size_t(vocab) * 4);
+          r0.rt->download(host_logits.data(), r0.ws->logits.as<float>() + (first + size_t(j)) * size_t(vocab),
+                          size_t(vocab) * 4);
           res = r.sampler->sample(host_logits.data(), vocab, r.prompt, k > 0 ? grown : r.output);
         }
         tokens.push_back(res.token);
@@ -399,15 +439,17 @@ class EngineImpl final : public Engine {
     std::map<RequestId, std::vector<PromptLogprob>> out;
     if (needs.empty()) return out;
     const int64_t vocab = summary_.vocab_size;
-    const size_t cap = size_t(std::min<int64_t>(step_->max_rows(), ws_->max_logit_rows));
+    // Rank 0 alone: the final hidden states and the LM head are whole on every rank.
+    Rank& k = *ranks_[0];
+    const size_t cap = size_t(std::min<int64_t>(k.step->max_rows(), k.ws->max_logit_rows));
     std::vector<float> logits, logp;
     for (size_t b = 0; b < needs.size(); b += cap) {
       const size_t R = std::min(cap, needs.size() - b);
       std::vector<int32_t> rows(R);
       for (size_t j = 0; j < R; ++j) rows[j] = needs[b + j].row;
-      model_->logits_of_rows(ctx_, step_->upload_rows(rows), int64_t(R), step_->num_tokens(), *ws_);
+      k.model->logits_of_rows(k.ctx, k.step->upload_rows(rows), int64_t(R), k.step->num_tokens(), *k.ws);
       logits.resize(R * size_t(vocab));
-      rt_->download(logits.data(), ws_->logits.data(), logits.size() * 4);
+      k.rt->download(logits.data(), k.ws->logits.data(), logits.size() * 4);
       for (size_t j = 0; j < R; ++j) {
         const Need& nd = needs[b + j];
         log_softmax(logits.data() + j * size_t(vocab), vocab, logp);
@@ -423,31 +465,18 @@ class EngineImpl final : public Engine {
     return out;
   }
 
-  struct Graph {
-    int id = -1;
-    std::vector<ops::DispatchStats::Selection> selections;
-  };
-
   EngineConfig config_;
-  std::unique_ptr<ops::BackendRuntime> owned_runtime_;  // declared first: outlives every buffer
-  ops::BackendRuntime* rt_;
-  std::unique_ptr<MiniMaxM3Model> model_;
-  BackendKvCache cache_;
-  ops::HostStaging host_kv_;  // the host KV tier's slots, page_bytes_ each
-  int64_t page_bytes_ = 0;
-  KvCacheTensors cache_views_;
+  std::unique_ptr<dist::InProcessGroup> group_;  // CPU tensor parallelism: the ranks' group
+  std::vector<std::unique_ptr<Rank>> ranks_;     // one (the whole model) without tensor parallelism
+  dist::RankThreads threads_;
+  int64_t page_bytes_ = 0;  // one KV page on one rank
   Scheduler scheduler_;
   ModelSummary summary_;
-  ops::KernelTable kernels_;
   ops::DispatchStats stats_;
-  ops::OpContext ctx_;
   std::map<RequestId, RequestState> requests_;
   std::vector<RequestEvent> pending_events_;
   RequestId next_id_ = 1;
   int max_blocks_per_seq_ = 1;
-  std::unique_ptr<ForwardWorkspace> ws_;
-  std::unique_ptr<StepBuffers> step_;
-  std::map<std::pair<int, int>, Graph> graphs_;  // (batch bucket, tokens per request) -> captured decode step
   bool speculate_ = false;       // ngram drafts are proposed after each sampled token
   std::mt19937_64 seed_source_{config_.seed ? *config_.seed : std::random_device{}()};
 };
@@ -484,6 +513,12 @@ Result<std::unique_ptr<Engine>> Engine::create(const EngineConfig& config) {
   if (config.device == "cuda") return Status::error("this m3serve was built without the CUDA backend (no nvcc at build time)");
 #endif
   // Serving options are checked before the weights load (minutes for M3).
+  const int tp = config.tensor_parallel_size;
+  if (tp < 1 || tp > 64) return Status::error("tensor_parallel_size must be in [1, 64], got " + std::to_string(tp));
+  if (tp > 1 && rt->device() != Device::kCpu)
+    return Status::error("tensor_parallel_size " + std::to_string(tp) +
+                         " on CUDA needs the NCCL communicator, which this build does not have yet; "
+                         "tensor parallelism runs on the CPU (--device cpu)");
   if (config.msa_index_reuse < 1 || config.msa_index_reuse > 64)
     return Status::error("msa_index_reuse must be in [1, 64], got " + std::to_string(config.msa_index_reuse));
   if (config.kv_offload_bytes < 0) return Status::error("kv_offload_bytes must be >= 0");
@@ -498,17 +533,28 @@ Result<std::unique_ptr<Engine>> Engine::create(const EngineConfig& config) {
   progress.on_progress = config.on_load_progress;
   auto dir = ModelDir::open(config.model_dir);
   if (!dir) return dir.status();
-  const LoadOptions load =
-      engine_load_options(rt, rt->device() == Device::kCpu, config.dequantize_mxfp8, config.batch_invariant);
-  Result<std::unique_ptr<MiniMaxM3Model>> model = Status::error("not loaded");
-  try {
-    model = MiniMaxM3Model::load(**dir, progress, load);
-  } catch (const std::exception& e) {
-    return Status::error(config.model_dir + ": loading weights into " + rt->describe() + " failed: " + e.what());
+  // Each rank loads its slice (tensor parallelism; the whole model at size 1).
+  std::vector<std::unique_ptr<Rank>> ranks;
+  for (int r = 0; r < tp; ++r) {
+    auto k = std::make_unique<Rank>();
+    k->owned_runtime = r == 0 ? std::move(owned) : nullptr;
+    k->rt = rt;  // the CPU's host memory is every rank's
+    LoadOptions load =
+        engine_load_options(rt, rt->device() == Device::kCpu, config.dequantize_mxfp8, config.batch_invariant);
+    load.tp_size = tp;
+    load.tp_rank = r;
+    Result<std::unique_ptr<MiniMaxM3Model>> model = Status::error("not loaded");
+    try {
+      model = MiniMaxM3Model::load(**dir, progress, load);
+    } catch (const std::exception& e) {
+      return Status::error(config.model_dir + ": loading weights into " + rt->describe() + " failed: " + e.what());
+    }
+    if (!model) return model.status();
+    (*model)->set_msa_index_reuse(config.msa_index_reuse);
+    k->model = std::move(*model);
+    ranks.push_back(std::move(k));
   }
-  if (!model) return model.status();
-  (*model)->set_msa_index_reuse(config.msa_index_reuse);
-  const MiniMaxM3Config& c = (*model)->config();
+  const MiniMaxM3Config& c = ranks[0]->model->config();  // one rank's shapes (KV pages are per rank)
   const int32_t bs = c.index_block_size;
   // KV element type: BF16 on CUDA by default (what the tuned MSA kernels read), F32 on the CPU.
   std::string kv_dtype_name = config.kv_cache_dtype;
@@ -569,7 +615,8 @@ Result<std::unique_ptr<Engine>> Engine::create(const EngineConfig& config) {
   summary.eos_token_ids = c.eos_token_ids;
   summary.bos_token_id = c.bos_token_id;
   summary.device = rt->describe();
-  summary.weight_bytes = (*model)->weight_bytes();
+  for (const auto& k : ranks) summary.weight_bytes += k->model->weight_bytes();
+  summary.tensor_parallel_size = tp;
   summary.kv_cache_dtype = kv_dtype_name;
   summary.index_cache_dtype = index_dtype_name;
   summary.scheduling_policy = config.scheduling_policy;
@@ -583,10 +630,15 @@ Result<std::unique_ptr<Engine>> Engine::create(const EngineConfig& config) {
   if (config.max_num_batched_tokens < 1 || config.max_num_seqs < 1)
     return Status::error("max_num_batched_tokens and max_num_seqs must be >= 1");
   try {
-    BackendKvCache cache = BackendKvCache::allocate(rt, c, num_blocks, bs, kv_dtype, index_dtype);
-    ops::HostStaging host_kv(rt, size_t(kc.num_host_blocks) * size_t(page_bytes));
-    return std::unique_ptr<Engine>(new EngineImpl(config, std::move(owned), rt, std::move(*model), std::move(cache),
-                                                  std::move(host_kv), page_bytes, std::move(*scheduler), summary));
+    auto group = tp > 1 ? std::make_unique<dist::InProcessGroup>(tp) : nullptr;
+    for (int r = 0; r < tp; ++r) {
+      Rank& k = *ranks[size_t(r)];
+      k.cache = BackendKvCache::allocate(k.rt, k.model->config(), num_blocks, bs, kv_dtype, index_dtype);
+      k.host_kv = ops::HostStaging(k.rt, size_t(kc.num_host_blocks) * size_t(page_bytes));
+      if (group) k.comm = group->communicator(r);
+    }
+    return std::unique_ptr<Engine>(new EngineImpl(config, std::move(group), std::move(ranks), page_bytes,
+                                                  std::move(*scheduler), summary));
   } catch (const std::exception& e) {
     return Status::error(std::string("allocating the KV cache and step buffers failed: ") + e.what());
   }

@@ -46,7 +46,6 @@ struct ServeOptions {
   ServerOptions server;  // the flags that go to the API server as they are
   // vLLM flags accepted for command-line compatibility, checked in check_vllm_flags().
   std::string tool_call_parser, reasoning_parser, dtype = "auto";
-  int tensor_parallel_size = 1;
   bool compat_flag = false;  // --enable-auto-tool-choice, --trust-remote-code: nothing to change
   std::optional<double> gpu_memory_utilization;
   std::string allowed_origins = "*", allowed_methods = "*", allowed_headers = "*";
@@ -70,9 +69,6 @@ void check_vllm_flags(const ServeOptions& o) {
                                ": this server parses MiniMax-M3's format only (give a minimax_* parser or leave it out)");
   if (o.dtype != "auto" && o.dtype != "bfloat16" && o.dtype != "bf16")
     throw std::runtime_error("--dtype " + o.dtype + ": weights load as stored (BF16 or MXFP8); give auto or bfloat16");
-  if (o.tensor_parallel_size != 1)
-    throw std::runtime_error("--tensor-parallel-size " + std::to_string(o.tensor_parallel_size) +
-                             ": this build runs one device per server (tensor parallelism is not implemented yet)");
   if (o.gpu_memory_utilization)
     throw std::runtime_error("--gpu-memory-utilization: the KV cache is sized by --kv-cache-memory BYTES or "
                              "--num-gpu-blocks-override N (no memory profiling run here)");
@@ -148,8 +144,9 @@ void serve(ServeOptions& o, const EngineFactory& factory) {
   M3_LOG_INFO("model " + o.model_dir + ": vocab " + std::to_string(summary.vocab_size) + ", max_model_len " +
               std::to_string(summary.max_model_len) + ", " + std::to_string(summary.num_kv_blocks) + " KV blocks of " +
               std::to_string(summary.block_size) + " tokens (KV " + summary.kv_cache_dtype + ", index keys " +
-              summary.index_cache_dtype + "), on " + summary.device + " (" +
-              std::to_string(summary.weight_bytes >> 20) + " MiB of weights)");
+              summary.index_cache_dtype + "), on " + summary.device +
+              (summary.tensor_parallel_size > 1 ? " x " + std::to_string(summary.tensor_parallel_size) + " ranks" : "") +
+              " (" + std::to_string(summary.weight_bytes >> 20) + " MiB of weights)");
   if (summary.msa_index_reuse > 1)
     M3_LOG_WARN("MSA index sharing: groups of " + std::to_string(summary.msa_index_reuse) +
                 " sparse layers share one block selection (an approximation of the model)");
@@ -290,7 +287,9 @@ void register_serve_command(CLI::App& app, EngineFactory factory) {
   cmd->add_flag("--enable-auto-tool-choice", o->compat_flag, "vLLM compatibility: tool calls are always parsed");
   cmd->add_flag("--trust-remote-code", o->compat_flag, "vLLM compatibility: no code is loaded from the model directory");
   cmd->add_option("--dtype", o->dtype, "vLLM compatibility: auto or bfloat16 (weights load as stored)");
-  cmd->add_option("--tensor-parallel-size", o->tensor_parallel_size, "vLLM compatibility: 1 only");
+  cmd->add_option("--tensor-parallel-size", o->engine.tensor_parallel_size,
+                  "split the model's heads and MLP / expert widths over N ranks (threads of this process; the "
+                  "CPU backend for now, CUDA ranks need NCCL)");
   cmd->add_option("--gpu-memory-utilization", o->gpu_memory_utilization,
                   "not supported: size the KV cache with --kv-cache-memory or --num-gpu-blocks-override");
   cmd->add_option("--responses-store-size", o->server.responses_store_size,

@@ -7,6 +7,7 @@ Usage: test_server.py --m3serve PATH --fixture DIR   (exit 77 = skipped)
 """
 import argparse
 import asyncio
+import concurrent.futures
 import gc
 import http.client
 import json
@@ -813,7 +814,7 @@ class ServerTest(unittest.TestCase):
         self.assertNotIn("Avg prompt throughput", log)  # --disable-log-stats
         self.assertIn("request cmpl-from-body", log)
         # What the server does not do stops it at once, naming the flag.
-        for flags, name in ((["--tensor-parallel-size", "2"], "--tensor-parallel-size"),
+        for flags, name in ((["--tensor-parallel-size", "3"], "num_attention_heads 4 does not divide"),
                             (["--gpu-memory-utilization", "0.9"], "--kv-cache-memory"),
                             (["--tool-call-parser", "hermes"], "--tool-call-parser")):
             out = subprocess.run([ARGS.m3serve, "serve", ARGS.fixture, *flags], capture_output=True, text=True,
@@ -844,6 +845,37 @@ class ServerTest(unittest.TestCase):
                 server.stop()
             self.assertIn("Avg prompt throughput:", open(server.log_path).read())  # the periodic stats line
         self.assertEqual(texts[0], texts[1])
+
+    def test_tensor_parallel(self):
+        # Two ranks (threads, in-process all-reduce on the CPU): the same greedy text and tokens as
+        # one, logprobs within the rounding of the reordered sums, the all-reduce in the trace.
+        server = Server(api_key=None, extra=["--tensor-parallel-size", "2"])
+        try:
+            body = {"model": MODEL, "prompt": [(i * 7) % 400 + 3 for i in range(90)], "max_tokens": 24,
+                    "temperature": 0, "logprobs": 1, "ignore_eos": True, "return_token_ids": True}
+            st_a, a = self.server.json("POST", "/v1/completions", body)
+            st_b, b = server.json("POST", "/v1/completions", body)
+            self.assertEqual((st_a, st_b), (200, 200), (a, b))
+            ca, cb = a["choices"][0], b["choices"][0]
+            self.assertEqual((ca["text"], ca["token_ids"]), (cb["text"], cb["token_ids"]))
+            for x, y in zip(ca["logprobs"]["token_logprobs"], cb["logprobs"]["token_logprobs"]):
+                self.assertAlmostEqual(x, y, delta=1e-3)
+            # Seeded sampling and a batch of concurrent requests run through the same ranks.
+            seeded = dict(body, temperature=0.8, seed=5, logprobs=None)
+            self.assertEqual(self.server.json("POST", "/v1/completions", seeded)[1]["choices"][0]["token_ids"],
+                             server.json("POST", "/v1/completions", seeded)[1]["choices"][0]["token_ids"])
+            with concurrent.futures.ThreadPoolExecutor(4) as pool:
+                outs = list(pool.map(lambda i: server.json("POST", "/v1/completions", dict(body, prompt=[i + 3] * 20)),
+                                     range(4)))
+            self.assertTrue(all(st == 200 and r["usage"]["completion_tokens"] == 24 for st, r in outs), outs)
+            status, kernels = server.json("GET", "/debug/kernels")
+            self.assertEqual(status, 200)
+            self.assertTrue(any(c["op"] == "all_reduce" and c["entry"] == "all_reduce.in_process.cpu" and c["count"] > 0
+                                for c in kernels["counts"]), kernels["counts"])
+        finally:
+            server.stop()
+        with open(server.log_path) as f:
+            self.assertIn("x 2 ranks", f.read())
 
     def test_speculative_decoding(self):
         # ngram drafts change how many steps a request takes, never its output: the same greedy text,
