@@ -12,7 +12,7 @@ class InProcessCommunicator final : public ops::Communicator {
   InProcessCommunicator(InProcessGroup& g, int rank) : g_(g), rank_(rank) {}
   int size() const override { return g_.size_; }
   int rank() const override { return rank_; }
-  std::string entry_name() const override { return "all_reduce.in_process.cpu"; }
+  std::string entry_name(const std::string& collective) const override { return collective + ".in_process.cpu"; }
 
   // Three phases between barriers: publish the input; sum a 1/size share of the elements over
   // the ranks in rank order; copy the whole sum back. The last barrier keeps the next call from
@@ -35,6 +35,26 @@ class InProcessCommunicator final : public ops::Communicator {
     }
     g_.barrier_.arrive_and_wait();
     std::copy(g_.sum_.begin(), g_.sum_.begin() + n, x.as<float>());
+    g_.barrier_.arrive_and_wait();
+  }
+
+  // Publish; every rank copies every rank's block into its own out; the last barrier keeps a
+  // rank from changing its local tensor while another still reads it.
+  void all_gather_cols(const TensorView& local, const TensorView& out) override {
+    M3_CHECK(local.device == Device::kCpu && local.dtype == DType::kF32 && out.dtype == DType::kF32,
+             "in-process all_gather takes F32 host tensors");
+    const int64_t rows = local.shape[0], cols = local.numel() / rows;
+    M3_CHECK(out.numel() == rows * cols * g_.size_, "all_gather_cols: out is not [rows, ranks * cols]");
+    g_.inputs_[size_t(rank_)] = local.as<float>();
+    g_.counts_[size_t(rank_)] = local.numel();
+    g_.barrier_.arrive_and_wait();
+    const int64_t width = cols * g_.size_;
+    for (int r = 0; r < g_.size_; ++r) {
+      M3_CHECK(g_.counts_[size_t(r)] == rows * cols, "all_gather_cols: ranks passed different shapes");
+      const float* src = g_.inputs_[size_t(r)];
+      for (int64_t i = 0; i < rows; ++i)
+        std::copy(src + i * cols, src + (i + 1) * cols, out.as<float>() + i * width + r * cols);
+    }
     g_.barrier_.arrive_and_wait();
   }
 

@@ -21,6 +21,7 @@
 #include "sched/scheduler.h"
 #if M3_HAVE_CUDA_BACKEND
 #include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/nccl_group.h"
 #endif
 
 namespace m3 {
@@ -78,8 +79,8 @@ struct Rank {
 
 class EngineImpl final : public Engine {
  public:
-  EngineImpl(const EngineConfig& config, std::unique_ptr<dist::InProcessGroup> group,
-             std::vector<std::unique_ptr<Rank>> ranks, int64_t page_bytes, Scheduler scheduler, ModelSummary summary)
+  EngineImpl(const EngineConfig& config, std::shared_ptr<void> group, std::vector<std::unique_ptr<Rank>> ranks,
+             int64_t page_bytes, Scheduler scheduler, ModelSummary summary)
       : config_(config),
         group_(std::move(group)),
         ranks_(std::move(ranks)),
@@ -96,6 +97,7 @@ class EngineImpl final : public Engine {
         std::max(max_seqs, speculate_ ? std::min(max_tokens, max_seqs * (1 + config.ngram.num_speculative_tokens)) : 0);
     for (size_t r = 0; r < ranks_.size(); ++r) {
       Rank& k = *ranks_[r];
+      k.rt->activate();  // a rank's buffers on its own device
 #if M3_HAVE_CUDA_BACKEND
       if (k.rt->device() == Device::kCuda) cuda::register_cuda_kernels(k.kernels);
 #endif
@@ -106,6 +108,7 @@ class EngineImpl final : public Engine {
       k.ws = k.model->make_workspace(max_tokens, max_rows);
       k.step = std::make_unique<StepBuffers>(k.rt, max_tokens, max_seqs, max_rows, max_blocks_per_seq_);
     }
+    ranks_[0]->rt->activate();
   }
 
   Result<RequestId> submit(GenerationRequest request) override {
@@ -466,7 +469,7 @@ class EngineImpl final : public Engine {
   }
 
   EngineConfig config_;
-  std::unique_ptr<dist::InProcessGroup> group_;  // CPU tensor parallelism: the ranks' group
+  std::shared_ptr<void> group_;  // tensor parallelism: the ranks' group (in-process or NCCL); outlives the ranks
   std::vector<std::unique_ptr<Rank>> ranks_;     // one (the whole model) without tensor parallelism
   dist::RankThreads threads_;
   int64_t page_bytes_ = 0;  // one KV page on one rank
@@ -515,10 +518,25 @@ Result<std::unique_ptr<Engine>> Engine::create(const EngineConfig& config) {
   // Serving options are checked before the weights load (minutes for M3).
   const int tp = config.tensor_parallel_size;
   if (tp < 1 || tp > 64) return Status::error("tensor_parallel_size must be in [1, 64], got " + std::to_string(tp));
-  if (tp > 1 && rt->device() != Device::kCpu)
-    return Status::error("tensor_parallel_size " + std::to_string(tp) +
-                         " on CUDA needs the NCCL communicator, which this build does not have yet; "
-                         "tensor parallelism runs on the CPU (--device cpu)");
+  // The ranks' group: NCCL over devices device_id .. device_id + tp - 1, or host memory.
+  std::shared_ptr<void> group;
+  std::vector<std::unique_ptr<ops::Communicator>> comms;
+  if (tp > 1 && rt->device() == Device::kCpu) {
+    auto g = std::make_shared<dist::InProcessGroup>(tp);
+    for (int r = 0; r < tp; ++r) comms.push_back(g->communicator(r));
+    group = g;
+  }
+#if M3_HAVE_CUDA_BACKEND
+  if (tp > 1 && rt->device() == Device::kCuda) {
+    std::vector<int> devices;
+    for (int r = 0; r < tp; ++r) devices.push_back(config.device_id + r);
+    auto g = cuda::NcclGroup::create(devices);
+    if (!g) return Status::error("tensor_parallel_size " + std::to_string(tp) + ": " + g.error());
+    std::shared_ptr<cuda::NcclGroup> shared = std::move(*g);
+    for (int r = 0; r < tp; ++r) comms.push_back(shared->communicator(r, config.batch_invariant));
+    group = shared;
+  }
+#endif
   if (config.msa_index_reuse < 1 || config.msa_index_reuse > 64)
     return Status::error("msa_index_reuse must be in [1, 64], got " + std::to_string(config.msa_index_reuse));
   if (config.kv_offload_bytes < 0) return Status::error("kv_offload_bytes must be >= 0");
@@ -539,15 +557,28 @@ Result<std::unique_ptr<Engine>> Engine::create(const EngineConfig& config) {
     auto k = std::make_unique<Rank>();
     k->owned_runtime = r == 0 ? std::move(owned) : nullptr;
     k->rt = rt;  // the CPU's host memory is every rank's
+#if M3_HAVE_CUDA_BACKEND
+    if (r > 0 && rt->device() == Device::kCuda) {  // rank r on device device_id + r
+      try {
+        k->owned_runtime = cuda::make_cuda_runtime(config.device_id + r);
+      } catch (const std::exception& e) {
+        return Status::error("tensor parallel rank " + std::to_string(r) + ": cannot use CUDA device " +
+                             std::to_string(config.device_id + r) + ": " + e.what());
+      }
+      k->rt = k->owned_runtime.get();
+    }
+#endif
+    k->rt->activate();  // weights go to the rank's device
+    if (r < int(comms.size())) k->comm = std::move(comms[size_t(r)]);
     LoadOptions load =
-        engine_load_options(rt, rt->device() == Device::kCpu, config.dequantize_mxfp8, config.batch_invariant);
+        engine_load_options(k->rt, rt->device() == Device::kCpu, config.dequantize_mxfp8, config.batch_invariant);
     load.tp_size = tp;
     load.tp_rank = r;
     Result<std::unique_ptr<MiniMaxM3Model>> model = Status::error("not loaded");
     try {
       model = MiniMaxM3Model::load(**dir, progress, load);
     } catch (const std::exception& e) {
-      return Status::error(config.model_dir + ": loading weights into " + rt->describe() + " failed: " + e.what());
+      return Status::error(config.model_dir + ": loading weights into " + k->rt->describe() + " failed: " + e.what());
     }
     if (!model) return model.status();
     (*model)->set_msa_index_reuse(config.msa_index_reuse);
@@ -630,12 +661,11 @@ Result<std::unique_ptr<Engine>> Engine::create(const EngineConfig& config) {
   if (config.max_num_batched_tokens < 1 || config.max_num_seqs < 1)
     return Status::error("max_num_batched_tokens and max_num_seqs must be >= 1");
   try {
-    auto group = tp > 1 ? std::make_unique<dist::InProcessGroup>(tp) : nullptr;
     for (int r = 0; r < tp; ++r) {
       Rank& k = *ranks[size_t(r)];
+      k.rt->activate();
       k.cache = BackendKvCache::allocate(k.rt, k.model->config(), num_blocks, bs, kv_dtype, index_dtype);
       k.host_kv = ops::HostStaging(k.rt, size_t(kc.num_host_blocks) * size_t(page_bytes));
-      if (group) k.comm = group->communicator(r);
     }
     return std::unique_ptr<Engine>(new EngineImpl(config, std::move(group), std::move(ranks), page_bytes,
                                                   std::move(*scheduler), summary));

@@ -13,12 +13,16 @@ class Communicator {
   virtual ~Communicator() = default;
   virtual int size() const = 0;
   virtual int rank() const = 0;
-  // The dispatch trace's entry for the collectives it runs, e.g. "all_reduce.in_process.cpu".
-  virtual std::string entry_name() const = 0;
+  // The dispatch trace's entry for a collective ("all_reduce", "all_gather"), e.g.
+  // "all_reduce.in_process.cpu".
+  virtual std::string entry_name(const std::string& collective) const = 0;
   // x (F32, in the rank's runtime memory) becomes the sum of every rank's x. Each element is
   // summed in rank order (x0 + x1 + ...), so every rank holds the same bits and an element's sum
   // does not depend on the batch around it (batch invariance survives tensor parallelism).
   virtual void all_reduce_sum(const TensorView& x) = 0;
+  // out [rows, size * cols] (F32, the rank's memory) = every rank's local [rows, cols], rank r's
+  // in columns [r * cols, (r + 1) * cols): a vocab-parallel LM head's logits, whole on every rank.
+  virtual void all_gather_cols(const TensorView& local, const TensorView& out) = 0;
 };
 
 }  // namespace m3::ops

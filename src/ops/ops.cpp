@@ -1,5 +1,7 @@
 #include "ops/ops.h"
 
+#include "core/check.h"
+
 namespace m3::ops {
 namespace {
 Problem problem(const OpContext& ctx, const char* op, DType dtype, int64_t m, int64_t n, int64_t k, int64_t extra = 0) {
@@ -15,8 +17,15 @@ void embedding(const OpContext& ctx, const int32_t* ids, int num_tokens, const T
 void all_reduce(const OpContext& ctx, const TensorView& x) {
   if (!ctx.comm || ctx.comm->size() == 1) return;
   if (ctx.stats) ctx.stats->record(problem(ctx, "all_reduce", x.dtype, x.shape[0], x.numel() / x.shape[0], ctx.comm->size()),
-                                   ctx.comm->entry_name(), "tensor parallel size " + std::to_string(ctx.comm->size()));
+                                   ctx.comm->entry_name("all_reduce"), "tensor parallel size " + std::to_string(ctx.comm->size()));
   ctx.comm->all_reduce_sum(x);
+}
+
+void all_gather_cols(const OpContext& ctx, const TensorView& local, const TensorView& out) {
+  M3_CHECK(ctx.comm && ctx.comm->size() > 1, "all_gather_cols needs a tensor-parallel group");
+  if (ctx.stats) ctx.stats->record(problem(ctx, "all_gather", local.dtype, local.shape[0], local.shape[1], ctx.comm->size()),
+                                   ctx.comm->entry_name("all_gather"), "tensor parallel size " + std::to_string(ctx.comm->size()));
+  ctx.comm->all_gather_cols(local, out);
 }
 
 void rms_norm(const OpContext& ctx, const TensorView& x, const TensorView& weight, float eps, const TensorView& out) {

@@ -161,6 +161,8 @@ struct OpContext {
 void embedding(const OpContext& ctx, const int32_t* ids, int num_tokens, const TensorView& table, const TensorView& out);
 // x = the sum of x over the tensor-parallel ranks (OpContext::comm); nothing without a group.
 void all_reduce(const OpContext& ctx, const TensorView& x);
+// out [rows, ranks * cols] = every rank's local [rows, cols] side by side, rank order (OpContext::comm).
+void all_gather_cols(const OpContext& ctx, const TensorView& local, const TensorView& out);
 // Gemma RMSNorm over the last dim: y = x * rsqrt(mean(x^2) + eps) * (1 + w). x: [rows, dim].
 void rms_norm(const OpContext& ctx, const TensorView& x, const TensorView& weight, float eps, const TensorView& out);
 // NeoX rotation of the first rotary_dim dims of every head, in place. x: [tokens, heads, head_dim].

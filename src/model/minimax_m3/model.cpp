@@ -193,6 +193,7 @@ std::unique_ptr<ForwardWorkspace> MiniMaxM3Model::make_workspace(int64_t max_tok
   ws->rows = f32(max_logit_rows * H);
   ws->normed = f32(max_logit_rows * H);
   ws->logits = f32(max_logit_rows * c.vocab_size);
+  if (lm_head_.out_features() != c.vocab_size) ws->logits_local = f32(max_logit_rows * lm_head_.out_features());
   return ws;
 }
 
@@ -340,7 +341,14 @@ void MiniMaxM3Model::logits_of_rows(const ops::OpContext& ctx, const int32_t* ro
   };
   ops::embedding(ctx, rows, int(R), f2(ws.h, num_tokens, H), f2(ws.rows, R, H));
   ops::rms_norm(ctx, f2(ws.rows, R, H), final_norm_, c.rms_norm_eps, f2(ws.normed, R, H));
-  ops::linear(ctx, f2(ws.normed, R, H), lm_head_, f2(ws.logits, R, c.vocab_size));
+  if (lm_head_.out_features() == c.vocab_size) {
+    ops::linear(ctx, f2(ws.normed, R, H), lm_head_, f2(ws.logits, R, c.vocab_size));
+    return;
+  }
+  // Vocab-parallel head: this rank's columns, then every rank's side by side.
+  const TensorView local = f2(ws.logits_local, R, lm_head_.out_features());
+  ops::linear(ctx, f2(ws.normed, R, H), lm_head_, local);
+  ops::all_gather_cols(ctx, local, f2(ws.logits, R, c.vocab_size));
 }
 
 void MiniMaxM3Model::forward(const ops::OpContext& ctx, const ForwardBatch& batch, const KvCacheTensors& cache,

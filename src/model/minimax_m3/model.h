@@ -64,6 +64,7 @@ struct ForwardBatch {
 struct ForwardWorkspace {
   int64_t max_tokens = 0, max_logit_rows = 0;
   ops::DeviceBuffer h, x, y, q, k, v, o, iq, ik, selected, expert_ids, expert_weights, rows, normed, logits;
+  ops::DeviceBuffer logits_local;  // tensor parallel: this rank's vocabulary slice, before the gather
   TensorView logits_view(int64_t rows, int64_t vocab) const { return logits.view(DType::kF32, {rows, vocab}); }
 };
 

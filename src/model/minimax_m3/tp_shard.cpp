@@ -15,11 +15,15 @@ bool ends_with(std::string_view s, std::string_view tail) {
 }  // namespace
 
 TpSlice tp_slice(const WeightSpec& spec, const MiniMaxM3Config& c) {
-  if (c.tp_size == 1 || (spec.role != WeightRole::kLinear)) return {};
+  if (c.tp_size == 1) return {};
   const std::string_view n = spec.name;
   const int64_t D = c.head_dim, r = c.tp_rank;
   auto rows = [](int64_t offset, int64_t count) { return TpSlice{0, offset, count}; };
   auto cols = [](int64_t offset, int64_t count) { return TpSlice{1, offset, count}; };
+  // The LM head by vocabulary (its logits gathered after), where the vocabulary divides.
+  if (spec.role == WeightRole::kLmHead)
+    return c.vocab_size % c.tp_size == 0 ? rows(r * (c.vocab_size / c.tp_size), c.vocab_size / c.tp_size) : TpSlice{};
+  if (spec.role != WeightRole::kLinear) return {};
   if (ends_with(n, "self_attn.q_proj.weight")) return rows(r * c.num_attention_heads * D, c.num_attention_heads * D);
   if (ends_with(n, "self_attn.k_proj.weight") || ends_with(n, "self_attn.v_proj.weight"))
     return rows(int64_t(c.kv_head_offset) * D, c.num_key_value_heads * D);

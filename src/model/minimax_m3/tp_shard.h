@@ -2,8 +2,9 @@
 // Which part of a checkpoint tensor a tensor-parallel rank holds (MiniMaxM3Config::shard):
 // column-parallel projections (q, k, v, index q, MLP and expert gate / up) keep a range of
 // output rows, row-parallel ones (o_proj, MLP and expert down) a range of input columns, whose
-// partial outputs the forward sums over the ranks; everything else (norms, router, index-key
-// projection, embedding, LM head) is whole on every rank.
+// partial outputs the forward sums over the ranks; the LM head keeps a range of the vocabulary
+// (where it divides; the logits are gathered); everything else (norms, router, index-key
+// projection, embedding) is whole on every rank.
 #include <cstdint>
 #include <vector>
 

@@ -870,8 +870,9 @@ class ServerTest(unittest.TestCase):
             self.assertTrue(all(st == 200 and r["usage"]["completion_tokens"] == 24 for st, r in outs), outs)
             status, kernels = server.json("GET", "/debug/kernels")
             self.assertEqual(status, 200)
-            self.assertTrue(any(c["op"] == "all_reduce" and c["entry"] == "all_reduce.in_process.cpu" and c["count"] > 0
-                                for c in kernels["counts"]), kernels["counts"])
+            for op in ("all_reduce", "all_gather"):  # per layer; the vocab-parallel LM head's logits
+                self.assertTrue(any(c["op"] == op and c["entry"] == op + ".in_process.cpu" and c["count"] > 0
+                                    for c in kernels["counts"]), kernels["counts"])
         finally:
             server.stop()
         with open(server.log_path) as f:

@@ -388,6 +388,47 @@ TEST(CudaEngineFp8Index, DeterministicAndBatchInvariant) {
   expect_alone_equals_batched(cfg, prompts, greedy, gpu, {4, 5});  // 130 and 300 tokens: past 4 selected blocks of 32
 }
 
+// Tensor parallelism over two GPUs (NCCL, ADR 0005): TP 2 gives TP 1's greedy tokens (logprobs
+// within the rounding of the reordered row-parallel sums), graph replay equal to eager bit for bit,
+// and each prompt alone its batched logprobs bit for bit; every op, the all-reduce included, on a
+// CUDA entry.
+TEST(CudaTensorParallel, TwoGpusMatchOne) {
+  if (cuda::device_count() < 2) GTEST_SKIP() << cuda::device_count() << " CUDA device(s): tensor parallelism needs two";
+  const fs::path model_dir = fs::path(env_or("M3_SOURCE_DIR", M3_SOURCE_DIR_DEFAULT)) / "models/m3-small";
+  EngineConfig cfg = small_engine_config(model_dir);
+  cfg.device = "cuda";
+  EngineConfig tp2 = cfg;
+  tp2.tensor_parallel_size = 2;
+  {
+    auto probe = Engine::create(tp2);
+    if (!probe && probe.error().find("NCCL is not loadable") != std::string::npos) GTEST_SKIP() << probe.error();
+    ASSERT_TRUE(probe.is_ok()) << probe.error();
+    EXPECT_EQ((*probe)->model().tensor_parallel_size, 2);
+  }
+  const SamplingParams greedy = greedy_32();
+  const auto prompts = random_prompts(6144, 13);
+  const RunResult one = run_engine(cfg, prompts, greedy), two = run_engine(tp2, prompts, greedy);
+  EngineConfig eager_cfg = tp2;
+  eager_cfg.cuda_graphs = false;
+  const RunResult eager = run_engine(eager_cfg, prompts, greedy);
+  ASSERT_EQ(two.outputs.size(), prompts.size());
+  EXPECT_GT(two.graph_steps, 0) << "no TP decode step replayed a CUDA graph";
+  EXPECT_TRUE(two.non_cuda.empty()) << "op without a CUDA entry: " << two.non_cuda.front();
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    const auto &a = one.outputs[i], &b = two.outputs[i];
+    ASSERT_EQ(a.size(), b.size());
+    for (size_t n = 0; n < a.size(); ++n) {
+      EXPECT_EQ(a[n].token, b[n].token) << "prompt " << i << " output " << n;
+      if (a[n].token != b[n].token) break;
+      EXPECT_NEAR(a[n].logprob, b[n].logprob, 2e-2) << "prompt " << i << " output " << n;
+    }
+    expect_graph_equals_eager(b, eager.outputs[i], i);
+  }
+  expect_alone_equals_batched(tp2, prompts, greedy, two, {0, 5});
+  report()["tensor_parallel"] = {{"steps", two.steps}, {"graph_steps", two.graph_steps}};
+  write_report();
+}
+
 INSTANTIATE_TEST_SUITE_P(Small, CudaEngine,
                          ::testing::Values(EngineCase{"models/m3-small", "f32"}, EngineCase{"models/m3-small", "bf16"},
                                            EngineCase{"models/m3-small-mxfp8", "f32"},

@@ -82,11 +82,13 @@ std::vector<RankResult> run(const std::string& model_dir, int tp, const std::vec
           res.chunked_last = chunked.extend(std::vector<int32_t>(prompt.begin() + long(b), prompt.begin() + long(e)), false);
         }
       }
-      // The trace shows the collective ran (two per layer per step).
-      bool traced = tp == 1;
-      for (const auto& [key, count] : stats.entry_counts())
-        traced = traced || (key.first == "all_reduce" && key.second == "all_reduce.in_process.cpu" && count > 0);
-      if (!traced) res.error = "no all_reduce in the dispatch trace";
+      // The trace shows the collectives ran: two all-reduces per layer, the vocab-parallel LM head's gather.
+      bool reduced = tp == 1, gathered = tp == 1;
+      for (const auto& [key, count] : stats.entry_counts()) {
+        reduced = reduced || (key.first == "all_reduce" && key.second == "all_reduce.in_process.cpu" && count > 0);
+        gathered = gathered || (key.first == "all_gather" && key.second == "all_gather.in_process.cpu" && count > 0);
+      }
+      if (!reduced || !gathered) res.error = "no all_reduce / all_gather in the dispatch trace";
     });
   }
   for (auto& t : threads) t.join();

@@ -95,7 +95,7 @@ TEST(TpSlice, ColumnAndRowParallelRules) {
   expect("layers.0.mlp.down_proj.weight", 1, 5 * 1536, 1536);
   expect("layers.3.block_sparse_moe.gate.weight", -1, 0, 0);
   expect("layers.3.self_attn.q_norm.weight", -1, 0, 0);
-  expect("lm_head.weight", -1, 0, 0);
+  expect("lm_head.weight", 0, 5 * 25008, 25008);  // vocab-parallel: 200064 / 8
   expect("embed_tokens.weight", -1, 0, 0);
   EXPECT_EQ(sliced_shape(Shape{6144, 8192}, TpSlice{1, 1024, 1024}), (Shape{6144, 1024}));
 }
@@ -187,6 +187,29 @@ TEST(InProcessGroup, AllReduceSumsInRankOrderWithTheSameBitsEverywhere) {
         ASSERT_EQ(out[0][call][i], acc) << size << " ranks, element " << i;
       }
   }
+}
+
+// Every rank's [rows, cols] block side by side on every rank.
+TEST(InProcessGroup, AllGatherColumnsPutsRanksSideBySide) {
+  const int size = 3, rows = 4, cols = 5;
+  dist::InProcessGroup group(size);
+  std::vector<std::vector<float>> out(static_cast<size_t>(size), std::vector<float>(size_t(rows * cols * size)));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < size; ++r) {
+    threads.emplace_back([&, r] {
+      auto comm = group.communicator(r);
+      std::vector<float> local(static_cast<size_t>(rows * cols));
+      for (int i = 0; i < rows * cols; ++i) local[size_t(i)] = float(100 * r + i);
+      comm->all_gather_cols(TensorView{local.data(), DType::kF32, {rows, cols}, Device::kCpu},
+                            TensorView{out[size_t(r)].data(), DType::kF32, {rows, cols * size}, Device::kCpu});
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < size; ++r)
+    for (int i = 0; i < rows; ++i)
+      for (int k = 0; k < size; ++k)
+        for (int c = 0; c < cols; ++c)
+          ASSERT_EQ(out[size_t(r)][size_t(i * cols * size + k * cols + c)], float(100 * k + i * cols + c));
 }
 
 }  // namespace
