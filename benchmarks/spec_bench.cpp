@@ -8,7 +8,8 @@
 // every output equals plain decoding's, and on the CPU the matmul FLOP/s of the tokens computed
 // (drafts included) over the measured sgemm ceiling.
 //   spec_bench [--model DIR] [--tokenizer DIR] [--corpus FILE] [--batch-sizes 1,8] [--draft-lens 0,3,5]
-//              [--input-len 256] [--output-len 128] [--device auto|cpu|cuda] [--spec-graphs 0|1] [--json FILE]
+//              [--input-len 256] [--output-len 128] [--device auto|cpu|cuda] [--spec-graphs 0|1]
+//              [--tensor-parallel-size N] [--json FILE]
 // --spec-graphs 1: verification steps replay CUDA graphs (full-length drafts; EngineConfig::spec_cuda_graphs).
 #include <chrono>
 #include <cstdio>
@@ -50,7 +51,7 @@ int main(int argc, char** argv) {
   std::string model_dir = M3_SOURCE_DIR "/models/m3-small", corpus_path = M3_SOURCE_DIR "/../shared/data/corpus/pg1184-monte-cristo.txt";
   std::string tokenizer_dir;
   std::string json_path = "spec_bench.json", batches = "1,8", drafts = "0,3,5", device = "auto";
-  int input_len = 256, output_len = 128, spec_graphs = 0;
+  int input_len = 256, output_len = 128, spec_graphs = 0, tp = 1;
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string k = argv[i], v = argv[i + 1];
     if (k == "--model") model_dir = v;
@@ -62,6 +63,7 @@ int main(int argc, char** argv) {
     else if (k == "--output-len") output_len = std::stoi(v);
     else if (k == "--device") device = v;
     else if (k == "--spec-graphs") spec_graphs = std::stoi(v);
+    else if (k == "--tensor-parallel-size") tp = std::stoi(v);
     else if (k == "--json") json_path = v;
     else { std::fprintf(stderr, "unknown option %s\n", k.c_str()); return 2; }
   }
@@ -82,7 +84,7 @@ int main(int argc, char** argv) {
   }
   const double fpt = m3::bench::flops_per_token(*cfg);
   nlohmann::json out = {{"model", model_dir}, {"corpus", corpus_path}, {"input_len", input_len}, {"spec_graphs", spec_graphs},
-                        {"output_len", output_len}, {"matmul_flops_per_token", fpt}, {"points", nlohmann::json::array()}};
+                        {"output_len", output_len}, {"tensor_parallel_size", tp}, {"matmul_flops_per_token", fpt}, {"points", nlohmann::json::array()}};
   double ceiling = 0;
   std::map<std::string, std::vector<std::vector<int32_t>>> plain_outputs;
   std::map<std::string, double> plain_s;
@@ -92,6 +94,7 @@ int main(int argc, char** argv) {
     m3::EngineConfig ec;
     ec.model_dir = model_dir;
     ec.device = device;
+    ec.tensor_parallel_size = tp;
     ec.max_num_seqs = batch;
     ec.max_num_batched_tokens = 2048;
     ec.enable_prefix_caching = false;

@@ -568,23 +568,36 @@ Result<std::unique_ptr<Engine>> Engine::create(const EngineConfig& config) {
       k->rt = k->owned_runtime.get();
     }
 #endif
-    k->rt->activate();  // weights go to the rank's device
     if (r < int(comms.size())) k->comm = std::move(comms[size_t(r)]);
+    ranks.push_back(std::move(k));
+  }
+  // The ranks load at once, each on its own thread and device (rank 0 reports the progress).
+  std::vector<Status> loaded(static_cast<size_t>(tp), Status::ok());
+  dist::RankThreads(tp).run([&](int r) {
+    Rank& k = *ranks[size_t(r)];
+    k.rt->activate();  // weights go to the rank's device
     LoadOptions load =
-        engine_load_options(k->rt, rt->device() == Device::kCpu, config.dequantize_mxfp8, config.batch_invariant);
+        engine_load_options(k.rt, rt->device() == Device::kCpu, config.dequantize_mxfp8, config.batch_invariant);
     load.tp_size = tp;
     load.tp_rank = r;
     Result<std::unique_ptr<MiniMaxM3Model>> model = Status::error("not loaded");
     try {
-      model = MiniMaxM3Model::load(**dir, progress, load);
+      model = MiniMaxM3Model::load(**dir, r == 0 ? progress : LoadProgress{}, load);
     } catch (const std::exception& e) {
-      return Status::error(config.model_dir + ": loading weights into " + k->rt->describe() + " failed: " + e.what());
+      loaded[size_t(r)] =
+          Status::error(config.model_dir + ": loading weights into " + k.rt->describe() + " failed: " + e.what());
+      return;
     }
-    if (!model) return model.status();
+    if (!model) {
+      loaded[size_t(r)] = model.status();
+      return;
+    }
     (*model)->set_msa_index_reuse(config.msa_index_reuse);
-    k->model = std::move(*model);
-    ranks.push_back(std::move(k));
-  }
+    k.model = std::move(*model);
+  });
+  for (const Status& st : loaded)
+    if (!st.is_ok()) return st;
+  rt->activate();
   const MiniMaxM3Config& c = ranks[0]->model->config();  // one rank's shapes (KV pages are per rank)
   const int32_t bs = c.index_block_size;
   // KV element type: BF16 on CUDA by default (what the tuned MSA kernels read), F32 on the CPU.
