@@ -5,8 +5,8 @@
 // prefill tiles), attention within 2e-3 of max|ref|; the KV-block-major prefill and the wgmma
 // dense prefill must equal the query-major result bit for bit, and a
 // sequence run alone must equal its rows in the batch bit for bit (batch invariance: other
-// cluster splits, other row groups). Cases: M3 TP1 (64/4 heads, 4 index heads) and TP4
-// (16/1, 1) shapes, ragged batches with pages shuffled across the pool, contexts on and off
+// cluster splits, other row groups). Cases: M3 TP1 (64/4 heads, 4 index heads), TP2 (32/2, 2),
+// TP4 (16/1, 1) and TP8 (8/1, 1: KV heads replicated) shapes, ragged batches with pages shuffled across the pool, contexts on and off
 // multiples of 128, fewer blocks than top_k, multi-token queries (speculative verification,
 // prefill chunks, whole prefills), crafted ties (small-integer keys, duplicated blocks, all
 // keys equal), FP8 index-K, other page sizes and group sizes, large batches (no split) and
@@ -62,6 +62,8 @@ struct Shape3 {
 };
 const Shape3 kTp1{64, 4, 4, 128, 16};
 const Shape3 kTp4{16, 1, 1, 128, 16};
+const Shape3 kTp2{32, 2, 2, 128, 16};
+const Shape3 kTp8{8, 1, 1, 128, 16};  // TP 8: KV heads replicated, 8 query heads per KV head
 
 enum class Keys { kRandom, kSmallInts, kDupBlocks, kPeriodicBlocks, kAllEqual };
 
@@ -393,6 +395,10 @@ std::vector<Case> cases() {
   std::vector<Case> out;
   out.push_back({"tp1_decode_ragged", kTp1, ragged, Keys::kRandom, DType::kBF16, false});
   out.push_back({"tp4_decode_ragged", kTp4, ragged, Keys::kRandom, DType::kBF16, false});
+  out.push_back({"tp2_decode_ragged", kTp2, ragged, Keys::kRandom, DType::kBF16, false});
+  out.push_back({"tp8_decode_ragged", kTp8, ragged, Keys::kRandom, DType::kBF16, false});
+  out.push_back({"tp8_multi_token", kTp8, {{2046, 4}, {9000, 4}, {300, 3}}});
+  out.push_back({"tp8_prefill_chunk", kTp8, {{3000, 37}, {0, 70}, {1990, 100}}});
   // Contexts of at most top_k blocks: alone (16-CTA clusters) every block is one CTA's early unit,
   // computed before the indexer's selection; batched (8-CTA clusters) only those of <= 8 blocks.
   out.push_back({"tp1_decode_early_units", kTp1, {{2047, 1}, {900, 1}, {1000, 1}, {5, 1}}});
