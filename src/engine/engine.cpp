@@ -442,17 +442,21 @@ class EngineImpl final : public Engine {
     std::map<RequestId, std::vector<PromptLogprob>> out;
     if (needs.empty()) return out;
     const int64_t vocab = summary_.vocab_size;
-    // Rank 0 alone: the final hidden states and the LM head are whole on every rank.
-    Rank& k = *ranks_[0];
-    const size_t cap = size_t(std::min<int64_t>(k.step->max_rows(), k.ws->max_logit_rows));
+    // Every rank (a vocab-parallel LM head gathers its logits); rank 0's are read.
+    const size_t cap = size_t(std::min<int64_t>(ranks_[0]->step->max_rows(), ranks_[0]->ws->max_logit_rows));
     std::vector<float> logits, logp;
     for (size_t b = 0; b < needs.size(); b += cap) {
       const size_t R = std::min(cap, needs.size() - b);
       std::vector<int32_t> rows(R);
       for (size_t j = 0; j < R; ++j) rows[j] = needs[b + j].row;
-      k.model->logits_of_rows(k.ctx, k.step->upload_rows(rows), int64_t(R), k.step->num_tokens(), *k.ws);
       logits.resize(R * size_t(vocab));
-      k.rt->download(logits.data(), k.ws->logits.data(), logits.size() * 4);
+      threads_.run([&](int r) {
+        Rank& k = *ranks_[size_t(r)];
+        k.rt->activate();
+        k.model->logits_of_rows(k.ctx, k.step->upload_rows(rows), int64_t(R), k.step->num_tokens(), *k.ws);
+        if (r == 0) k.rt->download(logits.data(), k.ws->logits.data(), logits.size() * 4);
+        else k.rt->synchronize();
+      });
       for (size_t j = 0; j < R; ++j) {
         const Need& nd = needs[b + j];
         log_softmax(logits.data() + j * size_t(vocab), vocab, logp);

@@ -23,11 +23,13 @@ struct Knobs {
   int32_t blocks = 256;
   int64_t offload_bytes = 0;
   int spec = 0;
+  int prompt_logprobs = -1;
 };
 
 struct EngineRun {
   std::vector<std::vector<TokenOutput>> out;
   int64_t preemptions = 0, cached_tokens = 0, host_loaded_blocks = 0, accepted = 0;
+  std::vector<PromptLogprob> prompt_logprobs;  // in arrival order
   std::string error;
 };
 
@@ -58,6 +60,7 @@ EngineRun run(const Knobs& k, const std::vector<std::vector<int32_t>>& prompts, 
   sp.max_tokens = 16;
   sp.ignore_eos = true;
   sp.logprobs = 1;
+  sp.prompt_logprobs = k.prompt_logprobs;
   r.out.resize(prompts.size());
   std::map<RequestId, size_t> index;
   auto drain = [&] {
@@ -65,6 +68,7 @@ EngineRun run(const Knobs& k, const std::vector<std::vector<int32_t>>& prompts, 
       EngineStepStats st;
       for (auto& ev : (*engine)->step(&st)) {
         for (auto& t : ev.new_tokens) r.out[index[ev.request_id]].push_back(t);
+        for (auto& lp : ev.prompt_logprobs) r.prompt_logprobs.push_back(lp);
         if (ev.finished) r.cached_tokens += ev.num_cached_prompt_tokens;
       }
       r.preemptions += st.scheduler.num_preemptions;
@@ -125,6 +129,22 @@ TEST(TensorParallelEngine, TwoRanksMatchOneAndKeepEveryInvariance) {
   const EngineRun spec = run({2, 256, 0, 3}, p);
   expect_same(two, spec, true, "tp 2 with ngram drafts");
   EXPECT_GT(spec.accepted, 0) << "no draft token was accepted";
+}
+
+// Prompt logprobs go through the LM head again on every rank (its vocabulary is split).
+TEST(TensorParallelEngine, PromptLogprobs) {
+  const std::vector<std::vector<int32_t>> p = {test::random_prompt(70, 3)};
+  Knobs one{1}, two{2};
+  one.prompt_logprobs = two.prompt_logprobs = 2;
+  const EngineRun a = run(one, p), b = run(two, p);
+  ASSERT_TRUE(a.error.empty() && b.error.empty()) << a.error << b.error;
+  ASSERT_EQ(a.prompt_logprobs.size(), 69u);
+  ASSERT_EQ(b.prompt_logprobs.size(), a.prompt_logprobs.size());
+  for (size_t i = 0; i < a.prompt_logprobs.size(); ++i) {
+    EXPECT_EQ(a.prompt_logprobs[i].position, b.prompt_logprobs[i].position);
+    EXPECT_NEAR(a.prompt_logprobs[i].logprob, b.prompt_logprobs[i].logprob, 1e-3) << "position " << i + 1;
+  }
+  expect_same(a, b, false, "tp 2 with prompt logprobs");
 }
 
 TEST(TensorParallelEngine, RefusesSizesThatDoNotFitTheModel) {
