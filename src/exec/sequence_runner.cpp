@@ -71,4 +71,9 @@ std::vector<float> SequenceRunner::extend(const std::vector<int32_t>& tokens, bo
   return logits;
 }
 
+void SequenceRunner::truncate(int64_t length) {
+  if (length < 0 || length > length_) throw std::runtime_error("SequenceRunner: truncate past the sequence's length");
+  length_ = length;
+}
+
 }  // namespace m3

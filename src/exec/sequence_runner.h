@@ -22,6 +22,9 @@ class SequenceRunner {
   std::vector<float> extend(const std::vector<int32_t>& tokens, bool all_logits, ForwardTrace* trace = nullptr,
                             const ForwardHooks* hooks = nullptr);
   int64_t length() const { return length_; }
+  // Drops tokens from the end (length <= length()); their KV stays in the pages, as a rejected
+  // speculative draft's does, until the next extend overwrites it.
+  void truncate(int64_t length);
 
  private:
   const MiniMaxM3Model& model_;

@@ -311,7 +311,8 @@ void register_serve_command(CLI::App& app, EngineFactory factory) {
   cmd->add_option("--device", o->engine.device, "auto (CUDA when a GPU is present), cuda or cpu")
       ->check(CLI::IsMember({"auto", "cuda", "cpu"}))
       ->capture_default_str();
-  cmd->add_option("--device-id", o->engine.device_id, "CUDA device ordinal")->capture_default_str();
+  cmd->add_option("--device-id", o->engine.device_id,
+                  "CUDA device ordinal (tensor parallel rank r runs on this + r)")->capture_default_str();
   cmd->add_option("--kv-cache-dtype", o->engine.kv_cache_dtype, "KV cache element type: auto (bf16 on CUDA, f32 on CPU), f32, bf16")
       ->check(CLI::IsMember({"auto", "f32", "bf16"}))
       ->capture_default_str();

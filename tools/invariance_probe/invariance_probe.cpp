@@ -5,7 +5,10 @@
 // the dispatch entries with their plans for both step shapes are listed, so the first op whose
 // bits depend on the tokens per request is named with the kernel that ran it.
 //   invariance_probe --model DIR [--device cpu|cuda] [--prompt-lens 300,3000] [--draft 3]
-//                    [--index-dtype bf16|fp8] [--seed 1] [--json FILE]
+//                    [--index-dtype bf16|fp8] [--stale none|verify|singles] [--seed 1] [--json FILE]
+// --stale verify: before the verification step its sequence computes K + 1 other tokens and
+// drops them (SequenceRunner::truncate), leaving their KV behind in the pages as rejected drafts
+// do; --stale singles does that to the one-token steps' sequence instead.
 // Exit status 1 when any op differs (so a script can stop on it), 2 on bad usage.
 #include <cmath>
 #include <cstdio>
@@ -95,6 +98,7 @@ double max_abs_diff(const unsigned char* a, const unsigned char* b, size_t bytes
 
 int main(int argc, char** argv) {
   std::string model_dir, device = "cpu", json_path = "invariance_probe.json", lens = "300,3000", index_dtype;
+  std::string stale = "none";
   int draft = 3;
   uint32_t seed = 1;
   for (int i = 1; i + 1 < argc; i += 2) {
@@ -105,6 +109,7 @@ int main(int argc, char** argv) {
     else if (k == "--draft") draft = std::stoi(v);
     else if (k == "--index-dtype") index_dtype = v;
     else if (k == "--seed") seed = uint32_t(std::stoul(v));
+    else if (k == "--stale") stale = v;
     else if (k == "--json") json_path = v;
     else {
       std::fprintf(stderr, "unknown option %s\n", k.c_str());
@@ -112,9 +117,10 @@ int main(int argc, char** argv) {
     }
   }
   if (model_dir.empty() || draft < 1 || (device != "cpu" && device != "cuda") ||
-      (!index_dtype.empty() && index_dtype != "bf16" && index_dtype != "fp8")) {
+      (!index_dtype.empty() && index_dtype != "bf16" && index_dtype != "fp8") ||
+      (stale != "none" && stale != "verify" && stale != "singles")) {
     std::fprintf(stderr, "usage: invariance_probe --model DIR [--device cpu|cuda] [--prompt-lens 300,3000] "
-                         "[--draft K] [--index-dtype bf16|fp8] [--seed N] [--json FILE]\n");
+                         "[--draft K] [--index-dtype bf16|fp8] [--stale none|verify|singles] [--seed N] [--json FILE]\n");
     return 2;
   }
   std::unique_ptr<ops::BackendRuntime> owned_rt;
@@ -155,10 +161,11 @@ int main(int argc, char** argv) {
   if (index_dtype == "fp8") idx = DType::kF8E4M3;
   if (index_dtype == "bf16") idx = DType::kBF16;
   const int64_t vocab = model.config().vocab_size;
-  std::printf("model %s on %s, %d layers, K = %d (verification steps of %d tokens)\n", model_dir.c_str(),
-              device.c_str(), model.config().num_hidden_layers, draft, draft + 1);
+  std::printf("model %s on %s, %d layers, K = %d (verification steps of %d tokens), stale KV: %s\n", model_dir.c_str(),
+              device.c_str(), model.config().num_hidden_layers, draft, draft + 1, stale.c_str());
 
-  nlohmann::json out = {{"model", model_dir}, {"device", device}, {"draft", draft}, {"cases", nlohmann::json::array()}};
+  nlohmann::json out = {{"model", model_dir}, {"device", device}, {"draft", draft}, {"stale", stale},
+                        {"cases", nlohmann::json::array()}};
   bool all_same = true;
   for (int P : parse_list(lens)) {
     std::mt19937 rng(seed + uint32_t(P));
@@ -169,6 +176,13 @@ int main(int argc, char** argv) {
     SequenceRunner one(model, ctx, cap, kv, idx), many(model, ctx, cap, kv, idx);
     one.extend(prompt, false);
     many.extend(prompt, false);
+    if (stale != "none") {  // other tokens' KV left behind past the sequence's end
+      std::vector<int32_t> junk(next.size());
+      for (auto& t : junk) t = int32_t(rng() % uint32_t(vocab));
+      SequenceRunner& r = stale == "verify" ? many : one;
+      r.extend(junk, false);
+      r.truncate(P);
+    }
     std::vector<Step> singles;
     for (int j = 0; j <= draft; ++j) singles.push_back(run_step(one, rt, stats, {next[size_t(j)]}));
     const Step verify = run_step(many, rt, stats, next);

@@ -459,7 +459,7 @@ void gemm_xwt(const float* x, int64_t m, const ops::LinearWeight& w, float* y, b
 
 void register_gemm(ops::KernelTable& table) {
   table.linear.add({"linear.wgmma_hilo_invariant.sm90",
-                    "as linear.mma_hilo_invariant.sm90 (same bits) for MXFP8 weights (BF16 too with MmaLinearRule::wgmma_bf16) and calls of > 256 rows "
+                    "as linear.mma_hilo_invariant.sm90 (same bits) for MXFP8 and BF16 weights (BF16: the overlapped form) and calls of > 256 rows "
                     "(prefill chunks), or of >= 96 rows for weights of >= 4096 outputs (decode batches; not in "
                     "groups of weights): wgmma m64n128k16 with the weights as A from registers, the x pieces in the "
                     "mma.sync fragments' k order, the next stage's weight fragments built under the current "

@@ -64,10 +64,11 @@ struct MmaLinearRule {
   bool wgmma_split = false;
   int64_t group_separate_min_rows = 192;
   //   wgmma_bf16: BF16 weights (the LM head) take the wgmma kernel too, in its overlapped form,
-  //     where the rules above send them (the wide-weight rule: an LM head from 96 rows). Off until
-  //     the H200 has run its parity (kernels_cuda_parity forces it) and timed it against the wide
-  //     tile (linear_bench --shapes lm_head --variants wgmma_ov,wide).
-  bool wgmma_bf16 = false;
+  //     where the rules above send them (the wide-weight rule: an LM head from 96 rows); the same
+  //     bits (kernels_cuda_parity forces it). H100, LM head 200064 x 6144 (linear_bench --shapes
+  //     lm_head): 96 / 128 / 192 / 256 / 512 rows 2934 / 3063 / 5708 / 6164 / 12318 us on the
+  //     wide tile -> 1799 / 1833 / 3552 / 3631 / 7626 us.
+  bool wgmma_bf16 = true;
 };
 // The rule of weight groups (ops::linear_group): the default without the wide-weight path.
 MmaLinearRule mma_group_rule();
