@@ -9,7 +9,11 @@
 // (drafts included) over the measured sgemm ceiling.
 //   spec_bench [--model DIR] [--tokenizer DIR] [--corpus FILE] [--batch-sizes 1,8] [--draft-lens 0,3,5]
 //              [--input-len 256] [--output-len 128] [--device auto|cpu|cuda] [--spec-graphs 0|1]
-//              [--tensor-parallel-size N] [--json FILE]
+//              [--tensor-parallel-size N] [--logprobs N] [--json FILE]
+// The first run with k = 0 of a (workload, batch) is the reference every later run of it is
+// compared with (repeat 0 in --draft-lens to check run-to-run determinism); a differing output
+// prints its first differing position, with the reference's top-2 logprob margin there when
+// --logprobs >= 2.
 // --spec-graphs 1: verification steps replay CUDA graphs (full-length drafts; EngineConfig::spec_cuda_graphs).
 #include <chrono>
 #include <cstdio>
@@ -51,7 +55,7 @@ int main(int argc, char** argv) {
   std::string model_dir = M3_SOURCE_DIR "/models/m3-small", corpus_path = M3_SOURCE_DIR "/../shared/data/corpus/pg1184-monte-cristo.txt";
   std::string tokenizer_dir;
   std::string json_path = "spec_bench.json", batches = "1,8", drafts = "0,3,5", device = "auto";
-  int input_len = 256, output_len = 128, spec_graphs = 0, tp = 1;
+  int input_len = 256, output_len = 128, spec_graphs = 0, tp = 1, logprobs = 0;
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string k = argv[i], v = argv[i + 1];
     if (k == "--model") model_dir = v;
@@ -64,6 +68,7 @@ int main(int argc, char** argv) {
     else if (k == "--device") device = v;
     else if (k == "--spec-graphs") spec_graphs = std::stoi(v);
     else if (k == "--tensor-parallel-size") tp = std::stoi(v);
+    else if (k == "--logprobs") logprobs = std::stoi(v);
     else if (k == "--json") json_path = v;
     else { std::fprintf(stderr, "unknown option %s\n", k.c_str()); return 2; }
   }
@@ -88,6 +93,7 @@ int main(int argc, char** argv) {
   double ceiling = 0;
   std::map<std::string, std::vector<std::vector<int32_t>>> plain_outputs;
   std::map<std::string, double> plain_s;
+  std::map<std::string, std::vector<std::vector<float>>> plain_margins;
   for (const std::string workload : {"echo", "free"})
   for (int batch : batch_sizes)
   for (int k : m3::bench::parse_list(drafts)) {
@@ -118,18 +124,24 @@ int main(int argc, char** argv) {
       r.sampling.temperature = 0.0f;
       r.sampling.max_tokens = output_len;
       r.sampling.ignore_eos = true;
+      r.sampling.logprobs = logprobs;
       auto id = (*engine)->submit(std::move(r));
       if (!id) { std::fprintf(stderr, "%s\n", id.error().c_str()); return 1; }
       which[*id] = b;
     }
     std::vector<std::vector<int32_t>> outputs(static_cast<size_t>(batch));
+    std::vector<std::vector<float>> margins(static_cast<size_t>(batch));  // top-1 minus top-2 logprob
     int64_t steps = 0, drafts_n = 0, draft_tokens = 0, accepted = 0, computed = 0, decode_steps = 0, graph_steps = 0;
     double decode_s = 0;
     const auto t0 = Clock::now();
     while ((*engine)->has_unfinished_requests()) {
       m3::EngineStepStats st;
       for (auto& ev : (*engine)->step(&st))
-        for (auto& t : ev.new_tokens) outputs[size_t(which[ev.request_id])].push_back(t.token);
+        for (auto& t : ev.new_tokens) {
+          outputs[size_t(which[ev.request_id])].push_back(t.token);
+          margins[size_t(which[ev.request_id])].push_back(
+              t.top_logprobs.size() >= 2 ? t.top_logprobs[0].logprob - t.top_logprobs[1].logprob : -1.0f);
+        }
       ++steps;
       drafts_n += st.spec_num_drafts;
       draft_tokens += st.spec_num_draft_tokens;
@@ -143,11 +155,21 @@ int main(int argc, char** argv) {
     }
     const double total_s = std::chrono::duration<double>(Clock::now() - t0).count();
     const std::string key = workload + "/" + std::to_string(batch);
-    if (k == 0) {
+    if (k == 0 && !plain_outputs.count(key)) {
       plain_outputs[key] = outputs;
+      plain_margins[key] = margins;
       plain_s[key] = decode_s;
     }
     const bool same = plain_outputs.count(key) && plain_outputs[key] == outputs;
+    for (size_t b = 0; !same && b < outputs.size(); ++b) {
+      const auto& ref = plain_outputs[key][b];
+      size_t i = 0;
+      while (i < ref.size() && i < outputs[b].size() && ref[i] == outputs[b][i]) ++i;
+      if (i == ref.size() && i == outputs[b].size()) continue;
+      const float margin = i < plain_margins[key][b].size() ? plain_margins[key][b][i] : -1.0f;
+      std::printf("  sequence %zu differs from output %zu on (%d vs %d; reference top-2 margin %.3g)\n", b, i,
+                  i < ref.size() ? ref[i] : -1, i < outputs[b].size() ? outputs[b][i] : -1, double(margin));
+    }
     const int64_t generated = int64_t(batch) * output_len;
     nlohmann::json point = {{"workload", workload}, {"batch", batch}, {"num_speculative_tokens", k},
                             {"total_s", total_s}, {"decode_s", decode_s}, {"steps", steps}, {"decode_steps", decode_steps},

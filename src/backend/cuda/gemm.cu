@@ -256,10 +256,9 @@ std::string wg_only(const ops::Problem& p, std::string why, const MmaLinearRule&
   if (p.dtype != DType::kF8E4M3 && p.dtype != DType::kBF16) return "MXFP8 or BF16 weights only";
   if (mma_linear_plan(p.m, p.n, p.k, p.dtype, true, rule).kernel != MmaLinearKernel::kWgmma) {
     std::string r = "fewer than " + std::to_string(rule.wgmma_min_rows) + " rows";
-    if (rule.wgmma_wide_min_rows < rule.wgmma_min_rows) {
-      r += ", or than " + std::to_string(rule.wgmma_wide_min_rows) + " with >= " + std::to_string(rule.wgmma_wide_n) +
-           " outputs";
-    }
+    const int64_t wide_min = p.dtype == DType::kBF16 ? rule.wgmma_bf16_wide_min_rows : rule.wgmma_wide_min_rows;
+    if (wide_min < rule.wgmma_min_rows)
+      r += ", or than " + std::to_string(wide_min) + " with >= " + std::to_string(rule.wgmma_wide_n) + " outputs";
     return r + " (mma.sync tiles)";
   }
   return "";
@@ -460,7 +459,7 @@ void gemm_xwt(const float* x, int64_t m, const ops::LinearWeight& w, float* y, b
 void register_gemm(ops::KernelTable& table) {
   table.linear.add({"linear.wgmma_hilo_invariant.sm90",
                     "as linear.mma_hilo_invariant.sm90 (same bits) for MXFP8 and BF16 weights (BF16: the overlapped form) and calls of > 256 rows "
-                    "(prefill chunks), or of >= 96 rows for weights of >= 4096 outputs (decode batches; not in "
+                    "(prefill chunks), or of >= 96 rows (BF16: 64) for weights of >= 4096 outputs (decode batches; not in "
                     "groups of weights): wgmma m64n128k16 with the weights as A from registers, the x pieces in the "
                     "mma.sync fragments' k order, the next stage's weight fragments built under the current "
                     "stage's wgmmas, persistent CTAs with a producer warpgroup",

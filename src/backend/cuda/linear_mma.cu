@@ -676,7 +676,8 @@ MmaLinearPlan mma_linear_plan(int64_t m, int64_t n, int64_t k, DType dtype, bool
   p.nseg = kp.nseg;
   static_assert(kRowsCta == kWgLinearTileRows, "grid_x counts the weight tiles of both kernels");
   p.grid_x = (n + kRowsCta - 1) / kRowsCta;
-  const bool wide_weight = n >= rule.wgmma_wide_n && m >= rule.wgmma_wide_min_rows;
+  const bool wide_weight =
+      n >= rule.wgmma_wide_n && m >= (dtype == DType::kBF16 ? rule.wgmma_bf16_wide_min_rows : rule.wgmma_wide_min_rows);
   // BF16 weights (the LM head) in the overlapped form only (their kernel has no other).
   const bool wg_type = dtype == DType::kF8E4M3 || (dtype == DType::kBF16 && rule.wgmma_bf16 && rule.wgmma_overlap);
   if (wgmma && wg_type && (m >= rule.wgmma_min_rows || wide_weight)) {
@@ -704,7 +705,7 @@ MmaLinearPlan mma_linear_plan(int64_t m, int64_t n, int64_t k, DType dtype, bool
 
 MmaLinearRule mma_group_rule() {
   MmaLinearRule r;
-  r.wgmma_wide_min_rows = int64_t(1) << 62;
+  r.wgmma_wide_min_rows = r.wgmma_bf16_wide_min_rows = int64_t(1) << 62;
   return r;
 }
 

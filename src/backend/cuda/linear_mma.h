@@ -69,6 +69,9 @@ struct MmaLinearRule {
   //     lm_head): 96 / 128 / 192 / 256 / 512 rows 2934 / 3063 / 5708 / 6164 / 12318 us on the
   //     wide tile -> 1799 / 1833 / 3552 / 3631 / 7626 us.
   bool wgmma_bf16 = true;
+  //   wgmma_bf16_wide_min_rows: the wide-weight rule's row threshold for BF16 weights (the LM head
+  //     at 64 rows: 2657 us on the 128-token mma.sync tile, 1940 on wgmma, H100).
+  int64_t wgmma_bf16_wide_min_rows = 64;
 };
 // The rule of weight groups (ops::linear_group): the default without the wide-weight path.
 MmaLinearRule mma_group_rule();

@@ -104,6 +104,11 @@ TEST(MmaLinearPlan, SegmentsDependOnTheShapeOnly) {
   EXPECT_EQ(cuda::mma_linear_plan(4096, 8192, 6144, DType::kBF16, true, bf16).kernel, cuda::MmaLinearKernel::kWgmma);
   EXPECT_TRUE(cuda::mma_linear_plan(4096, 8192, 6144, DType::kBF16, true, bf16).overlap);
   EXPECT_EQ(cuda::mma_linear_plan(128, 200064, 6144, DType::kBF16, true, bf16).kernel, cuda::MmaLinearKernel::kWgmma);
+  // The LM head from 64 rows (BF16's own threshold), not below; MXFP8 wide weights from 96.
+  EXPECT_EQ(cuda::mma_linear_plan(64, 200064, 6144, DType::kBF16, true).kernel, cuda::MmaLinearKernel::kWgmma);
+  EXPECT_NE(cuda::mma_linear_plan(63, 200064, 6144, DType::kBF16, true).kernel, cuda::MmaLinearKernel::kWgmma);
+  EXPECT_NE(cuda::mma_linear_plan(64, 8192, 6144, DType::kF8E4M3, true).kernel, cuda::MmaLinearKernel::kWgmma);
+  EXPECT_EQ(cuda::mma_linear_plan(96, 8192, 6144, DType::kF8E4M3, true).kernel, cuda::MmaLinearKernel::kWgmma);
   cuda::MmaLinearRule plain = bf16;
   plain.wgmma_overlap = false;
   EXPECT_EQ(cuda::mma_linear_plan(4096, 8192, 6144, DType::kBF16, true, plain).kernel, cuda::MmaLinearKernel::kWide);
