@@ -9,9 +9,10 @@ Problem problem(const OpContext& ctx, const char* op, DType dtype, int64_t m, in
 }
 }  // namespace
 
-void embedding(const OpContext& ctx, const int32_t* ids, int num_tokens, const TensorView& table, const TensorView& out) {
+void embedding(const OpContext& ctx, const int32_t* ids, int num_tokens, const TensorView& table, const TensorView& out,
+               int64_t first_id) {
   auto& e = ctx.kernels->embedding.select(problem(ctx, "embedding", table.dtype, num_tokens, table.shape[1], table.shape[0]), ctx.stats);
-  e.fn(ids, num_tokens, table, out);
+  e.fn(ids, num_tokens, table, out, first_id);
 }
 
 void all_reduce(const OpContext& ctx, const TensorView& x) {

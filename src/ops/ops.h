@@ -46,7 +46,10 @@ struct IndexerParams {
   int top_k = 16;  // blocks kept per (query, KV group), local block included
 };
 
-using EmbeddingFn = void (*)(const int32_t* ids, int num_tokens, const TensorView& table, const TensorView& out);
+// Rows of ids in [first_id, first_id + table rows) are copied, others are zero (a vocab-parallel
+// table's slice; the ranks' rows are then summed).
+using EmbeddingFn = void (*)(const int32_t* ids, int num_tokens, const TensorView& table, const TensorView& out,
+                             int64_t first_id);
 using RmsNormFn = void (*)(const TensorView& x, const TensorView& weight, float eps, const TensorView& out);
 using RopeFn = void (*)(const TensorView& x, const int32_t* positions, int rotary_dim, double theta);
 using LinearFn = void (*)(const TensorView& x, const LinearWeight& w, const TensorView& y);
@@ -158,7 +161,8 @@ struct OpContext {
   Communicator* comm = nullptr;
 };
 
-void embedding(const OpContext& ctx, const int32_t* ids, int num_tokens, const TensorView& table, const TensorView& out);
+void embedding(const OpContext& ctx, const int32_t* ids, int num_tokens, const TensorView& table, const TensorView& out,
+               int64_t first_id = 0);
 // x = the sum of x over the tensor-parallel ranks (OpContext::comm); nothing without a group.
 void all_reduce(const OpContext& ctx, const TensorView& x);
 // out [rows, ranks * cols] = every rank's local [rows, cols] side by side, rank order (OpContext::comm).

@@ -9,10 +9,13 @@
 namespace m3::cpu {
 namespace {
 
-void embedding_f32(const int32_t* ids, int num_tokens, const TensorView& table, const TensorView& out) {
-  const int64_t dim = table.shape[1];
+void embedding_f32(const int32_t* ids, int num_tokens, const TensorView& table, const TensorView& out, int64_t first_id) {
+  const int64_t dim = table.shape[1], rows = table.shape[0];
   for (int t = 0; t < num_tokens; ++t) {
-    std::memcpy(out.as<float>() + int64_t(t) * dim, table.as<const float>() + int64_t(ids[t]) * dim, size_t(dim) * 4);
+    const int64_t row = int64_t(ids[t]) - first_id;
+    float* dst = out.as<float>() + int64_t(t) * dim;
+    if (row >= 0 && row < rows) std::memcpy(dst, table.as<const float>() + row * dim, size_t(dim) * 4);
+    else std::memset(dst, 0, size_t(dim) * 4);
   }
 }
 

@@ -12,9 +12,14 @@ namespace m3::cuda {
 namespace {
 
 
-__global__ void embedding_gather_kernel(const int32_t* ids, const float* table, float* out, int64_t dim) {
-  const int64_t t = blockIdx.x;
-  const float* src = table + int64_t(ids[t]) * dim;
+__global__ void embedding_gather_kernel(const int32_t* ids, const float* table, float* out, int64_t dim, int64_t rows,
+                                        int64_t first_id) {
+  const int64_t t = blockIdx.x, row = int64_t(ids[t]) - first_id;
+  if (row < 0 || row >= rows) {  // another rank's slice of the vocabulary
+    for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) out[t * dim + i] = 0.0f;
+    return;
+  }
+  const float* src = table + row * dim;
   for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) out[t * dim + i] = src[i];
 }
 
@@ -56,9 +61,11 @@ __global__ void kv_write_kernel(const float* src, const int64_t* slots, void* ca
   for (int64_t i = threadIdx.x; i < row; i += blockDim.x) store_cache(cache, dt, slot * row + i, src[t * row + i]);
 }
 
-void launch_embedding_gather(const int32_t* ids, int num_tokens, const TensorView& table, const TensorView& out) {
+void launch_embedding_gather(const int32_t* ids, int num_tokens, const TensorView& table, const TensorView& out,
+                             int64_t first_id) {
   if (num_tokens == 0) return;
-  embedding_gather_kernel<<<num_tokens, 256, 0, current_stream()>>>(ids, table.as<const float>(), out.as<float>(), table.shape[1]);
+  embedding_gather_kernel<<<num_tokens, 256, 0, current_stream()>>>(ids, table.as<const float>(), out.as<float>(),
+                                                                    table.shape[1], table.shape[0], first_id);
   M3_CUDA_CHECK_LAUNCH();
 }
 

@@ -227,7 +227,12 @@ void MiniMaxM3Model::forward(const ops::OpContext& ctx, const ForwardBatch& batc
   const TensorView sel{ws.selected.data(), DType::kI32, {Hi, T, c.index_topk_blocks}, dev};
   const TensorView ids{ws.expert_ids.data(), DType::kI32, {T, E}, dev};
   const TensorView wts{ws.expert_weights.data(), DType::kF32, {T, E}, dev};
-  ops::embedding(ctx, batch.token_ids, int(T), embed_, hv);
+  // A vocab-parallel table embeds its own ids (zero rows for the others'); the ranks' rows summed
+  // are the whole table's (x + 0 + ... = x).
+  const bool split_embed = embed_.shape[0] != c.vocab_size;
+  ops::embedding(ctx, batch.token_ids, int(T), embed_,
+                 hv, split_embed ? int64_t(c.tp_rank) * (c.vocab_size / c.tp_size) : 0);
+  if (split_embed) ops::all_reduce(ctx, hv);
   auto mark = [hooks](int l) {
     if (hooks && hooks->after_layer) hooks->after_layer(l);
   };

@@ -21,7 +21,7 @@ TpSlice tp_slice(const WeightSpec& spec, const MiniMaxM3Config& c) {
   auto rows = [](int64_t offset, int64_t count) { return TpSlice{0, offset, count}; };
   auto cols = [](int64_t offset, int64_t count) { return TpSlice{1, offset, count}; };
   // The LM head by vocabulary (its logits gathered after), where the vocabulary divides.
-  if (spec.role == WeightRole::kLmHead)
+  if (spec.role == WeightRole::kLmHead || spec.role == WeightRole::kEmbedding)
     return c.vocab_size % c.tp_size == 0 ? rows(r * (c.vocab_size / c.tp_size), c.vocab_size / c.tp_size) : TpSlice{};
   if (spec.role != WeightRole::kLinear) return {};
   if (ends_with(n, "self_attn.q_proj.weight")) return rows(r * c.num_attention_heads * D, c.num_attention_heads * D);

@@ -2,9 +2,9 @@
 // Which part of a checkpoint tensor a tensor-parallel rank holds (MiniMaxM3Config::shard):
 // column-parallel projections (q, k, v, index q, MLP and expert gate / up) keep a range of
 // output rows, row-parallel ones (o_proj, MLP and expert down) a range of input columns, whose
-// partial outputs the forward sums over the ranks; the LM head keeps a range of the vocabulary
-// (where it divides; the logits are gathered); everything else (norms, router, index-key
-// projection, embedding) is whole on every rank.
+// partial outputs the forward sums over the ranks; the embedding and the LM head keep a range of
+// the vocabulary where it divides (embedded rows are summed over the ranks, logits gathered);
+// everything else (norms, router, index-key projection) is whole on every rank.
 #include <cstdint>
 #include <vector>
 

@@ -110,6 +110,15 @@ void check_elementwise(Harness& h, std::mt19937& rng) {
       ops::embedding(h.gpu(), d_ids.as<int32_t>(), tokens, dev(d_table, DType::kF32, {vocab, dim}),
                      dev(d_out, DType::kF32, {tokens, dim}));
       h.compare("embedding", d_out.get<float>(ref.size()), ref);
+      // A vocab-parallel slice (rows 300..699 of the vocabulary): ids outside it give zero rows.
+      std::vector<float> ref_slice(ref.size());
+      ops::embedding(h.cpu(), ids.data(), tokens, host(table.data() + 300 * dim, DType::kF32, {400, dim}),
+                     host(ref_slice.data(), DType::kF32, {tokens, dim}), 300);
+      d_out.poison();
+      ops::embedding(h.gpu(), d_ids.as<int32_t>(), tokens,
+                     TensorView{d_table.as<float>() + 300 * dim, DType::kF32, {400, dim}, Device::kCuda},
+                     dev(d_out, DType::kF32, {tokens, dim}), 300);
+      h.compare("embedding", d_out.get<float>(ref.size()), ref_slice);
     }
   });
   h.guarded("rms_norm", [&] {

@@ -36,6 +36,7 @@ struct RankResult {
   std::vector<int32_t> tokens;             // greedy continuation
   std::vector<std::vector<float>> logits;  // the logits each greedy token came from
   std::vector<float> chunked_last;         // prefill in chunks: the last position's logits
+  size_t weight_bytes = 0;                 // the rank's share
   std::string error;
 };
 
@@ -62,6 +63,7 @@ std::vector<RankResult> run(const std::string& model_dir, int tp, const std::vec
         res.error = model.error();  // every rank fails the same way before any collective
         return;
       }
+      res.weight_bytes = (*model)->weight_bytes();
       ops::KernelTable table;
       cpu::register_cpu_kernels(table);
       auto comm = group.communicator(r);
@@ -124,6 +126,10 @@ TEST_P(TensorParallel, MatchesTheWholeModel) {
         EXPECT_LT(max_abs_diff(res.logits[i], whole[0].logits[i]), 2e-3) << "tp " << tp << " step " << i;
       }
     }
+    // Every weight but the norms, the router and the index-key projection is split, the
+    // embedding and LM head included.
+    for (int r = 0; r < tp; ++r)
+      EXPECT_LT(double(ranks[size_t(r)].weight_bytes), 1.1 * double(whole[0].weight_bytes) / tp) << "tp " << tp;
     if (tp == 2) {
       // Batch invariance survives: the prompt in chunks of 64 ends with the one-chunk logits.
       ASSERT_EQ(ranks[0].chunked_last.size(), ranks[0].logits[0].size());

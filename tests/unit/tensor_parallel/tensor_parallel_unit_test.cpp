@@ -96,7 +96,7 @@ TEST(TpSlice, ColumnAndRowParallelRules) {
   expect("layers.3.block_sparse_moe.gate.weight", -1, 0, 0);
   expect("layers.3.self_attn.q_norm.weight", -1, 0, 0);
   expect("lm_head.weight", 0, 5 * 25008, 25008);  // vocab-parallel: 200064 / 8
-  expect("embed_tokens.weight", -1, 0, 0);
+  expect("embed_tokens.weight", 0, 5 * 25008, 25008);
   EXPECT_EQ(sliced_shape(Shape{6144, 8192}, TpSlice{1, 1024, 1024}), (Shape{6144, 1024}));
 }
 
