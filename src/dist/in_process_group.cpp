@@ -1,6 +1,7 @@
 #include "dist/in_process_group.h"
 
 #include <algorithm>
+#include <stdexcept>
 #include <string>
 
 #include "core/check.h"
@@ -23,7 +24,7 @@ class InProcessCommunicator final : public ops::Communicator {
     g_.inputs_[size_t(rank_)] = x.as<float>();
     g_.counts_[size_t(rank_)] = n;
     if (rank_ == 0) g_.sum_.resize(size_t(n));
-    g_.barrier_.arrive_and_wait();
+    g_.arrive_and_wait();
     for (int r = 0; r < g_.size_; ++r)
       M3_CHECK(g_.counts_[size_t(r)] == n, "all_reduce: rank %d passed %lld elements, rank %d %lld", r,
                static_cast<long long>(g_.counts_[size_t(r)]), rank_, static_cast<long long>(n));
@@ -33,9 +34,9 @@ class InProcessCommunicator final : public ops::Communicator {
       for (int r = 1; r < g_.size_; ++r) acc += g_.inputs_[size_t(r)][i];
       g_.sum_[size_t(i)] = acc;
     }
-    g_.barrier_.arrive_and_wait();
+    g_.arrive_and_wait();
     std::copy(g_.sum_.begin(), g_.sum_.begin() + n, x.as<float>());
-    g_.barrier_.arrive_and_wait();
+    g_.arrive_and_wait();
   }
 
   // Publish; every rank copies every rank's block into its own out; the last barrier keeps a
@@ -47,7 +48,7 @@ class InProcessCommunicator final : public ops::Communicator {
     M3_CHECK(out.numel() == rows * cols * g_.size_, "all_gather_cols: out is not [rows, ranks * cols]");
     g_.inputs_[size_t(rank_)] = local.as<float>();
     g_.counts_[size_t(rank_)] = local.numel();
-    g_.barrier_.arrive_and_wait();
+    g_.arrive_and_wait();
     const int64_t width = cols * g_.size_;
     for (int r = 0; r < g_.size_; ++r) {
       M3_CHECK(g_.counts_[size_t(r)] == rows * cols, "all_gather_cols: ranks passed different shapes");
@@ -55,7 +56,7 @@ class InProcessCommunicator final : public ops::Communicator {
       for (int64_t i = 0; i < rows; ++i)
         std::copy(src + i * cols, src + (i + 1) * cols, out.as<float>() + i * width + r * cols);
     }
-    g_.barrier_.arrive_and_wait();
+    g_.arrive_and_wait();
   }
 
  private:
@@ -63,9 +64,29 @@ class InProcessCommunicator final : public ops::Communicator {
   int rank_;
 };
 
-InProcessGroup::InProcessGroup(int size)
-    : size_(size), barrier_(size), inputs_(size_t(size), nullptr), counts_(size_t(size), 0) {
+InProcessGroup::InProcessGroup(int size) : size_(size), inputs_(size_t(size), nullptr), counts_(size_t(size), 0) {
   M3_CHECK(size >= 1, "a tensor-parallel group needs at least one rank");
+}
+
+void InProcessGroup::arrive_and_wait() {
+  std::unique_lock<std::mutex> lock(mu_);
+  auto fail = [] { throw std::runtime_error("tensor-parallel group aborted: another rank failed"); };
+  if (aborted_) fail();
+  const uint64_t phase = phase_;
+  if (++arrived_ == size_) {
+    arrived_ = 0;
+    ++phase_;
+    cv_.notify_all();
+    return;
+  }
+  cv_.wait(lock, [&] { return phase_ != phase || aborted_; });
+  if (phase_ == phase) fail();
+}
+
+void InProcessGroup::abort() {
+  std::lock_guard<std::mutex> lock(mu_);
+  aborted_ = true;
+  cv_.notify_all();
 }
 
 std::unique_ptr<ops::Communicator> InProcessGroup::communicator(int rank) {

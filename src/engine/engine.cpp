@@ -79,10 +79,11 @@ struct Rank {
 
 class EngineImpl final : public Engine {
  public:
-  EngineImpl(const EngineConfig& config, std::shared_ptr<void> group, std::vector<std::unique_ptr<Rank>> ranks,
-             int64_t page_bytes, Scheduler scheduler, ModelSummary summary)
+  EngineImpl(const EngineConfig& config, std::shared_ptr<void> group, std::function<void()> abort_group,
+             std::vector<std::unique_ptr<Rank>> ranks, int64_t page_bytes, Scheduler scheduler, ModelSummary summary)
       : config_(config),
         group_(std::move(group)),
+        abort_group_(std::move(abort_group)),
         ranks_(std::move(ranks)),
         threads_(int(ranks_.size())),
         page_bytes_(page_bytes),
@@ -251,7 +252,7 @@ class EngineImpl final : public Engine {
     // Every rank runs the same batch on its slice of the model; the ranks' all-reduces meet
     // inside the forward, so every rank ends with the same logits (rank 0's are sampled).
     auto tf = std::chrono::steady_clock::now();
-    threads_.run([&](int r) {
+    run_ranks([&](int r) {
       Rank& k = *ranks_[size_t(r)];
       k.rt->activate();
       // Host KV tier: evicted blocks out (their KV is intact until this step writes), then hits in.
@@ -399,6 +400,19 @@ class EngineImpl final : public Engine {
 
   int block_size() const { return summary_.block_size; }
 
+  // fn on every rank at once. A rank that throws aborts the group first, so the others leave
+  // their collectives with an error instead of waiting for it; the exception reaches the caller.
+  void run_ranks(const std::function<void(int)>& fn) {
+    threads_.run([&](int r) {
+      try {
+        fn(r);
+      } catch (...) {
+        if (abort_group_) abort_group_();
+        throw;
+      }
+    });
+  }
+
   // The next step's draft for a request that just sampled (so it decodes): prompt lookup over
   // its tokens, no longer than the output it may still produce after the verified token.
   void propose(RequestId id, const RequestState& r) {
@@ -450,7 +464,7 @@ class EngineImpl final : public Engine {
       std::vector<int32_t> rows(R);
       for (size_t j = 0; j < R; ++j) rows[j] = needs[b + j].row;
       logits.resize(R * size_t(vocab));
-      threads_.run([&](int r) {
+      run_ranks([&](int r) {
         Rank& k = *ranks_[size_t(r)];
         k.rt->activate();
         k.model->logits_of_rows(k.ctx, k.step->upload_rows(rows), int64_t(R), k.step->num_tokens(), *k.ws);
@@ -474,6 +488,7 @@ class EngineImpl final : public Engine {
 
   EngineConfig config_;
   std::shared_ptr<void> group_;  // tensor parallelism: the ranks' group (in-process or NCCL); outlives the ranks
+  std::function<void()> abort_group_;  // a failing rank releases the others from their collectives
   std::vector<std::unique_ptr<Rank>> ranks_;     // one (the whole model) without tensor parallelism
   dist::RankThreads threads_;
   int64_t page_bytes_ = 0;  // one KV page on one rank
@@ -524,10 +539,12 @@ Result<std::unique_ptr<Engine>> Engine::create(const EngineConfig& config) {
   if (tp < 1 || tp > 64) return Status::error("tensor_parallel_size must be in [1, 64], got " + std::to_string(tp));
   // The ranks' group: NCCL over devices device_id .. device_id + tp - 1, or host memory.
   std::shared_ptr<void> group;
+  std::function<void()> abort_group;
   std::vector<std::unique_ptr<ops::Communicator>> comms;
   if (tp > 1 && rt->device() == Device::kCpu) {
     auto g = std::make_shared<dist::InProcessGroup>(tp);
     for (int r = 0; r < tp; ++r) comms.push_back(g->communicator(r));
+    abort_group = [p = g.get()] { p->abort(); };
     group = g;
   }
 #if M3_HAVE_CUDA_BACKEND
@@ -538,6 +555,7 @@ Result<std::unique_ptr<Engine>> Engine::create(const EngineConfig& config) {
     if (!g) return Status::error("tensor_parallel_size " + std::to_string(tp) + ": " + g.error());
     std::shared_ptr<cuda::NcclGroup> shared = std::move(*g);
     for (int r = 0; r < tp; ++r) comms.push_back(shared->communicator(r, config.batch_invariant));
+    abort_group = [p = shared.get()] { p->abort(); };
     group = shared;
   }
 #endif
@@ -684,8 +702,8 @@ Result<std::unique_ptr<Engine>> Engine::create(const EngineConfig& config) {
       k.cache = BackendKvCache::allocate(k.rt, k.model->config(), num_blocks, bs, kv_dtype, index_dtype);
       k.host_kv = ops::HostStaging(k.rt, size_t(kc.num_host_blocks) * size_t(page_bytes));
     }
-    return std::unique_ptr<Engine>(new EngineImpl(config, std::move(group), std::move(ranks), page_bytes,
-                                                  std::move(*scheduler), summary));
+    return std::unique_ptr<Engine>(new EngineImpl(config, std::move(group), std::move(abort_group), std::move(ranks),
+                                                  page_bytes, std::move(*scheduler), summary));
   } catch (const std::exception& e) {
     return Status::error(std::string("allocating the KV cache and step buffers failed: ") + e.what());
   }

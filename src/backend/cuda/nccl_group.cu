@@ -3,6 +3,7 @@
 #include <dlfcn.h>
 #include <nccl.h>
 
+#include <mutex>
 #include <string>
 
 #include "backend/cuda/cuda_check.h"
@@ -15,6 +16,7 @@ namespace {
 struct NcclApi {
   ncclResult_t (*comm_init_all)(ncclComm_t*, int, const int*) = nullptr;
   ncclResult_t (*comm_destroy)(ncclComm_t) = nullptr;
+  ncclResult_t (*comm_abort)(ncclComm_t) = nullptr;
   ncclResult_t (*all_reduce)(const void*, void*, size_t, ncclDataType_t, ncclRedOp_t, ncclComm_t, cudaStream_t) = nullptr;
   ncclResult_t (*all_gather)(const void*, void*, size_t, ncclDataType_t, ncclComm_t, cudaStream_t) = nullptr;
   const char* (*error_string)(ncclResult_t) = nullptr;
@@ -45,6 +47,7 @@ const NcclApi& nccl() {
     };
     a.comm_init_all = reinterpret_cast<decltype(a.comm_init_all)>(sym("ncclCommInitAll"));
     a.comm_destroy = reinterpret_cast<decltype(a.comm_destroy)>(sym("ncclCommDestroy"));
+    a.comm_abort = reinterpret_cast<decltype(a.comm_abort)>(sym("ncclCommAbort"));
     a.all_reduce = reinterpret_cast<decltype(a.all_reduce)>(sym("ncclAllReduce"));
     a.all_gather = reinterpret_cast<decltype(a.all_gather)>(sym("ncclAllGather"));
     a.error_string = reinterpret_cast<decltype(a.error_string)>(sym("ncclGetErrorString"));
@@ -121,14 +124,24 @@ class NcclCommunicator final : public ops::Communicator {
 struct NcclGroup::Impl {
   std::vector<int> devices;
   std::vector<ncclComm_t> comms;
+  std::mutex mu;
+  bool aborted = false;
 };
 
 NcclGroup::NcclGroup(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
 NcclGroup::~NcclGroup() {
-  if (!impl_) return;
+  if (!impl_ || impl_->aborted) return;  // aborted communicators are freed by the abort
   for (ncclComm_t c : impl_->comms)
     if (c) nccl().comm_destroy(c);
+}
+
+void NcclGroup::abort() {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  if (impl_->aborted) return;
+  impl_->aborted = true;
+  for (ncclComm_t c : impl_->comms)
+    if (c) nccl().comm_abort(c);
 }
 
 int NcclGroup::size() const { return int(impl_->comms.size()); }

@@ -212,5 +212,36 @@ TEST(InProcessGroup, AllGatherColumnsPutsRanksSideBySide) {
           ASSERT_EQ(out[size_t(r)][size_t(i * cols * size + k * cols + c)], float(100 * k + i * cols + c));
 }
 
+// A rank that fails aborts the group: the ranks waiting for it in a collective, and any later
+// collective, throw instead of hanging.
+TEST(InProcessGroup, AbortReleasesTheOtherRanks) {
+  const int size = 3;
+  dist::InProcessGroup group(size);
+  std::vector<int> threw(static_cast<size_t>(size), 0);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < size; ++r) {
+    threads.emplace_back([&, r] {
+      auto comm = group.communicator(r);
+      std::vector<float> x(16, 1.0f);
+      const TensorView v{x.data(), DType::kF32, {1, 16}, Device::kCpu};
+      comm->all_reduce_sum(v);  // one that completes
+      if (r == 1) {
+        group.abort();  // rank 1 fails before the next collective
+        return;
+      }
+      try {
+        comm->all_reduce_sum(v);
+      } catch (const std::runtime_error& e) {
+        threw[size_t(r)] = std::string(e.what()).find("aborted") != std::string::npos;
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(threw, (std::vector<int>{1, 0, 1}));
+  auto late = group.communicator(0);
+  std::vector<float> y(4, 1.0f);
+  EXPECT_THROW(late->all_reduce_sum(TensorView{y.data(), DType::kF32, {1, 4}, Device::kCpu}), std::runtime_error);
+}
+
 }  // namespace
 }  // namespace m3
