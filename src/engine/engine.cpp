@@ -669,6 +669,8 @@ Result<std::unique_ptr<Engine>> Engine::create(const EngineConfig& config) {
                         "index_dtype=" + index_dtype_name};
   // Index sharing changes every later layer's K and V for the same tokens.
   if (config.msa_index_reuse > 1) kc.hash_extra_keys.push_back("msa_index_reuse=" + std::to_string(config.msa_index_reuse));
+  // A rank's page holds its heads' slice of K and V: pages of another TP size are not these.
+  if (tp > 1) kc.hash_extra_keys.push_back("tensor_parallel_size=" + std::to_string(tp));
   auto scheduler = Scheduler::create(sc, kc);
   if (!scheduler) return scheduler.status();
   ModelSummary summary;
