@@ -6,7 +6,11 @@
 // routed experts actually chosen, KV read: dense layers all of it, MSA layers the index keys
 // plus the selected pages) over the copy bandwidth measured in the same run. Writes JSON.
 //   decode_bench --model DIR [--batch-sizes 1,8,32,128] [--context 4096] [--kv-dtype bf16|f32]
-//                [--iters 20] [--json F]
+//                [--iters 20] [--tp-shard N] [--json F]
+// --tp-shard N: rank 0's slice of a tensor-parallel size N (MiniMaxM3Config::shard) on this one
+// GPU, its collectives replaced by a stand-in that moves nothing: the per-rank compute of a TP N
+// step at M3's TP-local shapes, with their dispatch trace; the all-reduces and the logits gather
+// are not timed (and the logits are not the model's).
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -74,13 +78,28 @@ void fill_random(m3::ops::BackendRuntime* rt, const DeviceBuffer& buf, m3::DType
   rt->synchronize();
 }
 
+// One rank of a tensor-parallel group of `size` standing alone (--tp-shard): collectives do
+// nothing, so a step costs that rank's compute only.
+class SoloRank final : public m3::ops::Communicator {
+ public:
+  explicit SoloRank(int size) : size_(size) {}
+  int size() const override { return size_; }
+  int rank() const override { return 0; }
+  std::string entry_name(const std::string& collective) const override { return collective + ".not_run.bench"; }
+  void all_reduce_sum(const m3::TensorView&) override {}
+  void all_gather_cols(const m3::TensorView&, const m3::TensorView&) override {}
+
+ private:
+  int size_;
+};
+
 }  // namespace
 
 int main(int argc, char** argv) {
   std::string model_dir, json_path = "decode_bench.json", batches = "1,8,32,128";
   int context = 4096, iters = 20;
   std::string kv_name = "bf16", disable;
-  int index_reuse = 1;
+  int index_reuse = 1, tp_shard = 1;
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string k = argv[i], v = argv[i + 1];
     if (k == "--model") model_dir = v;
@@ -91,6 +110,7 @@ int main(int argc, char** argv) {
     else if (k == "--kv-dtype") kv_name = v;
     else if (k == "--disable-entries") disable = v;  // dispatch entries to drop: before/after in one binary
     else if (k == "--msa-index-reuse") index_reuse = std::stoi(v);  // MSA index sharing (1: off)
+    else if (k == "--tp-shard") tp_shard = std::stoi(v);
     else {
       std::fprintf(stderr, "unknown option %s\n", k.c_str());
       return 2;
@@ -119,6 +139,7 @@ int main(int argc, char** argv) {
   LoadOptions lo;
   lo.runtime = rt.get();
   lo.linear_format = LinearFormat::kNative;
+  lo.tp_size = tp_shard;  // rank 0's slice
   auto t0 = Clock::now();
   auto loaded = MiniMaxM3Model::load(**dir, {}, lo);
   if (!loaded) {
@@ -146,7 +167,12 @@ int main(int argc, char** argv) {
     p = q + 1;
   }
   ops::DispatchStats stats;
-  ops::OpContext ctx{&table, &stats, Device::kCuda, true};
+  SoloRank solo(tp_shard);
+  ops::OpContext ctx{&table, &stats, Device::kCuda, true, tp_shard > 1 ? &solo : nullptr};
+  if (tp_shard > 1)
+    std::printf("one rank of tensor parallel size %d: %d query heads, %d KV heads, expert width %lld; "
+                "collectives not run\n", tp_shard, c.num_attention_heads, c.num_key_value_heads,
+                static_cast<long long>(c.intermediate_size));
   const int bs = c.index_block_size, L = c.num_hidden_layers;
   const m3::MiniMaxM3Config m3_target = *m3::MiniMaxM3Config::preset("m3");  // the projection's layer list
   const DType kv_dtype = kv_name == "bf16" ? DType::kBF16 : DType::kF32;
@@ -161,9 +187,12 @@ int main(int argc, char** argv) {
   out["kv_dtype"] = kv_name;
   out["disabled_entries"] = disabled;
   out["msa_index_reuse"] = index_reuse;
+  out["tp_shard"] = tp_shard;  // > 1: one rank's compute, collectives not run
   size_t head_bytes = model.weight_bytes();
   for (size_t b : model.layer_weight_bytes()) head_bytes -= b;  // embedding + final norm + LM head
-  const size_t lm_head_bytes = size_t(c.vocab_size) * size_t(c.hidden_size) * 2;  // BF16 (never quantised)
+  // BF16 (never quantised); a tensor-parallel rank holds its vocabulary slice.
+  const int64_t head_rows = tp_shard > 1 && c.vocab_size % tp_shard == 0 ? c.vocab_size / tp_shard : c.vocab_size;
+  const size_t lm_head_bytes = size_t(head_rows) * size_t(c.hidden_size) * 2;
 
   for (int B : parse_list(batches)) {
     // KV: B sequences of `context` tokens, pages laid out sequence after sequence.
@@ -266,7 +295,7 @@ int main(int argc, char** argv) {
         bytes = double(B) * c.hidden_size * 4.0;
       } else if (l == L) {
         kind = "head";
-        bytes = double(lm_head_bytes) + double(B) * c.vocab_size * 4.0;
+        bytes = double(lm_head_bytes) + double(B) * double(head_rows) * 4.0;
       } else {
         const bool sparse = c.is_sparse_layer(l), moe = c.is_moe_layer(l);
         kind = m3::bench::layer_kind(c, l);
@@ -305,9 +334,10 @@ int main(int argc, char** argv) {
       const std::vector<double> per_layer(layer_ms.begin() + 1, layer_ms.begin() + 1 + L);
       const auto p = m3::bench::project_step(m3_target, c, per_layer, layer_ms[0], layer_ms[size_t(L) + 1], graph_ms);
       if (p.ok) {
-        std::printf("  projection to MiniMax-M3 (%d layers; each at its kind's mean eager time here, an estimate): "
+        std::printf("  projection to MiniMax-M3 (%d layers; each at its kind's mean eager time here, an estimate%s): "
                     "eager %.3f ms, graph ~%.3f ms, ~%.0f tokens/s\n",
-                    p.layers, p.eager_ms, p.graph_ms, B / p.graph_ms * 1e3);
+                    p.layers, tp_shard > 1 ? "; one rank's compute, collectives not included" : "", p.eager_ms,
+                    p.graph_ms, B / p.graph_ms * 1e3);
         projection = {{"estimate", true}, {"layers", p.layers}, {"eager_step_ms", p.eager_ms},
                       {"graph_step_ms", p.graph_ms}, {"tokens_per_s", B / p.graph_ms * 1e3},
                       {"basis", "each M3 layer at the mean eager time of this checkpoint's layers of its kind; "
