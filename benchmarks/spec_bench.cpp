@@ -9,7 +9,7 @@
 // (drafts included) over the measured sgemm ceiling.
 //   spec_bench [--model DIR] [--tokenizer DIR] [--corpus FILE] [--batch-sizes 1,8] [--draft-lens 0,3,5]
 //              [--input-len 256] [--output-len 128] [--device auto|cpu|cuda] [--spec-graphs 0|1]
-//              [--tensor-parallel-size N] [--logprobs N] [--json FILE]
+//              [--tensor-parallel-size N] [--logprobs N] [--enforce-eager 0|1] [--json FILE]
 // The first run with k = 0 of a (workload, batch) is the reference every later run of it is
 // compared with (repeat 0 in --draft-lens to check run-to-run determinism); a differing output
 // prints its first differing position, with the reference's top-2 logprob margin there when
@@ -55,7 +55,7 @@ int main(int argc, char** argv) {
   std::string model_dir = M3_SOURCE_DIR "/models/m3-small", corpus_path = M3_SOURCE_DIR "/../shared/data/corpus/pg1184-monte-cristo.txt";
   std::string tokenizer_dir;
   std::string json_path = "spec_bench.json", batches = "1,8", drafts = "0,3,5", device = "auto";
-  int input_len = 256, output_len = 128, spec_graphs = 0, tp = 1, logprobs = 0;
+  int input_len = 256, output_len = 128, spec_graphs = 0, tp = 1, logprobs = 0, eager = 0;
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string k = argv[i], v = argv[i + 1];
     if (k == "--model") model_dir = v;
@@ -69,6 +69,7 @@ int main(int argc, char** argv) {
     else if (k == "--spec-graphs") spec_graphs = std::stoi(v);
     else if (k == "--tensor-parallel-size") tp = std::stoi(v);
     else if (k == "--logprobs") logprobs = std::stoi(v);
+    else if (k == "--enforce-eager") eager = std::stoi(v);  // no CUDA graphs
     else if (k == "--json") json_path = v;
     else { std::fprintf(stderr, "unknown option %s\n", k.c_str()); return 2; }
   }
@@ -101,6 +102,7 @@ int main(int argc, char** argv) {
     ec.model_dir = model_dir;
     ec.device = device;
     ec.tensor_parallel_size = tp;
+    ec.cuda_graphs = eager == 0;
     ec.max_num_seqs = batch;
     ec.max_num_batched_tokens = 2048;
     ec.enable_prefix_caching = false;

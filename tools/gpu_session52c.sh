@@ -7,10 +7,10 @@
 set -uo pipefail
 source "$(dirname "$0")/gpu_env.sh"
 ckpt=${TMPDIR:-/tmp}/m3-layers-2-mxfp8
-step make_model2 100 "$dir/m3serve" make-model --preset m3-layers:2 --mxfp8 --seed 0 --out "$ckpt"
-for lp in 2; do
+[[ -f $ckpt/config.json ]] || step make_model2 100 "$dir/m3serve" make-model --preset m3-layers:2 --mxfp8 --seed 0 --out "$ckpt"
+for lp in ${M3_LP:-2}; do
   step spec_repeat_lp$lp 150 "$dir/spec_bench" --model "$ckpt" --tokenizer "$root/models/m3-small" \
-    --corpus "$dir/data/pg1184-monte-cristo.txt" --device cuda --batch-sizes 1 --draft-lens 0,0,3 --output-len 48 \
+    --corpus "$dir/data/pg1184-monte-cristo.txt" --device cuda --batch-sizes 1 --draft-lens 0,0,3 --output-len ${M3_OUT_LEN:-40} \
     --spec-graphs 0 --logprobs $lp --json "$out/spec_repeat_lp$lp.json"
   grep -E "batch|differs" "$out/spec_repeat_lp$lp.log" | sed "s/^/logprobs $lp: /"
 done

@@ -38,6 +38,7 @@
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/cuda_internal.h"
 #include "backend/cuda/msa.h"
+#include "backend/cuda/pdl.cuh"
 #include "backend/cuda/msa_common.cuh"
 #include "backend/cuda/msa_timeline.cuh"
 
@@ -1011,7 +1012,7 @@ void launch_msa_attention(const TensorView& q, const TensorView& k_cache, const 
     cfg.stream = current_stream();
     cudaLaunchAttribute attr[2];
     unsigned n = 0;
-    if (cfg.stream) {  // created streams only (the legacy stream keeps plain ordering)
+    if (cfg.stream && pdl_enabled()) {  // created streams only (the legacy stream keeps plain ordering)
       // Programmatic dependent launch: the launch and the Q staging overlap the tail of the
       // previous kernel (the kernel waits for it before reading selections or K/V).
       attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;

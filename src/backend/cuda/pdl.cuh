@@ -24,6 +24,10 @@ namespace m3::cuda {
 __device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
 __device__ __forceinline__ void pdl_launch_dependents() { asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory"); }
 
+// M3_CUDA_NO_PDL=1 in the environment launches every would-be dependent plainly (a diagnostic,
+// like CUDA_LAUNCH_BLOCKING: a result that changes with it points at a read before pdl_wait()).
+bool pdl_enabled();
+
 // Launches `kernel` on current_stream(), as a programmatic dependent of the previous kernel when
 // `dependent` (created streams only: the legacy stream keeps plain ordering).
 template <class... Params, class... Args>
@@ -37,7 +41,7 @@ void launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem
   attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
-  cfg.numAttrs = (dependent && cfg.stream) ? 1 : 0;
+  cfg.numAttrs = (dependent && cfg.stream && pdl_enabled()) ? 1 : 0;
   M3_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...));
   M3_CUDA_CHECK_LAUNCH();
 }
