@@ -16,6 +16,12 @@ struct AttentionMetadata {
   int max_blocks_per_seq = 0;
   int block_size = 0;                     // tokens per page (= MSA block)
   const int64_t* slot_mapping = nullptr;  // [num_tokens] physical slot each new token is written to
+  // Per attention call: Q and the new K/V rows were complete before the kernel launched just
+  // before the attention started (the model sets it for a sparse layer right after its own
+  // indexer). Only then may a decode kernel read them while that kernel drains (programmatic
+  // dependent launch); otherwise the kernel before is the one writing them (dense layers, layers
+  // sharing an earlier selection) and the attention waits for it first.
+  bool qkv_before_previous_kernel = false;
 
   int64_t slot_of(int seq, int64_t pos) const {
     return int64_t(block_tables[int64_t(seq) * max_blocks_per_seq + pos / block_size]) * block_size +

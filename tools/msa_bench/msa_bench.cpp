@@ -86,6 +86,7 @@ struct Problem {
     meta.block_tables = tables.as<int32_t>();
     meta.max_blocks_per_seq = width;
     meta.block_size = kBlock;
+    meta.qkv_before_previous_kernel = true;  // the step is the indexer then the attention, as in a sparse layer
   }
   int64_t slots() const { return pages * kBlock; }
 };
@@ -188,6 +189,7 @@ nlohmann::json bench_prefill(int ctx, const std::string& idt, Tables& tables, cu
   meta.block_tables = dtab.as<int32_t>();
   meta.max_blocks_per_seq = blocks;
   meta.block_size = kBlock;
+  meta.qkv_before_previous_kernel = true;  // as in a sparse layer: its indexer runs right before
   Dev q(size_t(ctx) * kQHeads * kHeadDim * 4), out(q.bytes()), iq(size_t(ctx) * kIndexHeads * kIndexDim * 4),
       sel(size_t(kIndexHeads) * ctx * kTopK * 4), k(size_t(slots) * kKvHeads * kHeadDim * 2), v(k.bytes()),
       ik(size_t(slots) * kIndexDim * elem_size(ik_elem));

@@ -77,6 +77,7 @@ struct MsaAttnShape {
   bool sparse = false;  // block-sparse (top_k selected blocks per token and KV group), else dense causal
   bool bf16 = true;     // K and V caches are BF16
   bool has_seq_lens = true;  // the metadata carries seq_lens (the block-major kernels need them)
+  bool early_reads = false;  // AttentionMetadata::qkv_before_previous_kernel
 };
 MsaAttnShape msa_attn_shape(const TensorView& q, const TensorView& k_cache, const TensorView& v_cache,
                             const ops::AttentionMetadata& meta, const TensorView& selected, int top_k);

@@ -113,6 +113,7 @@ struct AttnArgs {
   float2* part_ml;  // [row groups, su_cap, MT*16] (max, sum)
   int top_k, num_seqs, num_tokens, max_blocks, bs, q_heads, kv_heads, group, tokens_per_group, splits, su_cap;
   float scale_log2;  // log2(e) / sqrt(head_dim)
+  bool early_reads;  // Q, K, V complete before the previous kernel began (AttentionMetadata)
 };
 
 // Fold state of one thread: rows (g, g+8) of each m-tile, its warp's 16 output dims (2 d-tiles).
@@ -180,8 +181,10 @@ __global__ void __launch_bounds__(kThreads, kSplit ? 2 : 1) msa_attention_kernel
   const float sl2 = a.scale_log2;
   if (tid < T) s_pos[tid] = a.positions[t0 + tid];
   if (tid == 0) s_count = 0;
-  // Q rows as bf16 hi / lo tiles (rows past the group are zero). Q, positions and tables were
-  // written before the previous kernel started, so this overlaps its tail.
+  // Q rows as bf16 hi / lo tiles (rows past the group are zero). Right after the layer's own
+  // indexer (a.early_reads) Q was written before that kernel started, so this overlaps its tail;
+  // otherwise the kernel before is the prologue writing Q: wait for it first.
+  if (!a.early_reads) pdl_wait();
   for (int i = tid; i < kRows * (kHeadDim / 8); i += kThreads) {
     const int row = i / (kHeadDim / 8), ch = i % (kHeadDim / 8);
     uint4 hi, lo;
@@ -833,6 +836,7 @@ MsaAttnShape attn_shape(int64_t tokens, int64_t q_heads, int64_t head_dim, int64
   s.top_k = top_k;
   s.bf16 = bf16;
   s.has_seq_lens = meta.seq_lens != nullptr;
+  s.early_reads = meta.qkv_before_previous_kernel;
   return s;
 }
 }  // namespace
@@ -929,7 +933,9 @@ MsaAttnPlan msa_attention_plan(const MsaAttnShape& s, const MsaAttnLimits& lim) 
   }
   // Early units (a variant of the split-ring kernel, so that the others keep their registers: 118
   // against 128; it checks the context; partial index = block id < top_k <= su_cap).
-  p.early = sparse && p.pure_decode && tokens <= kEarlyUnitsMaxSeqs && p.split_ring && units_per_block == 1;
+  // Only where Q and K/V were complete before the previous kernel (the layer's own indexer) began.
+  p.early = sparse && s.early_reads && p.pure_decode && tokens <= kEarlyUnitsMaxSeqs && p.split_ring &&
+            units_per_block == 1;
   const size_t rows_pad = size_t(p.m_tiles) * 16;
   p.part_bytes = size_t(tokens) * size_t(kv_heads) * size_t(su_cap) * rows_pad * (kHeadDim + 2) * 4;
   if (p.part_bytes > kMaxPartialBytes) splits = 1;
@@ -989,6 +995,7 @@ void launch_msa_attention(const TensorView& q, const TensorView& k_cache, const 
   a.group = int(q_heads / kv_heads);
   a.scale_log2 = float(1.4426950408889634 / std::sqrt(double(head_dim)));
   a.tokens_per_group = plan.tokens_per_group;
+  a.early_reads = shape.early_reads;
   const int mt = plan.m_tiles, splits = plan.splits;
   const bool split_ring = plan.split_ring, early = plan.early;
   const size_t smem = mt == 4 ? Layout<4, false>::kBytes : split_ring ? Layout<1, true>::kBytes : Layout<1, false>::kBytes;

@@ -282,6 +282,9 @@ void MiniMaxM3Model::forward(const ops::OpContext& ctx, const ForwardBatch& batc
     ops::attn_prologue(ctx, pro);
     tap(l, "q_rope", q3);
     if (own_index) tap(l, "iq_rope", iq3);
+    // The attention may read Q and K/V early only right after this layer's own indexer.
+    ops::AttentionMetadata attn_meta = meta;
+    attn_meta.qkv_before_previous_kernel = sparse && own_index;
     if (sparse) {
       if (own_index)
         ops::indexer_topk(ctx, iq3, cache.index_k[size_t(l)], meta,
@@ -291,9 +294,9 @@ void MiniMaxM3Model::forward(const ops::OpContext& ctx, const ForwardBatch& batc
         runtime_->download(host.data(), sel.data, host.size() * 4);
         trace->selected_blocks.push_back(std::move(host));
       }
-      ops::attention(ctx, q3, cache.k[size_t(l)], cache.v[size_t(l)], meta, sel, c.index_topk_blocks, o3);
+      ops::attention(ctx, q3, cache.k[size_t(l)], cache.v[size_t(l)], attn_meta, sel, c.index_topk_blocks, o3);
     } else {
-      ops::attention(ctx, q3, cache.k[size_t(l)], cache.v[size_t(l)], meta, TensorView{}, 0, o3);
+      ops::attention(ctx, q3, cache.k[size_t(l)], cache.v[size_t(l)], attn_meta, TensorView{}, 0, o3);
     }
     tap(l, "attn", o3);
     ops::linear(ctx, f2(ws.o, T, Hq * D), L.o_proj, yv);

@@ -225,6 +225,9 @@ Result run_case(Harness& h, const Case& c, std::mt19937& rng) {
     std::unique_ptr<DevBuf> dik = fp8 ? std::make_unique<DevBuf>(ik8) : std::make_unique<DevBuf>(ik16);
     const ops::IndexerParams ip{sh.bs, sh.top_k};
     h.gpu_paths();
+    // Every kernel here runs after its inputs are complete, so the decode attention may read Q and
+    // K/V early (the engine's contract after a layer's own indexer): the early-units path runs.
+    batch.dev_meta.qkv_before_previous_kernel = true;
 
     // Indexer: exact equality, through the dispatch table and in each tile layout.
     std::vector<int32_t> sel(sel_n);

@@ -30,6 +30,7 @@ MsaAttnShape decode(int64_t batch, int64_t context, bool sparse = true) {
   s.max_blocks = int((context + kBlock - 1) / kBlock);
   s.sparse = sparse;
   s.top_k = sparse ? kTopK : 0;
+  s.early_reads = sparse;  // a sparse layer's attention right after its own indexer
   return s;
 }
 
@@ -55,6 +56,10 @@ TEST(MsaAttentionPlan, DecodeSplitFollowsTheBatch) {
   // Early units only up to 4 sequences; the fixed partials up to 15 (532 KB per token).
   EXPECT_TRUE(cuda::msa_attention_plan(decode(4, 8192), kH200).early);
   EXPECT_FALSE(cuda::msa_attention_plan(decode(5, 8192), kH200).early);
+  // Not where the kernel just before wrote Q and K/V (a layer sharing an earlier selection).
+  MsaAttnShape shared = decode(1, 8192);
+  shared.early_reads = false;
+  EXPECT_FALSE(cuda::msa_attention_plan(shared, kH200).early);
   EXPECT_TRUE(cuda::msa_attention_plan(decode(15, 8192), kH200).fixed_partials);
   // B = 16: 64 clusters of 2 (one CTA per SM), partials from the pool.
   const MsaAttnPlan b16 = cuda::msa_attention_plan(decode(16, 131072), kH200);
