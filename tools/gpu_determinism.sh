@@ -5,7 +5,8 @@
 # (draft lengths 0,0,0: each compared with the first) under three settings: graphs (the engine's
 # default), eager (--enforce-eager 1), and graphs with programmatic dependent launch off
 # (M3_CUDA_NO_PDL=1). A setting that stays deterministic names the suspect.
-#   M3_STAGE_TARGETS="spec_bench m3serve" tools/gpu_stage.sh; tools/gpu_determinism.sh
+# Then model_cuda's CudaDeterminism (an M3-shaped MXFP8 checkpoint, B = 1 and 4, repeated and eager).
+#   M3_STAGE_TARGETS="spec_bench m3serve model_cuda" tools/gpu_stage.sh; tools/gpu_determinism.sh
 set -uo pipefail
 source "$(dirname "$0")/gpu_env.sh"
 ckpt=${TMPDIR:-/tmp}/m3-layers-2-mxfp8
@@ -21,4 +22,6 @@ run() {  # run NAME NO_PDL [spec_bench options...]
 run graphs 0
 run eager 0 --enforce-eager 1
 run no_pdl 1
+step det_test 300 "$dir/model_cuda" --gtest_filter='CudaDeterminism*'
+grep -E "OK|FAIL|Failure|output" "$out/det_test.log" | head -10
 exit $status
