@@ -27,6 +27,7 @@
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cuda/cuda_backend.h"
 #include "model/minimax_m3/model.h"
+#include "model/minimax_m3/tp_shard.h"
 #include "step_projection.h"
 
 namespace {
@@ -88,6 +89,7 @@ class SoloRank final : public m3::ops::Communicator {
   std::string entry_name(const std::string& collective) const override { return collective + ".not_run.bench"; }
   void all_reduce_sum(const m3::TensorView&) override {}
   void all_gather_cols(const m3::TensorView&, const m3::TensorView&) override {}
+  void abort() override {}
 
  private:
   int size_;
@@ -191,7 +193,8 @@ int main(int argc, char** argv) {
   size_t head_bytes = model.weight_bytes();
   for (size_t b : model.layer_weight_bytes()) head_bytes -= b;  // embedding + final norm + LM head
   // BF16 (never quantised); a tensor-parallel rank holds its vocabulary slice.
-  const int64_t head_rows = tp_shard > 1 && c.vocab_size % tp_shard == 0 ? c.vocab_size / tp_shard : c.vocab_size;
+  const TpSlice vocab = vocab_slice(c);
+  const int64_t head_rows = vocab.whole() ? c.vocab_size : vocab.count;
   const size_t lm_head_bytes = size_t(head_rows) * size_t(c.hidden_size) * 2;
 
   for (int B : parse_list(batches)) {

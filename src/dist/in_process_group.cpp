@@ -14,6 +14,7 @@ class InProcessCommunicator final : public ops::Communicator {
   int size() const override { return g_.size_; }
   int rank() const override { return rank_; }
   std::string entry_name(const std::string& collective) const override { return collective + ".in_process.cpu"; }
+  void abort() override { g_.abort(); }
 
   // Three phases between barriers: publish the input; sum a 1/size share of the elements over
   // the ranks in rank order; copy the whole sum back. The last barrier keeps the next call from

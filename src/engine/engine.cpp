@@ -79,11 +79,10 @@ struct Rank {
 
 class EngineImpl final : public Engine {
  public:
-  EngineImpl(const EngineConfig& config, std::shared_ptr<void> group, std::function<void()> abort_group,
-             std::vector<std::unique_ptr<Rank>> ranks, int64_t page_bytes, Scheduler scheduler, ModelSummary summary)
+  EngineImpl(const EngineConfig& config, std::shared_ptr<void> group, std::vector<std::unique_ptr<Rank>> ranks,
+             int64_t page_bytes, Scheduler scheduler, ModelSummary summary)
       : config_(config),
         group_(std::move(group)),
-        abort_group_(std::move(abort_group)),
         ranks_(std::move(ranks)),
         threads_(int(ranks_.size())),
         page_bytes_(page_bytes),
@@ -407,7 +406,7 @@ class EngineImpl final : public Engine {
       try {
         fn(r);
       } catch (...) {
-        if (abort_group_) abort_group_();
+        if (ranks_[size_t(r)]->comm) ranks_[size_t(r)]->comm->abort();
         throw;
       }
     });
@@ -488,7 +487,6 @@ class EngineImpl final : public Engine {
 
   EngineConfig config_;
   std::shared_ptr<void> group_;  // tensor parallelism: the ranks' group (in-process or NCCL); outlives the ranks
-  std::function<void()> abort_group_;  // a failing rank releases the others from their collectives
   std::vector<std::unique_ptr<Rank>> ranks_;     // one (the whole model) without tensor parallelism
   dist::RankThreads threads_;
   int64_t page_bytes_ = 0;  // one KV page on one rank
@@ -537,28 +535,6 @@ Result<std::unique_ptr<Engine>> Engine::create(const EngineConfig& config) {
   // Serving options are checked before the weights load (minutes for M3).
   const int tp = config.tensor_parallel_size;
   if (tp < 1 || tp > 64) return Status::error("tensor_parallel_size must be in [1, 64], got " + std::to_string(tp));
-  // The ranks' group: NCCL over devices device_id .. device_id + tp - 1, or host memory.
-  std::shared_ptr<void> group;
-  std::function<void()> abort_group;
-  std::vector<std::unique_ptr<ops::Communicator>> comms;
-  if (tp > 1 && rt->device() == Device::kCpu) {
-    auto g = std::make_shared<dist::InProcessGroup>(tp);
-    for (int r = 0; r < tp; ++r) comms.push_back(g->communicator(r));
-    abort_group = [p = g.get()] { p->abort(); };
-    group = g;
-  }
-#if M3_HAVE_CUDA_BACKEND
-  if (tp > 1 && rt->device() == Device::kCuda) {
-    std::vector<int> devices;
-    for (int r = 0; r < tp; ++r) devices.push_back(config.device_id + r);
-    auto g = cuda::NcclGroup::create(devices);
-    if (!g) return Status::error("tensor_parallel_size " + std::to_string(tp) + ": " + g.error());
-    std::shared_ptr<cuda::NcclGroup> shared = std::move(*g);
-    for (int r = 0; r < tp; ++r) comms.push_back(shared->communicator(r, config.batch_invariant));
-    abort_group = [p = shared.get()] { p->abort(); };
-    group = shared;
-  }
-#endif
   if (config.msa_index_reuse < 1 || config.msa_index_reuse > 64)
     return Status::error("msa_index_reuse must be in [1, 64], got " + std::to_string(config.msa_index_reuse));
   if (config.kv_offload_bytes < 0) return Status::error("kv_offload_bytes must be >= 0");
@@ -573,6 +549,26 @@ Result<std::unique_ptr<Engine>> Engine::create(const EngineConfig& config) {
   progress.on_progress = config.on_load_progress;
   auto dir = ModelDir::open(config.model_dir);
   if (!dir) return dir.status();
+  // The ranks' group, after the cheap checks (NCCL initialises every device): NCCL over devices
+  // device_id .. device_id + tp - 1, or host memory.
+  std::shared_ptr<void> group;
+  std::vector<std::unique_ptr<ops::Communicator>> comms;
+  if (tp > 1 && rt->device() == Device::kCpu) {
+    auto g = std::make_shared<dist::InProcessGroup>(tp);
+    for (int r = 0; r < tp; ++r) comms.push_back(g->communicator(r));
+    group = g;
+  }
+#if M3_HAVE_CUDA_BACKEND
+  if (tp > 1 && rt->device() == Device::kCuda) {
+    std::vector<int> devices;
+    for (int r = 0; r < tp; ++r) devices.push_back(config.device_id + r);
+    auto g = cuda::NcclGroup::create(devices);
+    if (!g) return Status::error("tensor_parallel_size " + std::to_string(tp) + ": " + g.error());
+    std::shared_ptr<cuda::NcclGroup> shared = std::move(*g);
+    for (int r = 0; r < tp; ++r) comms.push_back(shared->communicator(r, config.batch_invariant));
+    group = shared;
+  }
+#endif
   // Each rank loads its slice (tensor parallelism; the whole model at size 1).
   std::vector<std::unique_ptr<Rank>> ranks;
   for (int r = 0; r < tp; ++r) {
@@ -704,8 +700,8 @@ Result<std::unique_ptr<Engine>> Engine::create(const EngineConfig& config) {
       k.cache = BackendKvCache::allocate(k.rt, k.model->config(), num_blocks, bs, kv_dtype, index_dtype);
       k.host_kv = ops::HostStaging(k.rt, size_t(kc.num_host_blocks) * size_t(page_bytes));
     }
-    return std::unique_ptr<Engine>(new EngineImpl(config, std::move(group), std::move(abort_group), std::move(ranks),
-                                                  page_bytes, std::move(*scheduler), summary));
+    return std::unique_ptr<Engine>(new EngineImpl(config, std::move(group), std::move(ranks), page_bytes,
+                                                  std::move(*scheduler), summary));
   } catch (const std::exception& e) {
     return Status::error(std::string("allocating the KV cache and step buffers failed: ") + e.what());
   }

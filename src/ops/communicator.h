@@ -23,6 +23,9 @@ class Communicator {
   // out [rows, size * cols] (F32, the rank's memory) = every rank's local [rows, cols], rank r's
   // in columns [r * cols, (r + 1) * cols): a vocab-parallel LM head's logits, whole on every rank.
   virtual void all_gather_cols(const TensorView& local, const TensorView& out) = 0;
+  // This rank failed between collectives: every rank of the group leaves the collective it waits
+  // in, and any later one, with an error instead of waiting for it. The group stays unusable.
+  virtual void abort() = 0;
 };
 
 }  // namespace m3::ops

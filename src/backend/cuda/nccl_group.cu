@@ -81,8 +81,9 @@ __global__ void interleave_rank_blocks(const float* __restrict__ in, int64_t row
 
 class NcclCommunicator final : public ops::Communicator {
  public:
-  NcclCommunicator(ncclComm_t comm, int rank, int size, bool ordered)
-      : comm_(comm), rank_(rank), size_(size), ordered_(ordered && size > 2) {}
+  NcclCommunicator(NcclGroup* group, ncclComm_t comm, int rank, int size, bool ordered)
+      : group_(group), comm_(comm), rank_(rank), size_(size), ordered_(ordered && size > 2) {}
+  void abort() override { group_->abort(); }
   int size() const override { return size_; }
   int rank() const override { return rank_; }
   std::string entry_name(const std::string& collective) const override {
@@ -114,6 +115,7 @@ class NcclCommunicator final : public ops::Communicator {
   }
 
  private:
+  NcclGroup* group_;
   ncclComm_t comm_;
   int rank_, size_;
   bool ordered_;
@@ -122,7 +124,6 @@ class NcclCommunicator final : public ops::Communicator {
 }  // namespace
 
 struct NcclGroup::Impl {
-  std::vector<int> devices;
   std::vector<ncclComm_t> comms;
   std::mutex mu;
   bool aborted = false;
@@ -161,7 +162,6 @@ Result<std::unique_ptr<NcclGroup>> NcclGroup::create(const std::vector<int>& dev
                              " both name CUDA device " + std::to_string(devices[i]) + " (NCCL needs one rank per device)");
   }
   auto impl = std::make_unique<Impl>();
-  impl->devices = devices;
   impl->comms.assign(devices.size(), nullptr);
   const ncclResult_t r = api.comm_init_all(impl->comms.data(), int(devices.size()), devices.data());
   if (r != ncclSuccess) return Status::error(std::string("ncclCommInitAll failed: ") + api.error_string(r));
@@ -169,7 +169,7 @@ Result<std::unique_ptr<NcclGroup>> NcclGroup::create(const std::vector<int>& dev
 }
 
 std::unique_ptr<ops::Communicator> NcclGroup::communicator(int rank, bool batch_invariant) {
-  return std::make_unique<NcclCommunicator>(impl_->comms.at(size_t(rank)), rank, size(), batch_invariant);
+  return std::make_unique<NcclCommunicator>(this, impl_->comms.at(size_t(rank)), rank, size(), batch_invariant);
 }
 
 }  // namespace m3::cuda

@@ -23,8 +23,8 @@ class NcclGroup {
   // own all-reduce is used where that holds anyway: two ranks, or invariance not asked for);
   // otherwise NCCL's all-reduce, whose summation order follows its algorithm and the message size.
   std::unique_ptr<ops::Communicator> communicator(int rank, bool batch_invariant);
-  // A rank failed: ncclCommAbort on every communicator, so ranks blocked in a collective return
-  // (with errors) instead of waiting for it. The group stays unusable.
+  // A rank failed (Communicator::abort): ncclCommAbort on every communicator, so ranks blocked in a
+  // collective return (with errors) instead of waiting for it. The group stays unusable.
   void abort();
 
  private:

@@ -229,10 +229,9 @@ void MiniMaxM3Model::forward(const ops::OpContext& ctx, const ForwardBatch& batc
   const TensorView wts{ws.expert_weights.data(), DType::kF32, {T, E}, dev};
   // A vocab-parallel table embeds its own ids (zero rows for the others'); the ranks' rows summed
   // are the whole table's (x + 0 + ... = x).
-  const bool split_embed = embed_.shape[0] != c.vocab_size;
-  ops::embedding(ctx, batch.token_ids, int(T), embed_,
-                 hv, split_embed ? int64_t(c.tp_rank) * (c.vocab_size / c.tp_size) : 0);
-  if (split_embed) ops::all_reduce(ctx, hv);
+  const TpSlice vocab = vocab_slice(c);
+  ops::embedding(ctx, batch.token_ids, int(T), embed_, hv, vocab.offset);
+  if (!vocab.whole()) ops::all_reduce(ctx, hv);
   auto mark = [hooks](int l) {
     if (hooks && hooks->after_layer) hooks->after_layer(l);
   };

@@ -20,9 +20,8 @@ TpSlice tp_slice(const WeightSpec& spec, const MiniMaxM3Config& c) {
   const int64_t D = c.head_dim, r = c.tp_rank;
   auto rows = [](int64_t offset, int64_t count) { return TpSlice{0, offset, count}; };
   auto cols = [](int64_t offset, int64_t count) { return TpSlice{1, offset, count}; };
-  // The LM head by vocabulary (its logits gathered after), where the vocabulary divides.
-  if (spec.role == WeightRole::kLmHead || spec.role == WeightRole::kEmbedding)
-    return c.vocab_size % c.tp_size == 0 ? rows(r * (c.vocab_size / c.tp_size), c.vocab_size / c.tp_size) : TpSlice{};
+  // The embedding and the LM head by vocabulary (rows summed / logits gathered after).
+  if (spec.role == WeightRole::kLmHead || spec.role == WeightRole::kEmbedding) return vocab_slice(c);
   if (spec.role != WeightRole::kLinear) return {};
   if (ends_with(n, "self_attn.q_proj.weight")) return rows(r * c.num_attention_heads * D, c.num_attention_heads * D);
   if (ends_with(n, "self_attn.k_proj.weight") || ends_with(n, "self_attn.v_proj.weight"))
@@ -41,6 +40,12 @@ TpSlice tp_slice(const WeightSpec& spec, const MiniMaxM3Config& c) {
   M3_CHECK(width > 0, "tp_slice: no tensor-parallel rule for %s", spec.name.c_str());
   const bool down = ends_with(n, "down_proj.weight") || ends_with(n, ".w2.weight");
   return down ? cols(r * width, width) : rows(r * width, width);
+}
+
+TpSlice vocab_slice(const MiniMaxM3Config& c) {
+  if (c.tp_size == 1 || c.vocab_size % c.tp_size != 0) return {};
+  const int64_t rows = c.vocab_size / c.tp_size;
+  return TpSlice{0, c.tp_rank * rows, rows};
 }
 
 Shape sliced_shape(const Shape& shape, const TpSlice& s) {

@@ -24,6 +24,10 @@ struct TpSlice {
 // The slice of `spec` (a tensor of the whole model) that the rank of `local` (a shard() result) holds.
 TpSlice tp_slice(const WeightSpec& spec, const MiniMaxM3Config& local);
 
+// The rows of the vocabulary the rank of `local` holds in the embedding and the LM head: a range
+// where the vocabulary divides by the TP size, else whole.
+TpSlice vocab_slice(const MiniMaxM3Config& local);
+
 Shape sliced_shape(const Shape& shape, const TpSlice& s);
 
 // The slice of a row-major [rows, cols] tensor of `elem_bytes` elements, copied out.
