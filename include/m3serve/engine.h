@@ -62,12 +62,16 @@ struct EngineConfig {
   // vLLM's --seed: requests without a seed draw theirs from a stream seeded with it, so a run
   // repeats given the same requests in the same order. Unset: from the OS's randomness.
   std::optional<uint64_t> seed;
-  // Speculative decoding (vLLM's --speculative-config): "" (off) or "ngram" (prompt lookup,
-  // configured by `ngram`). Each decoding request's draft is verified in the next step, the
-  // drafts kept up to the first disagreement with the model's own sample: the output is the one
-  // decoding without drafts gives (token for token where the kernels are batch-invariant).
+  // Speculative decoding (vLLM's --speculative-config): "" (off), "ngram" (prompt lookup,
+  // configured by `ngram`) or "eagle3" (the EAGLE-3 draft model in `speculative_model`, which
+  // reads the target's hidden states; `ngram`'s num_speculative_tokens and
+  // disable_by_batch_size apply to it too). Each decoding request's draft is verified in the
+  // next step, the drafts kept up to the first disagreement with the model's own sample: the
+  // output is the one decoding without drafts gives (token for token where the kernels are
+  // batch-invariant).
   std::string speculative_method;
   NgramConfig ngram;
+  std::string speculative_model;  // eagle3: the draft checkpoint's directory
   // Verification steps replay a CUDA graph per (batch bucket, 1 + num_speculative_tokens): every
   // decoding request then verifies a full-length draft (short ones filled with repeats of their
   // last token). Off by default: it verifies more tokens per step, which pays only where a step is
@@ -121,6 +125,7 @@ struct EngineStepStats {
   std::vector<std::string> kernel_paths;  // "op=entry" for every kernel this step ran
   double step_ms = 0.0;
   double forward_ms = 0.0;
+  double draft_ms = 0.0;     // EAGLE-3: the draft model's passes after the step (host wall time)
   int32_t graph_batch = 0;       // > 0: this step replayed (or captured) the graph of that batch bucket
   bool sampled_on_device = false;  // every row sampled by the backend's sample op
   std::vector<RequestId> admitted;  // requests admitted this step (first time, or again after a preemption)
@@ -147,8 +152,10 @@ struct ModelSummary {
   std::string index_cache_dtype;  // as resolved: "f32", "bf16" or "fp8"
   std::string scheduling_policy;  // "fcfs" or "priority"
   bool enable_prefix_caching = true;
-  std::string speculative_method;     // "" = off, "ngram"
+  std::string speculative_method;     // "" = off, "ngram", "eagle3"
   int32_t num_speculative_tokens = 0;
+  std::string speculative_model;      // eagle3: the draft's directory
+  size_t draft_weight_bytes = 0;      // eagle3: the draft's weights (every rank holds them all)
   int32_t msa_index_reuse = 1;
 };
 

@@ -5,6 +5,7 @@
 namespace m3::app {
 
 void register_make_model(CLI::App& app);
+void register_make_draft(CLI::App& app);
 void register_generate(CLI::App& app);
 void register_kernel_paths(CLI::App& app);
 

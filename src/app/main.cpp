@@ -25,6 +25,7 @@ int main(int argc, char** argv) {
                                              : m3::LogLevel::kInfo);
   });
   m3::app::register_make_model(app);
+  m3::app::register_make_draft(app);
   m3::app::register_generate(app);
   m3::app::register_kernel_paths(app);
 #ifdef M3_HAVE_M3_SERVER

@@ -15,7 +15,9 @@
 #include "backend/cpu/cpu_backend.h"
 #include "dist/in_process_group.h"
 #include "dist/rank_threads.h"
+#include "engine/eagle3_drafter.h"
 #include "engine/step_buffers.h"
+#include "model/eagle3/model.h"
 #include "model/minimax_m3/model.h"
 #include "ops/host_runtime.h"
 #include "sched/scheduler.h"
@@ -75,23 +77,26 @@ struct Rank {
   std::unique_ptr<ForwardWorkspace> ws;
   std::unique_ptr<StepBuffers> step;
   std::map<std::pair<int, int>, Graph> graphs;  // (batch bucket, tokens per request) -> captured step
+  DraftRank draft;  // EAGLE-3: the whole draft model on every rank (draft.model null without one)
 };
 
 class EngineImpl final : public Engine {
  public:
   EngineImpl(const EngineConfig& config, std::shared_ptr<void> group, std::vector<std::unique_ptr<Rank>> ranks,
-             int64_t page_bytes, Scheduler scheduler, ModelSummary summary)
+             int64_t page_bytes, int64_t target_page_bytes, Scheduler scheduler, ModelSummary summary)
       : config_(config),
         group_(std::move(group)),
         ranks_(std::move(ranks)),
         threads_(int(ranks_.size())),
         page_bytes_(page_bytes),
+        target_page_bytes_(target_page_bytes),
         scheduler_(std::move(scheduler)),
         summary_(std::move(summary)),
         stats_(config.trace_dispatch) {
     const int max_tokens = config.max_num_batched_tokens, max_seqs = config.max_num_seqs;
     max_blocks_per_seq_ = (summary_.max_model_len + summary_.block_size - 1) / summary_.block_size;
-    speculate_ = config.speculative_method == "ngram" && config.ngram.num_speculative_tokens > 0;
+    speculate_ = !config.speculative_method.empty() && config.ngram.num_speculative_tokens > 0;
+    eagle3_ = config.speculative_method == "eagle3";
     // Logits rows: one per sequence, 1 + the draft length per speculating one (within the budget).
     const int max_rows =
         std::max(max_seqs, speculate_ ? std::min(max_tokens, max_seqs * (1 + config.ngram.num_speculative_tokens)) : 0);
@@ -107,6 +112,21 @@ class EngineImpl final : public Engine {
       k.cache_views = k.cache.views(k.rt->device());
       k.ws = k.model->make_workspace(max_tokens, max_rows);
       k.step = std::make_unique<StepBuffers>(k.rt, max_tokens, max_seqs, max_rows, max_blocks_per_seq_);
+      if (eagle3_) {
+        DraftRank& d = k.draft;
+        d.rt = k.rt;
+        d.ctx = k.ctx;
+        d.ws = d.model->make_workspace(max_tokens, max_seqs);
+        d.step = std::make_unique<StepBuffers>(k.rt, max_tokens, max_seqs, max_seqs, max_blocks_per_seq_);
+        d.h_hidden_rows = ops::HostStaging(k.rt, size_t(max_seqs) * 4);
+        d.d_hidden_rows = ops::DeviceBuffer(k.rt, size_t(max_seqs) * 4);
+      }
+    }
+    if (eagle3_) {
+      std::vector<DraftRank*> drafts;
+      for (auto& k : ranks_) drafts.push_back(&k->draft);
+      drafter_ = std::make_unique<Eagle3Drafter>(std::move(drafts), block_size(), summary_.num_kv_blocks,
+                                                 [this](const std::function<void(int)>& fn) { run_ranks(fn); });
     }
     ranks_[0]->rt->activate();
   }
@@ -256,8 +276,15 @@ class EngineImpl final : public Engine {
       k.rt->activate();
       // Host KV tier: evicted blocks out (their KV is intact until this step writes), then hits in.
       char* host = k.host_kv.as<char>();
-      for (const KvTransfer& t : plan.kv_offloads) k.cache.save_block(k.rt, t.device_block, host + t.host_slot * page_bytes_);
-      for (const KvTransfer& t : plan.kv_loads) k.cache.load_block(k.rt, t.device_block, host + t.host_slot * page_bytes_);
+      // (A page's draft K/V, EAGLE-3, follows the target's in the same host slot.)
+      for (const KvTransfer& t : plan.kv_offloads) {
+        k.cache.save_block(k.rt, t.device_block, host + t.host_slot * page_bytes_);
+        if (eagle3_) k.draft.cache.save_block(k.rt, t.device_block, host + t.host_slot * page_bytes_ + target_page_bytes_);
+      }
+      for (const KvTransfer& t : plan.kv_loads) {
+        k.cache.load_block(k.rt, t.device_block, host + t.host_slot * page_bytes_);
+        if (eagle3_) k.draft.cache.load_block(k.rt, t.device_block, host + t.host_slot * page_bytes_ + target_page_bytes_);
+      }
       StepBuffers& sb = *k.step;
       sb.begin();
       for (const auto& s : plan.scheduled)
@@ -272,6 +299,10 @@ class EngineImpl final : public Engine {
       batch.token_ids = sb.device_tokens();
       batch.meta = sb.metadata(block_size());
       batch.logits_rows_ptr = sb.device_logits_rows();
+      if (eagle3_) {  // the draft's inputs: the residual stream entering its aux layers
+        const auto& ids = k.draft.model->config().aux_layer_ids;
+        for (size_t i = 0; i < ids.size(); ++i) batch.captures.emplace_back(ids[i], k.draft.ws->aux[i].data());
+      }
       const std::pair<int, int> key{bucket, q};
       auto graph = k.graphs.find(key);
       if (bucket > 0 && graph != k.graphs.end()) {
@@ -351,6 +382,8 @@ class EngineImpl final : public Engine {
     const int32_t cap = config_.ngram.disable_by_batch_size;
     const bool drafting =
         speculate_ && (cap == 0 || scheduler_.num_running() + scheduler_.num_waiting() <= cap);
+    std::map<RequestId, std::vector<int32_t>> eagle_drafts;
+    if (eagle3_) eagle_drafts = draft_eagle3(plan, sampled, *outputs, drafting, stats);
     for (const auto& out : *outputs) {
       auto it = requests_.find(out.request_id);
       if (it == requests_.end()) continue;
@@ -378,7 +411,7 @@ class EngineImpl final : public Engine {
       ev.finished = out.finished;
       ev.finish_reason = out.finish_reason;
       if (out.finished) requests_.erase(it);
-      else if (drafting && !out.new_token_ids.empty()) propose(out.request_id, r);
+      else if (drafting && !out.new_token_ids.empty()) propose(out.request_id, r, eagle_drafts);
       events.push_back(std::move(ev));
     }
     for (auto& [id, lps] : prompt_lps) {  // non-final prefill chunks: no token, an event all the same
@@ -414,9 +447,11 @@ class EngineImpl final : public Engine {
 
   // The next step's draft for a request that just sampled (so it decodes): prompt lookup over
   // its tokens, no longer than the output it may still produce after the verified token.
-  void propose(RequestId id, const RequestState& r) {
+  void propose(RequestId id, const RequestState& r, std::map<RequestId, std::vector<int32_t>>& eagle_drafts) {
     const int32_t room = r.sampling.max_tokens - int32_t(r.output.size()) - 1;
-    std::vector<int32_t> draft = propose_ngram(r.prompt, r.output, config_.ngram, room);
+    std::vector<int32_t> draft;
+    if (!eagle3_) draft = propose_ngram(r.prompt, r.output, config_.ngram, room);
+    else if (auto it = eagle_drafts.find(id); it != eagle_drafts.end()) draft = std::move(it->second);
     // Graph-replayed verification needs every request at the full draft length: a short or
     // missing draft is filled with repeats of its last token (rejected unless the model agrees).
     if (config_.spec_cuda_graphs) {
@@ -427,6 +462,58 @@ class EngineImpl final : public Engine {
     if (draft.empty()) return;
     Status st = scheduler_.set_spec_tokens(id, std::move(draft));
     if (!st.is_ok()) throw std::runtime_error("engine: " + st.message());
+  }
+
+  // EAGLE-3: the draft runs over every token this step computed (in the target batch's order, so
+  // its rows of the captured hidden states line up), then chains drafts for the requests that go
+  // on decoding. Runs while drafting is off too, so the draft's K/V never misses a position.
+  std::map<RequestId, std::vector<int32_t>> draft_eagle3(const SchedulePlan& plan,
+                                                         const std::vector<SampledTokens>& sampled,
+                                                         const std::vector<RequestOutput>& outputs, bool drafting,
+                                                         EngineStepStats& stats) {
+    std::map<RequestId, const std::vector<int32_t>*> accepted;  // this step's tokens per sampling request
+    for (const SampledTokens& st : sampled) accepted[st.request_id] = &st.token_ids;
+    std::map<RequestId, const RequestOutput*> outs;
+    for (const RequestOutput& o : outputs) outs[o.request_id] = &o;
+    std::vector<DraftSequence> seqs;
+    std::vector<RequestId> ids;
+    for (const auto& s : plan.scheduled) {
+      DraftSequence d;
+      const int32_t n = int32_t(s.token_ids.size()), k = s.num_spec_tokens;
+      d.start_pos = s.start_pos;
+      d.block_table = s.block_table;
+      d.inputs.resize(size_t(n));
+      for (int32_t i = 0; i + 1 < n; ++i) d.inputs[size_t(i)] = s.token_ids[size_t(i) + 1];
+      d.inputs.back() = s.token_ids.back();  // replaced below where the next token is known
+      auto req = requests_.find(s.request_id);
+      auto acc = accepted.find(s.request_id);
+      if (acc != accepted.end()) {
+        // Sample j was taken at row n - 1 - k + j: it is the token after that row's position.
+        const std::vector<int32_t>& t = *acc->second;
+        for (size_t j = 0; j < t.size(); ++j) d.inputs[size_t(n - 1 - k) + j] = t[j];
+        auto o = outs.find(s.request_id);
+        if (drafting && req != requests_.end() && o != outs.end() && !o->second->finished &&
+            o->second->new_token_ids.size() == t.size()) {
+          d.propose_row = n - 1 - k + int32_t(t.size()) - 1;
+          const int32_t room = req->second.sampling.max_tokens - int32_t(req->second.output.size() + t.size()) - 1;
+          d.num_draft = std::max(0, std::min(config_.ngram.num_speculative_tokens, room));
+        }
+      } else if (!s.samples && req != requests_.end()) {  // a prompt chunk: the token after it is known
+        const RequestState& r = req->second;
+        const size_t p = size_t(s.end_pos);
+        if (p < r.prompt.size()) d.inputs.back() = r.prompt[p];
+        else if (p - r.prompt.size() < r.output.size()) d.inputs.back() = r.output[p - r.prompt.size()];
+      }
+      seqs.push_back(std::move(d));
+      ids.push_back(s.request_id);
+    }
+    auto t0 = std::chrono::steady_clock::now();
+    std::vector<std::vector<int32_t>> drafts = drafter_->run(seqs);
+    stats.draft_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    std::map<RequestId, std::vector<int32_t>> out;
+    for (size_t i = 0; i < seqs.size(); ++i)
+      if (!drafts[i].empty()) out[ids[i]] = std::move(drafts[i]);
+    return out;
   }
 
   // Prompt logprobs of the requests that asked for them: position p + 1's from the logits at row
@@ -490,6 +577,7 @@ class EngineImpl final : public Engine {
   std::vector<std::unique_ptr<Rank>> ranks_;     // one (the whole model) without tensor parallelism
   dist::RankThreads threads_;
   int64_t page_bytes_ = 0;  // one KV page on one rank
+  int64_t target_page_bytes_ = 0;  // of page_bytes_: the target's share (EAGLE-3's draft K/V follows it)
   Scheduler scheduler_;
   ModelSummary summary_;
   ops::DispatchStats stats_;
@@ -497,7 +585,9 @@ class EngineImpl final : public Engine {
   std::vector<RequestEvent> pending_events_;
   RequestId next_id_ = 1;
   int max_blocks_per_seq_ = 1;
-  bool speculate_ = false;       // ngram drafts are proposed after each sampled token
+  bool speculate_ = false;       // drafts (ngram or EAGLE-3) are proposed after each sampled token
+  bool eagle3_ = false;          // the EAGLE-3 draft model runs after every step
+  std::unique_ptr<Eagle3Drafter> drafter_;
   std::mt19937_64 seed_source_{config_.seed ? *config_.seed : std::random_device{}()};
 };
 
@@ -538,12 +628,21 @@ Result<std::unique_ptr<Engine>> Engine::create(const EngineConfig& config) {
   if (config.msa_index_reuse < 1 || config.msa_index_reuse > 64)
     return Status::error("msa_index_reuse must be in [1, 64], got " + std::to_string(config.msa_index_reuse));
   if (config.kv_offload_bytes < 0) return Status::error("kv_offload_bytes must be >= 0");
-  if (config.speculative_method != "" && config.speculative_method != "ngram")
-    return Status::error("speculative method must be ngram (prompt lookup), got '" + config.speculative_method +
-                         "': draft models (eagle, eagle3, mtp, draft_model) are not supported");
+  if (config.speculative_method != "" && config.speculative_method != "ngram" && config.speculative_method != "eagle3")
+    return Status::error("speculative method must be ngram (prompt lookup) or eagle3 (an EAGLE-3 draft model), got '" +
+                         config.speculative_method + "' (eagle, mtp and draft_model are not supported)");
   if (!config.speculative_method.empty()) {
     Status st = config.ngram.validate();
     if (!st.is_ok()) return Status::error("speculative config: " + st.message());
+  }
+  const bool eagle3 = config.speculative_method == "eagle3";
+  if (eagle3 && config.speculative_model.empty())
+    return Status::error("speculative method eagle3 needs the draft model's directory (speculative_model)");
+  std::unique_ptr<ModelDir> draft_dir;
+  if (eagle3) {
+    auto d = ModelDir::open(config.speculative_model);
+    if (!d) return Status::error("speculative model: " + d.error());
+    draft_dir = std::move(*d);
   }
   LoadProgress progress;
   progress.on_progress = config.on_load_progress;
@@ -612,6 +711,16 @@ Result<std::unique_ptr<Engine>> Engine::create(const EngineConfig& config) {
     }
     (*model)->set_msa_index_reuse(config.msa_index_reuse);
     k.model = std::move(*model);
+    if (!draft_dir) return;
+    // The draft, whole on every rank (its linears in the dense linears' format, BF16 on a GPU).
+    try {
+      auto draft = Eagle3Model::load(*draft_dir, *k.model, load);
+      if (!draft) loaded[size_t(r)] = draft.status();
+      else k.draft.model = std::move(*draft);
+    } catch (const std::exception& e) {
+      loaded[size_t(r)] = Status::error(config.speculative_model + ": loading the draft into " + k.rt->describe() +
+                                        " failed: " + e.what());
+    }
   });
   for (const Status& st : loaded)
     if (!st.is_ok()) return st;
@@ -632,7 +741,10 @@ Result<std::unique_ptr<Engine>> Engine::create(const EngineConfig& config) {
                             : index_dtype_name == "bf16" ? DType::kBF16
                                                          : DType::kF32;
   // Bytes one KV page costs across all layers (K, V everywhere; index-K on sparse layers).
-  const int64_t page_bytes = BackendKvCache::bytes_per_block(c, bs, kv_dtype, index_dtype);
+  const int64_t target_page_bytes = BackendKvCache::bytes_per_block(c, bs, kv_dtype, index_dtype);
+  // EAGLE-3: the draft layer's K/V of a page, kept beside the target's (same block ids).
+  const int64_t page_bytes =
+      target_page_bytes + (eagle3 ? Eagle3KvCache::bytes_per_block(ranks[0]->draft.model->config(), bs, kv_dtype) : 0);
   int32_t num_blocks = config.num_kv_blocks > 0 ? config.num_kv_blocks : int32_t(config.kv_cache_memory_bytes / page_bytes);
   if (num_blocks < 1) return Status::error("KV cache budget too small for one page (" + std::to_string(page_bytes) + " bytes)");
   int32_t max_len = config.max_model_len > 0 ? config.max_model_len
@@ -688,6 +800,8 @@ Result<std::unique_ptr<Engine>> Engine::create(const EngineConfig& config) {
   if (!config.speculative_method.empty()) {
     summary.speculative_method = config.speculative_method;
     summary.num_speculative_tokens = config.ngram.num_speculative_tokens;
+    summary.speculative_model = config.speculative_model;
+    if (eagle3) summary.draft_weight_bytes = ranks[0]->draft.model->weight_bytes();
     if (config.spec_cuda_graphs && config.ngram.num_speculative_tokens + 1 > bs)
       return Status::error("spec_cuda_graphs needs 1 + num_speculative_tokens <= the block size (" + std::to_string(bs) + ")");
   }
@@ -698,10 +812,14 @@ Result<std::unique_ptr<Engine>> Engine::create(const EngineConfig& config) {
       Rank& k = *ranks[size_t(r)];
       k.rt->activate();
       k.cache = BackendKvCache::allocate(k.rt, k.model->config(), num_blocks, bs, kv_dtype, index_dtype);
+      // Scratch pages past the pool: one per sequence, for drafts chained past the target's pages.
+      if (eagle3)
+        k.draft.cache = Eagle3KvCache::allocate(k.rt, k.draft.model->config(), int64_t(num_blocks) + config.max_num_seqs,
+                                                bs, kv_dtype);
       k.host_kv = ops::HostStaging(k.rt, size_t(kc.num_host_blocks) * size_t(page_bytes));
     }
     return std::unique_ptr<Engine>(new EngineImpl(config, std::move(group), std::move(ranks), page_bytes,
-                                                  std::move(*scheduler), summary));
+                                                  target_page_bytes, std::move(*scheduler), summary));
   } catch (const std::exception& e) {
     return Status::error(std::string("allocating the KV cache and step buffers failed: ") + e.what());
   }

@@ -153,11 +153,14 @@ void serve(ServeOptions& o, const EngineFactory& factory) {
   if (summary.num_host_kv_blocks > 0)
     M3_LOG_INFO("KV offloading: " + std::to_string(summary.num_host_kv_blocks) + " blocks of host memory (" +
                 std::to_string(o.engine.kv_offload_bytes >> 20) + " MiB)");
-  if (!summary.speculative_method.empty())
-    M3_LOG_INFO("speculative decoding: " + summary.speculative_method + ", " +
-                std::to_string(o.engine.ngram.num_speculative_tokens) + " draft tokens, prompt lookup " +
-                std::to_string(o.engine.ngram.prompt_lookup_min) + ".." + std::to_string(o.engine.ngram.prompt_lookup_max) +
-                " tokens");
+  if (summary.speculative_method == "ngram")
+    M3_LOG_INFO("speculative decoding: ngram, " + std::to_string(o.engine.ngram.num_speculative_tokens) +
+                " draft tokens, prompt lookup " + std::to_string(o.engine.ngram.prompt_lookup_min) + ".." +
+                std::to_string(o.engine.ngram.prompt_lookup_max) + " tokens");
+  else if (summary.speculative_method == "eagle3")
+    M3_LOG_INFO("speculative decoding: EAGLE-3 draft " + summary.speculative_model + " (" +
+                std::to_string(summary.draft_weight_bytes >> 20) + " MiB of weights per rank), " +
+                std::to_string(o.engine.ngram.num_speculative_tokens) + " draft tokens");
   if ((*tokenizer)->vocab_size() > summary.vocab_size)
     M3_LOG_WARN("the tokenizer has " + std::to_string((*tokenizer)->vocab_size()) + " ids but the model only " +
                 std::to_string(summary.vocab_size));
@@ -259,8 +262,10 @@ void register_serve_command(CLI::App& app, EngineFactory factory) {
                   "(default: unseeded)");
   cmd->add_option("--speculative-config", o->speculative_config,
                   "speculative decoding as vLLM's JSON: {\"method\": \"ngram\", \"num_speculative_tokens\": K, "
-                  "\"prompt_lookup_max\": 4, \"prompt_lookup_min\": 2}: drafts from the request's own tokens, "
-                  "verified in one step; the output is unchanged");
+                  "\"prompt_lookup_max\": 4, \"prompt_lookup_min\": 2}: drafts from the request's own tokens; or "
+                  "{\"method\": \"eagle3\", \"model\": DRAFT_DIR, \"num_speculative_tokens\": K}: drafts from an "
+                  "EAGLE-3 draft model fed the model's hidden states. Drafts are verified in one step; the output "
+                  "is unchanged");
   cmd->add_flag("--speculative-cuda-graphs", o->engine.spec_cuda_graphs,
                 "with --speculative-config: verification steps replay a CUDA graph (every request verifies a "
                 "full-length draft, short ones filled); pays where steps are bound by weight reads");

@@ -227,11 +227,7 @@ void MiniMaxM3Model::forward(const ops::OpContext& ctx, const ForwardBatch& batc
   const TensorView sel{ws.selected.data(), DType::kI32, {Hi, T, c.index_topk_blocks}, dev};
   const TensorView ids{ws.expert_ids.data(), DType::kI32, {T, E}, dev};
   const TensorView wts{ws.expert_weights.data(), DType::kF32, {T, E}, dev};
-  // A vocab-parallel table embeds its own ids (zero rows for the others'); the ranks' rows summed
-  // are the whole table's (x + 0 + ... = x).
-  const TpSlice vocab = vocab_slice(c);
-  ops::embedding(ctx, batch.token_ids, int(T), embed_, hv, vocab.offset);
-  if (!vocab.whole()) ops::all_reduce(ctx, hv);
+  embed(ctx, batch.token_ids, T, hv);
   auto mark = [hooks](int l) {
     if (hooks && hooks->after_layer) hooks->after_layer(l);
   };
@@ -243,6 +239,8 @@ void MiniMaxM3Model::forward(const ops::OpContext& ctx, const ForwardBatch& batc
 
   for (int l = 0; l < c.num_hidden_layers; ++l) {
     const Layer& L = layers_[size_t(l)];
+    for (const auto& [layer, dst] : batch.captures)
+      if (layer == l) runtime_->copy(dst, hv.data, size_t(T * H) * 4);
     // The input norm of later layers ran with the previous layer's residual add (add_rms_norm).
     if (l == 0) ops::rms_norm(ctx, hv, L.input_norm, c.rms_norm_eps, xv);
     tap(l, "attn_in", xv);
@@ -348,14 +346,27 @@ void MiniMaxM3Model::logits_of_rows(const ops::OpContext& ctx, const int32_t* ro
   };
   ops::embedding(ctx, rows, int(R), f2(ws.h, num_tokens, H), f2(ws.rows, R, H));
   ops::rms_norm(ctx, f2(ws.rows, R, H), final_norm_, c.rms_norm_eps, f2(ws.normed, R, H));
-  if (lm_head_.out_features() == c.vocab_size) {
-    ops::linear(ctx, f2(ws.normed, R, H), lm_head_, f2(ws.logits, R, c.vocab_size));
+  vocab_logits(ctx, f2(ws.normed, R, H), f2(ws.logits, R, c.vocab_size), ws.logits_local.data());
+}
+
+void MiniMaxM3Model::embed(const ops::OpContext& ctx, const int32_t* ids, int64_t n, const TensorView& out) const {
+  // A vocab-parallel table embeds its own ids (zero rows for the others'); the ranks' rows summed
+  // are the whole table's (x + 0 + ... = x).
+  const TpSlice vocab = vocab_slice(config_);
+  ops::embedding(ctx, ids, int(n), embed_, out, vocab.offset);
+  if (!vocab.whole()) ops::all_reduce(ctx, out);
+}
+
+void MiniMaxM3Model::vocab_logits(const ops::OpContext& ctx, const TensorView& normed, const TensorView& logits,
+                                  void* local) const {
+  if (lm_head_.out_features() == config_.vocab_size) {
+    ops::linear(ctx, normed, lm_head_, logits);
     return;
   }
   // Vocab-parallel head: this rank's columns, then every rank's side by side.
-  const TensorView local = f2(ws.logits_local, R, lm_head_.out_features());
-  ops::linear(ctx, f2(ws.normed, R, H), lm_head_, local);
-  ops::all_gather_cols(ctx, local, f2(ws.logits, R, c.vocab_size));
+  const TensorView part{local, DType::kF32, {normed.shape[0], lm_head_.out_features()}, runtime_->device()};
+  ops::linear(ctx, normed, lm_head_, part);
+  ops::all_gather_cols(ctx, part, logits);
 }
 
 void MiniMaxM3Model::forward(const ops::OpContext& ctx, const ForwardBatch& batch, const KvCacheTensors& cache,

@@ -5,6 +5,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/status.h"
@@ -57,6 +58,9 @@ struct ForwardBatch {
   ops::AttentionMetadata meta;         // num_tokens, positions, page tables, slot mapping
   std::vector<int32_t> logits_rows;    // which batch rows produce logits (in this order; host copy)
   const int32_t* logits_rows_ptr = nullptr;  // the same rows in runtime memory (null: logits_rows.data())
+  // EAGLE-3 draft inputs: the residual stream entering layer captures[i].first ([num_tokens,
+  // hidden] F32) is copied to captures[i].second (runtime memory) as the forward passes it.
+  std::vector<std::pair<int, void*>> captures;
 };
 
 // Activations of one forward pass, allocated once for the largest batch (CUDA graphs need
@@ -141,6 +145,14 @@ class MiniMaxM3Model {
   // in the runtime's memory. The same bits the forward gives those rows (prompt logprobs).
   void logits_of_rows(const ops::OpContext& ctx, const int32_t* rows, int64_t R, int64_t num_tokens,
                       ForwardWorkspace& ws) const;
+
+  // The embedding of `n` token ids (runtime memory) into out [n, hidden]; under tensor
+  // parallelism each rank's vocabulary slice, summed over the ranks.
+  void embed(const ops::OpContext& ctx, const int32_t* ids, int64_t n, const TensorView& out) const;
+  // The LM head on normed hidden states [R, hidden] into logits [R, vocab]; under tensor
+  // parallelism each rank's columns into `local` ([R, lm_head_rows()] F32) and then gathered.
+  void vocab_logits(const ops::OpContext& ctx, const TensorView& normed, const TensorView& logits, void* local) const;
+  int64_t lm_head_rows() const { return lm_head_.out_features(); }
 
   // Host convenience (host runtime only): logits [batch.logits_rows.size(), vocab] into `logits`.
   void forward(const ops::OpContext& ctx, const ForwardBatch& batch, const KvCacheTensors& cache, float* logits,
