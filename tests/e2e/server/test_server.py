@@ -944,7 +944,10 @@ class ServerTest(unittest.TestCase):
             log = f.read()
         self.assertIn("speculative decoding: ngram, 4 draft tokens", log)
         self.assertIn("SpecDecoding metrics: Mean acceptance length:", log)
-        for value, needle in (('{"method": "eagle3", "model": "x", "num_speculative_tokens": 3}', "draft model"),
+        for value, needle in (('{"method": "eagle3", "model": "/nonexistent", "num_speculative_tokens": 3}',
+                               "speculative model"),
+                              ('{"method": "eagle3", "num_speculative_tokens": 3}', "needs \"model\""),
+                              ('{"method": "medusa", "num_speculative_tokens": 3}', "not supported"),
                               ("{nope", "not JSON"),
                               ('{"method": "ngram"}', "num_speculative_tokens is required"),
                               ('{"method": "ngram", "num_speculative_tokens": 3, "lookahead": 2}', "unknown key")):
@@ -952,6 +955,47 @@ class ServerTest(unittest.TestCase):
                                  capture_output=True, text=True, timeout=60)
             self.assertNotEqual(out.returncode, 0, value)
             self.assertIn(needle, out.stderr + out.stdout)
+
+    def test_eagle3_speculative_decoding(self):
+        # An EAGLE-3 draft (random weights, made by `m3serve make-draft`) reads the model's hidden
+        # states after every step; its drafts are verified like ngram's, so the output is the plain
+        # server's: same text, token ids and logprobs, greedy and seeded, streamed or not.
+        draft = os.path.join(ARGS.work, "eagle3-draft")
+        out = subprocess.run([ARGS.m3serve, "make-draft", "--target", ARGS.fixture, "--out", draft],
+                             capture_output=True, text=True, timeout=120)
+        self.assertEqual(out.returncode, 0, out.stderr)
+        spec = json.dumps({"method": "eagle3", "model": draft, "num_speculative_tokens": 3})
+        server = Server(api_key=None, extra=["--speculative-config", spec])
+        try:
+            prompt = [301, 12, 77, 450, 8, 199, 64, 23] * 5  # no prefix shared with other tests
+            for extra in ({"temperature": 0, "logprobs": 2}, {"temperature": 0.8, "seed": 11}):
+                body = {"model": MODEL, "prompt": prompt, "max_tokens": 32, "ignore_eos": True,
+                        "return_token_ids": True, **extra}
+                st_a, a = self.server.json("POST", "/v1/completions", body)
+                st_b, b = server.json("POST", "/v1/completions", body)
+                self.assertEqual((st_a, st_b), (200, 200), (a, b))
+                ca, cb = a["choices"][0], b["choices"][0]
+                self.assertEqual((ca["text"], ca["token_ids"]), (cb["text"], cb["token_ids"]))
+                if "logprobs" in extra:
+                    self.assertEqual(ca["logprobs"]["token_logprobs"], cb["logprobs"]["token_logprobs"])
+            # Concurrent requests: each its own draft state, outputs unchanged.
+            bodies = [{"model": MODEL, "prompt": prompt[i:] + [i], "max_tokens": 20, "temperature": 0,
+                       "ignore_eos": True} for i in range(4)]
+            with concurrent.futures.ThreadPoolExecutor(4) as pool:
+                outs = list(pool.map(lambda b: server.json("POST", "/v1/completions", b), bodies))
+            for body, (st, r) in zip(bodies, outs):
+                self.assertEqual(st, 200, r)
+                self.assertEqual(r["choices"][0]["text"],
+                                 self.server.json("POST", "/v1/completions", body)[1]["choices"][0]["text"])
+            name = 'vllm:spec_decode_num_draft_tokens_total{model_name="%s"}' % MODEL
+            deadline = time.time() + 5
+            while time.time() < deadline and server.metrics().get(name, 0) == 0:
+                time.sleep(0.05)
+            self.assertGreater(server.metrics()[name], 0)
+        finally:
+            server.stop()
+        with open(server.log_path) as f:
+            self.assertIn("speculative decoding: EAGLE-3 draft", f.read())
 
     def test_kv_offloading(self):
         # A 24-block pool (384 tokens): two long prompts evict the first one's blocks, which come back
