@@ -9,7 +9,9 @@
 // (drafts included) over the measured sgemm ceiling.
 //   spec_bench [--model DIR] [--tokenizer DIR] [--corpus FILE] [--batch-sizes 1,8] [--draft-lens 0,3,5]
 //              [--input-len 256] [--output-len 128] [--device auto|cpu|cuda] [--spec-graphs 0|1]
-//              [--tensor-parallel-size N] [--logprobs N] [--enforce-eager 0|1] [--json FILE]
+//              [--tensor-parallel-size N] [--logprobs N] [--enforce-eager 0|1] [--eagle3 DRAFT_DIR] [--json FILE]
+// --eagle3: drafts from an EAGLE-3 draft model (its passes' time is in the steps' and in draft_s)
+// instead of prompt lookup.
 // The first run with k = 0 of a (workload, batch) is the reference every later run of it is
 // compared with (repeat 0 in --draft-lens to check run-to-run determinism); a differing output
 // prints its first differing position, with the reference's top-2 logprob margin there when
@@ -53,7 +55,7 @@ std::vector<int32_t> make_prompt(const std::vector<int32_t>& corpus,
 
 int main(int argc, char** argv) {
   std::string model_dir = M3_SOURCE_DIR "/models/m3-small", corpus_path = M3_SOURCE_DIR "/../shared/data/corpus/pg1184-monte-cristo.txt";
-  std::string tokenizer_dir;
+  std::string tokenizer_dir, eagle3_dir;
   std::string json_path = "spec_bench.json", batches = "1,8", drafts = "0,3,5", device = "auto";
   int input_len = 256, output_len = 128, spec_graphs = 0, tp = 1, logprobs = 0, eager = 0;
   for (int i = 1; i + 1 < argc; i += 2) {
@@ -71,6 +73,7 @@ int main(int argc, char** argv) {
     else if (k == "--logprobs") logprobs = std::stoi(v);
     else if (k == "--enforce-eager") eager = std::stoi(v);  // no CUDA graphs
     else if (k == "--json") json_path = v;
+    else if (k == "--eagle3") eagle3_dir = v;
     else { std::fprintf(stderr, "unknown option %s\n", k.c_str()); return 2; }
   }
   auto corpus_ids = m3::bench::corpus_tokens(corpus_path, tokenizer_dir.empty() ? model_dir : tokenizer_dir);
@@ -107,7 +110,8 @@ int main(int argc, char** argv) {
     ec.max_num_batched_tokens = 2048;
     ec.enable_prefix_caching = false;
     if (k > 0) {
-      ec.speculative_method = "ngram";
+      ec.speculative_method = eagle3_dir.empty() ? "ngram" : "eagle3";
+      ec.speculative_model = eagle3_dir;
       ec.ngram.num_speculative_tokens = k;
       ec.spec_cuda_graphs = spec_graphs != 0;
     }
@@ -134,7 +138,7 @@ int main(int argc, char** argv) {
     std::vector<std::vector<int32_t>> outputs(static_cast<size_t>(batch));
     std::vector<std::vector<float>> margins(static_cast<size_t>(batch));  // top-1 minus top-2 logprob
     int64_t steps = 0, drafts_n = 0, draft_tokens = 0, accepted = 0, computed = 0, decode_steps = 0, graph_steps = 0;
-    double decode_s = 0;
+    double decode_s = 0, draft_s = 0;
     const auto t0 = Clock::now();
     while ((*engine)->has_unfinished_requests()) {
       m3::EngineStepStats st;
@@ -148,6 +152,7 @@ int main(int argc, char** argv) {
       drafts_n += st.spec_num_drafts;
       draft_tokens += st.spec_num_draft_tokens;
       accepted += st.spec_num_accepted_tokens;
+      draft_s += st.draft_ms / 1e3;
       if (st.scheduler.num_prefill_tokens == 0) {
         ++decode_steps;
         graph_steps += st.graph_batch > 0;
@@ -174,7 +179,8 @@ int main(int argc, char** argv) {
     }
     const int64_t generated = int64_t(batch) * output_len;
     nlohmann::json point = {{"workload", workload}, {"batch", batch}, {"num_speculative_tokens", k},
-                            {"total_s", total_s}, {"decode_s", decode_s}, {"steps", steps}, {"decode_steps", decode_steps},
+                            {"method", k > 0 ? ec.speculative_method : "none"},
+                            {"total_s", total_s}, {"decode_s", decode_s}, {"draft_s", draft_s}, {"steps", steps}, {"decode_steps", decode_steps},
                             {"graph_replayed_decode_steps", graph_steps},
                             {"output_tok_s", double(generated) / std::max(total_s, 1e-9)},
                             {"decode_tok_s", double(generated - batch) / std::max(decode_s, 1e-9)},

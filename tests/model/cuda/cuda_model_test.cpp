@@ -21,6 +21,7 @@
 #include "exec/sequence_runner.h"
 #include "golden_fixture.h"
 #include "m3serve/engine.h"
+#include "model/eagle3/make_draft.h"
 #include "model/minimax_m3/make_model.h"
 
 namespace m3 {
@@ -430,14 +431,9 @@ TEST(CudaTensorParallel, TwoGpusMatchOne) {
   write_report();
 }
 
-// M3's attention shapes (64 / 4 heads of 128, 4 index heads, 128-token blocks, top 16), a dense
-// layer then an MSA layer, MXFP8 with a small hidden size and few experts: the tuned MSA, MoE and
-// linear kernels and their programmatic dependent launches in the decode graph, which m3-small
-// (head_dim 64, hidden 256) never reaches. Greedy decoding must repeat bit for bit from run to run
-// and equal eager steps (session 52 found runs at B = 1 differing: the decode attention read Q
-// before waiting on the prologue that writes it, in dense layers).
-TEST(CudaDeterminism, M3ShapedDecodeRepeats) {
-  if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device: the GPU model test needs one";
+// An MXFP8 checkpoint with M3's attention shapes (64/4 heads of 128, 128-token MSA blocks, a dense
+// and a sparse layer) and small widths elsewhere, under M3_BINARY_DIR/`name`.
+std::string make_m3_shaped(const std::string& name, MiniMaxM3Config* out = nullptr) {
   MiniMaxM3Config c = *MiniMaxM3Config::preset("m3-layers:2");
   c.hidden_size = 1024;
   c.vocab_size = 4096;
@@ -447,16 +443,28 @@ TEST(CudaDeterminism, M3ShapedDecodeRepeats) {
   c.intermediate_size = c.shared_intermediate_size = 256;
   c.num_local_experts = 8;
   c.num_experts_per_tok = 2;
-  ASSERT_TRUE(c.validate().empty()) << c.validate()[0];
+  EXPECT_TRUE(c.validate().empty());
   MakeModelOptions mo;
   mo.config = c;
   mo.mxfp8 = true;
   mo.seed = 5;
-  mo.out_dir = (fs::path(env_or("M3_BINARY_DIR", "/tmp")) / "m3_shaped_determinism").string();
+  mo.out_dir = (fs::path(env_or("M3_BINARY_DIR", "/tmp")) / name).string();
   fs::remove_all(mo.out_dir);
-  ASSERT_TRUE(make_model(mo).is_ok());
+  EXPECT_TRUE(make_model(mo).is_ok());
+  if (out) *out = c;
+  return mo.out_dir;
+}
+
+// M3's attention shapes (64 / 4 heads of 128, 4 index heads, 128-token blocks, top 16), a dense
+// layer then an MSA layer, MXFP8 with a small hidden size and few experts: the tuned MSA, MoE and
+// linear kernels and their programmatic dependent launches in the decode graph, which m3-small
+// (head_dim 64, hidden 256) never reaches. Greedy decoding must repeat bit for bit from run to run
+// and equal eager steps (session 52 found runs at B = 1 differing: the decode attention read Q
+// before waiting on the prologue that writes it, in dense layers).
+TEST(CudaDeterminism, M3ShapedDecodeRepeats) {
+  if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device: the GPU model test needs one";
   EngineConfig cfg;
-  cfg.model_dir = mo.out_dir;
+  cfg.model_dir = make_m3_shaped("m3_shaped_determinism");
   cfg.device = "cuda";
   cfg.max_num_batched_tokens = 512;
   cfg.max_num_seqs = 4;
@@ -492,6 +500,56 @@ TEST(CudaDeterminism, M3ShapedDecodeRepeats) {
     for (size_t i = 0; i < ps.size(); ++i)
       for (size_t n = 0; n < first.outputs[i].size(); ++n)
         ASSERT_EQ(eager.outputs[i][n].token, first.outputs[i][n].token) << "graph vs eager, prompt " << i << " output " << n;
+  }
+}
+
+// EAGLE-3 on the GPU (a random draft of the M3-shaped checkpoint's width, aux layers 0, 1, 1):
+// the plain engine's tokens, eager drafts after graph-replayed target steps and with graph-replayed
+// verification, every kernel of target and draft a CUDA entry.
+TEST(CudaEagle3, DraftsKeepTheOutput) {
+  if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device: the GPU model test needs one";
+  MiniMaxM3Config c;
+  EngineConfig cfg;
+  cfg.model_dir = make_m3_shaped("m3_shaped_eagle3", &c);
+  cfg.device = "cuda";
+  cfg.max_num_batched_tokens = 512;
+  cfg.max_num_seqs = 4;
+  cfg.num_kv_blocks = 64;
+  MakeDraftOptions d;
+  d.config = default_draft_config(c, {0, 1, 1});
+  d.out_dir = cfg.model_dir + "-draft";
+  fs::remove_all(d.out_dir);
+  ASSERT_TRUE(make_draft(d).is_ok());
+  SamplingParams greedy;
+  greedy.temperature = 0.0f;
+  greedy.max_tokens = 40;
+  greedy.ignore_eos = true;
+  greedy.logprobs = 1;
+  std::mt19937 rng(4);
+  std::vector<std::vector<int32_t>> prompts;
+  for (int len : {200, 900, 2300, 33}) {
+    std::vector<int32_t> p(static_cast<size_t>(len));
+    for (auto& t : p) t = 3 + int32_t(rng() % 4000);
+    prompts.push_back(p);
+  }
+  const RunResult plain = run_engine(cfg, prompts, greedy);
+  for (bool graph_verify : {false, true}) {
+    EngineConfig e = cfg;
+    e.speculative_method = "eagle3";
+    e.speculative_model = d.out_dir;
+    e.ngram.num_speculative_tokens = 3;
+    e.spec_cuda_graphs = graph_verify;
+    const RunResult spec = run_engine(e, prompts, greedy);
+    EXPECT_TRUE(spec.non_cuda.empty()) << spec.non_cuda.front();
+    EXPECT_LT(spec.steps, 4 * 40 + 8);
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      ASSERT_EQ(spec.outputs[i].size(), plain.outputs[i].size());
+      for (size_t n = 0; n < plain.outputs[i].size(); ++n) {
+        ASSERT_EQ(spec.outputs[i][n].token, plain.outputs[i][n].token) << "graph verify " << graph_verify << " prompt " << i << " output " << n;
+        EXPECT_EQ(spec.outputs[i][n].logprob, plain.outputs[i][n].logprob);
+      }
+    }
+    if (graph_verify) EXPECT_GT(spec.graph_steps, 0);
   }
 }
 
