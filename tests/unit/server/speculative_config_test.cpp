@@ -1,4 +1,4 @@
-// --speculative-config: vLLM's JSON for the ngram method; everything else refused with the reason.
+// --speculative-config: vLLM's JSON for the ngram and eagle3 methods; everything else refused with the reason.
 #include <gtest/gtest.h>
 
 #include "server/speculative_config.h"
@@ -25,13 +25,30 @@ TEST(SpeculativeConfig, NgramWithDefaultsAndBounds) {
   EXPECT_EQ(c.ngram.disable_by_batch_size, 8);
 }
 
+TEST(SpeculativeConfig, Eagle3WithItsDraftDirectory) {
+  EngineConfig c;
+  EXPECT_FALSE(parse_speculative_config(
+      R"({"method": "eagle3", "model": "/models/M3-EAGLE3", "num_speculative_tokens": 3, "draft_tensor_parallel_size": 4,
+          "disable_by_batch_size": 16})",
+      c));
+  EXPECT_EQ(c.speculative_method, "eagle3");
+  EXPECT_EQ(c.speculative_model, "/models/M3-EAGLE3");
+  EXPECT_EQ(c.ngram.num_speculative_tokens, 3);
+  EXPECT_EQ(c.ngram.disable_by_batch_size, 16);
+}
+
 TEST(SpeculativeConfig, ErrorsNameTheProblem) {
   const std::pair<const char*, const char*> cases[] = {
       {"{nope", "not JSON"},
       {"[1]", "JSON object"},
       {R"({"num_speculative_tokens": 3})", "method is required"},
-      {R"({"model": "org/draft", "num_speculative_tokens": 3})", "draft model"},
-      {R"({"method": "eagle3", "model": "d", "num_speculative_tokens": 3})", "'eagle3' needs a draft model"},
+      {R"({"model": "org/draft", "num_speculative_tokens": 3})", "'draft_model' is not supported"},
+      {R"({"method": "eagle", "model": "d", "num_speculative_tokens": 3})", "'eagle' is not supported"},
+      {R"({"method": "eagle3", "num_speculative_tokens": 3})", "eagle3 needs \"model\""},
+      {R"({"method": "eagle3", "model": "", "num_speculative_tokens": 3})", "model must be a directory path"},
+      {R"({"method": "eagle3", "model": "d", "num_speculative_tokens": 3, "prompt_lookup_min": 2})", "unknown key"},
+      {R"({"method": "eagle3", "model": "d", "num_speculative_tokens": 3, "draft_tensor_parallel_size": 0})",
+       "draft_tensor_parallel_size must be an integer >= 1"},
       {R"({"method": "ngram"})", "num_speculative_tokens is required"},
       {R"({"method": "ngram", "num_speculative_tokens": 0})", "num_speculative_tokens must be >= 1"},
       {R"({"method": "ngram", "num_speculative_tokens": 64})", "num_speculative_tokens must be in [0, 32]"},
