@@ -23,6 +23,7 @@
 #include "model/eagle3/model.h"
 #include "model/minimax_m3/make_model.h"
 #include "ops/host_runtime.h"
+#include "tokenizer/tokenizer.h"
 #include "../../support/tiny_model/tiny_model.h"
 
 namespace m3 {
@@ -518,6 +519,80 @@ TEST(Eagle3, EngineFeedsEachPassTheRightToken) {
   EXPECT_GT(want_accepted, 10) << "the prompts gave too few repeats to check anything";
   std::printf("copy draft: %lld of %lld drafted tokens accepted (%lld steps plain, %lld with drafts)\n",
               (long long)spec.accepted, (long long)spec.draft_tokens, (long long)plain.steps, (long long)spec.steps);
+}
+
+// The bundled draft of the bundled model (models/m3-small-eagle3, trained by tools/train_eagle3.py
+// on the target's own hidden states; docs/architecture.md): its drafts must be accepted on text it
+// never saw, and far less often when fed the wrong layers' hidden states (aux layers 0, 0, 0), which
+// checks that the engine hands the draft the rows of the right tokens.
+std::string source_path(const std::string& rel) {
+  const char* src = std::getenv("M3_SOURCE_DIR");
+  return std::string(src ? src : M3_SOURCE_DIR_DEFAULT) + "/" + rel;
+}
+
+struct Acceptance {
+  RunResult run;
+  double mean_length = 0;
+};
+
+Acceptance trained_run(const std::string& draft, const std::vector<std::vector<int32_t>>& prompts) {
+  EngineConfig cfg;
+  cfg.model_dir = source_path("models/m3-small");
+  cfg.max_num_batched_tokens = 1024;
+  cfg.max_num_seqs = 4;
+  cfg.num_kv_blocks = 64;
+  if (!draft.empty()) {
+    cfg.speculative_method = "eagle3";
+    cfg.speculative_model = draft;
+    cfg.ngram.num_speculative_tokens = 3;
+  }
+  auto engine = Engine::create(cfg);
+  EXPECT_TRUE(engine.is_ok()) << engine.error();
+  Acceptance a;
+  if (!engine) return a;
+  for (const auto& p : prompts) EXPECT_TRUE((*engine)->submit({p, greedy(48, -1)}).is_ok());
+  while ((*engine)->has_unfinished_requests()) {
+    EngineStepStats st;
+    for (auto& ev : (*engine)->step(&st))
+      for (auto& t : ev.new_tokens) a.run.tokens[ev.request_id].push_back(t);
+    a.run.drafts += st.spec_num_drafts;
+    a.run.accepted += st.spec_num_accepted_tokens;
+  }
+  a.mean_length = a.run.drafts ? 1.0 + double(a.run.accepted) / double(a.run.drafts) : 1.0;
+  return a;
+}
+
+TEST(Eagle3, TrainedDraftOfTheBundledModel) {
+  const std::string draft = source_path("models/m3-small-eagle3");
+  auto tok = Tokenizer::from_dir(source_path("models/m3-small"));
+  ASSERT_TRUE(tok.is_ok()) << tok.error();
+  const char* texts[] = {
+      "The old sailor walked slowly along the harbour wall, looking at the ships that lay at anchor in the bay. "
+      "He had been away from the town for many years, and no one now remembered his name.",
+      "When the letter arrived, the young man read it twice before he understood what his father had written. "
+      "Then he went to the window and stood there for a long time without speaking.",
+      "The count rose from his chair, and, turning towards the door, said in a low voice that he would return "
+      "before evening, if the weather permitted him to cross the river.",
+  };
+  std::vector<std::vector<int32_t>> prompts;
+  for (const char* t : texts) prompts.push_back((*tok)->encode(t, false));
+  const Acceptance plain = trained_run("", prompts), spec = trained_run(draft, prompts);
+  expect_same_tokens(plain.run, spec.run, /*logprobs=*/false);
+  // Wrong hidden states: the same draft told to read the residual stream entering layer 0 thrice.
+  const std::string wrong = out_dir("eagle3_wrong_layers");
+  fs::remove_all(wrong);
+  fs::create_directories(wrong);
+  fs::copy_file(draft + "/model.safetensors", wrong + "/model.safetensors");
+  std::ifstream in(draft + "/config.json");
+  nlohmann::json j = nlohmann::json::parse(in);
+  j["eagle_config"]["eagle_aux_hidden_state_layer_ids"] = {0, 0, 0};
+  std::ofstream(wrong + "/config.json") << j.dump();
+  const Acceptance control = trained_run(wrong, prompts);
+  expect_same_tokens(plain.run, control.run, /*logprobs=*/false);
+  std::printf("bundled draft: mean acceptance length %.2f (wrong layers %.2f), %lld drafts\n", spec.mean_length,
+              control.mean_length, (long long)spec.run.drafts);
+  EXPECT_GE(spec.mean_length, 1.8);
+  EXPECT_GE(spec.mean_length - control.mean_length, 0.4);
 }
 
 TEST(Eagle3, LoadErrorsNameTheProblem) {
