@@ -17,16 +17,19 @@ std::vector<std::vector<int32_t>> Eagle3Drafter::run(const std::vector<DraftSequ
   const int64_t vocab = ranks_[0]->model->config().draft_vocab_size;
   // Pass 1: every sequence's tokens at the target's positions; logits at the proposing rows.
   std::vector<int32_t> rows, proposing;  // batch row per proposing sequence, and which sequence
-  int32_t first = 0;
+  int32_t first = 0, longest = 0;
   for (size_t i = 0; i < seqs.size(); ++i) {
     if (seqs[i].propose_row >= 0 && seqs[i].num_draft > 0) {
       rows.push_back(first + seqs[i].propose_row);
       proposing.push_back(int32_t(i));
+      longest = std::max(longest, seqs[i].num_draft);
     }
     first += int32_t(seqs[i].inputs.size());
   }
-  const int64_t pass1_tokens = first;
-  auto sample_params = [](size_t n) { return std::vector<ops::SampleRowParams>(n); };  // temperature 0: argmax
+  const int64_t pass1_tokens = first, n = int64_t(proposing.size());
+  const std::vector<ops::SampleRowParams> argmax(static_cast<size_t>(n));  // temperature 0
+  std::vector<int32_t> chain_rows(static_cast<size_t>(n));
+  for (int64_t a = 0; a < n; ++a) chain_rows[size_t(a)] = int32_t(a);
   run_ranks_([&](int r) {
     DraftRank& d = *ranks_[size_t(r)];
     d.rt->activate();
@@ -35,74 +38,71 @@ std::vector<std::vector<int32_t>> Eagle3Drafter::run(const std::vector<DraftSequ
     for (const DraftSequence& s : seqs) sb.add_sequence(s.inputs, s.start_pos, s.block_table, block_size_);
     sb.set_logits_rows(rows);
     sb.upload();
+    // Chained pass j: one row per proposing sequence at the position after its j-th draft (a row
+    // whose sequence drafts fewer tokens is padding: no KV written); tokens come from the device.
+    for (int32_t j = 1; j < longest; ++j) {
+      StepBuffers& cb = *d.chain[size_t(j) - 1];
+      cb.begin();
+      for (int64_t a = 0; a < n; ++a) {
+        const DraftSequence& s = seqs[size_t(proposing[size_t(a)])];
+        if (s.num_draft <= j) {
+          cb.add_padding_sequence(1);
+          continue;
+        }
+        const int32_t pos = s.start_pos + s.propose_row + j;
+        // Pages the target has not allocated yet (the draft runs ahead of it): this row's scratch page.
+        std::vector<int32_t> table = s.block_table;
+        while (int64_t(table.size()) * block_size_ <= pos) table.push_back(int32_t(num_target_blocks_ + a));
+        cb.add_sequence({0}, pos, table, block_size_);
+      }
+      cb.set_logits_rows(chain_rows);
+      cb.upload();
+    }
+    if (longest > 1) {
+      int32_t* hr = d.h_hidden_rows.as<int32_t>();
+      std::copy(rows.begin(), rows.end(), hr);
+      std::copy(chain_rows.begin(), chain_rows.end(), hr + d.max_seqs);
+      d.rt->upload(d.d_hidden_rows.data(), hr, size_t(2 * d.max_seqs) * 4);
+    }
     Eagle3Batch b;
     b.token_ids = sb.device_tokens();
     b.meta = sb.metadata(block_size_);
     b.from_target = true;
     b.logits_rows = sb.device_logits_rows();
-    b.num_logits_rows = int64_t(rows.size());
+    b.num_logits_rows = n;
     d.model->forward(d.ctx, b, d.cache, *d.ws);
-    if (r == 0 && !rows.empty())
-      sb.sample(d.ctx, d.ws->logits.view(DType::kF32, {int64_t(rows.size()), vocab}), sample_params(rows.size()));
+    if (n == 0) {
+      d.rt->synchronize();
+      return;
+    }
+    // Every rank takes the argmax (the same logits): each needs the tokens for the next pass.
+    sb.sample(d.ctx, d.ws->logits.view(DType::kF32, {n, vocab}), argmax);
+    const int32_t* prev = sb.device_sampled();
+    for (int32_t j = 1; j < longest; ++j) {
+      StepBuffers& cb = *d.chain[size_t(j) - 1];
+      // The previous pass's draft ids as target ids: this pass's input tokens.
+      ops::embedding(d.ctx, prev, int(n), d.model->target_ids(),
+                     TensorView{cb.device_tokens_mut(), DType::kI32, {n, 1}, d.rt->device()});
+      Eagle3Batch c;
+      c.token_ids = cb.device_tokens();
+      c.meta = cb.metadata(block_size_);
+      c.from_target = false;
+      c.hidden_rows = d.d_hidden_rows.as<int32_t>() + (j == 1 ? 0 : d.max_seqs);
+      c.hidden_source_tokens = j == 1 ? pass1_tokens : n;
+      c.logits_rows = cb.device_logits_rows();
+      c.num_logits_rows = n;
+      d.model->forward(d.ctx, c, d.cache, *d.ws);
+      cb.sample(d.ctx, d.ws->logits.view(DType::kF32, {n, vocab}), argmax);
+      prev = cb.device_sampled();
+    }
     d.rt->synchronize();
   });
-  if (proposing.empty()) return drafts;
-  for (size_t j = 0; j < proposing.size(); ++j)
-    drafts[size_t(proposing[j])].push_back(ranks_[0]->model->target_id(ranks_[0]->step->sampled(int(j), 0).token));
-
-  // Chained passes: one token per sequence still drafting, at the position after its last draft,
-  // its hidden input the previous pass's pre-norm row for it.
-  std::vector<int32_t> prev_row = rows;  // each proposing sequence's row in the previous pass
-  int64_t prev_tokens = pass1_tokens;
-  for (int32_t step = 1;; ++step) {
-    std::vector<int32_t> active, hidden_rows;
-    for (size_t j = 0; j < proposing.size(); ++j) {
-      if (seqs[size_t(proposing[j])].num_draft > step) {
-        active.push_back(int32_t(j));
-        hidden_rows.push_back(prev_row[j]);
-      }
-    }
-    if (active.empty()) break;
-    std::vector<int32_t> out_rows(active.size());
-    for (size_t a = 0; a < active.size(); ++a) out_rows[a] = int32_t(a);
-    run_ranks_([&](int r) {
-      DraftRank& d = *ranks_[size_t(r)];
-      d.rt->activate();
-      StepBuffers& sb = *d.step;
-      sb.begin();
-      for (size_t a = 0; a < active.size(); ++a) {
-        const size_t si = size_t(proposing[size_t(active[a])]);
-        const DraftSequence& s = seqs[si];
-        const int32_t pos = s.start_pos + s.propose_row + step;
-        // Pages the target has not allocated yet (the draft runs ahead of it): this row's scratch block.
-        std::vector<int32_t> table = s.block_table;
-        while (int64_t(table.size()) * block_size_ <= pos) table.push_back(int32_t(num_target_blocks_) + int32_t(a));
-        sb.add_sequence({drafts[si].back()}, pos, table, block_size_);
-      }
-      sb.set_logits_rows(out_rows);
-      sb.upload();
-      std::memcpy(d.h_hidden_rows.as<int32_t>(), hidden_rows.data(), hidden_rows.size() * 4);
-      d.rt->upload(d.d_hidden_rows.data(), d.h_hidden_rows.as<void>(), hidden_rows.size() * 4);
-      Eagle3Batch b;
-      b.token_ids = sb.device_tokens();
-      b.meta = sb.metadata(block_size_);
-      b.from_target = false;
-      b.hidden_rows = d.d_hidden_rows.as<int32_t>();
-      b.hidden_source_tokens = prev_tokens;
-      b.logits_rows = sb.device_logits_rows();
-      b.num_logits_rows = int64_t(out_rows.size());
-      d.model->forward(d.ctx, b, d.cache, *d.ws);
-      if (r == 0)
-        sb.sample(d.ctx, d.ws->logits.view(DType::kF32, {int64_t(out_rows.size()), vocab}),
-                  sample_params(out_rows.size()));
-      d.rt->synchronize();
-    });
-    for (size_t a = 0; a < active.size(); ++a) {
-      const size_t si = size_t(proposing[size_t(active[a])]);
-      drafts[si].push_back(ranks_[0]->model->target_id(ranks_[0]->step->sampled(int(a), 0).token));
-      prev_row[size_t(active[a])] = int32_t(a);
-    }
-    prev_tokens = int64_t(active.size());
+  const DraftRank& d0 = *ranks_[0];
+  for (int64_t a = 0; a < n; ++a) {
+    const size_t si = size_t(proposing[size_t(a)]);
+    drafts[si].push_back(d0.model->target_id(d0.step->sampled(int(a), 0).token));
+    for (int32_t j = 1; j < seqs[si].num_draft; ++j)
+      drafts[si].push_back(d0.model->target_id(d0.chain[size_t(j) - 1]->sampled(int(a), 0).token));
   }
   return drafts;
 }

@@ -3,7 +3,10 @@
 // (its K/V for those positions, from the target's captured hidden states), then chains one token
 // at a time from each proposing sequence's last accepted position, feeding its own pre-norm
 // output back. Drafts are greedy (argmax) in the draft's vocabulary, mapped to target ids; the
-// engine verifies them like any other draft, so they change speed, never the output.
+// engine verifies them like any other draft, so they change speed, never the output. Every
+// pass's metadata is known before the first runs (positions follow the last accepted one), so all
+// are uploaded at once and the passes chain on the device (each one's argmax, mapped to target
+// ids, is the next one's input): one host synchronisation per step.
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -23,9 +26,13 @@ struct DraftRank {
   std::unique_ptr<Eagle3Model> model;
   Eagle3KvCache cache;
   std::unique_ptr<Eagle3Workspace> ws;
-  std::unique_ptr<StepBuffers> step;
+  std::unique_ptr<StepBuffers> step;                 // the pass over the target's tokens
+  std::vector<std::unique_ptr<StepBuffers>> chain;   // chained pass j at chain[j - 1] (K - 1 of them)
+  // Hidden-state rows of the chained passes: [0, max_seqs) the first's (rows of the pass over the
+  // target's tokens), [max_seqs, 2 max_seqs) the later ones' (0, 1, ...: the previous pass's rows).
   ops::HostStaging h_hidden_rows;
   ops::DeviceBuffer d_hidden_rows;
+  int max_seqs = 0;
 };
 
 // One sequence of the step the target just ran, in the target batch's order (its rows of the

@@ -118,8 +118,11 @@ class EngineImpl final : public Engine {
         d.ctx = k.ctx;
         d.ws = d.model->make_workspace(max_tokens, max_seqs);
         d.step = std::make_unique<StepBuffers>(k.rt, max_tokens, max_seqs, max_seqs, max_blocks_per_seq_);
-        d.h_hidden_rows = ops::HostStaging(k.rt, size_t(max_seqs) * 4);
-        d.d_hidden_rows = ops::DeviceBuffer(k.rt, size_t(max_seqs) * 4);
+        for (int j = 1; j < config.ngram.num_speculative_tokens; ++j)
+          d.chain.push_back(std::make_unique<StepBuffers>(k.rt, max_seqs, max_seqs, max_seqs, max_blocks_per_seq_));
+        d.max_seqs = max_seqs;
+        d.h_hidden_rows = ops::HostStaging(k.rt, size_t(2 * max_seqs) * 4);
+        d.d_hidden_rows = ops::DeviceBuffer(k.rt, size_t(2 * max_seqs) * 4);
       }
     }
     if (eagle3_) {

@@ -35,6 +35,10 @@ class StepBuffers {
   int max_rows() const { return max_rows_; }
 
   const int32_t* device_tokens() const { return d_tokens_.as<int32_t>(); }
+  // The step's input tokens in runtime memory, for a kernel to write after upload() (chained drafts).
+  int32_t* device_tokens_mut() { return d_tokens_.as<int32_t>(); }
+  // The last sample()'s tokens in runtime memory (valid in stream order after it).
+  const int32_t* device_sampled() const { return d_out_tokens_.as<int32_t>(); }
   const int32_t* device_logits_rows() const { return d_logits_rows_.as<int32_t>(); }
   ops::AttentionMetadata metadata(int block_size) const;
 

@@ -47,7 +47,7 @@ struct IndexerParams {
 };
 
 // Rows of ids in [first_id, first_id + table rows) are copied, others are zero (a vocab-parallel
-// table's slice; the ranks' rows are then summed).
+// table's slice; the ranks' rows are then summed). A table of I32 [rows, 1] maps ids to ids.
 using EmbeddingFn = void (*)(const int32_t* ids, int num_tokens, const TensorView& table, const TensorView& out,
                              int64_t first_id);
 using RmsNormFn = void (*)(const TensorView& x, const TensorView& weight, float eps, const TensorView& out);

@@ -9,6 +9,7 @@
 namespace m3::cpu {
 namespace {
 
+// Rows of 4-byte words (F32 values, or I32 ids when the table maps ids), copied bit for bit.
 void embedding_f32(const int32_t* ids, int num_tokens, const TensorView& table, const TensorView& out, int64_t first_id) {
   const int64_t dim = table.shape[1], rows = table.shape[0];
   for (int t = 0; t < num_tokens; ++t) {
@@ -88,7 +89,12 @@ void kv_write_cpu(const TensorView& src, const int64_t* slot_mapping, const Tens
 }  // namespace
 
 void register_elementwise(ops::KernelTable& table) {
-  table.embedding.add({"embedding.gather.cpu", "host F32 table", need_cpu_f32, embedding_f32});
+  table.embedding.add({"embedding.gather.cpu", "host F32 (or I32: an id map) table",
+                       [](const ops::Problem& p) -> std::string {
+                         if (p.device == Device::kCpu && p.dtype == DType::kI32) return "";
+                         return need_cpu_f32(p);
+                       },
+                       embedding_f32});
   table.rms_norm.add({"rms_norm.gemma.cpu", "host F32", need_cpu_f32, rms_norm_f32});
   table.rope.add({"rope.neox_partial.cpu", "host F32, even rotary_dim <= head_dim",
                   [](const ops::Problem& p) -> std::string {

@@ -12,14 +12,15 @@ namespace m3::cuda {
 namespace {
 
 
-__global__ void embedding_gather_kernel(const int32_t* ids, const float* table, float* out, int64_t dim, int64_t rows,
-                                        int64_t first_id) {
+// Rows of 4-byte words (F32 values, or I32 ids when the table maps ids), copied bit for bit.
+__global__ void embedding_gather_kernel(const int32_t* ids, const uint32_t* table, uint32_t* out, int64_t dim,
+                                        int64_t rows, int64_t first_id) {
   const int64_t t = blockIdx.x, row = int64_t(ids[t]) - first_id;
   if (row < 0 || row >= rows) {  // another rank's slice of the vocabulary
-    for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) out[t * dim + i] = 0.0f;
+    for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) out[t * dim + i] = 0u;
     return;
   }
-  const float* src = table + row * dim;
+  const uint32_t* src = table + row * dim;
   for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) out[t * dim + i] = src[i];
 }
 
@@ -64,7 +65,7 @@ __global__ void kv_write_kernel(const float* src, const int64_t* slots, void* ca
 void launch_embedding_gather(const int32_t* ids, int num_tokens, const TensorView& table, const TensorView& out,
                              int64_t first_id) {
   if (num_tokens == 0) return;
-  embedding_gather_kernel<<<num_tokens, 256, 0, current_stream()>>>(ids, table.as<const float>(), out.as<float>(),
+  embedding_gather_kernel<<<num_tokens, 256, 0, current_stream()>>>(ids, table.as<const uint32_t>(), out.as<uint32_t>(),
                                                                     table.shape[1], table.shape[0], first_id);
   M3_CUDA_CHECK_LAUNCH();
 }
@@ -116,7 +117,15 @@ std::string need_cuda_f32(const ops::Problem& p) {
 }
 
 void register_elementwise(ops::KernelTable& table) {
-  table.embedding.add({"embedding.gather.sm90", "device F32 table, device token ids", need_cuda_f32,
+  table.embedding.add({"embedding.gather.sm90", "device F32 (or I32: an id map) table, device token ids",
+                       [](const ops::Problem& p) -> std::string {
+                         if (p.dtype == DType::kI32) {
+                           ops::Problem f = p;
+                           f.dtype = DType::kF32;  // the same 4-byte rows
+                           return need_cuda_f32(f);
+                         }
+                         return need_cuda_f32(p);
+                       },
                        launch_embedding_gather});
   table.rms_norm.add({"rms_norm.gemma.sm90", "device F32 rows", need_cuda_f32, launch_rms_norm_gemma});
   table.rope.add({"rope.neox_partial.sm90",

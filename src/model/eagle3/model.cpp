@@ -187,6 +187,9 @@ Result<std::unique_ptr<Eagle3Model>> Eagle3Model::load(const ModelDir& dir, cons
     return Status::error("draft model " + dir.path() + ": draft_vocab_size " + std::to_string(c.draft_vocab_size) +
                          " < vocab_size needs the d2t tensor");
   }
+  std::vector<int32_t> ids(static_cast<size_t>(c.draft_vocab_size));
+  for (int64_t i = 0; i < c.draft_vocab_size; ++i) ids[size_t(i)] = m->target_id(int32_t(i));
+  m->target_ids_ = upload(ids.data(), ids.size() * 4, DType::kI32, {c.draft_vocab_size, 1});
   return m;
 }
 

@@ -73,6 +73,9 @@ class Eagle3Model {
   int32_t target_id(int32_t draft_id) const {
     return d2t_.empty() ? draft_id : int32_t(draft_id + d2t_[size_t(draft_id)]);
   }
+  // The same map in runtime memory, I32 [draft_vocab_size, 1] (an id-map table for ops::embedding):
+  // a chained pass turns the previous pass's draft ids into its input tokens without the host.
+  const TensorView& target_ids() const { return target_ids_; }
 
  private:
   Eagle3Config config_;
@@ -86,6 +89,7 @@ class Eagle3Model {
   // q/k/v split by input half: *_e read the embedding's half, *_h the hidden's.
   ops::LinearWeight q_e_, k_e_, v_e_, q_h_, k_h_, v_h_, o_, gate_, up_, down_, head_;
   std::vector<int64_t> d2t_;
+  TensorView target_ids_;
 };
 
 }  // namespace m3
