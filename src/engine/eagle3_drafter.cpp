@@ -6,11 +6,12 @@
 namespace m3 {
 
 Eagle3Drafter::Eagle3Drafter(std::vector<DraftRank*> ranks, int block_size, int64_t num_target_blocks,
-                             RunRanks run_ranks)
+                             RunRanks run_ranks, std::function<int(int)> bucket)
     : ranks_(std::move(ranks)),
       block_size_(block_size),
       num_target_blocks_(num_target_blocks),
-      run_ranks_(std::move(run_ranks)) {}
+      run_ranks_(std::move(run_ranks)),
+      bucket_(std::move(bucket)) {}
 
 std::vector<std::vector<int32_t>> Eagle3Drafter::run(const std::vector<DraftSequence>& seqs) {
   std::vector<std::vector<int32_t>> drafts(seqs.size());
@@ -26,10 +27,13 @@ std::vector<std::vector<int32_t>> Eagle3Drafter::run(const std::vector<DraftSequ
     }
     first += int32_t(seqs[i].inputs.size());
   }
-  const int64_t pass1_tokens = first, n = int64_t(proposing.size());
+  const int64_t n = int64_t(proposing.size());
   const std::vector<ops::SampleRowParams> argmax(static_cast<size_t>(n));  // temperature 0
-  std::vector<int32_t> chain_rows(static_cast<size_t>(n));
-  for (int64_t a = 0; a < n; ++a) chain_rows[size_t(a)] = int32_t(a);
+  // Chained passes run `rows_c` rows: n, or its graph bucket (padding rows past n).
+  const int bucket = bucket_ && n > 0 ? bucket_(int(n)) : 0;
+  const int64_t rows_c = bucket > 0 ? bucket : n;
+  std::vector<int32_t> chain_rows(static_cast<size_t>(rows_c));
+  for (int64_t a = 0; a < rows_c; ++a) chain_rows[size_t(a)] = int32_t(a);
   run_ranks_([&](int r) {
     DraftRank& d = *ranks_[size_t(r)];
     d.rt->activate();
@@ -43,7 +47,11 @@ std::vector<std::vector<int32_t>> Eagle3Drafter::run(const std::vector<DraftSequ
     for (int32_t j = 1; j < longest; ++j) {
       StepBuffers& cb = *d.chain[size_t(j) - 1];
       cb.begin();
-      for (int64_t a = 0; a < n; ++a) {
+      for (int64_t a = 0; a < rows_c; ++a) {
+        if (a >= n) {
+          cb.add_padding_sequence(1);
+          continue;
+        }
         const DraftSequence& s = seqs[size_t(proposing[size_t(a)])];
         if (s.num_draft <= j) {
           cb.add_padding_sequence(1);
@@ -60,6 +68,7 @@ std::vector<std::vector<int32_t>> Eagle3Drafter::run(const std::vector<DraftSequ
     }
     if (longest > 1) {
       int32_t* hr = d.h_hidden_rows.as<int32_t>();
+      std::fill(hr, hr + 2 * d.max_seqs, 0);  // padding rows read row 0
       std::copy(rows.begin(), rows.end(), hr);
       std::copy(chain_rows.begin(), chain_rows.end(), hr + d.max_seqs);
       d.rt->upload(d.d_hidden_rows.data(), hr, size_t(2 * d.max_seqs) * 4);
@@ -80,18 +89,40 @@ std::vector<std::vector<int32_t>> Eagle3Drafter::run(const std::vector<DraftSequ
     const int32_t* prev = sb.device_sampled();
     for (int32_t j = 1; j < longest; ++j) {
       StepBuffers& cb = *d.chain[size_t(j) - 1];
-      // The previous pass's draft ids as target ids: this pass's input tokens.
-      ops::embedding(d.ctx, prev, int(n), d.model->target_ids(),
-                     TensorView{cb.device_tokens_mut(), DType::kI32, {n, 1}, d.rt->device()});
-      Eagle3Batch c;
-      c.token_ids = cb.device_tokens();
-      c.meta = cb.metadata(block_size_);
-      c.from_target = false;
-      c.hidden_rows = d.d_hidden_rows.as<int32_t>() + (j == 1 ? 0 : d.max_seqs);
-      c.hidden_source_tokens = j == 1 ? pass1_tokens : n;
-      c.logits_rows = cb.device_logits_rows();
-      c.num_logits_rows = n;
-      d.model->forward(d.ctx, c, d.cache, *d.ws);
+      // The previous pass's draft ids as target ids: this pass's input tokens (padding rows read
+      // past the previous pass's rows: any id, out-of-range ones map to 0). The hidden rows' source
+      // is the whole workspace (every row read exists), so a captured pass fits every step.
+      auto pass = [&, j, prev](const ops::OpContext& ctx) {
+        ops::embedding(ctx, prev, int(rows_c), d.model->target_ids(),
+                       TensorView{cb.device_tokens_mut(), DType::kI32, {rows_c, 1}, d.rt->device()});
+        Eagle3Batch c;
+        c.token_ids = cb.device_tokens();
+        c.meta = cb.metadata(block_size_);
+        c.from_target = false;
+        c.hidden_rows = d.d_hidden_rows.as<int32_t>() + (j == 1 ? 0 : d.max_seqs);
+        c.hidden_source_tokens = d.ws->max_tokens;
+        c.logits_rows = cb.device_logits_rows();
+        c.num_logits_rows = rows_c;
+        d.model->forward(ctx, c, d.cache, *d.ws);
+      };
+      const std::pair<int, int> key{j, bucket};
+      auto graph = d.graphs.find(key);
+      if (bucket > 0 && graph != d.graphs.end()) {
+        if (d.ctx.stats) d.ctx.stats->replay(graph->second.selections);
+        d.rt->replay(graph->second.id);
+      } else {
+        // Eager; a new (pass, bucket) is then captured for later steps, its selections standing for it.
+        if (bucket > 0 && d.ctx.stats) d.ctx.stats->begin_recording();
+        pass(d.ctx);
+        if (bucket > 0) {
+          DraftRank::Graph g;
+          if (d.ctx.stats) g.selections = d.ctx.stats->end_recording();
+          ops::OpContext quiet = d.ctx;
+          quiet.stats = nullptr;
+          g.id = d.rt->capture([&] { pass(quiet); });
+          d.graphs.emplace(key, std::move(g));
+        }
+      }
       cb.sample(d.ctx, d.ws->logits.view(DType::kF32, {n, vocab}), argmax);
       prev = cb.device_sampled();
     }

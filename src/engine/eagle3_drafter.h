@@ -9,6 +9,7 @@
 // ids, is the next one's input): one host synchronisation per step.
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <vector>
 
@@ -33,6 +34,13 @@ struct DraftRank {
   ops::HostStaging h_hidden_rows;
   ops::DeviceBuffer d_hidden_rows;
   int max_seqs = 0;
+  // Chained passes as CUDA graphs: (pass j, batch bucket) -> graph id and the dispatch selections
+  // its capture stood for.
+  struct Graph {
+    int id = -1;
+    std::vector<ops::DispatchStats::Selection> selections;
+  };
+  std::map<std::pair<int, int>, Graph> graphs;
 };
 
 // One sequence of the step the target just ran, in the target batch's order (its rows of the
@@ -51,7 +59,9 @@ class Eagle3Drafter {
  public:
   using RunRanks = std::function<void(const std::function<void(int)>&)>;
   // num_target_blocks: the scheduler's pool; the caches hold max_seqs scratch blocks past it.
-  Eagle3Drafter(std::vector<DraftRank*> ranks, int block_size, int64_t num_target_blocks, RunRanks run_ranks);
+  // bucket(n): the padded batch a chained pass of n rows replays as a graph (0: run it eagerly).
+  Eagle3Drafter(std::vector<DraftRank*> ranks, int block_size, int64_t num_target_blocks, RunRanks run_ranks,
+                std::function<int(int)> bucket = {});
 
   // Drafts (target ids) per sequence: num_draft of them where propose_row >= 0, else none.
   std::vector<std::vector<int32_t>> run(const std::vector<DraftSequence>& seqs);
@@ -61,6 +71,7 @@ class Eagle3Drafter {
   int block_size_;
   int64_t num_target_blocks_;
   RunRanks run_ranks_;
+  std::function<int(int)> bucket_;
 };
 
 }  // namespace m3

@@ -128,8 +128,13 @@ class EngineImpl final : public Engine {
     if (eagle3_) {
       std::vector<DraftRank*> drafts;
       for (auto& k : ranks_) drafts.push_back(&k->draft);
+      // Chained draft passes replay graphs per batch bucket where the target's steps do.
+      std::function<int(int)> bucket;
+      if (config.cuda_graphs && ranks_[0]->rt->supports_graphs())
+        bucket = [max_seqs](int n) { return graph_bucket(n, max_seqs); };
       drafter_ = std::make_unique<Eagle3Drafter>(std::move(drafts), block_size(), summary_.num_kv_blocks,
-                                                 [this](const std::function<void(int)>& fn) { run_ranks(fn); });
+                                                 [this](const std::function<void(int)>& fn) { run_ranks(fn); },
+                                                 std::move(bucket));
     }
     ranks_[0]->rt->activate();
   }
