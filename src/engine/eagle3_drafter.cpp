@@ -13,7 +13,28 @@ Eagle3Drafter::Eagle3Drafter(std::vector<DraftRank*> ranks, int block_size, int6
       run_ranks_(std::move(run_ranks)),
       bucket_(std::move(bucket)) {}
 
-std::vector<std::vector<int32_t>> Eagle3Drafter::run(const std::vector<DraftSequence>& seqs) {
+void Eagle3Drafter::run_or_replay(DraftRank& d, bool graph, const std::tuple<int, int, int>& key,
+                                  const std::function<void(const ops::OpContext&)>& pass) {
+  auto it = d.graphs.find(key);
+  if (graph && it != d.graphs.end()) {
+    if (d.ctx.stats) d.ctx.stats->replay(it->second.selections);
+    d.rt->replay(it->second.id);
+    return;
+  }
+  // Eager; a new key is then captured for later steps, its selections standing for the graph's.
+  if (graph && d.ctx.stats) d.ctx.stats->begin_recording();
+  pass(d.ctx);
+  if (!graph) return;
+  DraftRank::Graph g;
+  if (d.ctx.stats) g.selections = d.ctx.stats->end_recording();
+  ops::OpContext quiet = d.ctx;
+  quiet.stats = nullptr;
+  g.id = d.rt->capture([&] { pass(quiet); });
+  d.graphs.emplace(key, std::move(g));
+}
+
+std::vector<std::vector<int32_t>> Eagle3Drafter::run(const std::vector<DraftSequence>& seqs, int step_bucket,
+                                                     int tokens_per_seq) {
   std::vector<std::vector<int32_t>> drafts(seqs.size());
   const int64_t vocab = ranks_[0]->model->config().draft_vocab_size;
   // Pass 1: every sequence's tokens at the target's positions; logits at the proposing rows.
@@ -28,7 +49,13 @@ std::vector<std::vector<int32_t>> Eagle3Drafter::run(const std::vector<DraftSequ
     first += int32_t(seqs[i].inputs.size());
   }
   const int64_t n = int64_t(proposing.size());
-  const std::vector<ops::SampleRowParams> argmax(static_cast<size_t>(n));  // temperature 0
+  // The first pass as a graph: the target step's bucket (padding sequences past the real ones) and
+  // one logits row per sequence of it (the proposing rows first).
+  const bool graph1 = bucket_ && step_bucket > 0 && tokens_per_seq > 0 && step_bucket >= int(seqs.size());
+  const int64_t rows1 = graph1 ? step_bucket : n;
+  std::vector<int32_t> rows1_list = rows;
+  rows1_list.resize(size_t(rows1), 0);
+  const std::vector<ops::SampleRowParams> argmax(static_cast<size_t>(n));  // temperature 0: the proposing rows
   // Chained passes run `rows_c` rows: n, or its graph bucket (padding rows past n).
   const int bucket = bucket_ && n > 0 ? bucket_(int(n)) : 0;
   const int64_t rows_c = bucket > 0 ? bucket : n;
@@ -40,7 +67,9 @@ std::vector<std::vector<int32_t>> Eagle3Drafter::run(const std::vector<DraftSequ
     StepBuffers& sb = *d.step;
     sb.begin();
     for (const DraftSequence& s : seqs) sb.add_sequence(s.inputs, s.start_pos, s.block_table, block_size_);
-    sb.set_logits_rows(rows);
+    if (graph1)
+      for (int i = int(seqs.size()); i < step_bucket; ++i) sb.add_padding_sequence(tokens_per_seq);
+    sb.set_logits_rows(rows1_list);
     sb.upload();
     // Chained pass j: one row per proposing sequence at the position after its j-th draft (a row
     // whose sequence drafts fewer tokens is padding: no KV written); tokens come from the device.
@@ -73,19 +102,21 @@ std::vector<std::vector<int32_t>> Eagle3Drafter::run(const std::vector<DraftSequ
       std::copy(chain_rows.begin(), chain_rows.end(), hr + d.max_seqs);
       d.rt->upload(d.d_hidden_rows.data(), hr, size_t(2 * d.max_seqs) * 4);
     }
-    Eagle3Batch b;
-    b.token_ids = sb.device_tokens();
-    b.meta = sb.metadata(block_size_);
-    b.from_target = true;
-    b.logits_rows = sb.device_logits_rows();
-    b.num_logits_rows = n;
-    d.model->forward(d.ctx, b, d.cache, *d.ws);
+    run_or_replay(d, graph1, {0, step_bucket, tokens_per_seq}, [&](const ops::OpContext& ctx) {
+      Eagle3Batch b;
+      b.token_ids = sb.device_tokens();
+      b.meta = sb.metadata(block_size_);
+      b.from_target = true;
+      b.logits_rows = sb.device_logits_rows();
+      b.num_logits_rows = rows1;
+      d.model->forward(ctx, b, d.cache, *d.ws);
+    });
     if (n == 0) {
       d.rt->synchronize();
       return;
     }
     // Every rank takes the argmax (the same logits): each needs the tokens for the next pass.
-    sb.sample(d.ctx, d.ws->logits.view(DType::kF32, {n, vocab}), argmax);
+    sb.sample(d.ctx, d.ws->logits.view(DType::kF32, {n, vocab}), argmax, /*with_logprobs=*/false);
     const int32_t* prev = sb.device_sampled();
     for (int32_t j = 1; j < longest; ++j) {
       StepBuffers& cb = *d.chain[size_t(j) - 1];
@@ -105,25 +136,8 @@ std::vector<std::vector<int32_t>> Eagle3Drafter::run(const std::vector<DraftSequ
         c.num_logits_rows = rows_c;
         d.model->forward(ctx, c, d.cache, *d.ws);
       };
-      const std::pair<int, int> key{j, bucket};
-      auto graph = d.graphs.find(key);
-      if (bucket > 0 && graph != d.graphs.end()) {
-        if (d.ctx.stats) d.ctx.stats->replay(graph->second.selections);
-        d.rt->replay(graph->second.id);
-      } else {
-        // Eager; a new (pass, bucket) is then captured for later steps, its selections standing for it.
-        if (bucket > 0 && d.ctx.stats) d.ctx.stats->begin_recording();
-        pass(d.ctx);
-        if (bucket > 0) {
-          DraftRank::Graph g;
-          if (d.ctx.stats) g.selections = d.ctx.stats->end_recording();
-          ops::OpContext quiet = d.ctx;
-          quiet.stats = nullptr;
-          g.id = d.rt->capture([&] { pass(quiet); });
-          d.graphs.emplace(key, std::move(g));
-        }
-      }
-      cb.sample(d.ctx, d.ws->logits.view(DType::kF32, {n, vocab}), argmax);
+      run_or_replay(d, bucket > 0, {j, bucket, 1}, pass);
+      cb.sample(d.ctx, d.ws->logits.view(DType::kF32, {n, vocab}), argmax, /*with_logprobs=*/false);
       prev = cb.device_sampled();
     }
     d.rt->synchronize();

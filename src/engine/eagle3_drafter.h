@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <tuple>
 #include <memory>
 #include <vector>
 
@@ -34,13 +35,13 @@ struct DraftRank {
   ops::HostStaging h_hidden_rows;
   ops::DeviceBuffer d_hidden_rows;
   int max_seqs = 0;
-  // Chained passes as CUDA graphs: (pass j, batch bucket) -> graph id and the dispatch selections
-  // its capture stood for.
+  // Passes as CUDA graphs: (pass j, batch bucket, tokens per sequence) -> graph id and the
+  // dispatch selections its capture stood for.
   struct Graph {
     int id = -1;
     std::vector<ops::DispatchStats::Selection> selections;
   };
-  std::map<std::pair<int, int>, Graph> graphs;
+  std::map<std::tuple<int, int, int>, Graph> graphs;  // (pass, batch bucket, tokens per row)
 };
 
 // One sequence of the step the target just ran, in the target batch's order (its rows of the
@@ -64,12 +65,18 @@ class Eagle3Drafter {
                 std::function<int(int)> bucket = {});
 
   // Drafts (target ids) per sequence: num_draft of them where propose_row >= 0, else none.
-  std::vector<std::vector<int32_t>> run(const std::vector<DraftSequence>& seqs);
+  // step_bucket > 0: the target's step replayed the graph of that batch bucket, every sequence
+  // with `tokens_per_seq` tokens: the first pass replays a graph of the same shape too.
+  std::vector<std::vector<int32_t>> run(const std::vector<DraftSequence>& seqs, int step_bucket = 0,
+                                        int tokens_per_seq = 0);
 
  private:
   std::vector<DraftRank*> ranks_;
   int block_size_;
   int64_t num_target_blocks_;
+  // Runs `pass` eagerly, or replays its graph under `key` (captured after the first eager run).
+  void run_or_replay(DraftRank& d, bool graph, const std::tuple<int, int, int>& key,
+                     const std::function<void(const ops::OpContext&)>& pass);
   RunRanks run_ranks_;
   std::function<int(int)> bucket_;
 };

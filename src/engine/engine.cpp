@@ -391,7 +391,7 @@ class EngineImpl final : public Engine {
     const bool drafting =
         speculate_ && (cap == 0 || scheduler_.num_running() + scheduler_.num_waiting() <= cap);
     std::map<RequestId, std::vector<int32_t>> eagle_drafts;
-    if (eagle3_) eagle_drafts = draft_eagle3(plan, sampled, *outputs, drafting, stats);
+    if (eagle3_) eagle_drafts = draft_eagle3(plan, sampled, *outputs, drafting, bucket, q, stats);
     for (const auto& out : *outputs) {
       auto it = requests_.find(out.request_id);
       if (it == requests_.end()) continue;
@@ -478,7 +478,7 @@ class EngineImpl final : public Engine {
   std::map<RequestId, std::vector<int32_t>> draft_eagle3(const SchedulePlan& plan,
                                                          const std::vector<SampledTokens>& sampled,
                                                          const std::vector<RequestOutput>& outputs, bool drafting,
-                                                         EngineStepStats& stats) {
+                                                         int step_bucket, int tokens_per_seq, EngineStepStats& stats) {
     std::map<RequestId, const std::vector<int32_t>*> accepted;  // this step's tokens per sampling request
     for (const SampledTokens& st : sampled) accepted[st.request_id] = &st.token_ids;
     std::map<RequestId, const RequestOutput*> outs;
@@ -516,7 +516,7 @@ class EngineImpl final : public Engine {
       ids.push_back(s.request_id);
     }
     auto t0 = std::chrono::steady_clock::now();
-    std::vector<std::vector<int32_t>> drafts = drafter_->run(seqs);
+    std::vector<std::vector<int32_t>> drafts = drafter_->run(seqs, step_bucket, tokens_per_seq);
     stats.draft_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     std::map<RequestId, std::vector<int32_t>> out;
     for (size_t i = 0; i < seqs.size(); ++i)

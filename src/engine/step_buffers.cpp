@@ -115,7 +115,7 @@ ops::AttentionMetadata StepBuffers::metadata(int block_size) const {
 }
 
 void StepBuffers::sample(const ops::OpContext& ctx, const TensorView& logits,
-                         const std::vector<ops::SampleRowParams>& params) {
+                         const std::vector<ops::SampleRowParams>& params, bool with_logprobs) {
   const int64_t rows = logits.shape[0];
   if (rows > max_rows_ || int64_t(params.size()) != rows) throw std::runtime_error("sample: rows do not match params");
   std::memcpy(h_params_.as<void>(), params.data(), params.size() * sizeof(ops::SampleRowParams));
@@ -129,6 +129,7 @@ void StepBuffers::sample(const ops::OpContext& ctx, const TensorView& logits,
               TensorView{d_top_ids_.data(), DType::kI32, {rows, K}, dev},
               TensorView{d_top_logprobs_.data(), DType::kF32, {rows, K}, dev});
   rt_->download_async(h_out_tokens_.as<void>(), d_out_tokens_.data(), size_t(rows) * 4);
+  if (!with_logprobs) return;
   rt_->download_async(h_out_logprobs_.as<void>(), d_out_logprobs_.data(), size_t(rows) * 4);
   rt_->download_async(h_top_ids_.as<void>(), d_top_ids_.data(), size_t(rows * K) * 4);
   rt_->download_async(h_top_logprobs_.as<void>(), d_top_logprobs_.data(), size_t(rows * K) * 4);

@@ -44,7 +44,9 @@ class StepBuffers {
 
   // Runs the sample op over logits [rows, vocab] and queues the results' download; they are
   // readable with sampled() after the runtime's next synchronize().
-  void sample(const ops::OpContext& ctx, const TensorView& logits, const std::vector<ops::SampleRowParams>& params);
+  // with_logprobs false: only the tokens come down (draft argmax).
+  void sample(const ops::OpContext& ctx, const TensorView& logits, const std::vector<ops::SampleRowParams>& params,
+              bool with_logprobs = true);
   SampleResult sampled(int row, int num_logprobs) const;
 
  private:
