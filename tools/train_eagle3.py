@@ -20,52 +20,14 @@ import argparse
 import json
 import math
 import os
-import struct
+import sys
 import time
 
 import numpy as np
 
 
-def read_safetensors(path):
-    """{name: float32 array} for F32 / BF16 tensors of one safetensors file."""
-    with open(path, "rb") as f:
-        n = struct.unpack("<Q", f.read(8))[0]
-        header = json.loads(f.read(n))
-        data = f.read()
-    out = {}
-    for name, info in header.items():
-        if name == "__metadata__":
-            continue
-        a, b = info["data_offsets"]
-        raw = data[a:b]
-        if info["dtype"] == "F32":
-            arr = np.frombuffer(raw, dtype=np.float32)
-        elif info["dtype"] == "BF16":
-            arr = (np.frombuffer(raw, dtype=np.uint16).astype(np.uint32) << 16).view(np.float32)
-        else:
-            continue
-        out[name] = arr.reshape(info["shape"]).copy()
-    return out
-
-
-def write_safetensors_bf16(path, tensors):
-    """Writes {name: float32 array} as BF16 (round to nearest even)."""
-    header, blobs, offset = {}, [], 0
-    for name in sorted(tensors):
-        x = np.ascontiguousarray(tensors[name], dtype=np.float32)
-        u = x.view(np.uint32)
-        bf = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
-        blob = bf.tobytes()
-        header[name] = {"dtype": "BF16", "shape": list(x.shape), "data_offsets": [offset, offset + len(blob)]}
-        blobs.append(blob)
-        offset += len(blob)
-    text = json.dumps(header, separators=(",", ":")).encode()
-    text += b" " * ((8 - len(text) % 8) % 8)
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(text)))
-        f.write(text)
-        for b in blobs:
-            f.write(b)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from export_small_model import f32_to_bf16_bits, read_safetensors, write_safetensors  # noqa: E402
 
 
 def main():
@@ -100,7 +62,9 @@ def main():
     greedy = np.fromfile(os.path.join(args.data, "greedy.i32"), dtype=np.int32).reshape(N, W)
     aux = np.fromfile(os.path.join(args.data, "aux.f32"), dtype=np.float32).reshape(N, A, W, H)
     aux = np.ascontiguousarray(aux.transpose(0, 2, 1, 3).reshape(N, W, A * H))  # fc's input: captures side by side
-    target = read_safetensors(os.path.join(args.target, "model.safetensors"))
+    target = {k: np.asarray(v, dtype=np.float32)
+              for k, (dtype, v) in read_safetensors(os.path.join(args.target, "model.safetensors")).items()
+              if dtype in ("F32", "BF16")}
     embed = jnp.asarray(target["language_model.model.embed_tokens.weight"])
     head0 = target["language_model.lm_head.weight"]
 
@@ -225,27 +189,17 @@ def main():
 
     os.makedirs(args.out, exist_ok=True)
     p = jax.tree_util.tree_map(np.asarray, params)
-    write_safetensors_bf16(os.path.join(args.out, "model.safetensors"), {
-        "fc.weight": p["fc"], "midlayer.input_layernorm.weight": p["in_norm"],
-        "midlayer.hidden_norm.weight": p["hid_norm"], "midlayer.post_attention_layernorm.weight": p["post_norm"],
-        "norm.weight": p["norm"], "midlayer.self_attn.q_proj.weight": p["q"], "midlayer.self_attn.k_proj.weight": p["k"],
-        "midlayer.self_attn.v_proj.weight": p["v"], "midlayer.self_attn.o_proj.weight": p["o"],
-        "midlayer.mlp.gate_proj.weight": p["gate"], "midlayer.mlp.up_proj.weight": p["up"],
-        "midlayer.mlp.down_proj.weight": p["down"], "lm_head.weight": p["head"]})
+    names = {
+        "fc.weight": "fc", "midlayer.input_layernorm.weight": "in_norm", "midlayer.hidden_norm.weight": "hid_norm",
+        "midlayer.post_attention_layernorm.weight": "post_norm", "norm.weight": "norm",
+        "midlayer.self_attn.q_proj.weight": "q", "midlayer.self_attn.k_proj.weight": "k",
+        "midlayer.self_attn.v_proj.weight": "v", "midlayer.self_attn.o_proj.weight": "o",
+        "midlayer.mlp.gate_proj.weight": "gate", "midlayer.mlp.up_proj.weight": "up",
+        "midlayer.mlp.down_proj.weight": "down", "lm_head.weight": "head"}
+    tensors = [(n, "BF16", p[k].shape, f32_to_bf16_bits(p[k]).tobytes()) for n, k in sorted(names.items())]
     if Vd < V:  # d2t: draft id i is target id i + d2t[i]
-        d2t = (ids - np.arange(Vd)).astype(np.int64)
-        with open(os.path.join(args.out, "model.safetensors"), "rb") as f:
-            n = struct.unpack("<Q", f.read(8))[0]
-            header = json.loads(f.read(n))
-            body = f.read()
-        header["d2t"] = {"dtype": "I64", "shape": [Vd], "data_offsets": [len(body), len(body) + 8 * Vd]}
-        text = json.dumps(header, separators=(",", ":")).encode()
-        text += b" " * ((8 - len(text) % 8) % 8)
-        with open(os.path.join(args.out, "model.safetensors"), "wb") as f:
-            f.write(struct.pack("<Q", len(text)))
-            f.write(text)
-            f.write(body)
-            f.write(d2t.tobytes())
+        tensors.append(("d2t", "I64", (Vd,), (ids - np.arange(Vd)).astype(np.int64).tobytes()))
+    write_safetensors(os.path.join(args.out, "model.safetensors"), tensors)
     config = {
         "architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama", "hidden_size": H,
         "intermediate_size": I, "num_hidden_layers": 1, "num_attention_heads": Hq, "num_key_value_heads": Hkv,
