@@ -103,6 +103,18 @@ Result<Eagle3Config> Eagle3Config::from_json(const json& root, const MiniMaxM3Co
   return c;
 }
 
+Eagle3Config Eagle3Config::shard(int tp, int rank) const {
+  if (tp <= 1 || num_attention_heads % tp != 0 || num_key_value_heads % tp != 0 || intermediate_size % tp != 0)
+    return *this;
+  Eagle3Config c = *this;
+  c.num_attention_heads /= tp;
+  c.num_key_value_heads /= tp;
+  c.intermediate_size /= tp;
+  c.tp_size = tp;
+  c.tp_rank = rank;
+  return c;
+}
+
 json Eagle3Config::to_json() const {
   return json{{"architectures", {"LlamaForCausalLMEagle3"}},
               {"model_type", "llama"},

@@ -34,7 +34,15 @@ struct Eagle3Config {
   // vLLM's norm_before_residual: the residual branch starts from hidden_norm(hidden), not hidden.
   bool norm_before_residual = false;
 
+  // Tensor parallelism (a serving choice, after shard()): the heads and the MLP width above are this
+  // rank's share; q/k/v and gate/up keep a range of output rows, o_proj and down a range of input
+  // columns (their outputs summed over the ranks). tp_size 1: the whole draft on this rank.
+  int tp_size = 1, tp_rank = 0;
+
   int64_t fc_in() const { return target_hidden_size * int64_t(aux_layer_ids.size()); }
+  // This rank's share when the heads, the KV heads and the MLP width divide by tp; else the whole
+  // draft (replicated on every rank, tp_size 1).
+  Eagle3Config shard(int tp, int rank) const;
 
   // Reads the draft's config.json and checks it against `target` (layer ids in range, the
   // vocabulary, hidden sizes a shared embedding needs). Errors name the field.

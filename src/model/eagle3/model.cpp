@@ -64,14 +64,18 @@ Result<std::unique_ptr<Eagle3Model>> Eagle3Model::load(const ModelDir& dir, cons
   auto cfg = Eagle3Config::from_json(dir.config_json(), tc);
   if (!cfg) return Status::error("draft model " + dir.path() + "/config.json: " + cfg.error());
   auto m = std::unique_ptr<Eagle3Model>(new Eagle3Model());
-  m->config_ = *cfg;
+  m->config_ = cfg->shard(options.tp_size, options.tp_rank);
+  const Eagle3Config& whole = *cfg;  // the checkpoint's shapes
   m->target_ = &target;
   m->runtime_ = options.runtime ? options.runtime : target.runtime();
   const Eagle3Config& c = m->config_;
   ops::BackendRuntime* rt = m->runtime_;
   const bool bf16 = options.linear_format != LinearFormat::kF32;
   const int64_t H = c.hidden_size, Ht = c.target_hidden_size, D = c.head_dim;
-  const int64_t Nq = c.num_attention_heads * D, Nkv = c.num_key_value_heads * D;
+  const int64_t Nq = whole.num_attention_heads * D, Nkv = whole.num_key_value_heads * D, I = whole.intermediate_size;
+  // This rank's rows of q/k/v and gate/up, columns of o_proj and down (all of them when whole).
+  const int64_t nq = c.num_attention_heads * D, nkv = c.num_key_value_heads * D, ni = c.intermediate_size;
+  const int64_t part = c.tp_size > 1 ? c.tp_rank : 0;
 
   // Reads a tensor as fp32 (validated dtype and shape; the error names file and tensor).
   auto read = [&](const std::string& name, const Shape& shape, WeightRole role) -> Result<std::vector<float>> {
@@ -90,20 +94,23 @@ Result<std::unique_ptr<Eagle3Model>> Eagle3Model::load(const ModelDir& dir, cons
     m->storage_.push_back(std::move(buf));
     return v;
   };
-  // Columns [c0, c0 + n) of a row-major [rows, cols] matrix as a linear weight.
-  auto linear = [&](const std::vector<float>& w, int64_t rows, int64_t cols, int64_t c0, int64_t n) {
-    std::vector<float> part(size_t(rows * n));
-    for (int64_t r = 0; r < rows; ++r)
-      std::memcpy(part.data() + r * n, w.data() + r * cols + c0, size_t(n) * 4);
+  // Rows [r0, r0 + m) and columns [c0, c0 + n) of a row-major [.., cols] matrix as a linear weight.
+  auto block = [&](const std::vector<float>& w, int64_t cols, int64_t r0, int64_t m, int64_t c0, int64_t n) {
+    std::vector<float> sub(size_t(m * n));
+    for (int64_t r = 0; r < m; ++r)
+      std::memcpy(sub.data() + r * n, w.data() + (r0 + r) * cols + c0, size_t(n) * 4);
     ops::LinearWeight lw;
     if (bf16) {
-      std::vector<uint16_t> b(part.size());
-      for (size_t i = 0; i < b.size(); ++i) b[i] = f32_to_bf16(part[i]);
-      lw.data = upload(b.data(), b.size() * 2, DType::kBF16, {rows, n});
+      std::vector<uint16_t> b(sub.size());
+      for (size_t i = 0; i < b.size(); ++i) b[i] = f32_to_bf16(sub[i]);
+      lw.data = upload(b.data(), b.size() * 2, DType::kBF16, {m, n});
     } else {
-      lw.data = upload(part.data(), part.size() * 4, DType::kF32, {rows, n});
+      lw.data = upload(sub.data(), sub.size() * 4, DType::kF32, {m, n});
     }
     return lw;
+  };
+  auto linear = [&](const std::vector<float>& w, int64_t rows, int64_t cols, int64_t c0, int64_t n) {
+    return block(w, cols, 0, rows, c0, n);
   };
   auto norm = [&](const std::string& name, TensorView& out) -> Status {
     auto w = read(name, {H}, WeightRole::kNorm);
@@ -129,29 +136,29 @@ Result<std::unique_ptr<Eagle3Model>> Eagle3Model::load(const ModelDir& dir, cons
   }
   struct Split {
     const char* name;
-    int64_t rows;
+    int64_t rows, local;
     ops::LinearWeight *e, *h;
   };
-  for (const Split& s : {Split{"midlayer.self_attn.q_proj.weight", Nq, &m->q_e_, &m->q_h_},
-                         Split{"midlayer.self_attn.k_proj.weight", Nkv, &m->k_e_, &m->k_h_},
-                         Split{"midlayer.self_attn.v_proj.weight", Nkv, &m->v_e_, &m->v_h_}}) {
+  for (const Split& s : {Split{"midlayer.self_attn.q_proj.weight", Nq, nq, &m->q_e_, &m->q_h_},
+                         Split{"midlayer.self_attn.k_proj.weight", Nkv, nkv, &m->k_e_, &m->k_h_},
+                         Split{"midlayer.self_attn.v_proj.weight", Nkv, nkv, &m->v_e_, &m->v_h_}}) {
     auto w = read(s.name, {s.rows, 2 * H}, WeightRole::kLinear);
     if (!w) return w.status();
-    *s.e = linear(*w, s.rows, 2 * H, 0, H);
-    *s.h = linear(*w, s.rows, 2 * H, H, H);
+    *s.e = block(*w, 2 * H, part * s.local, s.local, 0, H);
+    *s.h = block(*w, 2 * H, part * s.local, s.local, H, H);
   }
-  struct Whole {
+  struct Part {
     const char* name;
-    int64_t rows, cols;
+    int64_t rows, cols, r0, m, c0, n;
     ops::LinearWeight* out;
   };
-  for (const Whole& s : {Whole{"midlayer.self_attn.o_proj.weight", H, Nq, &m->o_},
-                         Whole{"midlayer.mlp.gate_proj.weight", c.intermediate_size, H, &m->gate_},
-                         Whole{"midlayer.mlp.up_proj.weight", c.intermediate_size, H, &m->up_},
-                         Whole{"midlayer.mlp.down_proj.weight", H, c.intermediate_size, &m->down_}}) {
+  for (const Part& s : {Part{"midlayer.self_attn.o_proj.weight", H, Nq, 0, H, part * nq, nq, &m->o_},
+                        Part{"midlayer.mlp.gate_proj.weight", I, H, part * ni, ni, 0, H, &m->gate_},
+                        Part{"midlayer.mlp.up_proj.weight", I, H, part * ni, ni, 0, H, &m->up_},
+                        Part{"midlayer.mlp.down_proj.weight", H, I, 0, H, part * ni, ni, &m->down_}}) {
     auto w = read(s.name, {s.rows, s.cols}, WeightRole::kLinear);
     if (!w) return w.status();
-    *s.out = linear(*w, s.rows, s.cols, 0, s.cols);
+    *s.out = block(*w, s.cols, s.r0, s.m, s.c0, s.n);
   }
   std::string found;
   if (find_draft(dir, "lm_head.weight", &found)) {
@@ -282,10 +289,12 @@ void Eagle3Model::forward(const ops::OpContext& ctx, const Eagle3Batch& batch, c
   ops::kv_write(ctx, v3(ws.v, T, Hkv, D), meta.slot_mapping, vc);
   ops::attention(ctx, q3, kc, vc, meta, TensorView{}, 0, o3);
   ops::linear(ctx, v2(ws.o, T, Hq * D), o_, yv);
+  if (c.tp_size > 1) ops::all_reduce(ctx, yv);  // each rank's heads' share of the projection
   ops::add_rms_norm(ctx, res, yv, post_norm_, c.rms_norm_eps, xv);
   // Llama's SiLU gate: SwiGLU-OAI with alpha 1, no clamp, no bias on the up half.
   const ops::SwigluParams silu{1.0f, std::numeric_limits<float>::max(), 0.0f};
   ops::dense_mlp(ctx, xv, gate_, up_, down_, silu, yv);
+  if (c.tp_size > 1) ops::all_reduce(ctx, yv);  // each rank's slice of the MLP width
   ops::add(ctx, res, yv);  // res: the pre-norm output, the next chained token's hidden input
 
   if (R == 0) return;

@@ -1,9 +1,10 @@
 #pragma once
 // An EAGLE-3 draft model (Eagle3Config) over the ops:: layer: one Llama decoder layer fed by
 // the target's captured hidden states, its own one-layer KV cache through the target's page
-// tables, and the target's embedding and LM head where the draft ships none. Every tensor
-// parallel rank runs the whole draft (its weights replicated); only the shared embedding and
-// LM head are the rank's vocabulary slice, summed and gathered as in the target.
+// tables, and the target's embedding and LM head where the draft ships none. Under tensor
+// parallelism the draft's heads and MLP width split over the ranks like the target's (two
+// all-reduces per pass) where they divide, else every rank runs the whole draft; fc, norms and
+// the draft's own head stay whole, a shared embedding / LM head is the rank's vocabulary slice.
 #include <cstdint>
 #include <memory>
 #include <vector>
@@ -55,7 +56,8 @@ struct Eagle3Batch {
 class Eagle3Model {
  public:
   // Reads the draft checkpoint in `dir` for `target` (which must outlive it). Linear weights in
-  // options.linear_format (kNative means BF16 here: drafts ship BF16).
+  // options.linear_format (kNative means BF16 here: drafts ship BF16); options.tp_size / tp_rank: this
+  // rank's share (Eagle3Config::shard).
   static Result<std::unique_ptr<Eagle3Model>> load(const ModelDir& dir, const MiniMaxM3Model& target,
                                                    const LoadOptions& options);
 

@@ -36,6 +36,11 @@ std::string out_dir(const std::string& name) {
   return (fs::path(b ? b : "/tmp") / name).string();
 }
 
+std::string source_path(const std::string& rel) {
+  const char* src = std::getenv("M3_SOURCE_DIR");
+  return std::string(src ? src : M3_SOURCE_DIR_DEFAULT) + "/" + rel;
+}
+
 const std::string& tiny_dir() {
   static const std::string dir = test::make_tiny_model("eagle3_test_tiny", 21);
   return dir;
@@ -430,6 +435,8 @@ TEST(Eagle3, UnderPreemptionPrefixHitsHostTierAndChunking) {
   EXPECT_GT(spec.drafts, 0);
 }
 
+// TP 2 splits the draft's heads (4 / 2 -> 2 / 1 per rank) and MLP like the target's; a draft whose
+// heads do not divide (3 / 3) runs whole on every rank. Outputs stay plain decoding's.
 TEST(Eagle3, TensorParallelTwoRanks) {
   const std::string draft = make_draft_dir("eagle3_engine_draft_tp");
   const auto p = prompts(3);
@@ -439,7 +446,64 @@ TEST(Eagle3, TensorParallelTwoRanks) {
   const RunResult a = run_engine(p, {s}, tp1), b = run_engine(p, {s}, tp2);
   expect_same_tokens(a, b, /*logprobs=*/false);
   EXPECT_EQ(a.draft_tokens, b.draft_tokens);
-  EXPECT_EQ(a.accepted, b.accepted);  // the same drafts: the draft is replicated, its inputs equal
+  // Split: each rank holds half of q/k/v/o and the MLP.
+  auto target = MiniMaxM3Config::from_file(tiny_dir() + "/config.json");
+  auto dir = ModelDir::open(draft);
+  ASSERT_TRUE(target.is_ok() && dir.is_ok());
+  auto cfg = Eagle3Config::from_json((*dir)->config_json(), *target);
+  ASSERT_TRUE(cfg.is_ok()) << cfg.error();
+  const Eagle3Config half = cfg->shard(2, 1);
+  EXPECT_EQ(half.tp_size, 2);
+  EXPECT_EQ(half.num_attention_heads, 2);
+  EXPECT_EQ(half.num_key_value_heads, 1);
+  EXPECT_EQ(half.intermediate_size, 96);
+  Eagle3Config odd = *cfg;
+  odd.num_attention_heads = odd.num_key_value_heads = 3;
+  EXPECT_EQ(odd.shard(2, 1).tp_size, 1);  // replicated
+}
+
+// The bundled draft at TP 2 (its 4 / 2 heads and 768-wide MLP split): plain decoding's tokens and
+// about TP 1's acceptance (the split sums can move near-tie argmaxes).
+TEST(Eagle3, BundledDraftAtTensorParallelTwo) {
+  auto tok = Tokenizer::from_dir(source_path("models/m3-small"));
+  ASSERT_TRUE(tok.is_ok()) << tok.error();
+  const std::vector<std::vector<int32_t>> p = {
+      (*tok)->encode("The old sailor walked slowly along the harbour wall, looking at the ships in the bay.", false),
+      (*tok)->encode("When the letter arrived, the young man read it twice before he understood it.", false)};
+  std::map<int, size_t> bytes;  // the draft's weight bytes per rank
+  auto run = [&](int tp) {
+    EngineConfig cfg;
+    cfg.model_dir = source_path("models/m3-small");
+    cfg.max_num_seqs = 4;
+    cfg.num_kv_blocks = 64;
+    cfg.tensor_parallel_size = tp;
+    cfg.speculative_method = "eagle3";
+    cfg.speculative_model = source_path("models/m3-small-eagle3");
+    cfg.ngram.num_speculative_tokens = 3;
+    RunResult r;
+    auto engine = Engine::create(cfg);
+    EXPECT_TRUE(engine.is_ok()) << engine.error();
+    if (!engine) return r;
+    bytes[tp] = (*engine)->model().draft_weight_bytes;
+    for (const auto& q : p) EXPECT_TRUE((*engine)->submit({q, greedy(40, -1)}).is_ok());
+    while ((*engine)->has_unfinished_requests()) {
+      EngineStepStats st;
+      for (auto& ev : (*engine)->step(&st))
+        for (auto& t : ev.new_tokens) r.tokens[ev.request_id].push_back(t);
+      r.drafts += st.spec_num_drafts;
+      r.accepted += st.spec_num_accepted_tokens;
+    }
+    return r;
+  };
+  const RunResult one = run(1), two = run(2);
+  expect_same_tokens(one, two, /*logprobs=*/false);
+  const double a = 1.0 + double(one.accepted) / double(std::max<int64_t>(1, one.drafts));
+  const double b = 1.0 + double(two.accepted) / double(std::max<int64_t>(1, two.drafts));
+  std::printf("bundled draft: mean acceptance length %.2f at TP 1, %.2f at TP 2\n", a, b);
+  EXPECT_NEAR(a, b, 0.2);
+  EXPECT_GE(b, 1.7);
+  // A rank holds half of the split projections (fc, norms and the head stay whole).
+  EXPECT_LT(double(bytes[2]), 0.8 * double(bytes[1])) << bytes[2] << " of " << bytes[1];
 }
 
 // A draft that copies its input token: its own embedding holds a token code (a random vector)
@@ -525,11 +589,6 @@ TEST(Eagle3, EngineFeedsEachPassTheRightToken) {
 // on the target's own hidden states; docs/architecture.md): its drafts must be accepted on text it
 // never saw, and far less often when fed the wrong layers' hidden states (aux layers 0, 0, 0), which
 // checks that the engine hands the draft the rows of the right tokens.
-std::string source_path(const std::string& rel) {
-  const char* src = std::getenv("M3_SOURCE_DIR");
-  return std::string(src ? src : M3_SOURCE_DIR_DEFAULT) + "/" + rel;
-}
-
 struct Acceptance {
   RunResult run;
   double mean_length = 0;
