@@ -550,7 +550,9 @@ TEST(CudaEagle3, DraftsKeepTheOutput) {
         EXPECT_EQ(spec.outputs[i][n].logprob, plain.outputs[i][n].logprob);
       }
     }
-    if (graph_verify) EXPECT_GT(spec.graph_steps, 0);
+    if (graph_verify) {
+      EXPECT_GT(spec.graph_steps, 0);
+    }
   }
 }
 
