@@ -39,3 +39,10 @@ fi
 # decode_bench builds and m3serve pack into ~12 MB, against ~17 MB with tar's default -6.
 tar -C "$root/.dev" -cf - gpu | xz -9 -T2 > "$root/.dev/gpu.tar.xz"
 du -sh "$stage" "$root/.dev/gpu.tar.xz"
+# The device tool carries the tracked tree and the archive together, 64 MiB at most: say so when
+# they do not fit (then stage fewer targets, or move an unused tracked model out for the call).
+tracked=$(git -C "$root" ls-files -z | (cd "$root" && xargs -0 du -cb 2>/dev/null) | tail -1 | cut -f1)
+archive=$(stat -c %s "$root/.dev/gpu.tar.xz")
+if (( tracked + archive > 64 * 1024 * 1024 )); then
+  echo "gpu_stage: tracked files ($((tracked >> 20)) MiB) + archive ($((archive >> 20)) MiB) exceed the device tool's 64 MiB" >&2
+fi
