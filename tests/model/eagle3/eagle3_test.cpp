@@ -287,6 +287,53 @@ void check_draft_layer(const std::string& draft_dir) {
   EXPECT_TRUE(rope_seen);
 }
 
+// config.json defaults as vLLM reads them: KV heads = heads, head_dim = hidden / heads, the draft
+// vocabulary = the target's, aux layers 2, L/2, L-3; and what is refused.
+TEST(Eagle3, ConfigDefaultsAndChecks) {
+  MiniMaxM3Config target = *MiniMaxM3Config::preset("m3");
+  nlohmann::json j = {{"hidden_size", 6144}, {"intermediate_size", 16384}, {"num_attention_heads", 48},
+                      {"vocab_size", 200064}};
+  auto c = Eagle3Config::from_json(j, target);
+  ASSERT_TRUE(c.is_ok()) << c.error();
+  EXPECT_EQ(c->num_key_value_heads, 48);
+  EXPECT_EQ(c->head_dim, 128);
+  EXPECT_EQ(c->draft_vocab_size, 200064);
+  EXPECT_EQ(c->target_hidden_size, 6144);
+  EXPECT_EQ(c->aux_layer_ids, (std::vector<int>{2, 30, 57}));  // M3's 60 layers
+  EXPECT_EQ(c->fc_in(), 3 * 6144);
+  EXPECT_FALSE(c->norm_before_residual);
+  const Eagle3Config tp4 = c->shard(4, 3);
+  EXPECT_EQ(tp4.num_attention_heads, 12);
+  EXPECT_EQ(tp4.num_key_value_heads, 12);
+  EXPECT_EQ(tp4.intermediate_size, 4096);
+  EXPECT_EQ(tp4.tp_rank, 3);
+  // Round trip through to_json.
+  auto back = Eagle3Config::from_json(c->to_json(), target);
+  ASSERT_TRUE(back.is_ok()) << back.error();
+  EXPECT_EQ(back->aux_layer_ids, c->aux_layer_ids);
+  const std::pair<nlohmann::json, const char*> bad[] = {
+      {{{"num_hidden_layers", 2}}, "num_hidden_layers is 2"},
+      {{{"hidden_act", "gelu"}}, "hidden_act 'gelu'"},
+      {{{"draft_vocab_size", 300000}}, "draft_vocab_size must be in"},
+      {{{"target_hidden_size", 4096}}, "target_hidden_size 4096"},
+      {{{"num_key_value_heads", 5}}, "multiple of num_key_value_heads"},
+      {{{"eagle_config", {{"use_aux_hidden_state", false}}}}, "EAGLE-1/2 drafts"},
+      {{{"hidden_size", "big"}}, "hidden_size has the wrong type"},
+  };
+  for (const auto& [patch, needle] : bad) {
+    nlohmann::json k = j;
+    k.merge_patch(patch);
+    auto r = Eagle3Config::from_json(k, target);
+    ASSERT_FALSE(r.is_ok()) << patch.dump();
+    EXPECT_NE(r.error().find(needle), std::string::npos) << patch.dump() << " -> " << r.error();
+  }
+  nlohmann::json no_vocab = j;
+  no_vocab.erase("vocab_size");
+  auto r = Eagle3Config::from_json(no_vocab, target);
+  ASSERT_FALSE(r.is_ok());
+  EXPECT_NE(r.error().find("missing required field vocab_size"), std::string::npos) << r.error();
+}
+
 TEST(Eagle3, DraftLayerMatchesTheHostDefinition) { check_draft_layer(make_draft_dir("eagle3_layer_draft")); }
 
 TEST(Eagle3, DraftLayerWithTheTargetsLmHead) {
