@@ -2,13 +2,16 @@
 // residual stream entering each aux layer (what the engine captures for the draft) and its greedy
 // prediction at every position. tools/train_eagle3.py trains the draft on them.
 //   eagle3_data --model DIR [--tokenizer DIR] --corpus FILE[,FILE...] [--fraction 0.7] [--window 256]
-//               [--windows 384] [--aux-layers 1,3,5] --out DIR
+//               [--windows 384] [--aux-layers 1,3,5] [--generate N] --out DIR
 // Windows are spread evenly over the first `fraction` of each corpus (the rest stays held out).
+// --generate N: the last N tokens of each window are the target's own greedy continuation of the
+// first window - N (what the draft sees when serving: the target's output, not the corpus).
 // Writes DIR/tokens.i32 [N, W], DIR/greedy.i32 [N, W] (the target's argmax after each position),
 // DIR/aux.f32 [N, A, W, hidden] and DIR/meta.json.
 #include <algorithm>
 #include <cstdio>
 #include <fstream>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -16,6 +19,7 @@
 
 #include "backend/cpu/cpu_backend.h"
 #include "engine/step_buffers.h"
+#include "m3serve/engine.h"
 #include "model/minimax_m3/model.h"
 #include "ops/host_runtime.h"
 #include "tokenizer/tokenizer.h"
@@ -38,7 +42,7 @@ int main(int argc, char** argv) {
   using namespace m3;
   std::string model_dir, tokenizer_dir, corpora, out_dir, aux_list = "1,3,5";
   double fraction = 0.7;
-  int window = 256, windows = 384;
+  int window = 256, windows = 384, generate = 0;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string k = argv[i], v = argv[i + 1];
     if (k == "--model") model_dir = v;
@@ -49,6 +53,7 @@ int main(int argc, char** argv) {
     else if (k == "--windows") windows = std::stoi(v);
     else if (k == "--aux-layers") aux_list = v;
     else if (k == "--out") out_dir = v;
+    else if (k == "--generate") generate = std::stoi(v);
     else {
       std::fprintf(stderr, "unknown option %s\n", k.c_str());
       return 2;
@@ -92,6 +97,42 @@ int main(int argc, char** argv) {
     const size_t span = texts[t].size() - size_t(window);
     for (int w = 0; w < n; ++w) starts.emplace_back(t, span * size_t(w) / size_t(n));
   }
+  // The windows' tokens: corpus text, or a corpus prefix and the target's greedy continuation.
+  std::vector<std::vector<int32_t>> wins;
+  for (const auto& [t, off] : starts)
+    wins.emplace_back(texts[t].begin() + long(off), texts[t].begin() + long(off) + window);
+  if (generate > 0) {
+    EngineConfig ec;
+    ec.model_dir = model_dir;
+    ec.device = "cpu";
+    ec.max_num_seqs = 64;
+    ec.max_num_batched_tokens = 4096;
+    ec.num_kv_blocks = 64 * ((window + c.index_block_size - 1) / c.index_block_size + 1);
+    auto engine = Engine::create(ec);
+    if (!engine) {
+      std::fprintf(stderr, "%s\n", engine.error().c_str());
+      return 1;
+    }
+    std::map<RequestId, size_t> which;
+    for (size_t w = 0; w < wins.size(); ++w) {
+      GenerationRequest r;
+      r.prompt_token_ids.assign(wins[w].begin(), wins[w].end() - generate);
+      r.sampling.temperature = 0.0f;
+      r.sampling.max_tokens = generate;
+      r.sampling.ignore_eos = true;
+      auto id = (*engine)->submit(std::move(r));
+      if (!id) {
+        std::fprintf(stderr, "%s\n", id.error().c_str());
+        return 1;
+      }
+      which[*id] = w;
+      wins[w].resize(size_t(window - generate));
+    }
+    while ((*engine)->has_unfinished_requests())
+      for (auto& ev : (*engine)->step(nullptr))
+        for (auto& t : ev.new_tokens) wins[which[ev.request_id]].push_back(t.token);
+    std::fprintf(stderr, "generated %d tokens for each of %zu windows\n", generate, wins.size());
+  }
   ops::KernelTable table;
   cpu::register_cpu_kernels(table);
   const ops::OpContext ctx{&table, nullptr, Device::kCpu, true, nullptr};
@@ -112,8 +153,7 @@ int main(int argc, char** argv) {
     return 1;
   }
   for (size_t w = 0; w < starts.size(); ++w) {
-    const auto& ids = texts[starts[w].first];
-    const std::vector<int32_t> win(ids.begin() + long(starts[w].second), ids.begin() + long(starts[w].second) + window);
+    const std::vector<int32_t>& win = wins[w];
     sb.begin();
     sb.add_sequence(win, 0, table_ids, bs);
     sb.set_logits_rows(rows);
@@ -137,7 +177,8 @@ int main(int argc, char** argv) {
   nlohmann::json meta = {{"model", model_dir},   {"windows", starts.size()}, {"window", window},
                          {"hidden_size", H},     {"vocab_size", c.vocab_size}, {"aux_layer_ids", aux},
                          {"num_hidden_layers", c.num_hidden_layers}, {"rms_norm_eps", c.rms_norm_eps},
-                         {"max_position_embeddings", c.max_position_embeddings}, {"head_dim", c.head_dim}};
+                         {"max_position_embeddings", c.max_position_embeddings}, {"head_dim", c.head_dim},
+                         {"generated_tokens_per_window", generate}};
   std::ofstream(out_dir + "/meta.json") << meta.dump(2) << "\n";
   std::printf("wrote %zu windows of %d tokens to %s\n", starts.size(), window, out_dir.c_str());
   return 0;
