@@ -559,7 +559,7 @@ TEST(CudaEagle3, DraftsKeepTheOutput) {
 // The bundled m3-small with its trained draft on the GPU: draft passes replayed as graphs (CUDA
 // graphs on, padded batches included) must draft exactly what they draft eagerly, so the acceptance
 // counts match, and
-// it must stay in the range the CPU test sees (2.11 there; the GPU's BF16 target may pick other
+// it must stay in the range the CPU test sees (2.64 there; the GPU's BF16 target may pick other
 // near-tie tokens).
 TEST(CudaEagle3, BundledDraftGraphsEqualEager) {
   if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device: the GPU model test needs one";
@@ -617,7 +617,7 @@ TEST(CudaEagle3, BundledDraftGraphsEqualEager) {
   EXPECT_EQ(graphs.accepted, eager.accepted);
   const double mean = graphs.drafts ? 1.0 + double(graphs.accepted) / double(graphs.drafts) : 1.0;
   std::printf("bundled draft on the GPU: mean acceptance length %.2f over %lld drafts\n", mean, (long long)graphs.drafts);
-  EXPECT_GE(mean, 1.7);
+  EXPECT_GE(mean, 2.0);
 }
 
 INSTANTIATE_TEST_SUITE_P(Small, CudaEngine,

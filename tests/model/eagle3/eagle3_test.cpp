@@ -548,7 +548,7 @@ TEST(Eagle3, BundledDraftAtTensorParallelTwo) {
   const double b = 1.0 + double(two.accepted) / double(std::max<int64_t>(1, two.drafts));
   std::printf("bundled draft: mean acceptance length %.2f at TP 1, %.2f at TP 2\n", a, b);
   EXPECT_NEAR(a, b, 0.2);
-  EXPECT_GE(b, 1.7);
+  EXPECT_GE(b, 2.3);
   // A rank holds half of the split projections (fc, norms and the head stay whole).
   EXPECT_LT(double(bytes[2]), 0.8 * double(bytes[1])) << bytes[2] << " of " << bytes[1];
 }
@@ -633,9 +633,10 @@ TEST(Eagle3, EngineFeedsEachPassTheRightToken) {
 }
 
 // The bundled draft of the bundled model (models/m3-small-eagle3, trained by tools/train_eagle3.py
-// on the target's own hidden states; docs/architecture.md): its drafts must be accepted on text it
-// never saw, and far less often when fed the wrong layers' hidden states (aux layers 0, 0, 0), which
-// checks that the engine hands the draft the rows of the right tokens.
+// on the target's own hidden states and greedy text; docs/architecture.md): its drafts must be
+// accepted on text it never saw (2.64 tokens per step here), and far less often when fed the wrong
+// layers' hidden states (aux layers 0, 0, 0: 1.30), which checks that the engine hands the draft
+// the rows of the right tokens.
 struct Acceptance {
   RunResult run;
   double mean_length = 0;
@@ -697,8 +698,8 @@ TEST(Eagle3, TrainedDraftOfTheBundledModel) {
   expect_same_tokens(plain.run, control.run, /*logprobs=*/false);
   std::printf("bundled draft: mean acceptance length %.2f (wrong layers %.2f), %lld drafts\n", spec.mean_length,
               control.mean_length, (long long)spec.run.drafts);
-  EXPECT_GE(spec.mean_length, 1.8);
-  EXPECT_GE(spec.mean_length - control.mean_length, 0.4);
+  EXPECT_GE(spec.mean_length, 2.3);
+  EXPECT_GE(spec.mean_length - control.mean_length, 0.8);
 }
 
 TEST(Eagle3, LoadErrorsNameTheProblem) {
