@@ -21,7 +21,8 @@
 
 namespace m3 {
 
-// One tensor-parallel rank's draft (every rank runs the whole draft; only rank 0 samples).
+// One tensor-parallel rank's draft (its share of the heads, or all of them; every rank takes the
+// same argmax, since it chains its own tokens).
 struct DraftRank {
   ops::BackendRuntime* rt = nullptr;
   ops::OpContext ctx;

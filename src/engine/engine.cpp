@@ -77,7 +77,7 @@ struct Rank {
   std::unique_ptr<ForwardWorkspace> ws;
   std::unique_ptr<StepBuffers> step;
   std::map<std::pair<int, int>, Graph> graphs;  // (batch bucket, tokens per request) -> captured step
-  DraftRank draft;  // EAGLE-3: the whole draft model on every rank (draft.model null without one)
+  DraftRank draft;  // EAGLE-3: this rank's draft (draft.model null without one)
 };
 
 class EngineImpl final : public Engine {
