@@ -13,26 +13,6 @@ Eagle3Drafter::Eagle3Drafter(std::vector<DraftRank*> ranks, int block_size, int6
       run_ranks_(std::move(run_ranks)),
       bucket_(std::move(bucket)) {}
 
-void Eagle3Drafter::run_or_replay(DraftRank& d, bool graph, const std::tuple<int, int, int>& key,
-                                  const std::function<void(const ops::OpContext&)>& pass) {
-  auto it = d.graphs.find(key);
-  if (graph && it != d.graphs.end()) {
-    if (d.ctx.stats) d.ctx.stats->replay(it->second.selections);
-    d.rt->replay(it->second.id);
-    return;
-  }
-  // Eager; a new key is then captured for later steps, its selections standing for the graph's.
-  if (graph && d.ctx.stats) d.ctx.stats->begin_recording();
-  pass(d.ctx);
-  if (!graph) return;
-  DraftRank::Graph g;
-  if (d.ctx.stats) g.selections = d.ctx.stats->end_recording();
-  ops::OpContext quiet = d.ctx;
-  quiet.stats = nullptr;
-  g.id = d.rt->capture([&] { pass(quiet); });
-  d.graphs.emplace(key, std::move(g));
-}
-
 std::vector<std::vector<int32_t>> Eagle3Drafter::run(const std::vector<DraftSequence>& seqs, int step_bucket,
                                                      int tokens_per_seq) {
   std::vector<std::vector<int32_t>> drafts(seqs.size());
@@ -102,7 +82,7 @@ std::vector<std::vector<int32_t>> Eagle3Drafter::run(const std::vector<DraftSequ
       std::copy(chain_rows.begin(), chain_rows.end(), hr + d.max_seqs);
       d.rt->upload(d.d_hidden_rows.data(), hr, size_t(2 * d.max_seqs) * 4);
     }
-    run_or_replay(d, graph1, {0, step_bucket, tokens_per_seq}, [&](const ops::OpContext& ctx) {
+    d.graphs.run(d.rt, d.ctx, graph1, {0, step_bucket, tokens_per_seq}, [&](const ops::OpContext& ctx) {
       Eagle3Batch b;
       b.token_ids = sb.device_tokens();
       b.meta = sb.metadata(block_size_);
@@ -136,7 +116,7 @@ std::vector<std::vector<int32_t>> Eagle3Drafter::run(const std::vector<DraftSequ
         c.num_logits_rows = rows_c;
         d.model->forward(ctx, c, d.cache, *d.ws);
       };
-      run_or_replay(d, bucket > 0, {j, bucket, 1}, pass);
+      d.graphs.run(d.rt, d.ctx, bucket > 0, {j, bucket, 1}, pass);
       cb.sample(d.ctx, d.ws->logits.view(DType::kF32, {n, vocab}), argmax, /*with_logprobs=*/false);
       prev = cb.device_sampled();
     }

@@ -9,11 +9,11 @@
 // ids, is the next one's input): one host synchronisation per step.
 #include <cstdint>
 #include <functional>
-#include <map>
-#include <tuple>
 #include <memory>
+#include <tuple>
 #include <vector>
 
+#include "engine/captured_graphs.h"
 #include "engine/step_buffers.h"
 #include "model/eagle3/model.h"
 #include "ops/ops.h"
@@ -36,13 +36,7 @@ struct DraftRank {
   ops::HostStaging h_hidden_rows;
   ops::DeviceBuffer d_hidden_rows;
   int max_seqs = 0;
-  // Passes as CUDA graphs: (pass j, batch bucket, tokens per sequence) -> graph id and the
-  // dispatch selections its capture stood for.
-  struct Graph {
-    int id = -1;
-    std::vector<ops::DispatchStats::Selection> selections;
-  };
-  std::map<std::tuple<int, int, int>, Graph> graphs;  // (pass, batch bucket, tokens per row)
+  CapturedGraphs<std::tuple<int, int, int>> graphs;  // (pass j, batch bucket, tokens per sequence)
 };
 
 // One sequence of the step the target just ran, in the target batch's order (its rows of the
@@ -75,9 +69,6 @@ class Eagle3Drafter {
   std::vector<DraftRank*> ranks_;
   int block_size_;
   int64_t num_target_blocks_;
-  // Runs `pass` eagerly, or replays its graph under `key` (captured after the first eager run).
-  void run_or_replay(DraftRank& d, bool graph, const std::tuple<int, int, int>& key,
-                     const std::function<void(const ops::OpContext&)>& pass);
   RunRanks run_ranks_;
   std::function<int(int)> bucket_;
 };

@@ -15,6 +15,7 @@
 #include "backend/cpu/cpu_backend.h"
 #include "dist/in_process_group.h"
 #include "dist/rank_threads.h"
+#include "engine/captured_graphs.h"
 #include "engine/eagle3_drafter.h"
 #include "engine/step_buffers.h"
 #include "model/eagle3/model.h"
@@ -56,11 +57,6 @@ int graph_bucket(int n, int max_seqs) {
   return 0;
 }
 
-struct Graph {
-  int id = -1;
-  std::vector<ops::DispatchStats::Selection> selections;
-};
-
 // One tensor-parallel rank's part of the engine (the whole engine's at size 1): its runtime
 // (device), its slice of the model, its KV pages (the scheduler's block ids index every rank's
 // pool alike), activations, step buffers and captured graphs.
@@ -76,7 +72,7 @@ struct Rank {
   ops::OpContext ctx;
   std::unique_ptr<ForwardWorkspace> ws;
   std::unique_ptr<StepBuffers> step;
-  std::map<std::pair<int, int>, Graph> graphs;  // (batch bucket, tokens per request) -> captured step
+  CapturedGraphs<std::pair<int, int>> graphs;  // (batch bucket, tokens per request) -> captured step
   DraftRank draft;  // EAGLE-3: this rank's draft (draft.model null without one)
 };
 
@@ -311,25 +307,9 @@ class EngineImpl final : public Engine {
         const auto& ids = k.draft.model->config().aux_layer_ids;
         for (size_t i = 0; i < ids.size(); ++i) batch.captures.emplace_back(ids[i], k.draft.ws->aux[i].data());
       }
-      const std::pair<int, int> key{bucket, q};
-      auto graph = k.graphs.find(key);
-      if (bucket > 0 && graph != k.graphs.end()) {
-        if (r == 0) stats_.replay(graph->second.selections);
-        k.rt->replay(graph->second.id);
-      } else {
-        // Eager; a new bucket is then captured (not run) for the next steps of its size, with
-        // the selections of the eager run standing for the graph's in the dispatch counts.
-        if (bucket > 0 && r == 0) stats_.begin_recording();
-        k.model->forward(k.ctx, batch, k.cache_views, *k.ws);
-        if (bucket > 0) {
-          Graph g;
-          if (r == 0) g.selections = stats_.end_recording();
-          ops::OpContext quiet = k.ctx;
-          quiet.stats = nullptr;
-          g.id = k.rt->capture([&] { k.model->forward(quiet, batch, k.cache_views, *k.ws); });
-          k.graphs.emplace(key, std::move(g));
-        }
-      }
+      // (Rank 0's context carries the engine's dispatch counts; the others' none.)
+      k.graphs.run(k.rt, k.ctx, bucket > 0, {bucket, q},
+                   [&](const ops::OpContext& ctx) { k.model->forward(ctx, batch, k.cache_views, *k.ws); });
       if (r == 0 && any_device) sb.sample(k.ctx, k.ws->logits_view(rows, vocab), params);
       k.rt->synchronize();
     });
