@@ -101,8 +101,7 @@ std::vector<std::vector<int32_t>> Eagle3Drafter::run(const std::vector<DraftSequ
     for (int32_t j = 1; j < longest; ++j) {
       StepBuffers& cb = *d.chain[size_t(j) - 1];
       // The previous pass's draft ids as target ids: this pass's input tokens (padding rows read
-      // past the previous pass's rows: any id, out-of-range ones map to 0). The hidden rows' source
-      // is the whole workspace (every row read exists), so a captured pass fits every step.
+      // past the previous pass's rows: any id, out-of-range ones map to 0).
       auto pass = [&, j, prev](const ops::OpContext& ctx) {
         ops::embedding(ctx, prev, int(rows_c), d.model->target_ids(),
                        TensorView{cb.device_tokens_mut(), DType::kI32, {rows_c, 1}, d.rt->device()});
@@ -111,7 +110,6 @@ std::vector<std::vector<int32_t>> Eagle3Drafter::run(const std::vector<DraftSequ
         c.meta = cb.metadata(block_size_);
         c.from_target = false;
         c.hidden_rows = d.d_hidden_rows.as<int32_t>() + (j == 1 ? 0 : d.max_seqs);
-        c.hidden_source_tokens = d.ws->max_tokens;
         c.logits_rows = cb.device_logits_rows();
         c.num_logits_rows = rows_c;
         d.model->forward(ctx, c, d.cache, *d.ws);

@@ -23,6 +23,12 @@ void read(const json& o, const char* key, T& out, std::vector<std::string>& erro
   }
 }
 
+Status joined(const std::vector<std::string>& errors) {
+  std::string msg;
+  for (const auto& s : errors) msg += (msg.empty() ? "" : "; ") + s;
+  return Status::error(msg);
+}
+
 }  // namespace
 
 Result<Eagle3Config> Eagle3Config::from_json(const json& root, const MiniMaxM3Config& target) {
@@ -70,11 +76,7 @@ Result<Eagle3Config> Eagle3Config::from_json(const json& root, const MiniMaxM3Co
   const int L = target.num_hidden_layers;
   // vLLM's default capture when the draft names none: an early, the middle and a late layer.
   if (c.aux_layer_ids.empty()) c.aux_layer_ids = {2, L / 2, L - 3};
-  if (!e.empty()) {
-    std::string msg;
-    for (const auto& s : e) msg += (msg.empty() ? "" : "; ") + s;
-    return Status::error(msg);
-  }
+  if (!e.empty()) return joined(e);
   auto need = [&](bool ok, const std::string& what) {
     if (!ok) e.push_back(what);
   };
@@ -95,11 +97,7 @@ Result<Eagle3Config> Eagle3Config::from_json(const json& root, const MiniMaxM3Co
   for (int id : c.aux_layer_ids)
     need(id >= 0 && id < L, "aux hidden state layer " + std::to_string(id) + " is outside the target's layers [0, " +
                                 std::to_string(L) + ")");
-  if (!e.empty()) {
-    std::string msg;
-    for (const auto& s : e) msg += (msg.empty() ? "" : "; ") + s;
-    return Status::error(msg);
-  }
+  if (!e.empty()) return joined(e);
   return c;
 }
 

@@ -119,16 +119,10 @@ Result<std::unique_ptr<Eagle3Model>> Eagle3Model::load(const ModelDir& dir, cons
     out = upload(w->data(), w->size() * 4, DType::kF32, {H});
     return Status::ok();
   };
-#define M3_TRY(expr)                      \
-  do {                                    \
-    Status st_ = (expr);                  \
-    if (!st_.is_ok()) return st_;         \
-  } while (0)
-  M3_TRY(norm("midlayer.input_layernorm.weight", m->input_norm_));
-  M3_TRY(norm("midlayer.hidden_norm.weight", m->hidden_norm_));
-  M3_TRY(norm("midlayer.post_attention_layernorm.weight", m->post_norm_));
-  M3_TRY(norm("norm.weight", m->final_norm_));
-#undef M3_TRY
+  M3_RETURN_IF_ERROR(norm("midlayer.input_layernorm.weight", m->input_norm_));
+  M3_RETURN_IF_ERROR(norm("midlayer.hidden_norm.weight", m->hidden_norm_));
+  M3_RETURN_IF_ERROR(norm("midlayer.post_attention_layernorm.weight", m->post_norm_));
+  M3_RETURN_IF_ERROR(norm("norm.weight", m->final_norm_));
   {
     auto fc = read("fc.weight", {H, c.fc_in()}, WeightRole::kLinear);
     if (!fc) return fc.status();
@@ -259,7 +253,7 @@ void Eagle3Model::forward(const ops::OpContext& ctx, const Eagle3Batch& batch, c
       }
     }
   } else {
-    ops::embedding(ctx, batch.hidden_rows, int(T), v2(ws.res, batch.hidden_source_tokens, H), hv);
+    ops::embedding(ctx, batch.hidden_rows, int(T), v2(ws.res, ws.max_tokens, H), hv);
   }
   if (c.norm_before_residual) {
     ops::rms_norm(ctx, hv, hidden_norm_, c.rms_norm_eps, xh);

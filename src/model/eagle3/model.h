@@ -45,10 +45,9 @@ struct Eagle3Batch {
   const int32_t* token_ids = nullptr;  // [num_tokens] runtime memory
   ops::AttentionMetadata meta;
   // Where each token's hidden input comes from: the target's captures (ws.aux, true) or rows of
-  // the previous pass's pre-norm output (`hidden_rows` [num_tokens] into its `hidden_source_tokens` rows).
+  // the previous pass's pre-norm output (`hidden_rows` [num_tokens]: rows of ws.res).
   bool from_target = true;
   const int32_t* hidden_rows = nullptr;
-  int64_t hidden_source_tokens = 0;
   const int32_t* logits_rows = nullptr;  // [num_logits_rows] runtime memory
   int64_t num_logits_rows = 0;
 };

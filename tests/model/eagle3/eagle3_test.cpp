@@ -259,7 +259,6 @@ void check_draft_layer(const std::string& draft_dir) {
   int32_t token = (*draft)->target_id(argmax(logits));
   // Two chained tokens: the previous pass's pre-norm row as the hidden input.
   int32_t src_row = n - 1;
-  int64_t src_tokens = n;
   for (int j = 1; j <= 2; ++j) {
     sb.begin();
     sb.add_sequence({token}, n - 1 + j, table_ids, bs);
@@ -271,7 +270,6 @@ void check_draft_layer(const std::string& draft_dir) {
     cb.meta = sb.metadata(bs);
     cb.from_target = false;
     cb.hidden_rows = rows.data();
-    cb.hidden_source_tokens = src_tokens;
     cb.logits_rows = sb.device_logits_rows();
     cb.num_logits_rows = 1;
     (*draft)->forward(ctx, cb, dkv, *dws);
@@ -279,7 +277,6 @@ void check_draft_layer(const std::string& draft_dir) {
     expect_near_all(dws->logits.as<float>(), logits, "chained token " + std::to_string(j));
     token = (*draft)->target_id(argmax(logits));
     src_row = 0;
-    src_tokens = 1;
   }
   // The dispatch trace shows the draft's ops.
   bool rope_seen = false;
