@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "core/status.h"
+#include "disagg/kv_blocks.h"
 #include "exec/ngram_proposer.h"
 #include "exec/sampler.h"
 #include "ops/dispatch.h"
@@ -91,6 +92,9 @@ struct GenerationRequest {
   std::vector<int32_t> prompt_token_ids;
   SamplingParams sampling;
   int32_t priority = 0;  // only under the priority policy; must be 0 under fcfs
+  // Disaggregated prefill, producer side: when the request finishes, the KV blocks of its prompt
+  // (the full blocks a prefix hit may cover) are copied out into its final event's kv_export.
+  bool kv_export = false;
 };
 
 struct TokenOutput {
@@ -118,6 +122,18 @@ struct RequestEvent {
   FinishReason finish_reason = FinishReason::kNone;
   int32_t num_prompt_tokens = 0;
   int32_t num_cached_prompt_tokens = 0;  // prefix-cache hit at (first) admission
+  // The final event of a GenerationRequest::kv_export request: its prompt's KV blocks (null on
+  // other events; no blocks when prefix caching kept none).
+  std::shared_ptr<const KvBlocks> kv_export;
+};
+
+// What Engine::import_kv did with a transfer's blocks (in prompt order).
+struct KvImportResult {
+  int32_t offered = 0;   // blocks in the transfer
+  int32_t on_device = 0; // leading blocks the KV cache already holds (nothing to write)
+  int32_t present = 0;   // blocks the host tier already holds
+  int32_t imported = 0;  // written into host-tier slots
+  int32_t dropped = 0;   // not kept: past the prompt's own blocks, the host tier's size, or no free slot
 };
 
 struct EngineStepStats {
@@ -177,6 +193,20 @@ class Engine {
   // Every dispatch entry with its eligibility rule, in selection order (/debug/kernels).
   virtual std::vector<ops::EntryInfo> kernel_entries() const { return {}; }
   virtual Status check_invariants() const = 0;
+
+  // Disaggregated prefill. The KV layout key (prefix-hash root inputs, page bytes, ranks, draft)
+  // two engines must share to exchange KV blocks.
+  virtual std::string kv_layout() const { return ""; }
+  // Consumer side, between steps: writes the blocks of `prompt` that `blocks` carries into the
+  // host KV tier, where the prompt's next submission finds them as a prefix hit (and loads them
+  // into the KV cache instead of computing them). Refused with a message naming the mismatch when
+  // the blocks come from an engine of another layout or are not this prompt's; needs the host
+  // tier (kv_offload_bytes).
+  virtual Result<KvImportResult> import_kv(const std::vector<int32_t>& prompt, const KvBlocks& blocks) {
+    (void)prompt;
+    (void)blocks;
+    return Status::error("this engine does not import KV blocks");
+  }
 };
 
 }  // namespace m3

@@ -11,6 +11,7 @@
 #endif
 #ifdef M3_HAVE_M3_SERVER
 #include "server/cli.h"
+#include "server/disagg_proxy.h"
 #endif
 
 int main(int argc, char** argv) {
@@ -30,6 +31,7 @@ int main(int argc, char** argv) {
   m3::app::register_kernel_paths(app);
 #ifdef M3_HAVE_M3_SERVER
   m3::server::register_serve_command(app);
+  m3::server::register_disagg_proxy_command(app);
 #endif
 #ifdef M3_HAVE_M3_BENCH
   register_bench_commands(app);

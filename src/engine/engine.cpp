@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -39,6 +40,7 @@ struct RequestState {
   bool device_sampling = false;           // the backend's sample op can serve these params
   int32_t num_cached_prompt_tokens = -1;  // set at first admission
   int32_t prompt_logprobs_next = 1;       // the first prompt position whose logprob is still to come
+  bool kv_export = false;                 // copy the prompt's KV blocks out when it finishes
 };
 
 // What the on-device sample op implements; everything else goes to the host Sampler.
@@ -79,7 +81,8 @@ struct Rank {
 class EngineImpl final : public Engine {
  public:
   EngineImpl(const EngineConfig& config, std::shared_ptr<void> group, std::vector<std::unique_ptr<Rank>> ranks,
-             int64_t page_bytes, int64_t target_page_bytes, Scheduler scheduler, ModelSummary summary)
+             int64_t page_bytes, int64_t target_page_bytes, Scheduler scheduler, ModelSummary summary,
+             std::string kv_layout)
       : config_(config),
         group_(std::move(group)),
         ranks_(std::move(ranks)),
@@ -88,6 +91,7 @@ class EngineImpl final : public Engine {
         target_page_bytes_(target_page_bytes),
         scheduler_(std::move(scheduler)),
         summary_(std::move(summary)),
+        kv_layout_(std::move(kv_layout)),
         stats_(config.trace_dispatch) {
     const int max_tokens = config.max_num_batched_tokens, max_seqs = config.max_num_seqs;
     max_blocks_per_seq_ = (summary_.max_model_len + summary_.block_size - 1) / summary_.block_size;
@@ -144,6 +148,8 @@ class EngineImpl final : public Engine {
         return Status::error("prompt token id " + std::to_string(id) + " is outside the vocabulary [0, " +
                              std::to_string(summary_.vocab_size) + ")");
     }
+    if (request.kv_export && !summary_.enable_prefix_caching)
+      return Status::error("kv_export needs prefix caching (the exported blocks are the prompt's cached blocks)");
     if (request.priority != 0 && summary_.scheduling_policy != "priority")
       return Status::error("priority " + std::to_string(request.priority) +
                            " needs the priority scheduling policy (--scheduling-policy priority)");
@@ -168,6 +174,7 @@ class EngineImpl final : public Engine {
     state.sampler = std::make_unique<Sampler>(request.sampling, std::move(stop_ids));
     state.device_sampling = ranks_[0]->rt->device() != Device::kCpu && device_samplable(request.sampling);
     state.device_seed = request.sampling.seed >= 0 ? uint64_t(request.sampling.seed) : seed_source_();
+    state.kv_export = request.kv_export;
     requests_.emplace(id, std::move(state));
     return id;
   }
@@ -209,6 +216,49 @@ class EngineImpl final : public Engine {
   const ops::DispatchStats& dispatch_stats() const override { return stats_; }
   std::vector<ops::EntryInfo> kernel_entries() const override { return ranks_[0]->kernels.describe(); }
   Status check_invariants() const override { return scheduler_.check_invariants(); }
+  std::string kv_layout() const override { return kv_layout_; }
+
+  Result<KvImportResult> import_kv(const std::vector<int32_t>& prompt, const KvBlocks& blocks) override {
+    M3_RETURN_IF_ERROR(blocks.validate());
+    if (blocks.layout != kv_layout_)
+      return Status::error("the KV blocks come from an engine with another KV layout (theirs: " + blocks.layout +
+                           "; this engine's: " + kv_layout_ +
+                           "): both need the same model, KV and index-key dtypes, tensor-parallel size, draft model "
+                           "and --prefix-hash-seed");
+    if (summary_.num_host_kv_blocks == 0)
+      return Status::error("importing KV blocks needs the host KV tier (kv_offload_bytes, --kv-offloading-size)");
+    const KvCacheManager& kv = scheduler_.kv();
+    const std::vector<Hash128> want = kv.prefix_block_hashes(prompt);
+    const int32_t n = std::min<int32_t>(blocks.num_blocks(), int32_t(want.size()));
+    for (int32_t i = 0; i < n; ++i) {
+      if (blocks.hashes[size_t(i)] != want[size_t(i)])
+        return Status::error("KV block " + std::to_string(i) + " of the transfer is not block " + std::to_string(i) +
+                             " of this prompt (its prefix hash differs): the producer computed other tokens");
+    }
+    KvImportResult res;
+    res.offered = blocks.num_blocks();
+    const PrefixMatch on_device = kv.find_cached_prefix(prompt);
+    res.on_device = std::min<int32_t>(n, int32_t(on_device.block_ids.size()));
+    // A hit is the leading run of blocks on the device, then on the host tier: the blocks after
+    // the device's run go to the tier, at most as many as it holds (each store evicts the least
+    // recently used slot, so more would push out this transfer's own first blocks).
+    const int32_t last = std::min(n, res.on_device + summary_.num_host_kv_blocks);
+    int32_t i = res.on_device;
+    for (; i < last; ++i) {
+      const KvCacheManager::HostStore st = scheduler_.store_host_block(blocks.hashes[size_t(i)]);
+      if (st.present) {
+        ++res.present;
+        continue;
+      }
+      if (st.slot < 0) break;
+      for (size_t r = 0; r < ranks_.size(); ++r)
+        std::memcpy(ranks_[r]->host_kv.as<char>() + int64_t(st.slot) * page_bytes_, blocks.page(i, int32_t(r)),
+                    size_t(page_bytes_));
+      ++res.imported;
+    }
+    res.dropped = res.offered - res.on_device - res.present - res.imported;
+    return res;
+  }
 
  private:
   void run_plan(const SchedulePlan& plan, std::vector<RequestEvent>& events, EngineStepStats& stats) {
@@ -398,6 +448,8 @@ class EngineImpl final : public Engine {
       }
       ev.finished = out.finished;
       ev.finish_reason = out.finish_reason;
+      // Its blocks were freed by the update above but keep their KV until the next step allocates.
+      if (out.finished && r.kv_export) ev.kv_export = export_kv(r.prompt);
       if (out.finished) requests_.erase(it);
       else if (drafting && !out.new_token_ids.empty()) propose(out.request_id, r, eagle_drafts);
       events.push_back(std::move(ev));
@@ -419,6 +471,42 @@ class EngineImpl final : public Engine {
   }
 
   int block_size() const { return summary_.block_size; }
+
+  // The KV blocks of `prompt` a prefix hit may cover, from the KV cache or the host tier, each
+  // rank's page (with the draft's K/V after the target's, as the host tier keeps them).
+  std::shared_ptr<const KvBlocks> export_kv(const std::vector<int32_t>& prompt) {
+    const KvCacheManager& kv = scheduler_.kv();
+    const PrefixMatch m = kv.find_cached_prefix(prompt);
+    auto b = std::make_shared<KvBlocks>();
+    b->layout = kv_layout_;
+    b->block_size = block_size();
+    b->tp = int32_t(ranks_.size());
+    b->page_bytes = page_bytes_;
+    b->hashes = kv.prefix_block_hashes(prompt);
+    b->hashes.resize(size_t(m.num_blocks()));
+    b->bytes.resize(b->hashes.size() * ranks_.size() * size_t(page_bytes_));
+    const int32_t nd = int32_t(m.block_ids.size());
+    if (b->hashes.empty()) return b;
+    run_ranks([&](int r) {
+      Rank& k = *ranks_[size_t(r)];
+      k.rt->activate();
+      if (nd > 0) {
+        ops::HostStaging stage(k.rt, size_t(nd) * size_t(page_bytes_));  // pinned: what save_block copies into
+        for (int32_t i = 0; i < nd; ++i) {
+          char* dst = stage.as<char>() + int64_t(i) * page_bytes_;
+          k.cache.save_block(k.rt, m.block_ids[size_t(i)], dst);
+          if (eagle3_) k.draft.cache.save_block(k.rt, m.block_ids[size_t(i)], dst + target_page_bytes_);
+        }
+        k.rt->synchronize();
+        for (int32_t i = 0; i < nd; ++i)
+          std::memcpy(b->page(i, r), stage.as<char>() + int64_t(i) * page_bytes_, size_t(page_bytes_));
+      }
+      for (size_t j = 0; j < m.host_slots.size(); ++j)
+        std::memcpy(b->page(nd + int32_t(j), r), k.host_kv.as<char>() + int64_t(m.host_slots[j]) * page_bytes_,
+                    size_t(page_bytes_));
+    });
+    return b;
+  }
 
   // fn on every rank at once. A rank that throws aborts the group first, so the others leave
   // their collectives with an error instead of waiting for it; the exception reaches the caller.
@@ -568,6 +656,7 @@ class EngineImpl final : public Engine {
   int64_t target_page_bytes_ = 0;  // of page_bytes_: the target's share (EAGLE-3's draft K/V follows it)
   Scheduler scheduler_;
   ModelSummary summary_;
+  std::string kv_layout_;
   ops::DispatchStats stats_;
   std::map<RequestId, RequestState> requests_;
   std::vector<RequestEvent> pending_events_;
@@ -769,6 +858,13 @@ Result<std::unique_ptr<Engine>> Engine::create(const EngineConfig& config) {
   if (tp > 1) kc.hash_extra_keys.push_back("tensor_parallel_size=" + std::to_string(tp));
   auto scheduler = Scheduler::create(sc, kc);
   if (!scheduler) return scheduler.status();
+  // What a page is, for KV transfers between engines: the prefix hashes' inputs (a block's hash
+  // then names the same tokens under the same model and dtypes) and the page's bytes per rank.
+  std::string kv_layout = "m3kv/1 seed=" + std::to_string(kc.hash_seed) + " block=" + std::to_string(bs) + " keys=";
+  for (const std::string& key : kc.hash_extra_keys) kv_layout += key + ";";
+  kv_layout += " tp=" + std::to_string(tp) + " page=" + std::to_string(page_bytes) +
+               " target_page=" + std::to_string(target_page_bytes);
+  if (eagle3) kv_layout += " draft=" + model_fingerprint(config.speculative_model);
   ModelSummary summary;
   summary.vocab_size = c.vocab_size;
   summary.max_model_len = max_len;
@@ -807,7 +903,7 @@ Result<std::unique_ptr<Engine>> Engine::create(const EngineConfig& config) {
       k.host_kv = ops::HostStaging(k.rt, size_t(kc.num_host_blocks) * size_t(page_bytes));
     }
     return std::unique_ptr<Engine>(new EngineImpl(config, std::move(group), std::move(ranks), page_bytes,
-                                                  target_page_bytes, std::move(*scheduler), summary));
+                                                  target_page_bytes, std::move(*scheduler), summary, kv_layout));
   } catch (const std::exception& e) {
     return Status::error(std::string("allocating the KV cache and step buffers failed: ") + e.what());
   }

@@ -67,6 +67,26 @@ PrefixMatch KvCacheManager::find_cached_prefix(std::span<const TokenId> tokens) 
   return match_hashes(hashes);
 }
 
+std::vector<Hash128> KvCacheManager::prefix_block_hashes(std::span<const TokenId> tokens) const {
+  std::vector<Hash128> hashes;
+  if (!tokens.empty()) hasher_.extend_block_hashes(tokens, &hashes, max_hit_blocks(tokens.size()));
+  return hashes;
+}
+
+KvCacheManager::HostStore KvCacheManager::store_host_block(const Hash128& hash) {
+  HostStore out;
+  if (!host_) return out;
+  if (host_->find(hash)) {
+    out.present = true;
+    return out;
+  }
+  if (const std::optional<int32_t> slot = host_->store(hash)) {
+    out.slot = *slot;
+    ++num_imported_;
+  }
+  return out;
+}
+
 bool KvCacheManager::allocate_slots(RequestId request_id, int32_t num_computed_tokens,
                                     int32_t num_new_tokens, const PrefixMatch* hit) {
   RequestBlocks& rb = requests_[request_id];
@@ -208,6 +228,7 @@ KvStats KvCacheManager::stats() const {
   }
   s.num_offloaded_blocks = num_offloaded_;
   s.num_loaded_blocks = num_loaded_;
+  s.num_imported_blocks = num_imported_;
   return s;
 }
 

@@ -53,6 +53,7 @@ struct KvStats {
   int32_t num_host_used_blocks = 0;
   int64_t num_offloaded_blocks = 0;  // cumulative, device -> host
   int64_t num_loaded_blocks = 0;     // cumulative, host -> device
+  int64_t num_imported_blocks = 0;   // cumulative, written into host slots by KV transfers
 };
 
 class KvCacheManager {
@@ -94,6 +95,18 @@ class KvCacheManager {
 
   // Drops the request's references (tail blocks first, so they are evicted first).
   void free(RequestId request_id);
+
+  // KV transfer (disaggregated prefill): the chained hashes of the full blocks of `tokens` a
+  // prefix hit may cover (capped as find_cached_prefix caps it).
+  std::vector<Hash128> prefix_block_hashes(std::span<const TokenId> tokens) const;
+  // A host-tier slot to receive block `hash`'s pages from another engine: slot >= 0 to write
+  // (it is most recently used and finds as a hit from now on), or present (the tier holds the
+  // hash already), or neither (no tier, or every slot pinned by this step's loads).
+  struct HostStore {
+    int32_t slot = -1;
+    bool present = false;
+  };
+  HostStore store_host_block(const Hash128& hash);
 
   // Host tier: the copies the allocations since the last take_transfers() need, offloads
   // (evicted blocks' KV to host slots) to run before loads (host slots into blocks of prefix
@@ -137,7 +150,7 @@ class KvCacheManager {
   int64_t prefix_hit_tokens_ = 0;
   std::optional<HostBlockTier> host_;
   std::vector<KvTransfer> offloads_, loads_;  // pending for the plan being built
-  int64_t num_offloaded_ = 0, num_loaded_ = 0;
+  int64_t num_offloaded_ = 0, num_loaded_ = 0, num_imported_ = 0;
 };
 
 }  // namespace m3

@@ -102,6 +102,8 @@ class Scheduler {
   const Request* find_request(RequestId request_id) const;  // live requests only
   const SchedulerConfig& config() const { return config_; }
   const KvCacheManager& kv() const { return kv_; }
+  // KV transfer in, between steps (KvCacheManager::store_host_block).
+  KvCacheManager::HostStore store_host_block(const Hash128& hash) { return kv_.store_host_block(hash); }
 
   // Request states agree with the queues, running requests' tables cover their computed
   // tokens, waiting ones hold nothing, plus KvCacheManager::check_invariants().

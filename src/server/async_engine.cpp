@@ -45,7 +45,8 @@ AsyncEngine::AsyncEngine(std::unique_ptr<Engine> engine, Metrics& metrics, Async
 
 AsyncEngine::~AsyncEngine() { shutdown(); }
 
-SubmitOutcome AsyncEngine::submit(std::vector<GenerationRequest> requests, std::shared_ptr<RequestChannel> channel) {
+SubmitOutcome AsyncEngine::submit(std::vector<GenerationRequest> requests, std::shared_ptr<RequestChannel> channel,
+                                  std::optional<KvImport> kv_import) {
   const int32_t count = int32_t(requests.size());
   // Reserve the slots up front so concurrent submitters cannot overshoot max_pending.
   int32_t before = in_flight_.fetch_add(count);
@@ -67,7 +68,8 @@ SubmitOutcome AsyncEngine::submit(std::vector<GenerationRequest> requests, std::
       out.error = "the server is shutting down";
       return out;
     }
-    submits_.push_back(Submit{std::move(requests), std::move(channel), {}, std::chrono::steady_clock::now()});
+    submits_.push_back(
+        Submit{std::move(requests), std::move(channel), {}, std::chrono::steady_clock::now(), std::move(kv_import)});
     reply = submits_.back().reply.get_future();
   }
   cv_.notify_one();
@@ -96,6 +98,20 @@ void AsyncEngine::handle_submit(Submit& cmd) {
   const auto arrival = cmd.arrival;
   std::vector<int32_t> max_tokens;
   for (const auto& req : cmd.requests) max_tokens.push_back(req.sampling.max_tokens);
+  if (cmd.kv_import && cmd.kv_import->blocks) {
+    Result<KvImportResult> imported = engine_->import_kv(cmd.kv_import->prompt, *cmd.kv_import->blocks);
+    if (imported) {
+      out.kv_import = *imported;
+    } else {
+      out.kv_import_error = imported.error();
+      if (cmd.kv_import->fail_on_error) {
+        out.error = "KV transfer: " + imported.error();
+        in_flight_.fetch_sub(int32_t(cmd.requests.size()));
+        cmd.reply.set_value(std::move(out));
+        return;
+      }
+    }
+  }
   for (auto& req : cmd.requests) {
     auto id = engine_->submit(std::move(req));
     if (!id) {

@@ -12,6 +12,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -39,10 +40,20 @@ struct AsyncEngineConfig {
   double log_stats_interval_s = 0.0;  // vLLM's periodic stats line (0: none)
 };
 
+// KV blocks another engine prefilled (disaggregated prefill), written into the host KV tier just
+// before the requests are submitted, on the engine thread (no step between the two).
+struct KvImport {
+  std::vector<int32_t> prompt;
+  std::shared_ptr<const KvBlocks> blocks;
+  bool fail_on_error = false;  // kv_load_failure_policy "fail": refuse the requests; else compute the prompt
+};
+
 struct SubmitOutcome {
   std::vector<RequestId> ids;  // one per GenerationRequest, on success
   std::string error;           // engine rejection (400) or overload (503)
   bool overloaded = false;
+  std::optional<KvImportResult> kv_import;  // what the import did
+  std::string kv_import_error;              // why it was refused (the requests run without it)
   bool ok() const { return error.empty(); }
 };
 
@@ -55,7 +66,8 @@ class AsyncEngine {
 
   // Submits all requests or none; events for them arrive on `channel`. Blocks until the
   // engine thread has accepted or rejected them.
-  SubmitOutcome submit(std::vector<GenerationRequest> requests, std::shared_ptr<RequestChannel> channel);
+  SubmitOutcome submit(std::vector<GenerationRequest> requests, std::shared_ptr<RequestChannel> channel,
+                       std::optional<KvImport> kv_import = std::nullopt);
   // Frees the request's KV blocks; its final (kAborted) event still reaches the channel.
   void abort(RequestId id);
   // Engine requests submitted and not yet finished.
@@ -77,6 +89,7 @@ class AsyncEngine {
     // When the HTTP thread handed the request over: TTFT and E2E count the time it waits
     // for the engine thread to finish its current step (as vLLM counts from arrival).
     std::chrono::steady_clock::time_point arrival;
+    std::optional<KvImport> kv_import;
   };
   struct Route {
     std::shared_ptr<RequestChannel> channel;

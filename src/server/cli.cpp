@@ -24,6 +24,7 @@
 #include "core/log.h"
 #include "server/async_engine.h"
 #include "server/routes.h"
+#include "server/kv_transfer_config.h"
 #include "server/speculative_config.h"
 
 #ifndef M3_DEFAULT_MODEL_DIR
@@ -57,6 +58,7 @@ struct ServeOptions {
   std::string speculative_config;
   double kv_offloading_size_gib = 0.0;
   std::string kv_offloading_backend = "native";
+  std::string kv_transfer_config;
 };
 
 // vLLM's flags that have one meaning here are accepted (the M3 parsers always run, the weights
@@ -122,6 +124,9 @@ void serve(ServeOptions& o, const EngineFactory& factory) {
   o.engine.kv_offload_bytes = int64_t(o.kv_offloading_size_gib * double(int64_t(1) << 30));
   if (!o.speculative_config.empty())
     if (auto err = parse_speculative_config(o.speculative_config, o.engine)) throw std::runtime_error(*err);
+  if (!o.kv_transfer_config.empty())
+    if (auto err = parse_kv_transfer_config(o.kv_transfer_config, o.host, o.port, o.server.kv_transfer, o.engine))
+      throw std::runtime_error(*err);
 
   o.engine.model_dir = o.model_dir;
   o.engine.on_load_progress = progress_bar();
@@ -153,6 +158,13 @@ void serve(ServeOptions& o, const EngineFactory& factory) {
   if (summary.num_host_kv_blocks > 0)
     M3_LOG_INFO("KV offloading: " + std::to_string(summary.num_host_kv_blocks) + " blocks of host memory (" +
                 std::to_string(o.engine.kv_offload_bytes >> 20) + " MiB)");
+  if (o.server.kv_transfer.producer || o.server.kv_transfer.consumer)
+    M3_LOG_INFO(std::string("disaggregated prefill: ") +
+                (o.server.kv_transfer.producer && o.server.kv_transfer.consumer ? "kv_both"
+                 : o.server.kv_transfer.producer                                ? "kv_producer"
+                                                                                : "kv_consumer") +
+                (o.server.kv_transfer.producer ? ", blocks fetched from " + o.server.kv_transfer.advertise_url : "") +
+                ", KV layout " + (*engine)->kv_layout());
   if (summary.speculative_method == "ngram")
     M3_LOG_INFO("speculative decoding: ngram, " + std::to_string(o.engine.ngram.num_speculative_tokens) +
                 " draft tokens, prompt lookup " + std::to_string(o.engine.ngram.prompt_lookup_min) + ".." +
@@ -266,6 +278,12 @@ void register_serve_command(CLI::App& app, EngineFactory factory) {
                   "{\"method\": \"eagle3\", \"model\": DRAFT_DIR, \"num_speculative_tokens\": K}: drafts from an "
                   "EAGLE-3 draft model fed the model's hidden states. Drafts are verified in one step; the output "
                   "is unchanged");
+  cmd->add_option("--kv-transfer-config", o->kv_transfer_config,
+                  "disaggregated prefill as vLLM's JSON: {\"kv_connector\": \"M3HttpConnector\", \"kv_role\": "
+                  "\"kv_producer\" | \"kv_consumer\" | \"kv_both\", \"kv_buffer_size\": BYTES, \"kv_ip\": HOST, "
+                  "\"kv_load_failure_policy\": \"recompute\" | \"fail\"}; a producer keeps a finished prefill's KV "
+                  "blocks for a decode server (requests with kv_transfer_params.do_remote_decode), a consumer "
+                  "fetches them (do_remote_prefill) into its host KV tier; `m3serve disagg-proxy` routes between them");
   cmd->add_flag("--speculative-cuda-graphs", o->engine.spec_cuda_graphs,
                 "with --speculative-config: verification steps replay a CUDA graph (every request verifies a "
                 "full-length draft, short ones filled); pays where steps are bound by weight reads");

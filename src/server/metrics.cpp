@@ -156,6 +156,23 @@ void Metrics::count_client_disconnect() {
   ++disconnects_;
 }
 
+void Metrics::count_kv_export(int64_t blocks, int64_t bytes) {
+  std::lock_guard<std::mutex> lock(mu_);
+  kv_exported_blocks_ += blocks;
+  kv_exported_bytes_ += bytes;
+}
+
+void Metrics::count_kv_import(int64_t blocks, int64_t bytes) {
+  std::lock_guard<std::mutex> lock(mu_);
+  kv_imported_blocks_ += blocks;
+  kv_imported_bytes_ += bytes;
+}
+
+void Metrics::count_kv_transfer_failure() {
+  std::lock_guard<std::mutex> lock(mu_);
+  ++kv_transfer_failures_;
+}
+
 std::string Metrics::render() const {
   std::lock_guard<std::mutex> lock(mu_);
   std::string out;
@@ -182,6 +199,15 @@ std::string Metrics::render() const {
   counter("m3:requests_refused_total", "Requests refused with 503 (queue full or draining).", double(refused_));
   counter("m3:client_disconnects_total", "Streaming clients that went away; their requests were aborted.",
           double(disconnects_));
+  counter("m3:kv_transfer_exported_blocks_total", "KV blocks of finished prefills kept for decode servers.",
+          double(kv_exported_blocks_));
+  counter("m3:kv_transfer_exported_bytes_total", "Bytes of those blocks (serialized).", double(kv_exported_bytes_));
+  counter("m3:kv_transfer_imported_blocks_total", "KV blocks fetched from prefill servers into the host tier.",
+          double(kv_imported_blocks_));
+  counter("m3:kv_transfer_imported_bytes_total", "Bytes fetched for them (serialized).", double(kv_imported_bytes_));
+  counter("m3:kv_transfer_failures_total",
+          "KV transfers that failed (fetch, checksum or layout); the prompt was computed here instead.",
+          double(kv_transfer_failures_));
   header(out, "vllm:request_success_total", "counter", "Finished requests by finish reason.");
   for (const char* reason : {"stop", "length", "abort"}) {
     auto it = finished_.find(reason);

@@ -53,6 +53,11 @@ class Metrics {
   // HTTP threads.
   void count_refused();           // 503: the pending queue was full or the server is draining
   void count_client_disconnect();  // a streaming client went away; its request was aborted
+  // Disaggregated prefill: blocks handed to decode servers (producer), blocks written into the
+  // host tier from prefill servers (consumer), and transfers that failed (the prompt computed here).
+  void count_kv_export(int64_t blocks, int64_t bytes);
+  void count_kv_import(int64_t blocks, int64_t bytes);
+  void count_kv_transfer_failure();
 
   std::string render() const;
 
@@ -65,6 +70,8 @@ class Metrics {
   int64_t prefix_queries_ = 0, prefix_hits_ = 0, preemptions_ = 0;
   int64_t prompt_tokens_ = 0, generation_tokens_ = 0;
   int64_t num_steps_ = 0, refused_ = 0, disconnects_ = 0;
+  int64_t kv_exported_blocks_ = 0, kv_exported_bytes_ = 0, kv_imported_blocks_ = 0, kv_imported_bytes_ = 0;
+  int64_t kv_transfer_failures_ = 0;
   int64_t kv_offloaded_ = 0, kv_loaded_ = 0, host_hit_tokens_ = 0;
   int32_t host_blocks_used_ = 0, host_blocks_total_ = 0;
   bool speculative_ = false;  // the spec_decode counters are rendered (vLLM shows them only then)

@@ -373,6 +373,28 @@ std::optional<ApiError> parse_common(const OrderedJson& body, bool chat, CommonR
     out.request_id = v->get<std::string>();
   }
   M3_TRY(get_bool(body, "return_token_ids", out.return_token_ids));
+  if (const OrderedJson* v = member(body, "kv_transfer_params"); v && !v->is_null()) {
+    if (!v->is_object()) return wrong_type("kv_transfer_params", "an object", *v);
+    CommonRequest::KvTransferParams kv;
+    M3_TRY(get_bool(*v, "do_remote_decode", kv.do_remote_decode));
+    M3_TRY(get_bool(*v, "do_remote_prefill", kv.do_remote_prefill));
+    for (const char* key : {"remote_url", "transfer_id"}) {
+      if (const OrderedJson* f = member(*v, key); f && !f->is_null()) {
+        if (!f->is_string() || f->get<std::string>().empty() || f->get<std::string>().size() > 1024)
+          return invalid_request(std::string("'kv_transfer_params.") + key + "' must be a non-empty string",
+                                 "kv_transfer_params");
+        (std::string(key) == "remote_url" ? kv.remote_url : kv.transfer_id) = f->get<std::string>();
+      }
+    }
+    if (kv.do_remote_decode && kv.do_remote_prefill)
+      return invalid_request("'kv_transfer_params' may ask for do_remote_decode or do_remote_prefill, not both",
+                             "kv_transfer_params");
+    if (kv.do_remote_prefill && (kv.remote_url.empty() || kv.transfer_id.empty()))
+      return invalid_request("'kv_transfer_params.do_remote_prefill' needs 'remote_url' and 'transfer_id' (the prefill "
+                             "server's answer)",
+                             "kv_transfer_params");
+    out.kv_transfer = std::move(kv);
+  }
   i.reset();
   M3_TRY(get_int(body, "priority", i));  // vLLM's: lower is sooner, with --scheduling-policy priority
   if (i) {
@@ -520,7 +542,7 @@ const char* const kCommonFields[] = {
     "guided_json", "guided_regex", "guided_choice", "structured_outputs", "guided_decoding_backend",
     "truncate_prompt_tokens", "bad_words", "use_beam_search",
     "logprobs", "user", "metadata", "store", "service_tier", "request_id", "priority", "skip_special_tokens",
-    "spaces_between_special_tokens", "return_token_ids"};
+    "spaces_between_special_tokens", "return_token_ids", "kv_transfer_params"};
 const char* const kCompletionFields[] = {"prompt", "echo", "suffix"};
 const char* const kChatFields[] = {"messages", "tools", "tool_choice", "chat_template_kwargs", "add_generation_prompt",
                                    "max_completion_tokens", "top_logprobs", "parallel_tool_calls",

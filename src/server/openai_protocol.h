@@ -50,6 +50,15 @@ struct CommonRequest {
   int32_t priority = 0;                     // vLLM's: scheduling priority, lower first (priority policy only)
   std::string request_id;                   // vLLM's: the response id's suffix ("" = random)
   bool return_token_ids = false;            // vLLM's: prompt and generated token ids beside the text
+  // vLLM's kv_transfer_params (disaggregated prefill): do_remote_decode asks this (prefill) server
+  // to keep the prompt's KV blocks for a decode server; do_remote_prefill, with remote_url and
+  // transfer_id (what the prefill server answered), asks this (decode) server to fetch them.
+  struct KvTransferParams {
+    bool do_remote_decode = false;
+    bool do_remote_prefill = false;
+    std::string remote_url, transfer_id;
+  };
+  std::optional<KvTransferParams> kv_transfer;
   std::vector<std::string> ignored_fields;  // present in the body, unknown to the server (logged)
 };
 

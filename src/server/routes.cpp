@@ -77,7 +77,45 @@ ApiServer::ApiServer(ServerOptions options, const Tokenizer& tokenizer, AsyncEng
       engine_(engine),
       metrics_(metrics),
       id_rng_(std::random_device{}()),
-      store_(options_.responses_store_size) {}
+      store_(options_.responses_store_size) {
+  if (options_.kv_transfer.producer)
+    kv_store_ = std::make_unique<KvTransferStore>(options_.kv_transfer.buffer_bytes,
+                                                  std::chrono::milliseconds(options_.kv_transfer.timeout_ms));
+}
+
+std::shared_ptr<const KvBlocks> ApiServer::fetch_kv_blocks(const CommonRequest::KvTransferParams& params,
+                                                           std::string& error, size_t& wire_bytes) {
+  httplib::Client cli(params.remote_url);
+  if (!cli.is_valid()) {
+    error = "remote_url '" + params.remote_url + "' is not an http://host:port URL";
+    return nullptr;
+  }
+  const auto timeout = std::chrono::milliseconds(options_.kv_transfer.timeout_ms);
+  cli.set_connection_timeout(timeout);
+  cli.set_read_timeout(timeout);
+  httplib::Headers headers;
+  if (!options_.api_key.empty()) headers.emplace("Authorization", "Bearer " + options_.api_key);
+  const std::string path = "/v1/kv_transfer/" + params.transfer_id;
+  auto r = cli.Get(path, headers);
+  if (!r) {
+    error = "fetching " + params.remote_url + path + " failed: " + httplib::to_string(r.error());
+    return nullptr;
+  }
+  if (r->status != 200) {
+    error = "fetching " + params.remote_url + path + " answered HTTP " + std::to_string(r->status) + ": " +
+            r->body.substr(0, 300);
+    return nullptr;
+  }
+  wire_bytes = r->body.size();
+  Result<KvBlocks> blocks = parse_kv_blocks(r->body);
+  // The producer may drop them now (fetched, whether usable or not): its acknowledgement.
+  (void)cli.Delete(path, headers);
+  if (!blocks) {
+    error = blocks.error();
+    return nullptr;
+  }
+  return std::make_shared<const KvBlocks>(std::move(*blocks));
+}
 
 std::string ApiServer::new_response_id(const char* prefix) {
   std::lock_guard<std::mutex> lock(id_mu_);
@@ -182,6 +220,24 @@ void ApiServer::install(httplib::Server& http) {
   http.Get(R"(/v1/responses/([^/]+)/input_items)", [this](const httplib::Request& req, httplib::Response& res) {
     handle_stored_response(req, res, true);
   });
+  if (kv_store_) {  // disaggregated prefill: decode servers fetch, then acknowledge, a prompt's blocks
+    http.Get(R"(/v1/kv_transfer/([0-9a-f]+))", [this](const httplib::Request& req, httplib::Response& res) {
+      auto blob = kv_store_->get(req.matches[1]);
+      if (!blob)
+        return send_error(res, ApiError{404, "KV transfer '" + std::string(req.matches[1]) +
+                                                 "' is not held here (unknown, expired or already acknowledged)",
+                                        "NotFoundError", "transfer_id", "kv_transfer_not_found"});
+      res.status = 200;
+      res.set_content(*blob, "application/octet-stream");
+    });
+    http.Delete(R"(/v1/kv_transfer/([0-9a-f]+))", [this](const httplib::Request& req, httplib::Response& res) {
+      const std::string id = req.matches[1];
+      if (!kv_store_->acknowledge(id))
+        return send_error(res, ApiError{404, "KV transfer '" + id + "' is not held here", "NotFoundError", "transfer_id",
+                                        "kv_transfer_not_found"});
+      send_json(res, OrderedJson{{"id", id}, {"object", "kv_transfer"}, {"deleted", true}});
+    });
+  }
   http.Delete(R"(/v1/responses/([^/]+))", [this](const httplib::Request& req, httplib::Response& res) {
     const std::string id = req.matches[1];
     if (!store_.erase(id)) return send_error(res, response_not_found(id));
@@ -389,6 +445,22 @@ void ApiServer::handle_stored_response(const httplib::Request& req, httplib::Res
   send_json(res, page);
 }
 
+OrderedJson ApiServer::keep_kv_blocks(const KvBlocks& blocks) {
+  auto blob = std::make_shared<const std::string>(serialize_kv_blocks(blocks));
+  const std::string id = kv_store_->put(blob);
+  if (id.empty()) {
+    M3_LOG_WARN("KV transfer: " + std::to_string(blob->size()) + " bytes of blocks exceed kv_buffer_size (" +
+                std::to_string(options_.kv_transfer.buffer_bytes) + "); the decode server computes the prompt");
+    return nullptr;
+  }
+  metrics_.count_kv_export(blocks.num_blocks(), int64_t(blob->size()));
+  return OrderedJson{{"do_remote_prefill", true},
+                     {"remote_url", options_.kv_transfer.advertise_url},
+                     {"transfer_id", id},
+                     {"num_blocks", blocks.num_blocks()},
+                     {"num_tokens", int64_t(blocks.num_blocks()) * blocks.block_size}};
+}
+
 void ApiServer::run_generation(GenerationJob&& job, httplib::Response& res) {
   const bool chat = job.chat;
   const CompletionRequest& completion = job.completion;
@@ -538,6 +610,47 @@ void ApiServer::run_generation(GenerationJob&& job, httplib::Response& res) {
     if (!problems.empty()) return send_error(res, invalid_request(problems.front(), problems.front().substr(0, problems.front().find(' '))));
   }
 
+  // Disaggregated prefill: this server prefills for a decode server (its blocks kept under an id
+  // the answer names), or decodes after a prefill server (its blocks fetched and written into the
+  // host KV tier first, so the prompt's admission hits them).
+  std::optional<KvImport> kv_import;
+  bool kv_export = false;
+  if (common.kv_transfer) {
+    const auto& kv = *common.kv_transfer;
+    if (kv.do_remote_decode) {
+      if (!options_.kv_transfer.producer)
+        return send_error(res, invalid_request("kv_transfer_params.do_remote_decode: this server does not keep KV for "
+                                               "decode servers (start it with --kv-transfer-config "
+                                               "'{\"kv_role\": \"kv_producer\"}')",
+                                               "kv_transfer_params"));
+      if (requests.size() != 1 || job.stream)
+        return send_error(res, invalid_request("kv_transfer_params.do_remote_decode needs one prompt, n = 1 and "
+                                               "stream false (the answer carries the transfer id)",
+                                               "kv_transfer_params"));
+      requests[0].kv_export = kv_export = true;
+    } else if (kv.do_remote_prefill) {
+      if (!options_.kv_transfer.consumer)
+        return send_error(res, invalid_request("kv_transfer_params.do_remote_prefill: this server does not fetch KV "
+                                               "from prefill servers (start it with --kv-transfer-config "
+                                               "'{\"kv_role\": \"kv_consumer\"}')",
+                                               "kv_transfer_params"));
+      if (prompts.size() != 1)
+        return send_error(res, invalid_request("kv_transfer_params.do_remote_prefill needs one prompt", "kv_transfer_params"));
+      std::string error;
+      size_t wire_bytes = 0;
+      auto blocks = fetch_kv_blocks(kv, error, wire_bytes);
+      if (!blocks) {
+        metrics_.count_kv_transfer_failure();
+        if (options_.kv_transfer.fail_on_load_error)
+          return send_error(res, ApiError{502, "KV transfer: " + error, "BadGatewayError", "kv_transfer_params", ""});
+        M3_LOG_WARN("KV transfer: " + error + "; computing the prompt here (kv_load_failure_policy recompute)");
+      } else {
+        metrics_.count_kv_import(0, int64_t(wire_bytes));
+        kv_import = KvImport{prompts[0], std::move(blocks), options_.kv_transfer.fail_on_load_error};
+      }
+    }
+  }
+
   if (draining_) {
     metrics_.count_refused();
     return send_error(res, ApiError{503, "the server is shutting down", "ServiceUnavailableError", "", ""});
@@ -545,12 +658,20 @@ void ApiServer::run_generation(GenerationJob&& job, httplib::Response& res) {
   const std::string spec_id = spec.responses ? spec.responses->id : spec.response_id;
   auto generation = std::make_shared<Generation>(tokenizer_, std::move(spec));
   auto channel = std::make_shared<RequestChannel>();
-  SubmitOutcome submitted = engine_.submit(std::move(requests), channel);
+  SubmitOutcome submitted = engine_.submit(std::move(requests), channel, std::move(kv_import));
+  if (!submitted.kv_import_error.empty()) {
+    metrics_.count_kv_transfer_failure();
+    M3_LOG_WARN("KV transfer refused: " + submitted.kv_import_error +
+                (options_.kv_transfer.fail_on_load_error ? "" : "; computing the prompt here"));
+  }
+  if (submitted.kv_import) metrics_.count_kv_import(submitted.kv_import->imported, 0);
   if (!submitted.ok()) {
     if (submitted.overloaded) {
       metrics_.count_refused();
       return send_error(res, ApiError{503, submitted.error, "ServiceUnavailableError", "", ""});
     }
+    if (!submitted.kv_import_error.empty() && options_.kv_transfer.fail_on_load_error)
+      return send_error(res, ApiError{502, submitted.error, "BadGatewayError", "kv_transfer_params", ""});
     return send_error(res, invalid_request(submitted.error, prompt_param));
   }
   generation->bind(submitted.ids);
@@ -586,8 +707,15 @@ void ApiServer::run_generation(GenerationJob&& job, httplib::Response& res) {
     bool started = false;
     bool complete = false;
     std::chrono::steady_clock::time_point last_write = std::chrono::steady_clock::now();
+    bool kv_export = false;
+    OrderedJson kv_transfer_params;  // the producer's answer: where the decode server finds the blocks
   };
-  auto state = std::make_shared<StreamState>(StreamState{generation, channel, std::move(on_complete), job.stream});
+  auto state = std::make_shared<StreamState>();
+  state->generation = generation;
+  state->channel = channel;
+  state->on_complete = std::move(on_complete);
+  state->stream = job.stream;
+  state->kv_export = kv_export;
   if (job.stream) res.set_header("Cache-Control", "no-cache");
   res.set_chunked_content_provider(
       job.stream ? "text/event-stream" : "application/json",
@@ -599,13 +727,23 @@ void ApiServer::run_generation(GenerationJob&& job, httplib::Response& res) {
           state->started = true;
         }
         std::vector<RequestId> to_abort;
-        std::string sse = gen.on_events(state->channel->wait(kPollInterval), to_abort);
+        std::vector<RequestEvent> events = state->channel->wait(kPollInterval);
+        if (state->kv_export)
+          for (const RequestEvent& ev : events)
+            if (ev.kv_export) state->kv_transfer_params = keep_kv_blocks(*ev.kv_export);
+        std::string sse = gen.on_events(std::move(events), to_abort);
         if (state->stream) out += sse;
         for (RequestId id : to_abort) engine_.abort(id);
         const bool done = gen.done();
         if (done) {
           if (state->on_complete) state->on_complete(gen);
-          out += state->stream ? gen.stream_end() : dump_json(gen.response());
+          if (state->stream) {
+            out += gen.stream_end();
+          } else {
+            OrderedJson body = gen.response();
+            if (state->kv_export) body["kv_transfer_params"] = state->kv_transfer_params;
+            out += dump_json(body);
+          }
         }
         const auto now = std::chrono::steady_clock::now();
         if (out.empty() && now - state->last_write >= (state->stream ? kHeartbeatInterval : kPlainProbeInterval))

@@ -11,6 +11,7 @@
 
 #include <httplib.h>
 
+#include "disagg/transfer_store.h"
 #include "server/async_engine.h"
 #include "server/cors.h"
 #include "server/json_mode.h"
@@ -31,6 +32,15 @@ struct ServerOptions {
   bool request_id_headers = false;     // vLLM's --enable-request-id-headers: X-Request-Id on generation answers
   bool log_requests = false;           // vLLM's --enable-log-requests: one line per generation request
   int max_log_len = -1;                // prompt characters logged with it (-1: all)
+  // Disaggregated prefill (--kv-transfer-config).
+  struct KvTransfer {
+    bool producer = false;  // kv_producer / kv_both: keeps prompts' KV blocks for decode servers
+    bool consumer = false;  // kv_consumer / kv_both: fetches them from prefill servers
+    std::string advertise_url;           // the base URL decode servers fetch this server's blocks from
+    size_t buffer_bytes = size_t(4) << 30;  // producer: serialized blocks held at most
+    int64_t timeout_ms = 120000;           // producer: unfetched blocks dropped after this; consumer: fetch timeout
+    bool fail_on_load_error = false;       // kv_load_failure_policy "fail" (else "recompute")
+  } kv_transfer;
 };
 
 struct GenerationJob;
@@ -55,6 +65,11 @@ class ApiServer {
   OrderedJson model_card(const std::string& name) const;  // one entry of /v1/models
   void handle_debug_kernels(httplib::Response& res) const;
   void handle_debug_shapes(httplib::Response& res) const;
+  // Consumer: the blocks a prefill server kept for this request ("" error) or why not.
+  std::shared_ptr<const KvBlocks> fetch_kv_blocks(const CommonRequest::KvTransferParams& params, std::string& error,
+                                                  size_t& wire_bytes);
+  // Producer: holds the blocks for a decode server; the answer's kv_transfer_params (null if too big).
+  OrderedJson keep_kv_blocks(const KvBlocks& blocks);
   std::string new_response_id(const char* prefix);
   // 404 model_not_found when `model` is neither empty nor a served name.
   std::optional<ApiError> check_model(const std::string& model) const;
@@ -72,6 +87,7 @@ class ApiServer {
   std::shared_ptr<const TokenBytes> token_bytes_;
   std::mt19937_64 id_rng_;
   ResponseStore store_;
+  std::unique_ptr<KvTransferStore> kv_store_;  // producer only
 };
 
 void send_error(httplib::Response& res, const ApiError& error);
