@@ -1,0 +1,214 @@
+// Disaggregated prefill through two engines on a fresh tiny checkpoint: a producer exports a
+// finished prompt's KV blocks (K, V and index keys of every layer), they cross the wire format,
+// and a consumer that imports them serves the prompt with the same tokens and logprobs as a cold
+// engine, its prefill a host-tier hit. Blocks of another layout, of another prompt, or for an
+// engine without a host tier are refused by name; tensor parallelism on both sides works.
+#include <gtest/gtest.h>
+
+#include "m3serve/engine.h"
+#include "../../support/tiny_model/tiny_model.h"
+
+namespace m3 {
+namespace {
+
+const std::string& tiny_dir() {
+  static const std::string dir = test::make_tiny_model("disagg_test_tiny", 23);
+  return dir;
+}
+
+EngineConfig config(int tp = 1, int64_t offload = int64_t(16) << 20) {
+  EngineConfig cfg;
+  cfg.model_dir = tiny_dir();
+  cfg.device = "cpu";
+  cfg.tensor_parallel_size = tp;
+  cfg.num_kv_blocks = 64;
+  cfg.max_num_batched_tokens = 64;  // prompts of > 64 tokens prefill in chunks
+  cfg.kv_offload_bytes = offload;
+  cfg.check_invariants = true;
+  return cfg;
+}
+
+std::unique_ptr<Engine> make(const EngineConfig& cfg) {
+  auto e = Engine::create(cfg);
+  EXPECT_TRUE(e.is_ok()) << e.error();
+  return e ? std::move(*e) : nullptr;
+}
+
+struct Outcome {
+  std::vector<TokenOutput> tokens;
+  int32_t cached = -1;
+  int64_t host_loaded = 0;
+  std::shared_ptr<const KvBlocks> exported;
+};
+
+Outcome run(Engine& e, const std::vector<int32_t>& prompt, int max_tokens, bool kv_export = false) {
+  GenerationRequest g;
+  g.prompt_token_ids = prompt;
+  g.sampling.temperature = 0.0f;
+  g.sampling.max_tokens = max_tokens;
+  g.sampling.ignore_eos = true;
+  g.sampling.logprobs = 3;
+  g.kv_export = kv_export;
+  auto id = e.submit(g);
+  EXPECT_TRUE(id.is_ok()) << id.error();
+  Outcome r;
+  while (e.has_unfinished_requests()) {
+    EngineStepStats st;
+    for (auto& ev : e.step(&st)) {
+      if (ev.request_id != *id) continue;
+      r.tokens.insert(r.tokens.end(), ev.new_tokens.begin(), ev.new_tokens.end());
+      r.cached = ev.num_cached_prompt_tokens;
+      if (ev.finished) r.exported = ev.kv_export;
+      EXPECT_EQ(ev.kv_export != nullptr, kv_export && ev.finished);
+    }
+    r.host_loaded += st.scheduler.kv_loaded_blocks;
+  }
+  return r;
+}
+
+void expect_same(const std::vector<TokenOutput>& a, const std::vector<TokenOutput>& b) {
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    EXPECT_EQ(a[i].token, b[i].token) << "token " << i;
+    EXPECT_EQ(a[i].logprob, b[i].logprob) << "token " << i;  // batch-invariant kernels: bit for bit
+    ASSERT_EQ(a[i].top_logprobs.size(), b[i].top_logprobs.size());
+    for (size_t j = 0; j < a[i].top_logprobs.size(); ++j)
+      EXPECT_EQ(a[i].top_logprobs[j].token, b[i].top_logprobs[j].token);
+  }
+}
+
+// The blocks as a decode server receives them: through the wire format.
+KvBlocks over_the_wire(const KvBlocks& b) {
+  auto p = parse_kv_blocks(serialize_kv_blocks(b));
+  EXPECT_TRUE(p.is_ok()) << p.error();
+  return p ? std::move(*p) : KvBlocks{};
+}
+
+void check_round_trip(int producer_tp, int consumer_tp) {
+  const std::vector<int32_t> prompt = test::random_prompt(150, 5);  // 9 full blocks of 16, and 6 tokens
+  auto producer = make(config(producer_tp));
+  auto consumer = make(config(consumer_tp));
+  auto cold = make(config(consumer_tp, 0));
+  ASSERT_TRUE(producer && consumer && cold);
+  // The producer prefills (one token, as a disaggregated prefill does) and exports.
+  const Outcome pre = run(*producer, prompt, 1, true);
+  ASSERT_NE(pre.exported, nullptr);
+  const KvBlocks& blocks = *pre.exported;
+  EXPECT_EQ(blocks.num_blocks(), 149 / 16);  // the blocks a hit may cover: the last token is always computed
+  EXPECT_EQ(blocks.layout, producer->kv_layout());
+  EXPECT_EQ(blocks.tp, producer_tp);
+  const KvBlocks wire = over_the_wire(blocks);
+  auto imported = consumer->import_kv(prompt, wire);
+  ASSERT_TRUE(imported.is_ok()) << imported.error();
+  EXPECT_EQ(imported->offered, 9);
+  EXPECT_EQ(imported->imported, 9);
+  EXPECT_EQ(imported->on_device + imported->present + imported->dropped, 0);
+  // Importing again finds them all in the tier.
+  auto again = consumer->import_kv(prompt, wire);
+  ASSERT_TRUE(again.is_ok()) << again.error();
+  EXPECT_EQ(again->present, 9);
+  // The decode: the prompt's blocks load from the host tier instead of being computed, and the
+  // output is a cold engine's.
+  const Outcome dec = run(*consumer, prompt, 12);
+  EXPECT_EQ(dec.cached, 144);
+  EXPECT_EQ(dec.host_loaded, 9);
+  const Outcome ref = run(*cold, prompt, 12);
+  EXPECT_EQ(ref.cached, 0);
+  expect_same(dec.tokens, ref.tokens);
+  EXPECT_EQ(dec.tokens[0].token, pre.tokens[0].token);  // the prefill's one token, too
+  EXPECT_TRUE(consumer->check_invariants().is_ok()) << consumer->check_invariants().message();
+}
+
+TEST(Disagg, ImportedBlocksServeThePromptLikeAColdEngine) { check_round_trip(1, 1); }
+
+TEST(Disagg, TensorParallelRanksOnBothSides) { check_round_trip(2, 2); }
+
+TEST(Disagg, RefusesBlocksOfAnotherLayoutOrPrompt) {
+  const std::vector<int32_t> prompt = test::random_prompt(70, 6);
+  auto producer = make(config());
+  ASSERT_TRUE(producer);
+  const KvBlocks blocks = *run(*producer, prompt, 1, true).exported;
+  ASSERT_EQ(blocks.num_blocks(), 4);
+  auto refused = [&](const EngineConfig& cfg, const std::vector<int32_t>& p, const std::string& needle) {
+    auto e = make(cfg);
+    ASSERT_TRUE(e);
+    auto r = e->import_kv(p, blocks);
+    ASSERT_FALSE(r.is_ok()) << "imported, expected: " << needle;
+    EXPECT_NE(r.error().find(needle), std::string::npos) << r.error();
+    // Nothing was written: the prompt is computed as usual.
+    EXPECT_EQ(run(*e, p, 2).cached, 0);
+  };
+  EngineConfig bf16 = config();
+  bf16.kv_cache_dtype = "bf16";
+  refused(bf16, prompt, "another KV layout");
+  EngineConfig seeded = config();
+  seeded.prefix_hash_seed = 99;
+  refused(seeded, prompt, "another KV layout");
+  refused(config(2), prompt, "another KV layout");  // a rank's page is another slice of the heads
+  std::vector<int32_t> other = prompt;
+  other[40] += 1;  // block 2 differs
+  refused(config(), other, "KV block 2 of the transfer is not block 2 of this prompt");
+  refused(config(1, 0), prompt, "needs the host KV tier");
+  // A damaged size never reaches the tier.
+  KvBlocks cut = blocks;
+  cut.bytes.resize(cut.bytes.size() - 1);
+  auto e = make(config());
+  auto r = e->import_kv(prompt, cut);
+  ASSERT_FALSE(r.is_ok());
+  EXPECT_NE(r.error().find("bytes, got"), std::string::npos) << r.error();
+}
+
+TEST(Disagg, LongerPromptUsesTheSharedBlocks) {
+  // The decode prompt extends the prefilled one (a multi-turn follow-up): the transfer's blocks are
+  // its leading blocks and the rest is computed.
+  const std::vector<int32_t> prompt = test::random_prompt(70, 8);
+  std::vector<int32_t> longer = prompt;
+  for (int32_t t : test::random_prompt(40, 9)) longer.push_back(t);
+  auto producer = make(config());
+  auto consumer = make(config());
+  auto cold = make(config(1, 0));
+  const KvBlocks blocks = *run(*producer, prompt, 1, true).exported;
+  auto imported = consumer->import_kv(longer, blocks);
+  ASSERT_TRUE(imported.is_ok()) << imported.error();
+  EXPECT_EQ(imported->imported, 4);
+  const Outcome dec = run(*consumer, longer, 6);
+  EXPECT_EQ(dec.cached, 64);
+  expect_same(dec.tokens, run(*cold, longer, 6).tokens);
+}
+
+TEST(Disagg, SmallHostTierKeepsTheLeadingBlocks) {
+  // A tier of 3 pages takes the first 3 of 9 blocks (more would evict the transfer's own first
+  // blocks); the prompt hits 48 tokens and computes the rest.
+  const std::vector<int32_t> prompt = test::random_prompt(150, 10);
+  auto producer = make(config());
+  const KvBlocks blocks = *run(*producer, prompt, 1, true).exported;
+  EngineConfig small = config();
+  const int64_t page = blocks.page_bytes;
+  small.kv_offload_bytes = 3 * page + page / 2;
+  auto consumer = make(small);
+  ASSERT_EQ(consumer->model().num_host_kv_blocks, 3);
+  auto imported = consumer->import_kv(prompt, blocks);
+  ASSERT_TRUE(imported.is_ok()) << imported.error();
+  EXPECT_EQ(imported->imported, 3);
+  EXPECT_EQ(imported->dropped, 6);
+  const Outcome dec = run(*consumer, prompt, 4);
+  EXPECT_EQ(dec.cached, 48);
+  auto cold = make(config(1, 0));
+  expect_same(dec.tokens, run(*cold, prompt, 4).tokens);
+}
+
+TEST(Disagg, ExportNeedsPrefixCaching) {
+  EngineConfig cfg = config(1, 0);
+  cfg.enable_prefix_caching = false;
+  auto e = make(cfg);
+  GenerationRequest g;
+  g.prompt_token_ids = test::random_prompt(20, 1);
+  g.sampling.max_tokens = 1;
+  g.kv_export = true;
+  auto id = e->submit(g);
+  ASSERT_FALSE(id.is_ok());
+  EXPECT_NE(id.error().find("kv_export needs prefix caching"), std::string::npos) << id.error();
+}
+
+}  // namespace
+}  // namespace m3
