@@ -1031,6 +1031,119 @@ class ServerTest(unittest.TestCase):
             self.assertNotEqual(out.returncode, 0, flags)
             self.assertIn(needle, out.stderr + out.stdout)
 
+    def test_disaggregated_prefill(self):
+        # A prefill server (kv_producer), a decode server (kv_consumer) and `m3serve disagg-proxy`:
+        # through the proxy the decode server fetches the prompt's KV blocks instead of computing
+        # them, and every answer (text, token ids, logprobs; streamed or not; chat too) is the plain
+        # server's. A transfer the decode server cannot fetch is computed there (recompute), or
+        # refused with 502 under kv_load_failure_policy fail.
+        producer = Server(api_key=None, extra=["--kv-transfer-config", json.dumps({"kv_role": "kv_producer"})])
+        consumer = Server(api_key=None, extra=["--kv-transfer-config", json.dumps({"kv_role": "kv_consumer"})])
+        strict = Server(api_key=None, extra=["--kv-transfer-config",
+                                             json.dumps({"kv_role": "kv_consumer", "kv_load_failure_policy": "fail"})])
+        port = free_port()
+        log_path = os.path.join(ARGS.work, "proxy-%d.log" % port)
+        log = open(log_path, "w")
+        proxy = subprocess.Popen([ARGS.m3serve, "disagg-proxy", "--host", "127.0.0.1", "--port", str(port),
+                                  "--prefill", "http://127.0.0.1:%d" % producer.port,
+                                  "--decode", "http://127.0.0.1:%d" % consumer.port], stdout=log, stderr=subprocess.STDOUT)
+
+        def via_proxy(path, body, stream=False):
+            deadline = time.time() + 30
+            while True:
+                try:
+                    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+                    conn.request("POST", path, body=json.dumps(body), headers={"Content-Type": "application/json"})
+                    resp = conn.getresponse()
+                    break
+                except OSError:
+                    if time.time() > deadline:
+                        raise
+                    time.sleep(0.1)
+            payload = resp.read().decode()
+            conn.close()
+            if not stream:
+                return resp.status, json.loads(payload)
+            chunks = [json.loads(line[6:]) for line in payload.splitlines()
+                      if line.startswith("data: ") and line != "data: [DONE]"]
+            return resp.status, chunks
+
+        try:
+            prompt = [17, 402, 33, 250, 9, 118, 76, 301] * 9  # 72 tokens: 4 full blocks of 16 cross over
+            body = {"model": MODEL, "prompt": prompt, "max_tokens": 12, "temperature": 0, "logprobs": 2,
+                    "ignore_eos": True, "return_token_ids": True}
+            st, d = via_proxy("/v1/completions", body)
+            self.assertEqual(st, 200, d)
+            st, ref = self.server.json("POST", "/v1/completions", body)
+            self.assertEqual(st, 200, ref)
+            cd, cr = d["choices"][0], ref["choices"][0]
+            self.assertEqual((cd["text"], cd["token_ids"]), (cr["text"], cr["token_ids"]))
+            self.assertEqual(cd["logprobs"]["token_logprobs"], cr["logprobs"]["token_logprobs"])
+            self.assertEqual(d["usage"]["prompt_tokens_details"]["cached_tokens"], 64)
+            self.assertEqual(d["usage"]["completion_tokens"], 12)
+            # Streamed, and chat.
+            st, chunks = via_proxy("/v1/completions", dict(body, prompt=prompt[1:] + [5], stream=True,
+                                                             stream_options={"include_usage": True}), stream=True)
+            self.assertEqual(st, 200)
+            st, plain = self.server.json("POST", "/v1/completions", dict(body, prompt=prompt[1:] + [5]))
+            self.assertEqual("".join(c["choices"][0]["text"] for c in chunks if c["choices"]), plain["choices"][0]["text"])
+            self.assertEqual(chunks[-1]["usage"]["prompt_tokens_details"]["cached_tokens"], 64)
+            messages = [{"role": "user", "content": "Tell me about the river and the old mill by the bridge " * 4}]
+            chat = {"model": MODEL, "messages": messages, "max_tokens": 10, "temperature": 0}
+            st, d = via_proxy("/v1/chat/completions", chat)
+            self.assertEqual(st, 200, d)
+            self.assertGreater(d["usage"]["prompt_tokens_details"]["cached_tokens"], 0)
+            self.assertEqual(d["choices"][0]["message"]["content"],
+                             self.server.json("POST", "/v1/chat/completions", chat)[1]["choices"][0]["message"]["content"])
+            # The producer's view: blocks kept, fetched and acknowledged (none left held).
+            pm, cm = producer.metrics(), consumer.metrics()
+            key = '{model_name="%s"}' % MODEL
+            self.assertGreater(pm["m3:kv_transfer_exported_blocks_total" + key], 0)
+            self.assertGreater(cm["m3:kv_transfer_imported_blocks_total" + key], 0)
+            self.assertEqual(cm["m3:kv_transfer_failures_total" + key], 0)
+            # Errors of the request itself come back from the prefill server with their status.
+            st, e = via_proxy("/v1/completions", dict(body, temperature=-1))
+            self.assertEqual(st, 400, e)
+            self.assertIn("temperature", e["error"]["message"])
+            # A transfer that is not there: computed (recompute policy), or 502 (fail policy).
+            gone = dict(body, prompt=prompt[2:] + [7, 8], kv_transfer_params={
+                "do_remote_prefill": True, "remote_url": "http://127.0.0.1:%d" % producer.port, "transfer_id": "ab12"})
+            st, r = consumer.json("POST", "/v1/completions", gone)
+            self.assertEqual(st, 200, r)
+            self.assertEqual(r["usage"]["prompt_tokens_details"]["cached_tokens"], 0)
+            self.assertEqual(consumer.metrics()["m3:kv_transfer_failures_total" + key], 1)
+            st, r = strict.json("POST", "/v1/completions", gone)
+            self.assertEqual(st, 502, r)
+            self.assertIn("ab12", r["error"]["message"])
+            # Roles are checked: a plain server neither keeps nor fetches blocks.
+            for params in ({"do_remote_decode": True}, gone["kv_transfer_params"]):
+                st, r = self.server.json("POST", "/v1/completions", dict(body, kv_transfer_params=params))
+                self.assertEqual(st, 400, r)
+                self.assertIn("--kv-transfer-config", r["error"]["message"])
+            st, r = producer.json("POST", "/v1/completions", dict(body, stream=True, kv_transfer_params={"do_remote_decode": True}))
+            self.assertEqual(st, 400, r)
+            st, r = producer.json("GET", "/v1/kv_transfer/0123abcd")
+            self.assertEqual(st, 404, r)
+        finally:
+            proxy.send_signal(signal.SIGTERM)
+            try:
+                proxy.wait(10)
+            except subprocess.TimeoutExpired:
+                proxy.kill()
+            log.close()
+            for s in (producer, consumer, strict):
+                s.stop()
+        for cfg, needle in (({"kv_role": "kv_server"}, "kv_role must be"),
+                            ({"kv_role": "kv_producer", "kv_connector": "NixlConnector"}, "not built into m3serve"),
+                            ({"kv_role": "kv_both", "kv_rank": 0}, "unknown key 'kv_rank'"),
+                            ({"kv_role": "kv_producer"}, "needs prefix caching")):
+            flags = ["--kv-transfer-config", json.dumps(cfg)]
+            if cfg == {"kv_role": "kv_producer"}:
+                flags.append("--no-enable-prefix-caching")
+            out = subprocess.run([ARGS.m3serve, "serve", ARGS.fixture, *flags], capture_output=True, text=True, timeout=60)
+            self.assertNotEqual(out.returncode, 0, cfg)
+            self.assertIn(needle, out.stderr + out.stdout)
+
     def test_cors(self):
         def call(method, path, headers, body=None):
             conn = http.client.HTTPConnection("127.0.0.1", self.server.port, timeout=60)
