@@ -227,6 +227,40 @@ class EngineImpl final : public Engine {
                            "and --prefix-hash-seed");
     if (summary_.num_host_kv_blocks == 0)
       return Status::error("importing KV blocks needs the host KV tier (kv_offload_bytes, --kv-offloading-size)");
+    // Pages of another tensor-parallel size: each of this engine's ranks takes its KV heads from
+    // the producer ranks' pages that hold them (the index keys are every rank's).
+    const int tp = int(ranks_.size());
+    const DType kv_dtype = summary_.kv_cache_dtype == "bf16" ? DType::kBF16 : DType::kF32;
+    const DType index_dtype = summary_.index_cache_dtype == "fp8"    ? DType::kF8E4M3
+                              : summary_.index_cache_dtype == "bf16" ? DType::kBF16
+                                                                     : DType::kF32;
+    std::vector<std::pair<int, int>> src_heads;  // the producer ranks' (first global KV head, heads)
+    if (blocks.tp == tp) {
+      if (blocks.page_bytes != page_bytes_)
+        return Status::error("the KV blocks' pages are " + std::to_string(blocks.page_bytes) + " bytes per rank, this "
+                             "engine's " + std::to_string(page_bytes_));
+    } else {
+      if (eagle3_)
+        return Status::error("KV blocks of tensor-parallel size " + std::to_string(blocks.tp) + " for an engine of size " +
+                             std::to_string(tp) + ": pages with an EAGLE-3 draft's K/V move between equal sizes only");
+      const MiniMaxM3Config& last = ranks_.back()->model->config();
+      const int heads = last.kv_head_offset + last.num_key_value_heads;  // global KV heads
+      const int ptp = blocks.tp;
+      if (!(ptp <= heads ? heads % ptp == 0 : ptp % heads == 0))
+        return Status::error("KV blocks of tensor-parallel size " + std::to_string(ptp) + ": the model's " +
+                             std::to_string(heads) + " KV heads do not split over it");
+      const MiniMaxM3Config& c = ranks_[0]->model->config();
+      int64_t want = 0;  // a producer rank's page
+      const int per_rank = ptp <= heads ? heads / ptp : 1;
+      for (int l = 0; l < c.num_hidden_layers; ++l)
+        want += int64_t(block_size()) * (2 * int64_t(per_rank) * c.head_dim * int64_t(dtype_size_bytes(kv_dtype)) +
+                                         (c.computes_index(l) ? int64_t(c.index_head_dim) * int64_t(dtype_size_bytes(index_dtype)) : 0));
+      if (blocks.page_bytes != want)
+        return Status::error("the KV blocks' pages are " + std::to_string(blocks.page_bytes) + " bytes per rank, " +
+                             std::to_string(want) + " expected for tensor-parallel size " + std::to_string(ptp));
+      for (int r = 0; r < ptp; ++r)
+        src_heads.emplace_back(ptp <= heads ? r * per_rank : r / (ptp / heads), per_rank);
+    }
     const KvCacheManager& kv = scheduler_.kv();
     const std::vector<Hash128> want = kv.prefix_block_hashes(prompt);
     const int32_t n = std::min<int32_t>(blocks.num_blocks(), int32_t(want.size()));
@@ -251,9 +285,18 @@ class EngineImpl final : public Engine {
         continue;
       }
       if (st.slot < 0) break;
-      for (size_t r = 0; r < ranks_.size(); ++r)
-        std::memcpy(ranks_[r]->host_kv.as<char>() + int64_t(st.slot) * page_bytes_, blocks.page(i, int32_t(r)),
-                    size_t(page_bytes_));
+      for (size_t r = 0; r < ranks_.size(); ++r) {
+        char* dst = ranks_[r]->host_kv.as<char>() + int64_t(st.slot) * page_bytes_;
+        if (src_heads.empty()) {
+          std::memcpy(dst, blocks.page(i, int32_t(r)), size_t(page_bytes_));
+          continue;
+        }
+        const MiniMaxM3Config& c = ranks_[r]->model->config();
+        for (size_t p = 0; p < src_heads.size(); ++p)
+          BackendKvCache::copy_page_heads(c, block_size(), kv_dtype, index_dtype, blocks.page(i, int32_t(p)),
+                                          src_heads[p].first, src_heads[p].second, dst, c.kv_head_offset,
+                                          c.num_key_value_heads);
+      }
       ++res.imported;
     }
     res.dropped = res.offered - res.on_device - res.present - res.imported;
@@ -854,16 +897,15 @@ Result<std::unique_ptr<Engine>> Engine::create(const EngineConfig& config) {
                         "index_dtype=" + index_dtype_name};
   // Index sharing changes every later layer's K and V for the same tokens.
   if (config.msa_index_reuse > 1) kc.hash_extra_keys.push_back("msa_index_reuse=" + std::to_string(config.msa_index_reuse));
-  // A rank's page holds its heads' slice of K and V: pages of another TP size are not these.
-  if (tp > 1) kc.hash_extra_keys.push_back("tensor_parallel_size=" + std::to_string(tp));
+  // (Not the tensor-parallel size: a block's hash names its tokens' KV whatever slice of the heads
+  // a rank's page holds; KV transfers between sizes map the pages, Engine::import_kv.)
   auto scheduler = Scheduler::create(sc, kc);
   if (!scheduler) return scheduler.status();
   // What a page is, for KV transfers between engines: the prefix hashes' inputs (a block's hash
-  // then names the same tokens under the same model and dtypes) and the page's bytes per rank.
+  // then names the same tokens under the same model and dtypes) and the draft whose K/V follow.
+  // The tensor-parallel size travels beside it (KvBlocks::tp): pages of another size are mapped.
   std::string kv_layout = "m3kv/1 seed=" + std::to_string(kc.hash_seed) + " block=" + std::to_string(bs) + " keys=";
   for (const std::string& key : kc.hash_extra_keys) kv_layout += key + ";";
-  kv_layout += " tp=" + std::to_string(tp) + " page=" + std::to_string(page_bytes) +
-               " target_page=" + std::to_string(target_page_bytes);
   if (eagle3) kv_layout += " draft=" + model_fingerprint(config.speculative_model);
   ModelSummary summary;
   summary.vocab_size = c.vocab_size;

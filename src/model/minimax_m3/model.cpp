@@ -399,6 +399,29 @@ int64_t BackendKvCache::bytes_per_block(const MiniMaxM3Config& c, int block_size
          block_size;
 }
 
+void BackendKvCache::copy_page_heads(const MiniMaxM3Config& c, int bs, DType dtype, DType index_dtype, const char* src,
+                                     int src_first, int src_heads, char* dst, int dst_first, int dst_heads) {
+  const size_t head_bytes = size_t(c.head_dim) * dtype_size_bytes(dtype);
+  const size_t index_bytes = size_t(bs) * size_t(c.index_head_dim) * dtype_size_bytes(index_dtype);
+  const int first = std::max(src_first, dst_first), last = std::min(src_first + src_heads, dst_first + dst_heads);
+  size_t so = 0, dof = 0;  // offsets of the layer's tensors in src and dst
+  for (int l = 0; l < c.num_hidden_layers; ++l) {
+    for (int kv = 0; kv < 2; ++kv) {  // K, then V: [bs][heads][head_dim]
+      for (int t = 0; t < bs; ++t)
+        for (int h = first; h < last; ++h)
+          std::memcpy(dst + dof + (size_t(t) * dst_heads + size_t(h - dst_first)) * head_bytes,
+                      src + so + (size_t(t) * src_heads + size_t(h - src_first)) * head_bytes, head_bytes);
+      so += size_t(bs) * size_t(src_heads) * head_bytes;
+      dof += size_t(bs) * size_t(dst_heads) * head_bytes;
+    }
+    if (c.computes_index(l)) {
+      std::memcpy(dst + dof, src + so, index_bytes);
+      so += index_bytes;
+      dof += index_bytes;
+    }
+  }
+}
+
 BackendKvCache BackendKvCache::allocate(ops::BackendRuntime* rt, const MiniMaxM3Config& c, int64_t num_blocks,
                                         int block_size, DType dtype, std::optional<DType> index_dtype) {
   M3_CHECK(dtype == DType::kF32 || dtype == DType::kBF16, "KV cache dtype must be F32 or BF16");

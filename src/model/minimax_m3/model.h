@@ -43,6 +43,12 @@ struct BackendKvCache {
   // Both only queue the copies (stream order); `host` must be the runtime's pinned memory.
   void save_block(ops::BackendRuntime* rt, int64_t block, void* host) const;
   void load_block(ops::BackendRuntime* rt, int64_t block, const void* host) const;
+  // KV transfers between tensor-parallel sizes: copies into `dst` (a page of `config`'s layers
+  // holding the global KV heads [dst_first, dst_first + dst_heads)) the heads it shares with `src`
+  // (a page holding [src_first, src_first + src_heads)), and the index keys (one shared head,
+  // the same on every rank). `config` gives the layers, head dims and index layers.
+  static void copy_page_heads(const MiniMaxM3Config& config, int block_size, DType dtype, DType index_dtype,
+                              const char* src, int src_first, int src_heads, char* dst, int dst_first, int dst_heads);
   int64_t num_blocks = 0;
 
  private:

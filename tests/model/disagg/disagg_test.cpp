@@ -2,7 +2,7 @@
 // finished prompt's KV blocks (K, V and index keys of every layer), they cross the wire format,
 // and a consumer that imports them serves the prompt with the same tokens and logprobs as a cold
 // engine, its prefill a host-tier hit. Blocks of another layout, of another prompt, or for an
-// engine without a host tier are refused by name; tensor parallelism on both sides works.
+// engine without a host tier are refused by name; pages map between tensor-parallel sizes.
 #include <gtest/gtest.h>
 
 #include "m3serve/engine.h"
@@ -66,11 +66,16 @@ Outcome run(Engine& e, const std::vector<int32_t>& prompt, int max_tokens, bool 
   return r;
 }
 
-void expect_same(const std::vector<TokenOutput>& a, const std::vector<TokenOutput>& b) {
+// Bit for bit where both engines computed the KV alike (batch-invariant kernels, one tensor-parallel
+// size); across sizes the ranks' all-reduces round the residual stream differently, so the KV of a
+// prefill of another size is as close as two sizes' outputs are (the same tokens, logprobs within
+// 1e-3, as model_tensor_parallel_engine checks).
+void expect_same(const std::vector<TokenOutput>& a, const std::vector<TokenOutput>& b, bool exact = true) {
   ASSERT_EQ(a.size(), b.size());
   for (size_t i = 0; i < a.size(); ++i) {
     EXPECT_EQ(a[i].token, b[i].token) << "token " << i;
-    EXPECT_EQ(a[i].logprob, b[i].logprob) << "token " << i;  // batch-invariant kernels: bit for bit
+    if (exact) EXPECT_EQ(a[i].logprob, b[i].logprob) << "token " << i;
+    else EXPECT_NEAR(a[i].logprob, b[i].logprob, 1e-3) << "token " << i;
     ASSERT_EQ(a[i].top_logprobs.size(), b[i].top_logprobs.size());
     for (size_t j = 0; j < a[i].top_logprobs.size(); ++j)
       EXPECT_EQ(a[i].top_logprobs[j].token, b[i].top_logprobs[j].token);
@@ -114,7 +119,7 @@ void check_round_trip(int producer_tp, int consumer_tp) {
   EXPECT_EQ(dec.host_loaded, 9);
   const Outcome ref = run(*cold, prompt, 12);
   EXPECT_EQ(ref.cached, 0);
-  expect_same(dec.tokens, ref.tokens);
+  expect_same(dec.tokens, ref.tokens, producer_tp == consumer_tp);
   EXPECT_EQ(dec.tokens[0].token, pre.tokens[0].token);  // the prefill's one token, too
   EXPECT_TRUE(consumer->check_invariants().is_ok()) << consumer->check_invariants().message();
 }
@@ -122,6 +127,15 @@ void check_round_trip(int producer_tp, int consumer_tp) {
 TEST(Disagg, ImportedBlocksServeThePromptLikeAColdEngine) { check_round_trip(1, 1); }
 
 TEST(Disagg, TensorParallelRanksOnBothSides) { check_round_trip(2, 2); }
+
+// Pages mapped between tensor-parallel sizes (the tiny model's 2 KV heads: split over 2 ranks,
+// replicated over 4): each consumer rank takes its heads from the producer ranks holding them.
+TEST(Disagg, PrefillAndDecodeOfDifferentTensorParallelSizes) {
+  check_round_trip(1, 2);
+  check_round_trip(2, 1);
+  check_round_trip(4, 2);
+  check_round_trip(1, 4);
+}
 
 TEST(Disagg, RefusesBlocksOfAnotherLayoutOrPrompt) {
   const std::vector<int32_t> prompt = test::random_prompt(70, 6);
@@ -144,7 +158,24 @@ TEST(Disagg, RefusesBlocksOfAnotherLayoutOrPrompt) {
   EngineConfig seeded = config();
   seeded.prefix_hash_seed = 99;
   refused(seeded, prompt, "another KV layout");
-  refused(config(2), prompt, "another KV layout");  // a rank's page is another slice of the heads
+  KvBlocks odd = blocks;  // a producer size the model's 2 KV heads do not split over
+  odd.tp = 3;
+  odd.bytes.resize(size_t(odd.num_blocks()) * 3 * size_t(odd.page_bytes));
+  {
+    auto e = make(config(2));
+    auto r = e->import_kv(prompt, odd);
+    ASSERT_FALSE(r.is_ok());
+    EXPECT_NE(r.error().find("do not split over it"), std::string::npos) << r.error();
+  }
+  KvBlocks wrong_page = blocks;  // pages of a size no producer of this model writes
+  wrong_page.page_bytes += 4;
+  wrong_page.bytes.resize(size_t(wrong_page.num_blocks()) * size_t(wrong_page.page_bytes));
+  {
+    auto e = make(config(2));
+    auto r = e->import_kv(prompt, wrong_page);
+    ASSERT_FALSE(r.is_ok());
+    EXPECT_NE(r.error().find("expected for tensor-parallel size 1"), std::string::npos) << r.error();
+  }
   std::vector<int32_t> other = prompt;
   other[40] += 1;  // block 2 differs
   refused(config(), other, "KV block 2 of the transfer is not block 2 of this prompt");
