@@ -629,5 +629,83 @@ INSTANTIATE_TEST_SUITE_P(Small, CudaEngine,
                                   info.param.kv + "kv";
                          });
 
+// Disaggregated prefill on the GPU: a CUDA engine exports a prompt's KV pages (BF16 K/V, the index
+// keys in BF16 or FP8, an EAGLE-3 draft's K/V after them), they cross the wire format, and a second
+// CUDA engine that imports them decodes exactly what a cold engine does (batch-invariant kernels:
+// the hit's last-token prefill gives the cold prefill's logits bit for bit).
+TEST(CudaDisagg, ImportedPagesDecodeLikeAColdEngine) {
+  if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device: the GPU model test needs one";
+  const std::string src = env_or("M3_SOURCE_DIR", M3_SOURCE_DIR_DEFAULT);
+  std::mt19937 rng(12);
+  std::vector<int32_t> prompt(300);
+  for (auto& t : prompt) t = 3 + int32_t(rng() % 6000);
+  struct Case {
+    const char* name;
+    std::string index_dtype;
+    bool eagle3;
+  };
+  for (const Case& k : {Case{"bf16 index keys", "auto", false}, Case{"fp8 index keys", "fp8", false},
+                        Case{"eagle3 draft", "auto", true}}) {
+    SCOPED_TRACE(k.name);
+    EngineConfig cfg;
+    cfg.model_dir = src + "/models/m3-small";
+    cfg.device = "cuda";
+    cfg.max_num_seqs = 4;
+    cfg.num_kv_blocks = 64;
+    cfg.kv_offload_bytes = int64_t(64) << 20;
+    cfg.index_cache_dtype = k.index_dtype;
+    if (k.eagle3) {
+      cfg.speculative_method = "eagle3";
+      cfg.speculative_model = src + "/models/m3-small-eagle3";
+      cfg.ngram.num_speculative_tokens = 3;
+    }
+    auto producer = Engine::create(cfg);
+    auto consumer = Engine::create(cfg);
+    EngineConfig cold_cfg = cfg;
+    cold_cfg.kv_offload_bytes = 0;
+    auto cold = Engine::create(cold_cfg);
+    ASSERT_TRUE(producer.is_ok() && consumer.is_ok() && cold.is_ok());
+    auto run = [&](Engine& e, int max_tokens, bool kv_export, int32_t* cached) {
+      GenerationRequest g;
+      g.prompt_token_ids = prompt;
+      g.sampling.temperature = 0.0f;
+      g.sampling.max_tokens = max_tokens;
+      g.sampling.ignore_eos = true;
+      g.sampling.logprobs = 1;
+      g.kv_export = kv_export;
+      auto id = e.submit(g);
+      EXPECT_TRUE(id.is_ok()) << id.error();
+      std::vector<TokenOutput> out;
+      std::shared_ptr<const KvBlocks> blocks;
+      while (e.has_unfinished_requests())
+        for (auto& ev : e.step()) {
+          out.insert(out.end(), ev.new_tokens.begin(), ev.new_tokens.end());
+          if (cached) *cached = ev.num_cached_prompt_tokens;
+          if (ev.kv_export) blocks = ev.kv_export;
+        }
+      return std::make_pair(out, blocks);
+    };
+    auto pre = run(**producer, 1, true, nullptr);
+    ASSERT_NE(pre.second, nullptr);
+    EXPECT_EQ(pre.second->num_blocks(), 299 / 32);
+    auto wire = parse_kv_blocks(serialize_kv_blocks(*pre.second));
+    ASSERT_TRUE(wire.is_ok()) << wire.error();
+    auto imported = (*consumer)->import_kv(prompt, *wire);
+    ASSERT_TRUE(imported.is_ok()) << imported.error();
+    EXPECT_EQ(imported->imported, 299 / 32);
+    int32_t cached = -1, cold_cached = -1;
+    const auto dec = run(**consumer, 40, false, &cached).first;
+    const auto ref = run(**cold, 40, false, &cold_cached).first;
+    EXPECT_EQ(cached, 288);
+    EXPECT_EQ(cold_cached, 0);
+    ASSERT_EQ(dec.size(), ref.size());
+    for (size_t n = 0; n < ref.size(); ++n) {
+      EXPECT_EQ(dec[n].token, ref[n].token) << "output " << n;
+      EXPECT_EQ(dec[n].logprob, ref[n].logprob) << "output " << n;
+    }
+    EXPECT_EQ(dec[0].token, pre.first[0].token);
+  }
+}
+
 }  // namespace
 }  // namespace m3
