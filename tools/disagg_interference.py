@@ -93,8 +93,11 @@ def main():
            "long_cached_tokens_mean": round(statistics.mean(c for _, c in e2e), 1) if e2e else None}
     for key in ("itl_alone", "itl_with_prefills"):
         xs = [x * 1000 for x in result[key]]
-        row[key + "_ms"] = {"p50": round(percentile(xs, 50), 3), "p90": round(percentile(xs, 90), 3),
-                            "p99": round(percentile(xs, 99), 3), "max": round(max(xs), 3), "n": len(xs)}
+        med = percentile(xs, 50)
+        row[key + "_ms"] = {"p50": round(med, 3), "p90": round(percentile(xs, 90), 3),
+                            "p99": round(percentile(xs, 99), 3), "max": round(max(xs), 3), "n": len(xs),
+                            # time the stream stood still: gaps over 10x its median
+                            "stalled": round(sum(x for x in xs if x > 10 * med), 1)}
     print(json.dumps(row), flush=True)
     if a.json:
         with open(a.json, "w") as f:
