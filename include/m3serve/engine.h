@@ -86,6 +86,11 @@ struct EngineConfig {
   // split over this many ranks, each with its own slice of the weights and KV cache (threads of
   // this process; on the CPU their all-reduces go through host memory). 1 = off.
   int32_t tensor_parallel_size = 1;
+  // Disaggregated prefill between engines of one host (M3CudaIpcConnector): this many bytes of
+  // backend memory per rank hold exported pages (GenerationRequest::kv_export) until the decode
+  // engine copies them out of it and releases them (release_kv_export); 0 = exports are copied
+  // to host memory (KvBlocks::bytes). An export that does not fit goes to host memory too.
+  int64_t kv_export_device_bytes = 0;
 };
 
 struct GenerationRequest {
@@ -202,11 +207,16 @@ class Engine {
   // into the KV cache instead of computing them). Refused with a message naming the mismatch when
   // the blocks come from an engine of another layout or are not this prompt's; needs the host
   // tier (kv_offload_bytes).
+  // Blocks left in another engine's device memory (KvBlocks::on_device) are copied from it into
+  // fresh KV cache blocks (no host tier needed); the engines must have the same tensor-parallel size.
   virtual Result<KvImportResult> import_kv(const std::vector<int32_t>& prompt, const KvBlocks& blocks) {
     (void)prompt;
     (void)blocks;
     return Status::error("this engine does not import KV blocks");
   }
+  // Producer side: frees the device slots of an export on device (after the consumer copied it,
+  // or when it expired). Thread-safe.
+  virtual void release_kv_export(const std::vector<int32_t>& device_slots) { (void)device_slots; }
 };
 
 }  // namespace m3

@@ -46,6 +46,16 @@ Status KvBlocks::validate() const {
   if (block_size < 1) return Status::error("KV blocks: block_size must be >= 1, got " + std::to_string(block_size));
   if (tp < 1) return Status::error("KV blocks: tp must be >= 1, got " + std::to_string(tp));
   if (page_bytes < 1) return Status::error("KV blocks: page_bytes must be >= 1, got " + std::to_string(page_bytes));
+  if (on_device()) {
+    if (!bytes.empty()) return Status::error("KV blocks: pages in device memory and in bytes at once");
+    if (device_slots.size() != hashes.size() || device_memory.size() != size_t(tp))
+      return Status::error("KV blocks: " + std::to_string(hashes.size()) + " blocks of " + std::to_string(tp) +
+                           " ranks need as many device slots and one memory handle per rank, got " +
+                           std::to_string(device_slots.size()) + " and " + std::to_string(device_memory.size()));
+    for (int32_t s : device_slots)
+      if (s < 0) return Status::error("KV blocks: negative device slot " + std::to_string(s));
+    return Status::ok();
+  }
   const int64_t want = int64_t(hashes.size()) * tp * page_bytes;
   if (int64_t(bytes.size()) != want)
     return Status::error("KV blocks: " + std::to_string(hashes.size()) + " blocks of " + std::to_string(tp) + " x " +
@@ -64,10 +74,15 @@ std::string serialize_kv_blocks(const KvBlocks& b) {
   const int64_t block_bytes = int64_t(b.tp) * b.page_bytes;
   for (int32_t i = 0; i < b.num_blocks(); ++i) {
     hashes.push_back(b.hashes[size_t(i)].to_hex());
-    sums.push_back(checksum(b.bytes.data() + i * block_bytes, block_bytes).to_hex());
+    // (Pages left in device memory travel without bytes, so without checksums.)
+    sums.push_back(b.on_device() ? Hash128{}.to_hex() : checksum(b.bytes.data() + i * block_bytes, block_bytes).to_hex());
   }
   h["hashes"] = std::move(hashes);
   h["checksums"] = std::move(sums);
+  if (b.on_device()) {
+    h["device_slots"] = b.device_slots;
+    h["device_memory"] = b.device_memory;
+  }
   const std::string header = h.dump();
   std::string out;
   out.reserve(kFixedBytes + header.size() + b.bytes.size());
@@ -116,12 +131,21 @@ Result<KvBlocks> parse_kv_blocks(std::string_view wire) {
       b.hashes.push_back(x);
       sums.push_back(s);
     }
+    if (h.contains("device_slots") || h.contains("device_memory")) {
+      b.device_slots = h.at("device_slots").get<std::vector<int32_t>>();
+      b.device_memory = h.at("device_memory").get<std::vector<std::string>>();
+    }
   } catch (const std::exception& e) {
     return Status::error(std::string("KV blocks: header field missing or of the wrong type: ") + e.what());
   }
   if (b.block_size < 1 || b.tp < 1 || b.page_bytes < 1)
     return Status::error("KV blocks: block_size, tp and page_bytes must be >= 1");
   const uint64_t payload = wire.size() - kFixedBytes - header_len;
+  if (b.on_device()) {
+    if (payload != 0) return Status::error("KV blocks: pages in device memory, but the body carries page bytes too");
+    M3_RETURN_IF_ERROR(b.validate());
+    return b;
+  }
   const long double want = (long double)b.hashes.size() * b.tp * b.page_bytes;
   if ((long double)payload != want)
     return Status::error("KV blocks: " + std::to_string(b.hashes.size()) + " blocks of " + std::to_string(b.tp) + " x " +

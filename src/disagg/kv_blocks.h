@@ -26,6 +26,12 @@ struct KvBlocks {
   int64_t page_bytes = 0;  // one rank's page
   std::vector<Hash128> hashes;  // blocks 0..n-1 of the prompt, chained
   std::vector<char> bytes;      // block-major, then rank: n * tp * page_bytes
+  // Or the pages stay in the producer's device memory (M3CudaIpcConnector, engines of one host):
+  // rank r's page of block i at byte device_slots[i] * page_bytes of the memory `device_memory[r]`
+  // names (a BackendRuntime::export_memory handle). `bytes` is then empty.
+  std::vector<int32_t> device_slots;
+  std::vector<std::string> device_memory;
+  bool on_device() const { return !device_slots.empty() || !device_memory.empty(); }
 
   int32_t num_blocks() const { return int32_t(hashes.size()); }
   char* page(int32_t block, int32_t rank) { return bytes.data() + (int64_t(block) * tp + rank) * page_bytes; }

@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <mutex>
 #include <random>
 #include <sstream>
 
@@ -68,6 +69,7 @@ struct Rank {
   std::unique_ptr<MiniMaxM3Model> model;
   BackendKvCache cache;
   ops::HostStaging host_kv;  // the host KV tier's slots, page_bytes each
+  ops::DeviceBuffer kv_export;  // device slots of KV exports (kv_export_device_bytes), page_bytes each
   KvCacheTensors cache_views;
   std::unique_ptr<ops::Communicator> comm;
   ops::KernelTable kernels;
@@ -124,6 +126,21 @@ class EngineImpl final : public Engine {
         d.h_hidden_rows = ops::HostStaging(k.rt, size_t(2 * max_seqs) * 4);
         d.d_hidden_rows = ops::DeviceBuffer(k.rt, size_t(2 * max_seqs) * 4);
       }
+    }
+    // Exports left in device memory: every rank's slot s is the same block's page.
+    const int64_t export_slots = config.kv_export_device_bytes / page_bytes_;
+    if (config.kv_export_device_bytes > 0) {
+      if (export_slots < 1)
+        throw std::runtime_error("kv_export_device_bytes " + std::to_string(config.kv_export_device_bytes) +
+                                 " holds no KV page (" + std::to_string(page_bytes_) + " bytes each)");
+      for (auto& k : ranks_) {
+        k->rt->activate();
+        k->kv_export = ops::DeviceBuffer(k->rt, size_t(export_slots) * size_t(page_bytes_));
+        std::string error;
+        export_memory_.push_back(k->rt->export_memory(k->kv_export.data(), &error));
+        if (export_memory_.back().empty()) throw std::runtime_error("KV export memory: " + error);
+      }
+      for (int64_t i = export_slots - 1; i >= 0; --i) export_free_.push_back(int32_t(i));
     }
     if (eagle3_) {
       std::vector<DraftRank*> drafts;
@@ -218,13 +235,16 @@ class EngineImpl final : public Engine {
   Status check_invariants() const override { return scheduler_.check_invariants(); }
   std::string kv_layout() const override { return kv_layout_; }
 
+  void release_kv_export(const std::vector<int32_t>& device_slots) override {
+    std::lock_guard<std::mutex> lock(export_mu_);
+    export_free_.insert(export_free_.end(), device_slots.begin(), device_slots.end());
+  }
+
   Result<KvImportResult> import_kv(const std::vector<int32_t>& prompt, const KvBlocks& blocks) override {
     M3_RETURN_IF_ERROR(blocks.validate());
-    if (blocks.layout != kv_layout_)
-      return Status::error("the KV blocks come from an engine with another KV layout (theirs: " + blocks.layout +
-                           "; this engine's: " + kv_layout_ +
-                           "): both need the same model, KV and index-key dtypes, tensor-parallel size, draft model "
-                           "and --prefix-hash-seed");
+    if (blocks.on_device()) return import_kv_from_device(prompt, blocks);
+    auto checked = transfer_hashes(prompt, blocks);
+    if (!checked) return checked.status();
     if (summary_.num_host_kv_blocks == 0)
       return Status::error("importing KV blocks needs the host KV tier (kv_offload_bytes, --kv-offloading-size)");
     // Pages of another tensor-parallel size: each of this engine's ranks takes its KV heads from
@@ -262,13 +282,7 @@ class EngineImpl final : public Engine {
         src_heads.emplace_back(ptp <= heads ? r * per_rank : r / (ptp / heads), per_rank);
     }
     const KvCacheManager& kv = scheduler_.kv();
-    const std::vector<Hash128> want = kv.prefix_block_hashes(prompt);
-    const int32_t n = std::min<int32_t>(blocks.num_blocks(), int32_t(want.size()));
-    for (int32_t i = 0; i < n; ++i) {
-      if (blocks.hashes[size_t(i)] != want[size_t(i)])
-        return Status::error("KV block " + std::to_string(i) + " of the transfer is not block " + std::to_string(i) +
-                             " of this prompt (its prefix hash differs): the producer computed other tokens");
-    }
+    const int32_t n = int32_t(checked->size());
     KvImportResult res;
     res.offered = blocks.num_blocks();
     const PrefixMatch on_device = kv.find_cached_prefix(prompt);
@@ -515,6 +529,68 @@ class EngineImpl final : public Engine {
 
   int block_size() const { return summary_.block_size; }
 
+  // The hashes of `prompt`'s blocks the transfer may fill, checked against the transfer's.
+  Result<std::vector<Hash128>> transfer_hashes(const std::vector<int32_t>& prompt, const KvBlocks& blocks) const {
+    if (blocks.layout != kv_layout_)
+      return Status::error("the KV blocks come from an engine with another KV layout (theirs: " + blocks.layout +
+                           "; this engine's: " + kv_layout_ +
+                           "): both need the same model, KV and index-key dtypes, draft model and --prefix-hash-seed");
+    std::vector<Hash128> want = scheduler_.kv().prefix_block_hashes(prompt);
+    want.resize(std::min(want.size(), blocks.hashes.size()));
+    for (size_t i = 0; i < want.size(); ++i) {
+      if (blocks.hashes[i] != want[i])
+        return Status::error("KV block " + std::to_string(i) + " of the transfer is not block " + std::to_string(i) +
+                             " of this prompt (its prefix hash differs): the producer computed other tokens");
+    }
+    return want;
+  }
+
+  // Pages in another engine's device memory, mapped into each rank and copied into fresh KV cache
+  // blocks (after the host-tier copies of the blocks their allocation evicted).
+  Result<KvImportResult> import_kv_from_device(const std::vector<int32_t>& prompt, const KvBlocks& blocks) {
+    const int tp = int(ranks_.size());
+    if (blocks.tp != tp)
+      return Status::error("KV blocks in the device memory of an engine of tensor-parallel size " + std::to_string(blocks.tp) +
+                           " for one of size " + std::to_string(tp) + ": device transfers need equal sizes");
+    auto want = transfer_hashes(prompt, blocks);
+    if (!want) return want.status();
+    if (blocks.page_bytes != page_bytes_)
+      return Status::error("the KV blocks' pages are " + std::to_string(blocks.page_bytes) + " bytes per rank, this "
+                           "engine's " + std::to_string(page_bytes_));
+    std::vector<const char*> src(size_t(tp), nullptr);
+    std::vector<std::string> errors(static_cast<size_t>(tp));
+    run_ranks([&](int r) {
+      ranks_[size_t(r)]->rt->activate();
+      src[size_t(r)] = static_cast<const char*>(ranks_[size_t(r)]->rt->import_memory(blocks.device_memory[size_t(r)], &errors[size_t(r)]));
+    });
+    for (int r = 0; r < tp; ++r)
+      if (!src[size_t(r)]) return Status::error("mapping the producer's KV memory (rank " + std::to_string(r) + "): " + errors[size_t(r)]);
+    KvImportResult res;
+    res.offered = blocks.num_blocks();
+    const KvCacheManager::Adoption adoption = scheduler_.adopt_blocks(*want);
+    const auto& adopted = adoption.blocks;
+    const std::vector<KvTransfer> offloads = scheduler_.take_offloads();
+    run_ranks([&](int r) {
+      Rank& k = *ranks_[size_t(r)];
+      k.rt->activate();
+      char* host = k.host_kv.as<char>();
+      for (const KvTransfer& t : offloads) {  // evicted blocks' KV, intact until written below
+        k.cache.save_block(k.rt, t.device_block, host + t.host_slot * page_bytes_);
+        if (eagle3_) k.draft.cache.save_block(k.rt, t.device_block, host + t.host_slot * page_bytes_ + target_page_bytes_);
+      }
+      for (const auto& [i, b] : adopted) {
+        const char* page = src[size_t(r)] + int64_t(blocks.device_slots[size_t(i)]) * page_bytes_;
+        k.cache.load_block_from_device(k.rt, b, page);
+        if (eagle3_) k.draft.cache.load_block_from_device(k.rt, b, page + target_page_bytes_);
+      }
+      k.rt->synchronize();
+    });
+    res.imported = int32_t(adopted.size());
+    res.on_device = adoption.chain - res.imported;
+    res.dropped = res.offered - adoption.chain;
+    return res;
+  }
+
   // The KV blocks of `prompt` a prefix hit may cover, from the KV cache or the host tier, each
   // rank's page (with the draft's K/V after the target's, as the host tier keeps them).
   std::shared_ptr<const KvBlocks> export_kv(const std::vector<int32_t>& prompt) {
@@ -530,6 +606,33 @@ class EngineImpl final : public Engine {
     b->bytes.resize(b->hashes.size() * ranks_.size() * size_t(page_bytes_));
     const int32_t nd = int32_t(m.block_ids.size());
     if (b->hashes.empty()) return b;
+    // Into device slots where they fit (the consumer copies from there), else host memory.
+    {
+      std::lock_guard<std::mutex> lock(export_mu_);
+      if (!export_free_.empty() && export_free_.size() >= b->hashes.size()) {
+        b->device_slots.assign(export_free_.end() - std::ptrdiff_t(b->hashes.size()), export_free_.end());
+        export_free_.resize(export_free_.size() - b->hashes.size());
+      }
+    }
+    if (!b->device_slots.empty()) {
+      b->bytes.clear();
+      b->device_memory = export_memory_;
+      run_ranks([&](int r) {
+        Rank& k = *ranks_[size_t(r)];
+        k.rt->activate();
+        for (int32_t i = 0; i < b->num_blocks(); ++i) {
+          char* dst = k.kv_export.as<char>() + int64_t(b->device_slots[size_t(i)]) * page_bytes_;
+          if (i < nd) {
+            k.cache.save_block_to_device(k.rt, m.block_ids[size_t(i)], dst);
+            if (eagle3_) k.draft.cache.save_block_to_device(k.rt, m.block_ids[size_t(i)], dst + target_page_bytes_);
+          } else {
+            k.rt->upload(dst, k.host_kv.as<char>() + int64_t(m.host_slots[size_t(i - nd)]) * page_bytes_, size_t(page_bytes_));
+          }
+        }
+        k.rt->synchronize();
+      });
+      return b;
+    }
     run_ranks([&](int r) {
       Rank& k = *ranks_[size_t(r)];
       k.rt->activate();
@@ -700,6 +803,11 @@ class EngineImpl final : public Engine {
   Scheduler scheduler_;
   ModelSummary summary_;
   std::string kv_layout_;
+  // Exports in device memory (kv_export_device_bytes): free slots (HTTP threads release them) and
+  // each rank's export memory handle.
+  std::mutex export_mu_;
+  std::vector<int32_t> export_free_;
+  std::vector<std::string> export_memory_;
   ops::DispatchStats stats_;
   std::map<RequestId, RequestState> requests_;
   std::vector<RequestEvent> pending_events_;

@@ -87,6 +87,28 @@ KvCacheManager::HostStore KvCacheManager::store_host_block(const Hash128& hash) 
   return out;
 }
 
+KvCacheManager::Adoption KvCacheManager::adopt_blocks(std::span<const Hash128> hashes) {
+  Adoption out;
+  if (!config_.enable_prefix_caching) return out;
+  std::vector<BlockId> pinned;  // the chain's blocks, cached or adopted, held while allocating
+  for (size_t i = 0; i < hashes.size(); ++i) {
+    BlockId b = pool_.find_cached(hashes[i]);
+    if (b != kNoBlock) {
+      pool_.acquire(b);
+    } else {
+      b = allocate_block();
+      if (b == kNoBlock) break;
+      pool_.register_hash(b, hashes[i]);  // not cached (just checked): it takes the hash
+      out.blocks.emplace_back(int32_t(i), b);
+    }
+    pinned.push_back(b);
+  }
+  out.chain = int32_t(pinned.size());
+  // Tail first, as free() does: under pressure the chain is evicted from its end.
+  for (auto it = pinned.rbegin(); it != pinned.rend(); ++it) pool_.release(*it);
+  return out;
+}
+
 bool KvCacheManager::allocate_slots(RequestId request_id, int32_t num_computed_tokens,
                                     int32_t num_new_tokens, const PrefixMatch* hit) {
   RequestBlocks& rb = requests_[request_id];

@@ -107,6 +107,18 @@ class KvCacheManager {
     bool present = false;
   };
   HostStore store_host_block(const Hash128& hash);
+  // KV transfer in, straight into the KV cache: for the chain `hashes` (blocks 0..n-1 of a
+  // prompt), the blocks after its leading run already cached get fresh blocks published under
+  // their hashes, in order, stopping where the pool has no block left. Returned as (index in
+  // `hashes`, block). They end cached-free (ref 0), released after the chain's cached blocks were
+  // pinned through the allocation, so no adoption evicts the chain it extends. The caller writes
+  // their KV before the next step, after the offloads the allocations queued (take_transfers: the
+  // evicted blocks' KV, still intact, to the host tier).
+  struct Adoption {
+    std::vector<std::pair<int32_t, BlockId>> blocks;  // (index in the chain, fresh block) to write
+    int32_t chain = 0;                                // leading blocks of the chain now cached
+  };
+  Adoption adopt_blocks(std::span<const Hash128> hashes);
 
   // Host tier: the copies the allocations since the last take_transfers() need, offloads
   // (evicted blocks' KV to host slots) to run before loads (host slots into blocks of prefix

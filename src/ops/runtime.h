@@ -34,6 +34,13 @@ class BackendRuntime {
   // Queued after earlier work; the bytes are on the host after the next synchronize().
   virtual void download_async(void* dst, const void* src, size_t bytes) = 0;
   virtual void copy(void* dst, const void* src, size_t bytes) = 0;  // backend to backend
+
+  // Memory another engine on this host may read (KV transfers between processes): a handle to
+  // the allocation `base` (allocate()'s pointer) that import_memory() maps, in this process or
+  // another one. The handle names the process; a backend maps only what it can reach (the CPU:
+  // its own process). On failure "" / nullptr and the reason in *error.
+  virtual std::string export_memory(void* base, std::string* error);
+  virtual void* import_memory(const std::string& handle, std::string* error);
   virtual void synchronize() = 0;
   // Free and total backend memory in bytes (the KV pool is sized from it).
   virtual size_t free_memory_bytes() const = 0;

@@ -104,6 +104,14 @@ class Scheduler {
   const KvCacheManager& kv() const { return kv_; }
   // KV transfer in, between steps (KvCacheManager::store_host_block).
   KvCacheManager::HostStore store_host_block(const Hash128& hash) { return kv_.store_host_block(hash); }
+  // KV transfer in, into the KV cache (KvCacheManager::adopt_blocks), and the host-tier copies
+  // its allocations queued, to run before the adopted blocks are written.
+  KvCacheManager::Adoption adopt_blocks(std::span<const Hash128> hashes) { return kv_.adopt_blocks(hashes); }
+  std::vector<KvTransfer> take_offloads() {
+    std::vector<KvTransfer> offloads, loads;
+    kv_.take_transfers(&offloads, &loads);
+    return offloads;
+  }
 
   // Request states agree with the queues, running requests' tables cover their computed
   // tokens, waiting ones hold nothing, plus KvCacheManager::check_invariants().

@@ -1,6 +1,7 @@
 // The CUDA runtime behind ops::BackendRuntime: memory, ordered copies and graphs, all on one
 // stream that activate() makes the thread's current stream for every kernel entry.
 #include <cstdio>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -27,6 +28,7 @@ class CudaRuntime final : public ops::BackendRuntime {
   }
   ~CudaRuntime() override {
     clear_events();
+    for (auto& [handle, p] : imported_) cudaIpcCloseMemHandle(p);
     for (cudaGraphExec_t g : graphs_) cudaGraphExecDestroy(g);
     if (stream_) {
       cudaStreamSynchronize(stream_);
@@ -89,6 +91,55 @@ class CudaRuntime final : public ops::BackendRuntime {
     if (bytes) M3_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_));
   }
   void synchronize() override { M3_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
+
+  // CUDA IPC: the base handle (process, pointer) plus the allocation's cudaIpcMemHandle; another
+  // process on the host opens it (peer access enabled where the devices differ), this process
+  // takes the pointer itself.
+  std::string export_memory(void* base, std::string* error) override {
+    std::string h = BackendRuntime::export_memory(base, error);
+    if (h.empty()) return h;
+    cudaIpcMemHandle_t ipc{};
+    const cudaError_t err = cudaIpcGetMemHandle(&ipc, base);
+    if (err != cudaSuccess) {
+      cudaGetLastError();
+      *error = std::string("cudaIpcGetMemHandle: ") + cudaGetErrorString(err);
+      return "";
+    }
+    static const char* const kHex = "0123456789abcdef";
+    h += " cuda=";
+    for (size_t i = 0; i < sizeof ipc.reserved; ++i) {
+      const auto b = uint8_t(ipc.reserved[i]);
+      h += kHex[b >> 4];
+      h += kHex[b & 15];
+    }
+    return h;
+  }
+  void* import_memory(const std::string& handle, std::string* error) override {
+    std::string local;
+    if (void* p = BackendRuntime::import_memory(handle, &local)) return p;  // this process's own
+    auto it = imported_.find(handle);
+    if (it != imported_.end()) return it->second;
+    const size_t at = handle.find(" cuda=");
+    cudaIpcMemHandle_t ipc{};
+    if (at == std::string::npos || handle.size() - at - 6 != 2 * sizeof ipc.reserved) {
+      *error = local + "; and it carries no CUDA IPC handle";
+      return nullptr;
+    }
+    for (size_t i = 0; i < sizeof ipc.reserved; ++i) {
+      auto nib = [](char c) { return c <= '9' ? c - '0' : c - 'a' + 10; };
+      ipc.reserved[i] = char(nib(handle[at + 6 + 2 * i]) << 4 | nib(handle[at + 7 + 2 * i]));
+    }
+    activate();
+    void* p = nullptr;
+    const cudaError_t err = cudaIpcOpenMemHandle(&p, ipc, cudaIpcMemLazyEnablePeerAccess);
+    if (err != cudaSuccess) {
+      cudaGetLastError();
+      *error = std::string("cudaIpcOpenMemHandle: ") + cudaGetErrorString(err);
+      return nullptr;
+    }
+    imported_[handle] = p;
+    return p;
+  }
   size_t free_memory_bytes() const override {
     size_t free_b = 0, total_b = 0;
     M3_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
@@ -131,6 +182,7 @@ class CudaRuntime final : public ops::BackendRuntime {
   std::string name_;
   cudaStream_t stream_ = nullptr;
   std::vector<cudaGraphExec_t> graphs_;
+  std::map<std::string, void*> imported_;  // other processes' memory, mapped once
 };
 
 }  // namespace

@@ -241,5 +241,102 @@ TEST(Disagg, ExportNeedsPrefixCaching) {
   EXPECT_NE(id.error().find("kv_export needs prefix caching"), std::string::npos) << id.error();
 }
 
+// Exports left in the producer's backend memory (the M3CudaIpcConnector's form; on the CPU the
+// "device" memory is shared within the process): the consumer copies the pages straight into
+// fresh KV cache blocks (no host tier), the output is a cold engine's, and released slots serve
+// the next export.
+TEST(Disagg, DevicePagesServeThePromptLikeAColdEngine) {
+  const std::vector<int32_t> prompt = test::random_prompt(150, 11);
+  EngineConfig pcfg = config(1, 0);
+  pcfg.kv_export_device_bytes = int64_t(16) << 20;
+  auto producer = make(pcfg);
+  auto consumer = make(config(1, 0));
+  auto cold = make(config(1, 0));
+  ASSERT_TRUE(producer && consumer && cold);
+  const Outcome pre = run(*producer, prompt, 1, true);
+  ASSERT_NE(pre.exported, nullptr);
+  const KvBlocks& blocks = *pre.exported;
+  ASSERT_TRUE(blocks.on_device());
+  EXPECT_TRUE(blocks.bytes.empty());
+  ASSERT_EQ(blocks.device_slots.size(), 9u);
+  ASSERT_EQ(blocks.device_memory.size(), 1u);
+  const KvBlocks wire = over_the_wire(blocks);
+  EXPECT_EQ(wire.device_slots, blocks.device_slots);
+  auto imported = consumer->import_kv(prompt, wire);
+  ASSERT_TRUE(imported.is_ok()) << imported.error();
+  EXPECT_EQ(imported->imported, 9);
+  EXPECT_EQ(imported->on_device + imported->dropped, 0);
+  const Outcome dec = run(*consumer, prompt, 12);
+  EXPECT_EQ(dec.cached, 144);
+  EXPECT_EQ(dec.host_loaded, 0);  // a device hit: nothing loaded from a host tier
+  expect_same(dec.tokens, run(*cold, prompt, 12).tokens);
+  EXPECT_TRUE(consumer->check_invariants().is_ok()) << consumer->check_invariants().message();
+  // The slots come back for the next export once released.
+  producer->release_kv_export(blocks.device_slots);
+  const Outcome again = run(*producer, test::random_prompt(150, 12), 1, true);
+  ASSERT_NE(again.exported, nullptr);
+  EXPECT_TRUE(again.exported->on_device());
+}
+
+TEST(Disagg, DeviceExportFallsBackToHostMemoryWhenSlotsRunOut) {
+  const std::vector<int32_t> prompt = test::random_prompt(150, 13);
+  auto probe = make(config(1, 0));
+  const int64_t page = run(*probe, test::random_prompt(40, 1), 1, true).exported->page_bytes;
+  EngineConfig pcfg = config(1, 0);
+  pcfg.kv_export_device_bytes = 3 * page;  // 3 slots for 9 blocks
+  auto producer = make(pcfg);
+  const Outcome pre = run(*producer, prompt, 1, true);
+  ASSERT_NE(pre.exported, nullptr);
+  EXPECT_FALSE(pre.exported->on_device());
+  EXPECT_EQ(pre.exported->bytes.size(), size_t(9 * page));
+}
+
+// Adopting blocks evicts cached ones: with a host tier their KV is offloaded before the adopted
+// pages overwrite them, so a prompt whose blocks were evicted still comes back right.
+TEST(Disagg, AdoptionOffloadsTheBlocksItEvicts) {
+  const std::vector<int32_t> first = test::random_prompt(100, 14), second = test::random_prompt(150, 15);
+  EngineConfig pcfg = config(1, 0);
+  pcfg.kv_export_device_bytes = int64_t(16) << 20;
+  auto producer = make(pcfg);
+  EngineConfig ccfg = config(1, int64_t(16) << 20);
+  ccfg.num_kv_blocks = 12;  // the first prompt's 6 blocks, then 9 adopted: 3 of them evicted
+  auto consumer = make(ccfg);
+  EngineConfig rcfg = config(1, 0);
+  auto cold = make(rcfg);
+  const Outcome first_ref = run(*cold, first, 6);
+  const Outcome first_run = run(*consumer, first, 6);
+  expect_same(first_run.tokens, first_ref.tokens);
+  const KvBlocks blocks = *run(*producer, second, 1, true).exported;
+  auto imported = consumer->import_kv(second, blocks);
+  ASSERT_TRUE(imported.is_ok()) << imported.error();
+  EXPECT_EQ(imported->imported, 9);
+  EXPECT_TRUE(consumer->check_invariants().is_ok()) << consumer->check_invariants().message();
+  const Outcome again = run(*consumer, first, 6);
+  EXPECT_GT(again.host_loaded, 0);  // some of its blocks came back from the host tier
+  expect_same(again.tokens, first_ref.tokens);
+  expect_same(run(*consumer, second, 6).tokens, run(*cold, second, 6).tokens);
+}
+
+TEST(Disagg, DevicePagesRefusedAcrossSizesOrProcesses) {
+  const std::vector<int32_t> prompt = test::random_prompt(70, 16);
+  EngineConfig pcfg = config(1, 0);
+  pcfg.kv_export_device_bytes = int64_t(16) << 20;
+  auto producer = make(pcfg);
+  const KvBlocks blocks = *run(*producer, prompt, 1, true).exported;
+  ASSERT_TRUE(blocks.on_device());
+  auto tp2 = make(config(2, 0));
+  auto r = tp2->import_kv(prompt, blocks);
+  ASSERT_FALSE(r.is_ok());
+  EXPECT_NE(r.error().find("device transfers need equal sizes"), std::string::npos) << r.error();
+  KvBlocks elsewhere = blocks;  // another process's memory: the CPU maps only its own
+  const size_t at = elsewhere.device_memory[0].find("pid=") + 4;
+  elsewhere.device_memory[0].replace(at, elsewhere.device_memory[0].find(' ', at) - at, "1");
+  auto consumer = make(config(1, 0));
+  r = consumer->import_kv(prompt, elsewhere);
+  ASSERT_FALSE(r.is_ok());
+  EXPECT_NE(r.error().find("cannot be mapped"), std::string::npos) << r.error();
+  EXPECT_EQ(run(*consumer, prompt, 2).cached, 0);  // nothing was adopted
+}
+
 }  // namespace
 }  // namespace m3

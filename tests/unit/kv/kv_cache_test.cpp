@@ -249,3 +249,42 @@ TEST(KvCacheManager, PrefixCachingCanBeDisabled) {
 
 }  // namespace
 }  // namespace m3
+
+namespace m3 {
+namespace {
+
+// KV transfer into the KV cache: the blocks after the chain's cached ones are adopted (published,
+// cached-free), none of the chain's own blocks is evicted to make room, and a full pool stops
+// the chain where it is.
+TEST(KvCacheManager, AdoptBlocksExtendsTheCachedChain) {
+  KvCacheManager kv = make_manager(6, 4);
+  const std::vector<TokenId> prompt = iota_tokens(22, 100);  // 5 full blocks a hit may cover
+  const std::vector<Hash128> chain = kv.prefix_block_hashes(prompt);
+  ASSERT_EQ(chain.size(), 5u);
+  // Blocks 0 and 1 computed by a request, then freed: cached-free, the LRU end.
+  ASSERT_TRUE(kv.allocate_slots(1, 0, 8));
+  kv.mark_computed(1, prompt, 8);
+  kv.free(1);
+  const KvCacheManager::Adoption a = kv.adopt_blocks(chain);
+  EXPECT_EQ(a.chain, 5);
+  ASSERT_EQ(a.blocks.size(), 3u);
+  EXPECT_EQ(a.blocks[0].first, 2);
+  EXPECT_EQ(a.blocks[2].first, 4);
+  EXPECT_TRUE(kv.check_invariants().is_ok()) << kv.check_invariants().message();
+  EXPECT_EQ(kv.stats().num_used_blocks, 0);  // adopted blocks are cached-free
+  const PrefixMatch m = kv.find_cached_prefix(prompt);
+  EXPECT_EQ(m.num_tokens, 20);
+  EXPECT_EQ(m.block_ids[2], a.blocks[0].second);
+  // A second adoption of the same chain finds it cached.
+  EXPECT_TRUE(kv.adopt_blocks(chain).blocks.empty());
+  // A longer chain than the pool: adoption stops at the pool's size without evicting its own.
+  const std::vector<TokenId> longer = iota_tokens(41, 500);  // 10 blocks, 6 in the pool
+  const KvCacheManager::Adoption b = kv.adopt_blocks(kv.prefix_block_hashes(longer));
+  EXPECT_EQ(b.chain, 6);
+  EXPECT_EQ(kv.find_cached_prefix(longer).num_tokens, 24);
+  EXPECT_EQ(kv.find_cached_prefix(prompt).num_tokens, 0);  // the older chain made room
+  EXPECT_TRUE(kv.check_invariants().is_ok()) << kv.check_invariants().message();
+}
+
+}  // namespace
+}  // namespace m3
