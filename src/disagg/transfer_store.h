@@ -11,6 +11,7 @@
 #include <mutex>
 #include <string>
 #include <unordered_map>
+#include <vector>
 
 namespace m3 {
 
@@ -28,9 +29,12 @@ class KvTransferStore {
   using Clock = std::function<std::chrono::steady_clock::time_point()>;
   KvTransferStore(size_t max_bytes, std::chrono::milliseconds ttl, Clock clock = nullptr);
 
-  // Holds `blob` and returns its id, or "" when it alone exceeds max_bytes.
-  std::string put(std::shared_ptr<const std::string> blob);
-  // The blob, or null when unknown, expired or evicted.
+  // Holds `blob` and returns its id, or "" when it alone exceeds max_bytes. `on_drop` runs once
+  // when the entry goes (acknowledged, expired or evicted; outside the store's lock): what frees
+  // whatever the blob refers to (device slots).
+  std::string put(std::shared_ptr<const std::string> blob, std::function<void()> on_drop = nullptr);
+  // The blob, or null when unknown, expired or evicted. A fetch holds the entry at least ttl
+  // longer: a consumer reading what it refers to has that long before it may be reused.
   std::shared_ptr<const std::string> get(const std::string& id);
   // The consumer's acknowledgement: drops the blob. False when it was not held.
   bool acknowledge(const std::string& id);
@@ -41,9 +45,12 @@ class KvTransferStore {
     std::shared_ptr<const std::string> blob;
     std::chrono::steady_clock::time_point expires;
     std::list<std::string>::iterator order;
+    std::function<void()> on_drop;
   };
-  void expire_locked(std::chrono::steady_clock::time_point now);
-  void drop_locked(std::unordered_map<std::string, Entry>::iterator it);
+  using Drops = std::vector<std::function<void()>>;
+  void expire_locked(std::chrono::steady_clock::time_point now, Drops& drops);
+  void drop_locked(std::unordered_map<std::string, Entry>::iterator it, Drops& drops);
+  static void run(Drops& drops);
 
   size_t max_bytes_;
   std::chrono::milliseconds ttl_;

@@ -99,7 +99,11 @@ void AsyncEngine::handle_submit(Submit& cmd) {
   std::vector<int32_t> max_tokens;
   for (const auto& req : cmd.requests) max_tokens.push_back(req.sampling.max_tokens);
   if (cmd.kv_import && cmd.kv_import->blocks) {
-    Result<KvImportResult> imported = engine_->import_kv(cmd.kv_import->prompt, *cmd.kv_import->blocks);
+    Result<KvImportResult> imported =
+        cmd.kv_import->blocks->on_device() && std::chrono::steady_clock::now() > cmd.kv_import->use_before
+            ? Result<KvImportResult>(Status::error("the producer's hold on its device pages may have lapsed (fetched "
+                                                   "more than half its transfer timeout ago)"))
+            : engine_->import_kv(cmd.kv_import->prompt, *cmd.kv_import->blocks);
     if (imported) {
       out.kv_import = *imported;
     } else {

@@ -46,6 +46,9 @@ struct KvImport {
   std::vector<int32_t> prompt;
   std::shared_ptr<const KvBlocks> blocks;
   bool fail_on_error = false;  // kv_load_failure_policy "fail": refuse the requests; else compute the prompt
+  // Pages in the producer's device memory are copied only before this: the producer holds them
+  // at least its transfer timeout after the fetch (KvTransferStore::get), and this is half of it.
+  std::chrono::steady_clock::time_point use_before = std::chrono::steady_clock::time_point::max();
 };
 
 struct SubmitOutcome {
@@ -70,6 +73,8 @@ class AsyncEngine {
                        std::optional<KvImport> kv_import = std::nullopt);
   // Frees the request's KV blocks; its final (kAborted) event still reaches the channel.
   void abort(RequestId id);
+  // Disaggregated prefill: frees an export's device slots (the engine's method is thread-safe).
+  void release_kv_export(const std::vector<int32_t>& device_slots) { engine_->release_kv_export(device_slots); }
   // Engine requests submitted and not yet finished.
   int32_t num_in_flight() const { return in_flight_.load(); }
   // Finishes every in-flight request, then stops the engine thread. New submits are refused.

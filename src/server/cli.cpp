@@ -279,7 +279,7 @@ void register_serve_command(CLI::App& app, EngineFactory factory) {
                   "EAGLE-3 draft model fed the model's hidden states. Drafts are verified in one step; the output "
                   "is unchanged");
   cmd->add_option("--kv-transfer-config", o->kv_transfer_config,
-                  "disaggregated prefill as vLLM's JSON: {\"kv_connector\": \"M3HttpConnector\", \"kv_role\": "
+                  "disaggregated prefill as vLLM's JSON: {\"kv_connector\": \"M3HttpConnector\" | \"M3CudaIpcConnector\", \"kv_role\": "
                   "\"kv_producer\" | \"kv_consumer\" | \"kv_both\", \"kv_buffer_size\": BYTES, \"kv_ip\": HOST, "
                   "\"kv_load_failure_policy\": \"recompute\" | \"fail\"}; a producer keeps a finished prefill's KV "
                   "blocks for a decode server (requests with kv_transfer_params.do_remote_decode), a consumer "

@@ -24,9 +24,11 @@ std::optional<std::string> parse_kv_transfer_config(const std::string& text, con
   if (j.contains("kv_connector")) {
     if (!j["kv_connector"].is_string()) return where + "kv_connector must be a string";
     const std::string c = j["kv_connector"].get<std::string>();
-    if (c != "M3HttpConnector")
+    if (c != "M3HttpConnector" && c != "M3CudaIpcConnector")
       return where + "kv_connector " + c +
-             " is not built into m3serve; M3HttpConnector (KV blocks fetched over HTTP from the prefill server) is";
+             " is not built into m3serve; M3HttpConnector (KV blocks fetched over HTTP from the prefill server) and "
+             "M3CudaIpcConnector (pages copied from the prefill server's GPU memory, servers of one host) are";
+    out.device = c == "M3CudaIpcConnector";
   }
   if (!j.contains("kv_role") || !j["kv_role"].is_string()) return where + "kv_role (a string) is required";
   const std::string role = j["kv_role"].get<std::string>();
@@ -39,6 +41,10 @@ std::optional<std::string> parse_kv_transfer_config(const std::string& text, con
       return where + "kv_buffer_size must be a number of bytes >= 1";
     out.buffer_bytes = size_t(j["kv_buffer_size"].get<double>());
   }
+  // M3CudaIpcConnector: a producer's exported pages wait in this much device memory per rank
+  // (kv_buffer_size, 1 GiB by default; an export that does not fit goes through host memory).
+  if (out.device && role != "kv_consumer")
+    engine.kv_export_device_bytes = j.contains("kv_buffer_size") ? int64_t(out.buffer_bytes) : int64_t(1) << 30;
   std::string ip = host == "0.0.0.0" || host == "::" || host.empty() ? "127.0.0.1" : host;
   if (j.contains("kv_ip")) {
     if (!j["kv_ip"].is_string() || j["kv_ip"].get<std::string>().empty()) return where + "kv_ip must be a host name";

@@ -1,6 +1,6 @@
 #pragma once
 // vLLM's --kv-transfer-config JSON for `m3serve serve` (disaggregated prefill): {"kv_connector":
-// "M3HttpConnector", "kv_role": "kv_producer" | "kv_consumer" | "kv_both", "kv_buffer_size": BYTES,
+// "M3HttpConnector" | "M3CudaIpcConnector", "kv_role": "kv_producer" | "kv_consumer" | "kv_both", "kv_buffer_size": BYTES,
 // "kv_ip": HOST, "kv_port": PORT, "kv_load_failure_policy": "recompute" | "fail",
 // "kv_connector_extra_config": {"transfer_timeout_s": S}}.
 #include <optional>

@@ -108,8 +108,6 @@ std::shared_ptr<const KvBlocks> ApiServer::fetch_kv_blocks(const CommonRequest::
   }
   wire_bytes = r->body.size();
   Result<KvBlocks> blocks = parse_kv_blocks(r->body);
-  // The producer may drop them now (fetched, whether usable or not): its acknowledgement.
-  (void)cli.Delete(path, headers);
   if (!blocks) {
     error = blocks.error();
     return nullptr;
@@ -445,9 +443,26 @@ void ApiServer::handle_stored_response(const httplib::Request& req, httplib::Res
   send_json(res, page);
 }
 
+void ApiServer::acknowledge_kv_blocks(const CommonRequest::KvTransferParams& params) {
+  httplib::Client cli(params.remote_url);
+  if (!cli.is_valid()) return;
+  cli.set_connection_timeout(std::chrono::milliseconds(options_.kv_transfer.timeout_ms));
+  httplib::Headers headers;
+  if (!options_.api_key.empty()) headers.emplace("Authorization", "Bearer " + options_.api_key);
+  auto r = cli.Delete("/v1/kv_transfer/" + params.transfer_id, headers);
+  if (!r || (r->status != 200 && r->status != 404))
+    M3_LOG_WARN("KV transfer: acknowledging " + params.transfer_id + " to " + params.remote_url + " failed" +
+                (r ? ": HTTP " + std::to_string(r->status) : ": " + httplib::to_string(r.error())) +
+                " (it expires there)");
+}
+
 OrderedJson ApiServer::keep_kv_blocks(const KvBlocks& blocks) {
   auto blob = std::make_shared<const std::string>(serialize_kv_blocks(blocks));
-  const std::string id = kv_store_->put(blob);
+  // Pages left in device memory are freed with the entry (acknowledged, expired or evicted).
+  std::function<void()> on_drop;
+  if (blocks.on_device())
+    on_drop = [this, slots = blocks.device_slots] { engine_.release_kv_export(slots); };
+  const std::string id = kv_store_->put(blob, std::move(on_drop));
   if (id.empty()) {
     M3_LOG_WARN("KV transfer: " + std::to_string(blob->size()) + " bytes of blocks exceed kv_buffer_size (" +
                 std::to_string(options_.kv_transfer.buffer_bytes) + "); the decode server computes the prompt");
@@ -458,7 +473,8 @@ OrderedJson ApiServer::keep_kv_blocks(const KvBlocks& blocks) {
                      {"remote_url", options_.kv_transfer.advertise_url},
                      {"transfer_id", id},
                      {"num_blocks", blocks.num_blocks()},
-                     {"num_tokens", int64_t(blocks.num_blocks()) * blocks.block_size}};
+                     {"num_tokens", int64_t(blocks.num_blocks()) * blocks.block_size},
+                     {"in_device_memory", blocks.on_device()}};
 }
 
 void ApiServer::run_generation(GenerationJob&& job, httplib::Response& res) {
@@ -614,6 +630,7 @@ void ApiServer::run_generation(GenerationJob&& job, httplib::Response& res) {
   // the answer names), or decodes after a prefill server (its blocks fetched and written into the
   // host KV tier first, so the prompt's admission hits them).
   std::optional<KvImport> kv_import;
+  std::optional<CommonRequest::KvTransferParams> kv_ack;  // what to acknowledge once the import ran
   bool kv_export = false;
   if (common.kv_transfer) {
     const auto& kv = *common.kv_transfer;
@@ -638,15 +655,20 @@ void ApiServer::run_generation(GenerationJob&& job, httplib::Response& res) {
         return send_error(res, invalid_request("kv_transfer_params.do_remote_prefill needs one prompt", "kv_transfer_params"));
       std::string error;
       size_t wire_bytes = 0;
+      const auto fetched_at = std::chrono::steady_clock::now();
       auto blocks = fetch_kv_blocks(kv, error, wire_bytes);
+      kv_ack = kv;
       if (!blocks) {
         metrics_.count_kv_transfer_failure();
-        if (options_.kv_transfer.fail_on_load_error)
+        if (options_.kv_transfer.fail_on_load_error) {
+          acknowledge_kv_blocks(kv);
           return send_error(res, ApiError{502, "KV transfer: " + error, "BadGatewayError", "kv_transfer_params", ""});
+        }
         M3_LOG_WARN("KV transfer: " + error + "; computing the prompt here (kv_load_failure_policy recompute)");
       } else {
         metrics_.count_kv_import(0, int64_t(wire_bytes));
-        kv_import = KvImport{prompts[0], std::move(blocks), options_.kv_transfer.fail_on_load_error};
+        kv_import = KvImport{prompts[0], std::move(blocks), options_.kv_transfer.fail_on_load_error,
+                             fetched_at + std::chrono::milliseconds(options_.kv_transfer.timeout_ms / 2)};
       }
     }
   }
@@ -659,6 +681,7 @@ void ApiServer::run_generation(GenerationJob&& job, httplib::Response& res) {
   auto generation = std::make_shared<Generation>(tokenizer_, std::move(spec));
   auto channel = std::make_shared<RequestChannel>();
   SubmitOutcome submitted = engine_.submit(std::move(requests), channel, std::move(kv_import));
+  if (kv_ack) acknowledge_kv_blocks(*kv_ack);  // the pages were copied (or refused): the producer may reuse them
   if (!submitted.kv_import_error.empty()) {
     metrics_.count_kv_transfer_failure();
     M3_LOG_WARN("KV transfer refused: " + submitted.kv_import_error +

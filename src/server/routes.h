@@ -40,6 +40,7 @@ struct ServerOptions {
     size_t buffer_bytes = size_t(4) << 30;  // producer: serialized blocks held at most
     int64_t timeout_ms = 120000;           // producer: unfetched blocks dropped after this; consumer: fetch timeout
     bool fail_on_load_error = false;       // kv_load_failure_policy "fail" (else "recompute")
+    bool device = false;  // M3CudaIpcConnector: pages stay in the producer's device memory for the consumer to copy
   } kv_transfer;
 };
 
@@ -68,6 +69,8 @@ class ApiServer {
   // Consumer: the blocks a prefill server kept for this request ("" error) or why not.
   std::shared_ptr<const KvBlocks> fetch_kv_blocks(const CommonRequest::KvTransferParams& params, std::string& error,
                                                   size_t& wire_bytes);
+  // Consumer: tells the prefill server it may drop (and reuse the memory of) a transfer.
+  void acknowledge_kv_blocks(const CommonRequest::KvTransferParams& params);
   // Producer: holds the blocks for a decode server; the answer's kv_transfer_params (null if too big).
   OrderedJson keep_kv_blocks(const KvBlocks& blocks);
   std::string new_response_id(const char* prefix);

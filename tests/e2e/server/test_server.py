@@ -1144,6 +1144,76 @@ class ServerTest(unittest.TestCase):
             self.assertNotEqual(out.returncode, 0, cfg)
             self.assertIn(needle, out.stderr + out.stdout)
 
+    def test_disaggregated_prefill_device_memory(self):
+        # M3CudaIpcConnector: exported pages stay in the producer's device memory until the consumer
+        # copies them and acknowledges. A kv_both server is both ends here (on the CPU the memory is
+        # shared within one process; tools/gpu_session54.sh runs two processes on a GPU). Slots come
+        # back only when acknowledged; an export that does not fit goes through host memory.
+        cfg = {"kv_connector": "M3CudaIpcConnector", "kv_role": "kv_both", "kv_buffer_size": 200000}
+        server = Server(api_key=None, extra=["--kv-transfer-config", json.dumps(cfg)])
+        port = free_port()
+        log = open(os.path.join(ARGS.work, "proxy-%d.log" % port), "w")
+        url = "http://127.0.0.1:%d" % server.port
+        proxy = subprocess.Popen([ARGS.m3serve, "disagg-proxy", "--host", "127.0.0.1", "--port", str(port),
+                                  "--prefill", url, "--decode", url], stdout=log, stderr=subprocess.STDOUT)
+        try:
+            def prompt(seed):
+                return [(seed * 31 + i * 17) % 480 + 11 for i in range(72)]  # 4 full blocks of 16
+
+            def export(p):
+                st, r = server.json("POST", "/v1/completions", {"model": MODEL, "prompt": p, "max_tokens": 1,
+                                                                "kv_transfer_params": {"do_remote_decode": True}})
+                self.assertEqual(st, 200, r)
+                return r["kv_transfer_params"]
+
+            a = export(prompt(1))
+            self.assertTrue(a["in_device_memory"])
+            self.assertFalse(export(prompt(2))["in_device_memory"])  # a holds 4 of the 5 slots
+            st, _ = server.request("DELETE", "/v1/kv_transfer/" + a["transfer_id"])
+            self.assertEqual(st, 200)
+            c = export(prompt(3))
+            self.assertTrue(c["in_device_memory"])
+            # The decode side copies c's pages into its KV cache, then acknowledges.
+            body = {"model": MODEL, "prompt": prompt(3), "max_tokens": 10, "temperature": 0, "ignore_eos": True,
+                    "logprobs": 1}
+            st, d = server.json("POST", "/v1/completions", dict(body, kv_transfer_params=c))
+            self.assertEqual(st, 200, d)
+            self.assertEqual(d["usage"]["prompt_tokens_details"]["cached_tokens"], 64)
+            st, ref = self.server.json("POST", "/v1/completions", body)
+            self.assertEqual(d["choices"][0]["text"], ref["choices"][0]["text"])
+            self.assertEqual(d["choices"][0]["logprobs"]["token_logprobs"], ref["choices"][0]["logprobs"]["token_logprobs"])
+            self.assertEqual(server.request("GET", "/v1/kv_transfer/" + c["transfer_id"])[0], 404)  # acknowledged
+            # Through the proxy, twice: each export's slots come back for the next one.
+            for seed in (4, 5):
+                deadline = time.time() + 30
+                while True:
+                    try:
+                        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+                        conn.request("POST", "/v1/completions", body=json.dumps(dict(body, prompt=prompt(seed))),
+                                     headers={"Content-Type": "application/json"})
+                        resp = conn.getresponse()
+                        break
+                    except OSError:
+                        if time.time() > deadline:
+                            raise
+                        time.sleep(0.1)
+                r = json.loads(resp.read())
+                conn.close()
+                self.assertEqual(resp.status, 200, r)
+                self.assertEqual(r["usage"]["prompt_tokens_details"]["cached_tokens"], 64)
+                self.assertEqual(r["choices"][0]["text"],
+                                 self.server.json("POST", "/v1/completions", dict(body, prompt=prompt(seed)))[1]["choices"][0]["text"])
+            self.assertTrue(export(prompt(6))["in_device_memory"])
+            self.assertEqual(server.metric("m3:kv_transfer_failures_total"), 0)
+        finally:
+            proxy.send_signal(signal.SIGTERM)
+            try:
+                proxy.wait(10)
+            except subprocess.TimeoutExpired:
+                proxy.kill()
+            log.close()
+            server.stop()
+
     def test_cors(self):
         def call(method, path, headers, body=None):
             conn = http.client.HTTPConnection("127.0.0.1", self.server.port, timeout=60)
