@@ -643,9 +643,11 @@ TEST(CudaDisagg, ImportedPagesDecodeLikeAColdEngine) {
     const char* name;
     std::string index_dtype;
     bool eagle3;
+    bool device;  // pages left in the producer's GPU memory, copied into the consumer's KV cache
   };
-  for (const Case& k : {Case{"bf16 index keys", "auto", false}, Case{"fp8 index keys", "fp8", false},
-                        Case{"eagle3 draft", "auto", true}}) {
+  for (const Case& k : {Case{"bf16 index keys", "auto", false, false}, Case{"fp8 index keys", "fp8", false, false},
+                        Case{"eagle3 draft", "auto", true, false}, Case{"device pages", "auto", false, true},
+                        Case{"device pages, eagle3 draft", "fp8", true, true}}) {
     SCOPED_TRACE(k.name);
     EngineConfig cfg;
     cfg.model_dir = src + "/models/m3-small";
@@ -659,7 +661,9 @@ TEST(CudaDisagg, ImportedPagesDecodeLikeAColdEngine) {
       cfg.speculative_model = src + "/models/m3-small-eagle3";
       cfg.ngram.num_speculative_tokens = 3;
     }
-    auto producer = Engine::create(cfg);
+    EngineConfig producer_cfg = cfg;
+    if (k.device) producer_cfg.kv_export_device_bytes = int64_t(64) << 20;
+    auto producer = Engine::create(producer_cfg);
     auto consumer = Engine::create(cfg);
     EngineConfig cold_cfg = cfg;
     cold_cfg.kv_offload_bytes = 0;
@@ -688,6 +692,7 @@ TEST(CudaDisagg, ImportedPagesDecodeLikeAColdEngine) {
     auto pre = run(**producer, 1, true, nullptr);
     ASSERT_NE(pre.second, nullptr);
     EXPECT_EQ(pre.second->num_blocks(), 299 / 32);
+    EXPECT_EQ(pre.second->on_device(), k.device);
     auto wire = parse_kv_blocks(serialize_kv_blocks(*pre.second));
     ASSERT_TRUE(wire.is_ok()) << wire.error();
     auto imported = (*consumer)->import_kv(prompt, *wire);
