@@ -578,11 +578,13 @@ class EngineImpl final : public Engine {
         k.cache.save_block(k.rt, t.device_block, host + t.host_slot * page_bytes_);
         if (eagle3_) k.draft.cache.save_block(k.rt, t.device_block, host + t.host_slot * page_bytes_ + target_page_bytes_);
       }
+      std::vector<ops::BackendRuntime::CopyPiece> pieces;  // one launch for every block's tensors
       for (const auto& [i, b] : adopted) {
-        const char* page = src[size_t(r)] + int64_t(blocks.device_slots[size_t(i)]) * page_bytes_;
-        k.cache.load_block_from_device(k.rt, b, page);
-        if (eagle3_) k.draft.cache.load_block_from_device(k.rt, b, page + target_page_bytes_);
+        char* page = const_cast<char*>(src[size_t(r)]) + int64_t(blocks.device_slots[size_t(i)]) * page_bytes_;
+        k.cache.page_pieces(b, page, false, pieces);
+        if (eagle3_) k.draft.cache.page_pieces(b, page + target_page_bytes_, false, pieces);
       }
+      k.rt->copy_batch(pieces);
       k.rt->synchronize();
     });
     res.imported = int32_t(adopted.size());
@@ -620,15 +622,17 @@ class EngineImpl final : public Engine {
       run_ranks([&](int r) {
         Rank& k = *ranks_[size_t(r)];
         k.rt->activate();
+        std::vector<ops::BackendRuntime::CopyPiece> pieces;  // one launch for every block's tensors
         for (int32_t i = 0; i < b->num_blocks(); ++i) {
           char* dst = k.kv_export.as<char>() + int64_t(b->device_slots[size_t(i)]) * page_bytes_;
           if (i < nd) {
-            k.cache.save_block_to_device(k.rt, m.block_ids[size_t(i)], dst);
-            if (eagle3_) k.draft.cache.save_block_to_device(k.rt, m.block_ids[size_t(i)], dst + target_page_bytes_);
+            k.cache.page_pieces(m.block_ids[size_t(i)], dst, true, pieces);
+            if (eagle3_) k.draft.cache.page_pieces(m.block_ids[size_t(i)], dst + target_page_bytes_, true, pieces);
           } else {
             k.rt->upload(dst, k.host_kv.as<char>() + int64_t(m.host_slots[size_t(i - nd)]) * page_bytes_, size_t(page_bytes_));
           }
         }
+        k.rt->copy_batch(pieces);
         k.rt->synchronize();
       });
       return b;

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <vector>
 
 #include "core/tensor.h"
 
@@ -34,6 +35,16 @@ class BackendRuntime {
   // Queued after earlier work; the bytes are on the host after the next synchronize().
   virtual void download_async(void* dst, const void* src, size_t bytes) = 0;
   virtual void copy(void* dst, const void* src, size_t bytes) = 0;  // backend to backend
+  // Many backend-to-backend copies at once (a KV transfer's pages: one per block and tensor),
+  // queued like copy(). Backends may issue them as one launch.
+  struct CopyPiece {
+    void* dst;
+    const void* src;
+    size_t bytes;
+  };
+  virtual void copy_batch(const std::vector<CopyPiece>& pieces) {
+    for (const CopyPiece& p : pieces) copy(p.dst, p.src, p.bytes);
+  }
 
   // Memory another engine on this host may read (KV transfers between processes): a handle to
   // the allocation `base` (allocate()'s pointer) that import_memory() maps, in this process or

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/copy_batch.h"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/cuda_internal.h"
 #include "backend/cuda/device_pool.h"
@@ -29,6 +30,7 @@ class CudaRuntime final : public ops::BackendRuntime {
   ~CudaRuntime() override {
     clear_events();
     for (auto& [handle, p] : imported_) cudaIpcCloseMemHandle(p);
+    release_copy_batch(copy_batch_);
     for (cudaGraphExec_t g : graphs_) cudaGraphExecDestroy(g);
     if (stream_) {
       cudaStreamSynchronize(stream_);
@@ -89,6 +91,10 @@ class CudaRuntime final : public ops::BackendRuntime {
   }
   void copy(void* dst, const void* src, size_t bytes) override {
     if (bytes) M3_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_));
+  }
+  void copy_batch(const std::vector<CopyPiece>& pieces) override {
+    activate();
+    copy_pieces(pieces, copy_batch_, stream_);
   }
   void synchronize() override { M3_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
 
@@ -183,6 +189,7 @@ class CudaRuntime final : public ops::BackendRuntime {
   cudaStream_t stream_ = nullptr;
   std::vector<cudaGraphExec_t> graphs_;
   std::map<std::string, void*> imported_;  // other processes' memory, mapped once
+  CopyBatchBuffers copy_batch_;
 };
 
 }  // namespace

@@ -58,16 +58,18 @@ void Eagle3KvCache::load_block(ops::BackendRuntime* rt, int64_t block, const voi
   rt->upload(v.as<char>() + size_t(block) * half, static_cast<const char*>(host) + half, half);
 }
 
-void Eagle3KvCache::save_block_to_device(ops::BackendRuntime* rt, int64_t block, void* page) const {
+void Eagle3KvCache::page_pieces(int64_t block, char* page, bool to_page,
+                                std::vector<ops::BackendRuntime::CopyPiece>& out) const {
   const size_t half = k.size_bytes() / size_t(num_blocks);
-  rt->copy(page, k.as<char>() + size_t(block) * half, half);
-  rt->copy(static_cast<char*>(page) + half, v.as<char>() + size_t(block) * half, half);
-}
-
-void Eagle3KvCache::load_block_from_device(ops::BackendRuntime* rt, int64_t block, const void* page) const {
-  const size_t half = k.size_bytes() / size_t(num_blocks);
-  rt->copy(k.as<char>() + size_t(block) * half, page, half);
-  rt->copy(v.as<char>() + size_t(block) * half, static_cast<const char*>(page) + half, half);
+  char* kb = k.as<char>() + size_t(block) * half;
+  char* vb = v.as<char>() + size_t(block) * half;
+  if (to_page) {
+    out.push_back({page, kb, half});
+    out.push_back({page + half, vb, half});
+  } else {
+    out.push_back({kb, page, half});
+    out.push_back({vb, page + half, half});
+  }
 }
 
 Result<std::unique_ptr<Eagle3Model>> Eagle3Model::load(const ModelDir& dir, const MiniMaxM3Model& target,

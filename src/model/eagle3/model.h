@@ -33,8 +33,8 @@ struct Eagle3KvCache {
   // The host KV tier: block `block`'s K then V to / from `host` (bytes_per_block bytes), queued.
   void save_block(ops::BackendRuntime* rt, int64_t block, void* host) const;
   void load_block(ops::BackendRuntime* rt, int64_t block, const void* host) const;
-  void save_block_to_device(ops::BackendRuntime* rt, int64_t block, void* page) const;  // the same page in backend memory
-  void load_block_from_device(ops::BackendRuntime* rt, int64_t block, const void* page) const;
+  // The copies between block `block` and the same page in backend memory (BackendKvCache::page_pieces).
+  void page_pieces(int64_t block, char* page, bool to_page, std::vector<ops::BackendRuntime::CopyPiece>& out) const;
 };
 
 struct Eagle3Workspace {

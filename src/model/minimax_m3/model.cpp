@@ -480,13 +480,11 @@ void BackendKvCache::load_block(ops::BackendRuntime* rt, int64_t block, const vo
   });
 }
 
-void BackendKvCache::save_block_to_device(ops::BackendRuntime* rt, int64_t block, void* page) const {
-  for_each_block_piece(block, [&](char* dev, size_t offset, size_t n) { rt->copy(static_cast<char*>(page) + offset, dev, n); });
-}
-
-void BackendKvCache::load_block_from_device(ops::BackendRuntime* rt, int64_t block, const void* page) const {
+void BackendKvCache::page_pieces(int64_t block, char* page, bool to_page,
+                                 std::vector<ops::BackendRuntime::CopyPiece>& out) const {
   for_each_block_piece(block, [&](char* dev, size_t offset, size_t n) {
-    rt->copy(dev, static_cast<const char*>(page) + offset, n);
+    out.push_back(to_page ? ops::BackendRuntime::CopyPiece{page + offset, dev, n}
+                          : ops::BackendRuntime::CopyPiece{dev, page + offset, n});
   });
 }
 

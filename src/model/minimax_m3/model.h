@@ -43,10 +43,10 @@ struct BackendKvCache {
   // Both only queue the copies (stream order); `host` must be the runtime's pinned memory.
   void save_block(ops::BackendRuntime* rt, int64_t block, void* host) const;
   void load_block(ops::BackendRuntime* rt, int64_t block, const void* host) const;
-  // The same page (same layout) copied to / from backend memory (`page` in the runtime's address
-  // space: a KV transfer's device staging, or another process's mapped into this one).
-  void save_block_to_device(ops::BackendRuntime* rt, int64_t block, void* page) const;
-  void load_block_from_device(ops::BackendRuntime* rt, int64_t block, const void* page) const;
+  // The same page (same layout) in backend memory (a KV transfer's device slot, or another
+  // process's mapped into this one): the copies between it and block `block` (`to_page`: from the
+  // block), appended to `out` for one BackendRuntime::copy_batch over many blocks.
+  void page_pieces(int64_t block, char* page, bool to_page, std::vector<ops::BackendRuntime::CopyPiece>& out) const;
   // KV transfers between tensor-parallel sizes: copies into `dst` (a page of `config`'s layers
   // holding the global KV heads [dst_first, dst_first + dst_heads)) the heads it shares with `src`
   // (a page holding [src_first, src_first + src_heads)), and the index keys (one shared head,
