@@ -605,7 +605,6 @@ class EngineImpl final : public Engine {
     b->page_bytes = page_bytes_;
     b->hashes = kv.prefix_block_hashes(prompt);
     b->hashes.resize(size_t(m.num_blocks()));
-    b->bytes.resize(b->hashes.size() * ranks_.size() * size_t(page_bytes_));
     const int32_t nd = int32_t(m.block_ids.size());
     if (b->hashes.empty()) return b;
     // Into device slots where they fit (the consumer copies from there), else host memory.
@@ -617,7 +616,6 @@ class EngineImpl final : public Engine {
       }
     }
     if (!b->device_slots.empty()) {
-      b->bytes.clear();
       b->device_memory = export_memory_;
       run_ranks([&](int r) {
         Rank& k = *ranks_[size_t(r)];
@@ -637,6 +635,7 @@ class EngineImpl final : public Engine {
       });
       return b;
     }
+    b->bytes.resize(b->hashes.size() * ranks_.size() * size_t(page_bytes_));
     run_ranks([&](int r) {
       Rank& k = *ranks_[size_t(r)];
       k.rt->activate();
