@@ -40,6 +40,27 @@ def free_port():
         return s.getsockname()[1]
 
 
+def post_when_up(port, path, body, stream=False):
+    """POST to a process that may still be starting (disagg-proxy): (status, JSON body or SSE chunks)."""
+    deadline = time.time() + 30
+    while True:
+        try:
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+            conn.request("POST", path, body=json.dumps(body), headers={"Content-Type": "application/json"})
+            resp = conn.getresponse()
+            break
+        except OSError:
+            if time.time() > deadline:
+                raise
+            time.sleep(0.1)
+    payload = resp.read().decode()
+    conn.close()
+    if not stream:
+        return resp.status, json.loads(payload)
+    return resp.status, [json.loads(line[6:]) for line in payload.splitlines()
+                         if line.startswith("data: ") and line != "data: [DONE]"]
+
+
 class Server:
     def __init__(self, extra=(), api_key=API_KEY, script=None, script_extra=(), blocks=400):
         self.port = free_port()
@@ -1049,24 +1070,7 @@ class ServerTest(unittest.TestCase):
                                   "--decode", "http://127.0.0.1:%d" % consumer.port], stdout=log, stderr=subprocess.STDOUT)
 
         def via_proxy(path, body, stream=False):
-            deadline = time.time() + 30
-            while True:
-                try:
-                    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
-                    conn.request("POST", path, body=json.dumps(body), headers={"Content-Type": "application/json"})
-                    resp = conn.getresponse()
-                    break
-                except OSError:
-                    if time.time() > deadline:
-                        raise
-                    time.sleep(0.1)
-            payload = resp.read().decode()
-            conn.close()
-            if not stream:
-                return resp.status, json.loads(payload)
-            chunks = [json.loads(line[6:]) for line in payload.splitlines()
-                      if line.startswith("data: ") and line != "data: [DONE]"]
-            return resp.status, chunks
+            return post_when_up(port, path, body, stream)
 
         try:
             prompt = [17, 402, 33, 250, 9, 118, 76, 301] * 9  # 72 tokens: 4 full blocks of 16 cross over
@@ -1185,21 +1189,8 @@ class ServerTest(unittest.TestCase):
             self.assertEqual(server.request("GET", "/v1/kv_transfer/" + c["transfer_id"])[0], 404)  # acknowledged
             # Through the proxy, twice: each export's slots come back for the next one.
             for seed in (4, 5):
-                deadline = time.time() + 30
-                while True:
-                    try:
-                        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
-                        conn.request("POST", "/v1/completions", body=json.dumps(dict(body, prompt=prompt(seed))),
-                                     headers={"Content-Type": "application/json"})
-                        resp = conn.getresponse()
-                        break
-                    except OSError:
-                        if time.time() > deadline:
-                            raise
-                        time.sleep(0.1)
-                r = json.loads(resp.read())
-                conn.close()
-                self.assertEqual(resp.status, 200, r)
+                st, r = post_when_up(port, "/v1/completions", dict(body, prompt=prompt(seed)))
+                self.assertEqual(st, 200, r)
                 self.assertEqual(r["usage"]["prompt_tokens_details"]["cached_tokens"], 64)
                 self.assertEqual(r["choices"][0]["text"],
                                  self.server.json("POST", "/v1/completions", dict(body, prompt=prompt(seed)))[1]["choices"][0]["text"])
