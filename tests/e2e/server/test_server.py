@@ -61,6 +61,29 @@ def post_when_up(port, path, body, stream=False):
                          if line.startswith("data: ") and line != "data: [DONE]"]
 
 
+class Proxy:
+    """`m3serve disagg-proxy` in front of a prefill and a decode server."""
+
+    def __init__(self, prefill_port, decode_port):
+        self.port = free_port()
+        self.log = open(os.path.join(ARGS.work, "proxy-%d.log" % self.port), "w")
+        self.proc = subprocess.Popen([ARGS.m3serve, "disagg-proxy", "--host", "127.0.0.1", "--port", str(self.port),
+                                      "--prefill", "http://127.0.0.1:%d" % prefill_port,
+                                      "--decode", "http://127.0.0.1:%d" % decode_port],
+                                     stdout=self.log, stderr=subprocess.STDOUT)
+
+    def post(self, path, body, stream=False):
+        return post_when_up(self.port, path, body, stream)
+
+    def stop(self):
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+        self.log.close()
+
+
 class Server:
     def __init__(self, extra=(), api_key=API_KEY, script=None, script_extra=(), blocks=400):
         self.port = free_port()
@@ -1062,15 +1085,8 @@ class ServerTest(unittest.TestCase):
         consumer = Server(api_key=None, extra=["--kv-transfer-config", json.dumps({"kv_role": "kv_consumer"})])
         strict = Server(api_key=None, extra=["--kv-transfer-config",
                                              json.dumps({"kv_role": "kv_consumer", "kv_load_failure_policy": "fail"})])
-        port = free_port()
-        log_path = os.path.join(ARGS.work, "proxy-%d.log" % port)
-        log = open(log_path, "w")
-        proxy = subprocess.Popen([ARGS.m3serve, "disagg-proxy", "--host", "127.0.0.1", "--port", str(port),
-                                  "--prefill", "http://127.0.0.1:%d" % producer.port,
-                                  "--decode", "http://127.0.0.1:%d" % consumer.port], stdout=log, stderr=subprocess.STDOUT)
-
-        def via_proxy(path, body, stream=False):
-            return post_when_up(port, path, body, stream)
+        proxy = Proxy(producer.port, consumer.port)
+        via_proxy = proxy.post
 
         try:
             prompt = [17, 402, 33, 250, 9, 118, 76, 301] * 9  # 72 tokens: 4 full blocks of 16 cross over
@@ -1129,12 +1145,7 @@ class ServerTest(unittest.TestCase):
             st, r = producer.json("GET", "/v1/kv_transfer/0123abcd")
             self.assertEqual(st, 404, r)
         finally:
-            proxy.send_signal(signal.SIGTERM)
-            try:
-                proxy.wait(10)
-            except subprocess.TimeoutExpired:
-                proxy.kill()
-            log.close()
+            proxy.stop()
             for s in (producer, consumer, strict):
                 s.stop()
         for cfg, needle in (({"kv_role": "kv_server"}, "kv_role must be"),
@@ -1155,11 +1166,7 @@ class ServerTest(unittest.TestCase):
         # back only when acknowledged; an export that does not fit goes through host memory.
         cfg = {"kv_connector": "M3CudaIpcConnector", "kv_role": "kv_both", "kv_buffer_size": 200000}
         server = Server(api_key=None, extra=["--kv-transfer-config", json.dumps(cfg)])
-        port = free_port()
-        log = open(os.path.join(ARGS.work, "proxy-%d.log" % port), "w")
-        url = "http://127.0.0.1:%d" % server.port
-        proxy = subprocess.Popen([ARGS.m3serve, "disagg-proxy", "--host", "127.0.0.1", "--port", str(port),
-                                  "--prefill", url, "--decode", url], stdout=log, stderr=subprocess.STDOUT)
+        proxy = Proxy(server.port, server.port)
         try:
             def prompt(seed):
                 return [(seed * 31 + i * 17) % 480 + 11 for i in range(72)]  # 4 full blocks of 16
@@ -1189,7 +1196,7 @@ class ServerTest(unittest.TestCase):
             self.assertEqual(server.request("GET", "/v1/kv_transfer/" + c["transfer_id"])[0], 404)  # acknowledged
             # Through the proxy, twice: each export's slots come back for the next one.
             for seed in (4, 5):
-                st, r = post_when_up(port, "/v1/completions", dict(body, prompt=prompt(seed)))
+                st, r = proxy.post("/v1/completions", dict(body, prompt=prompt(seed)))
                 self.assertEqual(st, 200, r)
                 self.assertEqual(r["usage"]["prompt_tokens_details"]["cached_tokens"], 64)
                 self.assertEqual(r["choices"][0]["text"],
@@ -1197,12 +1204,7 @@ class ServerTest(unittest.TestCase):
             self.assertTrue(export(prompt(6))["in_device_memory"])
             self.assertEqual(server.metric("m3:kv_transfer_failures_total"), 0)
         finally:
-            proxy.send_signal(signal.SIGTERM)
-            try:
-                proxy.wait(10)
-            except subprocess.TimeoutExpired:
-                proxy.kill()
-            log.close()
+            proxy.stop()
             server.stop()
 
     def test_cors(self):
