@@ -2,7 +2,8 @@
 
 #include <signal.h>
 
-#include <atomic>
+#include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -10,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/log.h"
+#include "server/backend_picker.h"
 
 namespace m3::server {
 namespace {
@@ -29,7 +31,7 @@ void send_error(httplib::Response& res, int status, const std::string& message, 
 
 class Proxy {
  public:
-  explicit Proxy(ProxyOptions o) : o_(std::move(o)) {}
+  explicit Proxy(ProxyOptions o) : o_(std::move(o)), prefill_(o_.prefill), decode_(o_.decode) {}
 
   void generation(const httplib::Request& req, httplib::Response& res, const std::string& path) {
     nlohmann::json body;
@@ -52,7 +54,8 @@ class Proxy {
     pre["n"] = 1;
     pre.erase("min_tokens");
     pre["kv_transfer_params"] = {{"do_remote_decode", true}};
-    const std::string prefill_url = next(o_.prefill, prefill_next_);
+    std::optional<BackendPicker::Lease> prefill_lease(prefill_.pick());
+    const std::string prefill_url = prefill_lease->url();
     auto pc = client(prefill_url);
     auto pr = pc->Post(path, headers, pre.dump(), "application/json");
     if (!pr)
@@ -63,6 +66,7 @@ class Proxy {
       res.set_content(pr->body, "application/json");
       return;
     }
+    prefill_lease.reset();
     nlohmann::json kv;
     try {
       kv = nlohmann::json::parse(pr->body).value("kv_transfer_params", nlohmann::json());
@@ -75,7 +79,9 @@ class Proxy {
       M3_LOG_WARN("prefill server " + prefill_url + " kept no KV blocks for this request");
     }
 
-    const std::string decode_url = next(o_.decode, decode_next_);
+    // The decode server's lease lasts until its answer is relayed (streams included).
+    auto decode_lease = std::make_shared<BackendPicker::Lease>(decode_.pick());
+    const std::string decode_url = decode_lease->url();
     const std::string payload = body.dump();
     if (!body.value("stream", false)) {
       auto dc = client(decode_url);
@@ -90,7 +96,8 @@ class Proxy {
     // Streams are relayed as the decode server writes them.
     res.set_header("Cache-Control", "no-cache");
     res.set_chunked_content_provider(
-        "text/event-stream", [this, decode_url, path, headers, payload](size_t, httplib::DataSink& sink) {
+        "text/event-stream",
+        [this, decode_lease, decode_url, path, headers, payload](size_t, httplib::DataSink& sink) {
           auto dc = client(decode_url);
           httplib::Request r;
           r.method = "POST";
@@ -150,12 +157,8 @@ class Proxy {
     c->set_write_timeout(sec);
     return c;
   }
-  static const std::string& next(const std::vector<std::string>& urls, std::atomic<size_t>& counter) {
-    return urls[counter.fetch_add(1) % urls.size()];
-  }
-
   ProxyOptions o_;
-  std::atomic<size_t> prefill_next_{0}, decode_next_{0};
+  BackendPicker prefill_, decode_;
 };
 
 void run_proxy(const ProxyOptions& o) {
@@ -192,7 +195,7 @@ void register_disagg_proxy_command(CLI::App& app) {
       "disagg-proxy",
       "Route OpenAI requests through a prefill server (--kv-transfer-config kv_producer) and a decode server "
       "(kv_consumer): the decode server fetches the prompt's KV blocks instead of computing them");
-  cmd->add_option("--prefill", o->prefill, "prefill server base URL (repeat for several, taken round-robin)")
+  cmd->add_option("--prefill", o->prefill, "prefill server base URL (repeat for several: the one with the fewest requests in flight is taken)")
       ->required();
   cmd->add_option("--decode", o->decode, "decode server base URL (repeat for several)")->required();
   cmd->add_option("--host", o->host)->capture_default_str();
