@@ -249,38 +249,10 @@ class EngineImpl final : public Engine {
       return Status::error("importing KV blocks needs the host KV tier (kv_offload_bytes, --kv-offloading-size)");
     // Pages of another tensor-parallel size: each of this engine's ranks takes its KV heads from
     // the producer ranks' pages that hold them (the index keys are every rank's).
-    const int tp = int(ranks_.size());
-    const DType kv_dtype = summary_.kv_cache_dtype == "bf16" ? DType::kBF16 : DType::kF32;
-    const DType index_dtype = summary_.index_cache_dtype == "fp8"    ? DType::kF8E4M3
-                              : summary_.index_cache_dtype == "bf16" ? DType::kBF16
-                                                                     : DType::kF32;
-    std::vector<std::pair<int, int>> src_heads;  // the producer ranks' (first global KV head, heads)
-    if (blocks.tp == tp) {
-      if (blocks.page_bytes != page_bytes_)
-        return Status::error("the KV blocks' pages are " + std::to_string(blocks.page_bytes) + " bytes per rank, this "
-                             "engine's " + std::to_string(page_bytes_));
-    } else {
-      if (eagle3_)
-        return Status::error("KV blocks of tensor-parallel size " + std::to_string(blocks.tp) + " for an engine of size " +
-                             std::to_string(tp) + ": pages with an EAGLE-3 draft's K/V move between equal sizes only");
-      const MiniMaxM3Config& last = ranks_.back()->model->config();
-      const int heads = last.kv_head_offset + last.num_key_value_heads;  // global KV heads
-      const int ptp = blocks.tp;
-      if (!(ptp <= heads ? heads % ptp == 0 : ptp % heads == 0))
-        return Status::error("KV blocks of tensor-parallel size " + std::to_string(ptp) + ": the model's " +
-                             std::to_string(heads) + " KV heads do not split over it");
-      const MiniMaxM3Config& c = ranks_[0]->model->config();
-      int64_t want = 0;  // a producer rank's page
-      const int per_rank = ptp <= heads ? heads / ptp : 1;
-      for (int l = 0; l < c.num_hidden_layers; ++l)
-        want += int64_t(block_size()) * (2 * int64_t(per_rank) * c.head_dim * int64_t(dtype_size_bytes(kv_dtype)) +
-                                         (c.computes_index(l) ? int64_t(c.index_head_dim) * int64_t(dtype_size_bytes(index_dtype)) : 0));
-      if (blocks.page_bytes != want)
-        return Status::error("the KV blocks' pages are " + std::to_string(blocks.page_bytes) + " bytes per rank, " +
-                             std::to_string(want) + " expected for tensor-parallel size " + std::to_string(ptp));
-      for (int r = 0; r < ptp; ++r)
-        src_heads.emplace_back(ptp <= heads ? r * per_rank : r / (ptp / heads), per_rank);
-    }
+    auto heads = producer_heads(blocks);
+    if (!heads) return heads.status();
+    const std::vector<std::pair<int, int>>& src_heads = *heads;
+    const DType kv_dtype = kv_dtype_(), index_dtype = index_dtype_();
     const KvCacheManager& kv = scheduler_.kv();
     const int32_t n = int32_t(checked->size());
     KvImportResult res;
@@ -529,6 +501,44 @@ class EngineImpl final : public Engine {
 
   int block_size() const { return summary_.block_size; }
 
+  DType kv_dtype_() const { return summary_.kv_cache_dtype == "bf16" ? DType::kBF16 : DType::kF32; }
+  DType index_dtype_() const {
+    return summary_.index_cache_dtype == "fp8" ? DType::kF8E4M3 : summary_.index_cache_dtype == "bf16" ? DType::kBF16 : DType::kF32;
+  }
+
+  // The global KV heads (first, count) of each producer rank's page when the transfer comes from
+  // another tensor-parallel size (empty for this engine's size), its pages' size checked.
+  Result<std::vector<std::pair<int, int>>> producer_heads(const KvBlocks& blocks) const {
+    std::vector<std::pair<int, int>> out;
+    const int tp = int(ranks_.size());
+    if (blocks.tp == tp) {
+      if (blocks.page_bytes != page_bytes_)
+        return Status::error("the KV blocks' pages are " + std::to_string(blocks.page_bytes) + " bytes per rank, this "
+                             "engine's " + std::to_string(page_bytes_));
+      return out;
+    }
+    if (eagle3_)
+      return Status::error("KV blocks of tensor-parallel size " + std::to_string(blocks.tp) + " for an engine of size " +
+                           std::to_string(tp) + ": pages with an EAGLE-3 draft's K/V move between equal sizes only");
+    const MiniMaxM3Config& last = ranks_.back()->model->config();
+    const int heads = last.kv_head_offset + last.num_key_value_heads;  // global KV heads
+    const int ptp = blocks.tp;
+    if (!(ptp <= heads ? heads % ptp == 0 : ptp % heads == 0))
+      return Status::error("KV blocks of tensor-parallel size " + std::to_string(ptp) + ": the model's " +
+                           std::to_string(heads) + " KV heads do not split over it");
+    const MiniMaxM3Config& c = ranks_[0]->model->config();
+    int64_t want = 0;  // a producer rank's page
+    const int per_rank = ptp <= heads ? heads / ptp : 1;
+    for (int l = 0; l < c.num_hidden_layers; ++l)
+      want += int64_t(block_size()) * (2 * int64_t(per_rank) * c.head_dim * int64_t(dtype_size_bytes(kv_dtype_())) +
+                                       (c.computes_index(l) ? int64_t(c.index_head_dim) * int64_t(dtype_size_bytes(index_dtype_())) : 0));
+    if (blocks.page_bytes != want)
+      return Status::error("the KV blocks' pages are " + std::to_string(blocks.page_bytes) + " bytes per rank, " +
+                           std::to_string(want) + " expected for tensor-parallel size " + std::to_string(ptp));
+    for (int r = 0; r < ptp; ++r) out.emplace_back(ptp <= heads ? r * per_rank : r / (ptp / heads), per_rank);
+    return out;
+  }
+
   // The hashes of `prompt`'s blocks the transfer may fill, checked against the transfer's.
   Result<std::vector<Hash128>> transfer_hashes(const std::vector<int32_t>& prompt, const KvBlocks& blocks) const {
     if (blocks.layout != kv_layout_)
@@ -549,22 +559,27 @@ class EngineImpl final : public Engine {
   // blocks (after the host-tier copies of the blocks their allocation evicted).
   Result<KvImportResult> import_kv_from_device(const std::vector<int32_t>& prompt, const KvBlocks& blocks) {
     const int tp = int(ranks_.size());
-    if (blocks.tp != tp)
-      return Status::error("KV blocks in the device memory of an engine of tensor-parallel size " + std::to_string(blocks.tp) +
-                           " for one of size " + std::to_string(tp) + ": device transfers need equal sizes");
     auto want = transfer_hashes(prompt, blocks);
     if (!want) return want.status();
-    if (blocks.page_bytes != page_bytes_)
-      return Status::error("the KV blocks' pages are " + std::to_string(blocks.page_bytes) + " bytes per rank, this "
-                           "engine's " + std::to_string(page_bytes_));
-    std::vector<const char*> src(size_t(tp), nullptr);
+    auto heads = producer_heads(blocks);
+    if (!heads) return heads.status();
+    const std::vector<std::pair<int, int>>& src_heads = *heads;
+    // Each rank maps the producer ranks it reads: its own at the same size, every one across sizes.
+    const int ptp = blocks.tp;
+    std::vector<std::vector<const char*>> src(size_t(tp), std::vector<const char*>(size_t(ptp), nullptr));
     std::vector<std::string> errors(static_cast<size_t>(tp));
     run_ranks([&](int r) {
       ranks_[size_t(r)]->rt->activate();
-      src[size_t(r)] = static_cast<const char*>(ranks_[size_t(r)]->rt->import_memory(blocks.device_memory[size_t(r)], &errors[size_t(r)]));
+      for (int p = 0; p < ptp; ++p) {
+        if (src_heads.empty() && p != r) continue;
+        src[size_t(r)][size_t(p)] =
+            static_cast<const char*>(ranks_[size_t(r)]->rt->import_memory(blocks.device_memory[size_t(p)], &errors[size_t(r)]));
+        if (!src[size_t(r)][size_t(p)]) return;
+      }
     });
     for (int r = 0; r < tp; ++r)
-      if (!src[size_t(r)]) return Status::error("mapping the producer's KV memory (rank " + std::to_string(r) + "): " + errors[size_t(r)]);
+      if (!errors[size_t(r)].empty())
+        return Status::error("mapping the producer's KV memory (rank " + std::to_string(r) + "): " + errors[size_t(r)]);
     KvImportResult res;
     res.offered = blocks.num_blocks();
     const KvCacheManager::Adoption adoption = scheduler_.adopt_blocks(*want);
@@ -579,10 +594,18 @@ class EngineImpl final : public Engine {
         if (eagle3_) k.draft.cache.save_block(k.rt, t.device_block, host + t.host_slot * page_bytes_ + target_page_bytes_);
       }
       std::vector<ops::BackendRuntime::CopyPiece> pieces;  // one launch for every block's tensors
+      const MiniMaxM3Config& c = k.model->config();
       for (const auto& [i, b] : adopted) {
-        char* page = const_cast<char*>(src[size_t(r)]) + int64_t(blocks.device_slots[size_t(i)]) * page_bytes_;
-        k.cache.page_pieces(b, page, false, pieces);
-        if (eagle3_) k.draft.cache.page_pieces(b, page + target_page_bytes_, false, pieces);
+        const int64_t at = int64_t(blocks.device_slots[size_t(i)]) * blocks.page_bytes;
+        if (src_heads.empty()) {
+          char* page = const_cast<char*>(src[size_t(r)][size_t(r)]) + at;
+          k.cache.page_pieces(b, page, false, pieces);
+          if (eagle3_) k.draft.cache.page_pieces(b, page + target_page_bytes_, false, pieces);
+          continue;
+        }
+        // Across sizes: the rank's heads of the block from the producer ranks' pages that hold them.
+        for (size_t p = 0; p < src_heads.size(); ++p)
+          k.cache.block_head_pieces(c, b, src[size_t(r)][p] + at, src_heads[p].first, src_heads[p].second, pieces);
       }
       k.rt->copy_batch(pieces);
       k.rt->synchronize();

@@ -37,13 +37,19 @@ class BackendRuntime {
   virtual void copy(void* dst, const void* src, size_t bytes) = 0;  // backend to backend
   // Many backend-to-backend copies at once (a KV transfer's pages: one per block and tensor),
   // queued like copy(). Backends may issue them as one launch.
+  // A piece is `rows` runs of `bytes`, the runs `dst_pitch` / `src_pitch` bytes apart (one run:
+  // a plain copy; several: a slice of each row, e.g. some heads of every token of a KV page).
   struct CopyPiece {
     void* dst;
     const void* src;
     size_t bytes;
+    size_t rows = 1;
+    size_t dst_pitch = 0, src_pitch = 0;
   };
   virtual void copy_batch(const std::vector<CopyPiece>& pieces) {
-    for (const CopyPiece& p : pieces) copy(p.dst, p.src, p.bytes);
+    for (const CopyPiece& p : pieces)
+      for (size_t r = 0; r < p.rows; ++r)
+        copy(static_cast<char*>(p.dst) + r * p.dst_pitch, static_cast<const char*>(p.src) + r * p.src_pitch, p.bytes);
   }
 
   // Memory another engine on this host may read (KV transfers between processes): a handle to

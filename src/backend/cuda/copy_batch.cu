@@ -1,6 +1,6 @@
 // Many device-to-device copies in one launch (KV transfers: a page per block and tensor, tens of
-// thousands of cudaMemcpyAsync calls for an M3 prompt otherwise). A CTA per piece, 16-byte words
-// where both ends are aligned to them, bytes elsewhere.
+// thousands of cudaMemcpyAsync calls for an M3 prompt otherwise). A CTA per piece (its runs in
+// turn), 16-byte words where both ends are aligned to them, bytes elsewhere.
 #include <cstdint>
 
 #include "backend/cuda/copy_batch.h"
@@ -12,21 +12,25 @@ namespace {
 struct Piece {
   char* dst;
   const char* src;
-  unsigned long long bytes;
+  unsigned long long bytes, rows, dst_pitch, src_pitch;
 };
+
+__device__ __forceinline__ void copy_run(char* dst, const char* src, unsigned long long bytes) {
+  if (((uintptr_t(dst) | uintptr_t(src)) & 15) == 0) {
+    const unsigned long long words = bytes / 16;
+    const uint4* s = reinterpret_cast<const uint4*>(src);
+    uint4* d = reinterpret_cast<uint4*>(dst);
+    for (unsigned long long w = threadIdx.x; w < words; w += blockDim.x) d[w] = s[w];
+    for (unsigned long long b = words * 16 + threadIdx.x; b < bytes; b += blockDim.x) dst[b] = src[b];
+  } else {
+    for (unsigned long long b = threadIdx.x; b < bytes; b += blockDim.x) dst[b] = src[b];
+  }
+}
 
 __global__ void copy_pieces_kernel(const Piece* pieces, int n) {
   for (int i = blockIdx.x; i < n; i += gridDim.x) {
     const Piece p = pieces[i];
-    if (((uintptr_t(p.dst) | uintptr_t(p.src)) & 15) == 0) {
-      const unsigned long long words = p.bytes / 16;
-      const uint4* s = reinterpret_cast<const uint4*>(p.src);
-      uint4* d = reinterpret_cast<uint4*>(p.dst);
-      for (unsigned long long w = threadIdx.x; w < words; w += blockDim.x) d[w] = s[w];
-      for (unsigned long long b = words * 16 + threadIdx.x; b < p.bytes; b += blockDim.x) p.dst[b] = p.src[b];
-    } else {
-      for (unsigned long long b = threadIdx.x; b < p.bytes; b += blockDim.x) p.dst[b] = p.src[b];
-    }
+    for (unsigned long long r = 0; r < p.rows; ++r) copy_run(p.dst + r * p.dst_pitch, p.src + r * p.src_pitch, p.bytes);
   }
 }
 
@@ -46,7 +50,8 @@ void copy_pieces(const std::vector<ops::BackendRuntime::CopyPiece>& pieces, Copy
   M3_CUDA_CHECK(cudaStreamSynchronize(stream));
   Piece* h = static_cast<Piece*>(buf.host);
   for (size_t i = 0; i < pieces.size(); ++i)
-    h[i] = Piece{static_cast<char*>(pieces[i].dst), static_cast<const char*>(pieces[i].src), pieces[i].bytes};
+    h[i] = Piece{static_cast<char*>(pieces[i].dst), static_cast<const char*>(pieces[i].src), pieces[i].bytes,
+                 pieces[i].rows, pieces[i].dst_pitch, pieces[i].src_pitch};
   M3_CUDA_CHECK(cudaMemcpyAsync(buf.device, buf.host, bytes, cudaMemcpyHostToDevice, stream));
   const int grid = int(pieces.size() < 65535 ? pieces.size() : 65535);
   copy_pieces_kernel<<<grid, 256, 0, stream>>>(static_cast<const Piece*>(buf.device), int(pieces.size()));
