@@ -164,7 +164,8 @@ class Proxy {
 void run_proxy(const ProxyOptions& o) {
   for (const auto& list : {&o.prefill, &o.decode})
     for (const std::string& url : *list)
-      if (!httplib::Client(url).is_valid()) throw std::runtime_error("'" + url + "' is not an http://host:port URL");
+      if (url.rfind("http://", 0) != 0 || !httplib::Client(url).is_valid())
+        throw std::runtime_error("'" + url + "' is not an http://host:port URL");
   signal(SIGPIPE, SIG_IGN);
   Proxy proxy(o);
   httplib::Server http;

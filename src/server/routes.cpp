@@ -86,7 +86,7 @@ ApiServer::ApiServer(ServerOptions options, const Tokenizer& tokenizer, AsyncEng
 std::shared_ptr<const KvBlocks> ApiServer::fetch_kv_blocks(const CommonRequest::KvTransferParams& params,
                                                            std::string& error, size_t& wire_bytes) {
   httplib::Client cli(params.remote_url);
-  if (!cli.is_valid()) {
+  if (params.remote_url.rfind("http://", 0) != 0 || !cli.is_valid()) {
     error = "remote_url '" + params.remote_url + "' is not an http://host:port URL";
     return nullptr;
   }

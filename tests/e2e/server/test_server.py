@@ -1158,6 +1158,10 @@ class ServerTest(unittest.TestCase):
             out = subprocess.run([ARGS.m3serve, "serve", ARGS.fixture, *flags], capture_output=True, text=True, timeout=60)
             self.assertNotEqual(out.returncode, 0, cfg)
             self.assertIn(needle, out.stderr + out.stdout)
+        out = subprocess.run([ARGS.m3serve, "disagg-proxy", "--prefill", "localhost:1", "--decode", "http://127.0.0.1:1"],
+                             capture_output=True, text=True, timeout=60)
+        self.assertNotEqual(out.returncode, 0)
+        self.assertIn("is not an http://host:port URL", out.stderr + out.stdout)
 
     def test_disaggregated_prefill_device_memory(self):
         # M3CudaIpcConnector: exported pages stay in the producer's device memory until the consumer
