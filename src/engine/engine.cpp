@@ -252,7 +252,7 @@ class EngineImpl final : public Engine {
     auto heads = producer_heads(blocks);
     if (!heads) return heads.status();
     const std::vector<std::pair<int, int>>& src_heads = *heads;
-    const DType kv_dtype = kv_dtype_(), index_dtype = index_dtype_();
+    const DType kv_dtype = kv_cache_dtype(), index_dtype = index_cache_dtype();
     const KvCacheManager& kv = scheduler_.kv();
     const int32_t n = int32_t(checked->size());
     KvImportResult res;
@@ -501,8 +501,8 @@ class EngineImpl final : public Engine {
 
   int block_size() const { return summary_.block_size; }
 
-  DType kv_dtype_() const { return summary_.kv_cache_dtype == "bf16" ? DType::kBF16 : DType::kF32; }
-  DType index_dtype_() const {
+  DType kv_cache_dtype() const { return summary_.kv_cache_dtype == "bf16" ? DType::kBF16 : DType::kF32; }
+  DType index_cache_dtype() const {
     return summary_.index_cache_dtype == "fp8" ? DType::kF8E4M3 : summary_.index_cache_dtype == "bf16" ? DType::kBF16 : DType::kF32;
   }
 
@@ -530,8 +530,8 @@ class EngineImpl final : public Engine {
     int64_t want = 0;  // a producer rank's page
     const int per_rank = ptp <= heads ? heads / ptp : 1;
     for (int l = 0; l < c.num_hidden_layers; ++l)
-      want += int64_t(block_size()) * (2 * int64_t(per_rank) * c.head_dim * int64_t(dtype_size_bytes(kv_dtype_())) +
-                                       (c.computes_index(l) ? int64_t(c.index_head_dim) * int64_t(dtype_size_bytes(index_dtype_())) : 0));
+      want += int64_t(block_size()) * (2 * int64_t(per_rank) * c.head_dim * int64_t(dtype_size_bytes(kv_cache_dtype())) +
+                                       (c.computes_index(l) ? int64_t(c.index_head_dim) * int64_t(dtype_size_bytes(index_cache_dtype())) : 0));
     if (blocks.page_bytes != want)
       return Status::error("the KV blocks' pages are " + std::to_string(blocks.page_bytes) + " bytes per rank, " +
                            std::to_string(want) + " expected for tensor-parallel size " + std::to_string(ptp));

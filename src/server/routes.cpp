@@ -83,20 +83,28 @@ ApiServer::ApiServer(ServerOptions options, const Tokenizer& tokenizer, AsyncEng
                                                   std::chrono::milliseconds(options_.kv_transfer.timeout_ms));
 }
 
-std::shared_ptr<const KvBlocks> ApiServer::fetch_kv_blocks(const CommonRequest::KvTransferParams& params,
-                                                           std::string& error, size_t& wire_bytes) {
-  httplib::Client cli(params.remote_url);
-  if (params.remote_url.rfind("http://", 0) != 0 || !cli.is_valid()) {
-    error = "remote_url '" + params.remote_url + "' is not an http://host:port URL";
+std::unique_ptr<httplib::Client> ApiServer::kv_producer_client(const std::string& url, httplib::Headers& headers,
+                                                               std::string& error) const {
+  auto cli = std::make_unique<httplib::Client>(url);
+  if (url.rfind("http://", 0) != 0 || !cli->is_valid()) {
+    error = "remote_url '" + url + "' is not an http://host:port URL";
     return nullptr;
   }
   const auto timeout = std::chrono::milliseconds(options_.kv_transfer.timeout_ms);
-  cli.set_connection_timeout(timeout);
-  cli.set_read_timeout(timeout);
-  httplib::Headers headers;
+  cli->set_connection_timeout(timeout);
+  cli->set_read_timeout(timeout);
+  // The servers of a deployment share one API key.
   if (!options_.api_key.empty()) headers.emplace("Authorization", "Bearer " + options_.api_key);
+  return cli;
+}
+
+std::shared_ptr<const KvBlocks> ApiServer::fetch_kv_blocks(const CommonRequest::KvTransferParams& params,
+                                                           std::string& error, size_t& wire_bytes) {
+  httplib::Headers headers;
+  auto cli = kv_producer_client(params.remote_url, headers, error);
+  if (!cli) return nullptr;
   const std::string path = "/v1/kv_transfer/" + params.transfer_id;
-  auto r = cli.Get(path, headers);
+  auto r = cli->Get(path, headers);
   if (!r) {
     error = "fetching " + params.remote_url + path + " failed: " + httplib::to_string(r.error());
     return nullptr;
@@ -444,12 +452,11 @@ void ApiServer::handle_stored_response(const httplib::Request& req, httplib::Res
 }
 
 void ApiServer::acknowledge_kv_blocks(const CommonRequest::KvTransferParams& params) {
-  httplib::Client cli(params.remote_url);
-  if (!cli.is_valid()) return;
-  cli.set_connection_timeout(std::chrono::milliseconds(options_.kv_transfer.timeout_ms));
   httplib::Headers headers;
-  if (!options_.api_key.empty()) headers.emplace("Authorization", "Bearer " + options_.api_key);
-  auto r = cli.Delete("/v1/kv_transfer/" + params.transfer_id, headers);
+  std::string error;
+  auto cli = kv_producer_client(params.remote_url, headers, error);
+  if (!cli) return;
+  auto r = cli->Delete("/v1/kv_transfer/" + params.transfer_id, headers);
   if (!r || (r->status != 200 && r->status != 404))
     M3_LOG_WARN("KV transfer: acknowledging " + params.transfer_id + " to " + params.remote_url + " failed" +
                 (r ? ": HTTP " + std::to_string(r->status) : ": " + httplib::to_string(r.error())) +
@@ -626,6 +633,11 @@ void ApiServer::run_generation(GenerationJob&& job, httplib::Response& res) {
     if (!problems.empty()) return send_error(res, invalid_request(problems.front(), problems.front().substr(0, problems.front().find(' '))));
   }
 
+  // (Before any KV transfer is fetched: a refused request must leave none held.)
+  if (draining_) {
+    metrics_.count_refused();
+    return send_error(res, ApiError{503, "the server is shutting down", "ServiceUnavailableError", "", ""});
+  }
   // Disaggregated prefill: this server prefills for a decode server (its blocks kept under an id
   // the answer names), or decodes after a prefill server (its blocks fetched and written into the
   // host KV tier first, so the prompt's admission hits them).
@@ -673,10 +685,6 @@ void ApiServer::run_generation(GenerationJob&& job, httplib::Response& res) {
     }
   }
 
-  if (draining_) {
-    metrics_.count_refused();
-    return send_error(res, ApiError{503, "the server is shutting down", "ServiceUnavailableError", "", ""});
-  }
   const std::string spec_id = spec.responses ? spec.responses->id : spec.response_id;
   auto generation = std::make_shared<Generation>(tokenizer_, std::move(spec));
   auto channel = std::make_shared<RequestChannel>();

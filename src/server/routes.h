@@ -66,6 +66,9 @@ class ApiServer {
   OrderedJson model_card(const std::string& name) const;  // one entry of /v1/models
   void handle_debug_kernels(httplib::Response& res) const;
   void handle_debug_shapes(httplib::Response& res) const;
+  // Consumer: a client to a prefill server (timeouts, the API key in `headers`), or null and why.
+  std::unique_ptr<httplib::Client> kv_producer_client(const std::string& url, httplib::Headers& headers,
+                                                      std::string& error) const;
   // Consumer: the blocks a prefill server kept for this request ("" error) or why not.
   std::shared_ptr<const KvBlocks> fetch_kv_blocks(const CommonRequest::KvTransferParams& params, std::string& error,
                                                   size_t& wire_bytes);

@@ -399,57 +399,53 @@ int64_t BackendKvCache::bytes_per_block(const MiniMaxM3Config& c, int block_size
          block_size;
 }
 
-void BackendKvCache::page_head_pieces(const MiniMaxM3Config& c, int bs, DType dtype, DType index_dtype, const char* src,
-                                      int src_first, int src_heads, char* dst, int dst_first, int dst_heads,
-                                      std::vector<ops::BackendRuntime::CopyPiece>& out) {
+namespace {
+
+// The copies that move a page holding the global KV heads [src_first, src_first + src_heads) into
+// one holding [dst_first, dst_first + dst_heads): per layer a head range of every token of K and
+// of V (pitched pieces) and the index keys whole. dst_at(tensor, offset) is where the destination
+// tensor (K, V, index keys of layer 0, then 1, ...) lives: `offset` is its place in a page.
+template <class DstAt>
+void head_pieces(const MiniMaxM3Config& c, int bs, DType dtype, DType index_dtype, const char* src, int src_first,
+                 int src_heads, int dst_first, int dst_heads, DstAt dst_at,
+                 std::vector<ops::BackendRuntime::CopyPiece>& out) {
   const size_t head_bytes = size_t(c.head_dim) * dtype_size_bytes(dtype);
   const size_t index_bytes = size_t(bs) * size_t(c.index_head_dim) * dtype_size_bytes(index_dtype);
   const int first = std::max(src_first, dst_first), last = std::min(src_first + src_heads, dst_first + dst_heads);
-  size_t so = 0, dof = 0;  // offsets of the layer's tensors in src and dst
+  size_t so = 0, dof = 0;  // the tensor's offset in the source page and in a destination page
+  int tensor = 0;
   for (int l = 0; l < c.num_hidden_layers; ++l) {
-    for (int kv = 0; kv < 2; ++kv) {  // K, then V: [bs][heads][head_dim]
+    for (int kv = 0; kv < 2; ++kv, ++tensor) {  // K, then V: [bs][heads][head_dim]
       if (last > first)
-        out.push_back({dst + dof + size_t(first - dst_first) * head_bytes, src + so + size_t(first - src_first) * head_bytes,
-                       size_t(last - first) * head_bytes, size_t(bs), size_t(dst_heads) * head_bytes,
-                       size_t(src_heads) * head_bytes});
+        out.push_back({dst_at(tensor, dof) + size_t(first - dst_first) * head_bytes,
+                       src + so + size_t(first - src_first) * head_bytes, size_t(last - first) * head_bytes, size_t(bs),
+                       size_t(dst_heads) * head_bytes, size_t(src_heads) * head_bytes});
       so += size_t(bs) * size_t(src_heads) * head_bytes;
       dof += size_t(bs) * size_t(dst_heads) * head_bytes;
     }
     if (c.computes_index(l)) {
-      out.push_back({dst + dof, src + so, index_bytes});
+      out.push_back({dst_at(tensor++, dof), src + so, index_bytes});
       so += index_bytes;
       dof += index_bytes;
     }
   }
 }
 
+}  // namespace
+
 void BackendKvCache::block_head_pieces(const MiniMaxM3Config& c, int64_t block, const char* src, int src_first,
                                        int src_heads, std::vector<ops::BackendRuntime::CopyPiece>& out) const {
-  const size_t head_bytes = size_t(c.head_dim) * dtype_size_bytes(dtype);
-  const int dst_first = c.kv_head_offset, dst_heads = c.num_key_value_heads;
-  const int first = std::max(src_first, dst_first), last = std::min(src_first + src_heads, dst_first + dst_heads);
-  size_t so = 0;  // the tensor's offset in the source page
-  for (size_t l = 0; l < k.size(); ++l) {
-    for (const ops::DeviceBuffer* t : {&k[l], &v[l]}) {
-      char* dst = static_cast<char*>(t->data()) + size_t(block) * (t->size_bytes() / size_t(num_blocks));
-      if (last > first)
-        out.push_back({dst + size_t(first - dst_first) * head_bytes, src + so + size_t(first - src_first) * head_bytes,
-                       size_t(last - first) * head_bytes, size_t(block_size), size_t(dst_heads) * head_bytes,
-                       size_t(src_heads) * head_bytes});
-      so += size_t(block_size) * size_t(src_heads) * head_bytes;
-    }
-    if (index_k[l].size_bytes() > 0) {
-      const size_t n = index_k[l].size_bytes() / size_t(num_blocks);
-      out.push_back({static_cast<char*>(index_k[l].data()) + size_t(block) * n, src + so, n});
-      so += n;
-    }
-  }
+  std::vector<char*> tensors;  // this block of each tensor, in page order
+  for_each_block_piece(block, [&](char* dev, size_t, size_t) { tensors.push_back(dev); });
+  head_pieces(c, block_size, dtype, index_dtype, src, src_first, src_heads, c.kv_head_offset, c.num_key_value_heads,
+              [&](int tensor, size_t) { return tensors[size_t(tensor)]; }, out);
 }
 
 void BackendKvCache::copy_page_heads(const MiniMaxM3Config& c, int bs, DType dtype, DType index_dtype, const char* src,
                                      int src_first, int src_heads, char* dst, int dst_first, int dst_heads) {
   std::vector<ops::BackendRuntime::CopyPiece> pieces;
-  page_head_pieces(c, bs, dtype, index_dtype, src, src_first, src_heads, dst, dst_first, dst_heads, pieces);
+  head_pieces(c, bs, dtype, index_dtype, src, src_first, src_heads, dst_first, dst_heads,
+              [&](int, size_t offset) { return dst + offset; }, pieces);
   for (const auto& p : pieces)
     for (size_t r = 0; r < p.rows; ++r)
       std::memcpy(static_cast<char*>(p.dst) + r * p.dst_pitch, static_cast<const char*>(p.src) + r * p.src_pitch, p.bytes);

@@ -53,14 +53,9 @@ struct BackendKvCache {
   // the same on every rank). `config` gives the layers, head dims and index layers.
   static void copy_page_heads(const MiniMaxM3Config& config, int block_size, DType dtype, DType index_dtype,
                               const char* src, int src_first, int src_heads, char* dst, int dst_first, int dst_heads);
-  // The same copies as pieces (a head range of every token per layer's K and V, the index keys
-  // whole), for BackendRuntime::copy_batch between pages in backend memory.
-  static void page_head_pieces(const MiniMaxM3Config& config, int block_size, DType dtype, DType index_dtype,
-                               const char* src, int src_first, int src_heads, char* dst, int dst_first, int dst_heads,
-                               std::vector<ops::BackendRuntime::CopyPiece>& out);
-  // Into block `block` of this cache (the KV heads `config` gives this rank) from a page in
-  // backend memory holding the global heads [src_first, src_first + src_heads): the heads they
-  // share and the index keys.
+  // The same copies as pieces for BackendRuntime::copy_batch: into block `block` of this cache
+  // (the KV heads `config` gives this rank) from a page in backend memory holding the global heads
+  // [src_first, src_first + src_heads).
   void block_head_pieces(const MiniMaxM3Config& config, int64_t block, const char* src, int src_first, int src_heads,
                          std::vector<ops::BackendRuntime::CopyPiece>& out) const;
   int64_t num_blocks = 0;
