@@ -18,8 +18,10 @@ import re
 import statistics
 import sys
 
-# String fields that report a result rather than name the row.
-RESULT_FIELDS = {"entries", "step_fast_entries", "target", "status", "note", "dispatch"}
+# String fields that report a result rather than name the row (the plans too: builds compared
+# may split the same row differently).
+RESULT_FIELDS = {"entries", "step_fast_entries", "target", "status", "note", "dispatch", "plan", "indexer_plan",
+                 "attention_plan"}
 
 
 def fail(msg):

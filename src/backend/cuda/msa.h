@@ -91,6 +91,7 @@ struct MsaAttnPlan {
   bool pure_decode = false;  // one query token per sequence
   int tokens_per_group = 0, m_tiles = 0, splits = 1;
   bool split_ring = false, early = false;
+  int early_max_blocks = 0;  // early: contexts of at most this many blocks (<= top_k; a CTA may take several)
   int64_t groups = 0, su_cap = 0, ctas = 0;
   size_t part_bytes = 0;
   bool fixed_partials = false;  // the split partials in a fixed buffer (no memory node in a graph), else the pool

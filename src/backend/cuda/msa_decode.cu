@@ -24,8 +24,9 @@
 // Small batches split a row group's super-units over the CTAs of a thread-block cluster
 // (up to 16): each writes its super-unit partials, the cluster synchronizes, and each CTA
 // folds a slice of the rows x dims over all partials in order (no serial last-CTA merge).
-// Early units: a decode token whose context is at most top_k blocks (all selected) and one
-// block per CTA computes its unit before waiting for the indexer, which lets it start early.
+// Early units: a decode token of a small batch whose context is at most top_k blocks (all
+// selected) computes its units (one or several blocks per CTA) before waiting for the indexer,
+// which lets it start early, and folds them after.
 #include <cuda_bf16.h>
 
 #include <algorithm>
@@ -114,6 +115,7 @@ struct AttnArgs {
   int top_k, num_seqs, num_tokens, max_blocks, bs, q_heads, kv_heads, group, tokens_per_group, splits, su_cap;
   float scale_log2;  // log2(e) / sqrt(head_dim)
   bool early_reads;  // Q, K, V complete before the previous kernel began (AttentionMetadata)
+  int early_max_blocks;  // early units: contexts of at most this many blocks (<= top_k, splits * kMaxListDecode)
 };
 
 // Fold state of one thread: rows (g, g+8) of each m-tile, its warp's 16 output dims (2 d-tiles).
@@ -195,7 +197,8 @@ __global__ void __launch_bounds__(kThreads, kSplit ? 2 : 1) msa_attention_kernel
   // The selection (indexer) or the new K/V (kv_write) come from the previous kernel.
   M3_TL_MARK(attention, tl_cta, 1);
   // Early units: one token (T == 1: every selected block is seen by all rows) with at most
-  // min(top_k, C) blocks, which the indexer selects all of. Their keys and values were written
+  // a.early_max_blocks <= top_k blocks, which the indexer selects all of, split over the cluster
+  // (several per CTA where it has fewer CTAs than blocks). Their keys and values were written
   // before the previous kernel (the indexer) started, like Q, so the units run before the wait;
   // only the fold reads the selection (the same partials in the same order: the same bits).
   bool early_units = false;
@@ -205,7 +208,7 @@ __global__ void __launch_bounds__(kThreads, kSplit ? 2 : 1) msa_attention_kernel
     if (a.sel != nullptr && T == 1 && C > 1 && bs <= kUnitKeys) {
       __syncthreads();  // s_pos
       n_blocks = s_pos[0] / bs + 1;
-      early_units = n_blocks <= min(top_k, C);  // the same for every CTA of the cluster
+      early_units = n_blocks <= a.early_max_blocks;  // the same for every CTA of the cluster
     }
   }
   if (!early_units) pdl_wait();
@@ -932,13 +935,19 @@ MsaAttnPlan msa_attention_plan(const MsaAttnShape& s, const MsaAttnLimits& lim) 
     splits = grow(lim.cluster_four, sms);
   }
   // Early units (a variant of the split-ring kernel, so that the others keep their registers: 118
-  // against 128; it checks the context; partial index = block id < top_k <= su_cap).
+  // against 128; it checks the context; partial index = block id < top_k, within su_cap).
   // Only where Q and K/V were complete before the previous kernel (the layer's own indexer) began.
+  // A CTA takes several blocks where the cluster has fewer CTAs than top_k (B = 3-4 at M3's
+  // shapes: 8-CTA clusters). Contexts of more than top_k blocks do not run early: computing every
+  // block's unit meanwhile (the selected ones folded after) measured slower, 8K at B = 1 27.5 ->
+  // 34.6 us on an H100 (docs/msa_kernels.md, thirty-third round).
   p.early = sparse && s.early_reads && p.pure_decode && tokens <= kEarlyUnitsMaxSeqs && p.split_ring &&
-            units_per_block == 1;
+            units_per_block == 1 && splits > 1;
+  if (p.early) p.early_max_blocks = std::min(top_k, splits * kMaxListDecode);
   const size_t rows_pad = size_t(p.m_tiles) * 16;
-  p.part_bytes = size_t(tokens) * size_t(kv_heads) * size_t(su_cap) * rows_pad * (kHeadDim + 2) * 4;
+  p.part_bytes = size_t(tokens) * size_t(kv_heads) * size_t(p.su_cap) * rows_pad * (kHeadDim + 2) * 4;
   if (p.part_bytes > kMaxPartialBytes) splits = 1;
+  if (splits == 1) p.early = false, p.early_max_blocks = 0;
   p.splits = splits;
   // Decode batches take the fixed buffer where the partials fit (B <= 15 at M3 TP1): no memory
   // nodes around the launch, so the programmatic edge from the indexer holds in a graph (with
@@ -955,7 +964,7 @@ std::string msa_attention_plan_text(const MsaAttnPlan& p) {
                   (p.tokens_per_group == 1 ? "" : "s") + " (" + std::to_string(p.m_tiles) + " m-tile" +
                   (p.m_tiles == 1 ? "" : "s") + "), ";
   s += p.m_tiles == 4 ? "2 whole-unit stages" : p.split_ring ? "K/V split ring, two CTAs per SM" : "3 whole-unit stages";
-  if (p.early) s += ", early units";
+  if (p.early) s += ", early units (contexts of <= " + std::to_string(p.early_max_blocks) + " blocks)";
   s += ", " + std::to_string(p.ctas) + " CTAs";
   if (p.splits > 1) {
     s += " in clusters of " + std::to_string(p.splits) + ", up to " + std::to_string(p.su_cap) + " super-unit partials per row group (" +
@@ -996,6 +1005,7 @@ void launch_msa_attention(const TensorView& q, const TensorView& k_cache, const 
   a.scale_log2 = float(1.4426950408889634 / std::sqrt(double(head_dim)));
   a.tokens_per_group = plan.tokens_per_group;
   a.early_reads = shape.early_reads;
+  a.early_max_blocks = plan.early_max_blocks;
   const int mt = plan.m_tiles, splits = plan.splits;
   const bool split_ring = plan.split_ring, early = plan.early;
   const size_t smem = mt == 4 ? Layout<4, false>::kBytes : split_ring ? Layout<1, true>::kBytes : Layout<1, false>::kBytes;

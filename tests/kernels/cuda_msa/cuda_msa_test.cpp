@@ -403,9 +403,11 @@ std::vector<Case> cases() {
   out.push_back({"tp8_multi_token", kTp8, {{2046, 4}, {9000, 4}, {300, 3}}});
   out.push_back({"tp8_prefill_chunk", kTp8, {{3000, 37}, {0, 70}, {1990, 100}}});
   // Contexts of at most top_k blocks: alone (16-CTA clusters) every block is one CTA's early unit,
-  // computed before the indexer's selection; batched (8-CTA clusters) only those of <= 8 blocks.
+  // computed before the indexer's selection; batched (8-CTA clusters) two blocks per CTA.
   out.push_back({"tp1_decode_early_units", kTp1, {{2047, 1}, {900, 1}, {1000, 1}, {5, 1}}});
   out.push_back({"tp4_decode_early_units", kTp4, {{1500, 1}, {127, 1}}});
+  // Three sequences: 8-CTA clusters, two early blocks per CTA (alone: one each, the same bits).
+  out.push_back({"tp1_decode_early_two_per_cta", kTp1, {{2047, 1}, {1800, 1}, {1300, 1}}});
   out.push_back({"tp1_decode_short_dense", kTp1, {{0, 1}, {300, 1}, {2100, 1}, {4095, 1}}, Keys::kRandom, DType::kBF16, true});
   out.push_back({"tp1_multi_token", kTp1, {{2040, 4}, {2046, 4}, {9000, 4}, {300, 3}, {7000, 2}, {4094, 4}}});
   out.push_back({"tp4_multi_token", kTp4, {{2046, 4}, {9000, 7}, {17, 16}, {6000, 3}}});

@@ -3,6 +3,7 @@
 // clusters of up to 16). No GPU needed, so CI runs it.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 
@@ -37,8 +38,8 @@ MsaAttnShape decode(int64_t batch, int64_t context, bool sparse = true) {
 const cuda::MsaAttnLimits kH200{132, 16, 16, 16};
 
 TEST(MsaAttentionPlan, DecodeSplitFollowsTheBatch) {
-  // B = 1: a cluster of 16 per KV group over the 16 selected blocks, early units, partials in
-  // the fixed buffer.
+  // B = 1: a cluster of 16 per KV group over the 16 selected blocks, early units (contexts of at
+  // most top_k blocks), partials in the fixed buffer.
   const MsaAttnPlan one = cuda::msa_attention_plan(decode(1, 8192), kH200);
   ASSERT_TRUE(one.tuned);
   EXPECT_TRUE(one.pure_decode);
@@ -48,13 +49,18 @@ TEST(MsaAttentionPlan, DecodeSplitFollowsTheBatch) {
   EXPECT_EQ(one.splits, 16);
   EXPECT_TRUE(one.split_ring);
   EXPECT_TRUE(one.early);
+  EXPECT_EQ(one.early_max_blocks, 16);
   EXPECT_TRUE(one.fixed_partials);
   EXPECT_EQ(one.ctas, 64);
   EXPECT_EQ(cuda::msa_attention_plan_text(one),
-            "4 row groups of 1 token (1 m-tile), K/V split ring, two CTAs per SM, early units, 64 CTAs in clusters of "
-            "16, up to 16 super-unit partials per row group (fixed buffer)");
-  // Early units only up to 4 sequences; the fixed partials up to 15 (532 KB per token).
-  EXPECT_TRUE(cuda::msa_attention_plan(decode(4, 8192), kH200).early);
+            "4 row groups of 1 token (1 m-tile), K/V split ring, two CTAs per SM, early units (contexts of <= 16 "
+            "blocks), 64 CTAs in clusters of 16, up to 16 super-unit partials per row group (fixed buffer)");
+  // Early units only up to 4 sequences, B = 4's 8-CTA clusters taking two blocks per CTA; the
+  // fixed partials up to 15 (532 KB per token).
+  const MsaAttnPlan four = cuda::msa_attention_plan(decode(4, 8192), kH200);
+  EXPECT_TRUE(four.early);
+  EXPECT_EQ(four.splits, 8);
+  EXPECT_EQ(four.early_max_blocks, 16);
   EXPECT_FALSE(cuda::msa_attention_plan(decode(5, 8192), kH200).early);
   // Not where the kernel just before wrote Q and K/V (a layer sharing an earlier selection).
   MsaAttnShape shared = decode(1, 8192);
@@ -276,6 +282,11 @@ TEST(MsaPlans, InvariantsOverASweep) {
               }
               if (p.early) {
                 EXPECT_TRUE(sparse && p.pure_decode && seqs <= cuda::kEarlyUnitsMaxSeqs && p.split_ring) << at;
+                EXPECT_LE(p.early_max_blocks, kTopK) << at;          // all selected
+                EXPECT_LE(p.early_max_blocks, p.splits * 16) << at;  // a CTA's units fit its list
+                EXPECT_GE(p.su_cap, std::min<int64_t>(p.early_max_blocks, s.max_blocks)) << at;  // a partial per block
+              } else {
+                EXPECT_EQ(p.early_max_blocks, 0) << at;
               }
 
               cuda::MsaIndexerShape is;
