@@ -93,17 +93,28 @@ struct Timing {
 // GPU time of one graph replay, L2 flushed before each (events bracket the replay only), by
 // the mode of gpu_bench_flush.h (a 256 MB read by default; M3_BENCH_FLUSH=memset, or
 // M3_BENCH_WARM_L2=1 for no flush: a diagnostic of how much of a small step is cold misses).
-inline Timing time_graph(const std::function<void()>& step, cudaStream_t stream, const Dev& flush, int iters) {
+// `warm` (optional): a graph replayed after each flush, before the timed replay, outside the
+// timing (a diagnostic: the same kernels on other buffers leave their code, not the step's data,
+// in L2).
+inline Timing time_graph(const std::function<void()>& step, cudaStream_t stream, const Dev& flush, int iters,
+                         const std::function<void()>& warm = {}) {
   const Flush mode = flush_mode();
   step();  // eager warm-up (module loads, pool growth)
   M3_CUDA_CHECK(cudaStreamSynchronize(stream));
   cudaGraphExec_t exec = m3::cuda::capture_graph(stream, step);
+  cudaGraphExec_t warm_exec = nullptr;
+  if (warm) {
+    warm();
+    M3_CUDA_CHECK(cudaStreamSynchronize(stream));
+    warm_exec = m3::cuda::capture_graph(stream, warm);
+  }
   cudaEvent_t e0, e1;
   M3_CUDA_CHECK(cudaEventCreate(&e0));
   M3_CUDA_CHECK(cudaEventCreate(&e1));
   std::vector<double> us;
   for (int i = 0; i < iters + 2; ++i) {
     flush_l2(mode, flush.as<void>(), flush.bytes(), i, stream);
+    if (warm_exec) M3_CUDA_CHECK(cudaGraphLaunch(warm_exec, stream));
     M3_CUDA_CHECK(cudaEventRecord(e0, stream));
     M3_CUDA_CHECK(cudaGraphLaunch(exec, stream));
     M3_CUDA_CHECK(cudaEventRecord(e1, stream));
@@ -115,6 +126,7 @@ inline Timing time_graph(const std::function<void()>& step, cudaStream_t stream,
   cudaEventDestroy(e0);
   cudaEventDestroy(e1);
   cudaGraphExecDestroy(exec);
+  if (warm_exec) cudaGraphExecDestroy(warm_exec);
   std::sort(us.begin(), us.end());
   return Timing{us[us.size() / 2], us.front()};
 }

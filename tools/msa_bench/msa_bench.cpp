@@ -15,6 +15,8 @@
 // require (4 * head_dim per visible (query head, key)), against a cuBLAS BF16 GEMM ceiling
 // measured in the same run; and dense causal attention over the same cache (M3's dense layers):
 // the wgmma dense prefill kernel, and the query-major kernel up to 8K. Prints tables, writes JSON.
+// M3_BENCH_WARM_CODE=1 (diagnostic) also times each decode step with a twin step (same kernels,
+// other buffers) replayed after the flush: step_code_warm_us.
 //   msa_bench [--contexts 2048,8192,32768,131072,524288] [--batches 1,8,64,128]
 //             [--index-dtypes bf16,fp8] [--prefill 8192,32768] [--no-decode] [--dense] [--iters 30]
 //             [--max-gb 100] [--no-baseline] [--no-layouts] [--table-blocks N] [--json F]
@@ -397,6 +399,33 @@ int run(int argc, char** argv) {
           auto indexer = [&] { ops::indexer_topk(ctx_t, iqv, ikv, p.meta, ip, sv); };
           auto attention = [&] { ops::attention(ctx_t, qv, kv_, vv, p.meta, sv, kTopK, ov); };
           const Timing step = time_graph([&] { indexer(); attention(); }, stream, flush, iters);
+          // M3_BENCH_WARM_CODE=1 (diagnostic): the step again with the same kernels on a twin
+          // problem's buffers replayed after each flush, so that their code (and the twin's data,
+          // not the step's) is in L2: what the cold step pays for instruction fetch.
+          if (const char* wc = std::getenv("M3_BENCH_WARM_CODE"); wc && *wc == '1') {
+            std::mt19937 rng2(99);
+            Problem p2(batch, ctx, rng2, table_blocks);
+            Dev q2(q.bytes()), out2(q.bytes()), iq2(iq.bytes()), sel2(sel.bytes()), k2(k.bytes()), v2(k.bytes()), ik2(ik.bytes());
+            msa_bench::fill_random(q2.as<void>(), q2.bytes() / 4, Elem::kF32, 11, stream);
+            msa_bench::fill_random(iq2.as<void>(), iq2.bytes() / 4, Elem::kF32, 12, stream);
+            msa_bench::fill_random(k2.as<void>(), k2.bytes() / 2, Elem::kBF16, 13, stream);
+            msa_bench::fill_random(v2.as<void>(), v2.bytes() / 2, Elem::kBF16, 14, stream);
+            msa_bench::fill_random(ik2.as<void>(), ik2.bytes() / elem_size(ik_elem), ik_elem, 15, stream);
+            const TensorView q2v{q2.as<void>(), DType::kF32, {batch, kQHeads, kHeadDim}, Device::kCuda};
+            const TensorView o2v{out2.as<void>(), DType::kF32, {batch, kQHeads, kHeadDim}, Device::kCuda};
+            const TensorView iq2v{iq2.as<void>(), DType::kF32, {batch, kIndexHeads, kIndexDim}, Device::kCuda};
+            const TensorView s2v{sel2.as<void>(), DType::kI32, {kIndexHeads, batch, kTopK}, Device::kCuda};
+            const TensorView k2v{k2.as<void>(), DType::kBF16, {slots, kKvHeads, kHeadDim}, Device::kCuda};
+            const TensorView v2v{v2.as<void>(), DType::kBF16, {slots, kKvHeads, kHeadDim}, Device::kCuda};
+            const TensorView ik2v{ik2.as<void>(), dtype_of(ik_elem), {slots, kIndexDim}, Device::kCuda};
+            auto twin = [&] {
+              ops::indexer_topk(ctx_t, iq2v, ik2v, p2.meta, ip, s2v);
+              ops::attention(ctx_t, q2v, k2v, v2v, p2.meta, s2v, kTopK, o2v);
+            };
+            const Timing warm = time_graph([&] { indexer(); attention(); }, stream, flush, iters, twin);
+            row["step_code_warm_us"] = warm.median_us;
+            std::printf("      step with the kernels' code warm (a twin step after the flush): %.1f us\n", warm.median_us);
+          }
           const std::string entries = entries_of(tables.tuned_stats);
           const Timing ti = time_graph(indexer, stream, flush, iters);
           const Timing ta = time_graph(attention, stream, flush, iters);
