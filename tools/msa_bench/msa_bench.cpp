@@ -16,7 +16,8 @@
 // measured in the same run; and dense causal attention over the same cache (M3's dense layers):
 // the wgmma dense prefill kernel, and the query-major kernel up to 8K. Prints tables, writes JSON.
 // M3_BENCH_WARM_CODE=1 (diagnostic) also times each decode step with a twin step (same kernels,
-// other buffers) replayed after the flush: step_code_warm_us.
+// other buffers) replayed after the flush: step_code_warm_us; =2 with the kernels' fixed buffers
+// alone read into L2 after the flush: step_buffers_warm_us.
 //   msa_bench [--contexts 2048,8192,32768,131072,524288] [--batches 1,8,64,128]
 //             [--index-dtypes bf16,fp8] [--prefill 8192,32768] [--no-decode] [--dense] [--iters 30]
 //             [--max-gb 100] [--no-baseline] [--no-layouts] [--table-blocks N] [--json F]
@@ -402,7 +403,18 @@ int run(int argc, char** argv) {
           // M3_BENCH_WARM_CODE=1 (diagnostic): the step again with the same kernels on a twin
           // problem's buffers replayed after each flush, so that their code (and the twin's data,
           // not the step's) is in L2: what the cold step pays for instruction fetch.
-          if (const char* wc = std::getenv("M3_BENCH_WARM_CODE"); wc && *wc == '1') {
+          const char* wc = std::getenv("M3_BENCH_WARM_CODE");
+          if (wc && *wc == '2') {  // the fixed buffers alone
+            std::vector<cuda::MsaFixedBuffer> bufs = cuda::msa_indexer_fixed_buffers();
+            for (const auto& b : cuda::msa_attention_fixed_buffers()) bufs.push_back(b);
+            auto touch_all = [&] {
+              for (const auto& b : bufs) msa_bench::touch(b.data, b.bytes & ~uint64_t(15), stream);
+            };
+            const Timing warm = time_graph([&] { indexer(); attention(); }, stream, flush, iters, touch_all);
+            row["step_buffers_warm_us"] = warm.median_us;
+            std::printf("      step with the fixed buffers warm: %.1f us\n", warm.median_us);
+          }
+          if (wc && *wc == '1') {
             std::mt19937 rng2(99);
             Problem p2(batch, ctx, rng2, table_blocks);
             Dev q2(q.bytes()), out2(q.bytes()), iq2(iq.bytes()), sel2(sel.bytes()), k2(k.bytes()), v2(k.bytes()), ik2(ik.bytes());

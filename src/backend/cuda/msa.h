@@ -3,6 +3,7 @@
 // kernels of attention.cu they hand shapes they do not take to (so a BF16 cache always has a
 // kernel).
 #include <string>
+#include <vector>
 
 #include "ops/ops.h"
 
@@ -163,5 +164,15 @@ constexpr int kEarlyUnitsMaxSeqs = 4;
 
 // Multiprocessor count of the current device (cached per device).
 int current_sm_count();
+
+// The fixed device buffers the decode kernels write and read back within a step (the indexer's
+// score rows and counters, the attention's split partials), for diagnostics: msa_bench's
+// M3_BENCH_WARM_CODE=2 reads them alone into L2 after each flush.
+struct MsaFixedBuffer {
+  const void* data;
+  size_t bytes;
+};
+std::vector<MsaFixedBuffer> msa_indexer_fixed_buffers();
+std::vector<MsaFixedBuffer> msa_attention_fixed_buffers();
 
 }  // namespace m3::cuda

@@ -790,6 +790,15 @@ __global__ void __launch_bounds__(kThreads, kSplit ? 2 : 1) msa_attention_kernel
 // earlier work had completed) has let the kernel start.
 __device__ __align__(256) uint4 g_decode_partials[kDecodePartialBytes / 16];
 
+}  // namespace
+
+std::vector<MsaFixedBuffer> msa_attention_fixed_buffers() {
+  static FixedScratch part_of(g_decode_partials);
+  return {{part_of.address(), part_of.bytes()}};
+}
+
+namespace {
+
 // Largest cluster the kernel can be launched with on this device (16 where a GPC can hold it).
 template <int MT, bool kSplit>
 int max_cluster() {

@@ -561,6 +561,12 @@ void launch_msa_indexer_layout(const TensorView& index_q, const TensorView& inde
   M3_CUDA_CHECK_LAUNCH();
 }
 
+std::vector<MsaFixedBuffer> msa_indexer_fixed_buffers() {
+  static FixedScratch scores_of(g_indexer_scores), counters_of(g_indexer_counters), units_of(g_indexer_unit_counters);
+  return {{scores_of.address(), scores_of.bytes()}, {counters_of.address(), counters_of.bytes()},
+          {units_of.address(), units_of.bytes()}};
+}
+
 void launch_msa_indexer(const TensorView& index_q, const TensorView& index_k_cache, const ops::AttentionMetadata& meta,
                         const ops::IndexerParams& params, const TensorView& selected) {
   launch_msa_indexer_layout(index_q, index_k_cache, meta, params, selected, MsaIndexerLayout::kAuto);
