@@ -24,12 +24,15 @@
 //   moe_bench [--tokens 1,8,32,128,512,4096,16384] [--iters 20] [--hidden 6144] [--inter 3072]
 //             [--experts 128] [--top-k 4] [--no-baseline] [--json moe_bench.json]
 //             [--only block,router,...]   (time only the rows whose names start with one of these)
+// M3_BENCH_WARM_CODE=1 (diagnostic) adds block_<path>_router_code_warm rows (T <= 512): the block
+// with the router and routing run on twin buffers after each flush (their code warm, no data).
 #include <cublasLt.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <functional>
 #include <nlohmann/json.hpp>
@@ -356,6 +359,34 @@ int run(int argc, char** argv) {
           target = (block_bytes / (tb.median_us * 1e-6) / copy_bw >= 0.88 ? "MET" : "MISSED") + std::string(" >=88%");
         }
         emit(t, "block_" + pn, tb, block_bytes, flops, target, "");
+        // M3_BENCH_WARM_CODE=1 (diagnostic, T <= 512): the same block with the router and the routing
+        // run on twin buffers (their own x, router weights, ids, workspace) after each flush, so
+        // that the code of the chain before the GEMMs is in L2 and none of the block's data is.
+        if (const char* wc = std::getenv("M3_BENCH_WARM_CODE"); wc && *wc == '1' && t <= 512) {
+          Dev x2(size_t(t) * hidden * 4), rw2(router_w.bytes()), rb2(router_b.bytes()), ids2(size_t(t) * top_k * 4),
+              wts2(size_t(t) * top_k * 4), o2b(size_t(t) * hidden * 4), ws2(ws.bytes());
+          moe_bench::fill_f32(x2.as<float>(), size_t(t) * hidden, 1.0f, 31, stream);
+          moe_bench::fill_f32(rw2.as<float>(), size_t(routed) * hidden, 0.02f, 32, stream);
+          moe_bench::fill_f32(rb2.as<float>(), size_t(routed), 0.01f, 33, stream);
+          const TensorView x2v{x2.as<void>(), DType::kF32, {t, hidden}, Device::kCuda};
+          const TensorView o2v{o2b.as<void>(), DType::kF32, {t, hidden}, Device::kCuda};
+          const TensorView rw2v{rw2.as<void>(), DType::kF32, {routed, hidden}, Device::kCuda};
+          const TensorView rb2v{rb2.as<void>(), DType::kF32, {routed}, Device::kCuda};
+          const TensorView i2v{ids2.as<void>(), DType::kI32, {t, top_k}, Device::kCuda};
+          const TensorView w2v{wts2.as<void>(), DType::kF32, {t, top_k}, Device::kCuda};
+          auto twin = [&] {
+            ops::moe_router(ctx, x2v, rw2v, rb2v, rp, i2v, w2v);
+            mx::run(x2v, i2v, w2v, all, act, o2v, path, ws2.as<void>(), mx::kRoute | mx::kPrep);
+          };
+          const Timing tw = time_graph(
+              [&] {
+                ops::moe_router(ctx, xv, rw, rb, rp, riv, rwv);
+                mx::run(xv, riv, rwv, all, act, ov, path, ws.as<void>());
+              },
+              stream, flush, it, twin);
+          stats.take_step_paths();
+          emit(t, "block_" + pn + "_router_code_warm", tw, block_bytes, flops, "", "");
+        }
       }
       if (want("experts_" + pn)) {
         const Timing te = time_graph([&] { mx::run(xv, iv, wv, all, act, ov, path, ws.as<void>()); }, stream, flush, it);
