@@ -171,6 +171,31 @@ Timing time_indexer_layout(const TensorView& iq, const TensorView& ik, const ops
   return time_graph([&] { cuda::launch_msa_indexer_layout(iq, ik, meta, ip, sel, layout); }, stream, flush, iters);
 }
 
+// One step's device inputs and outputs for `tokens` query tokens over `slots` cache slots (Q,
+// out, index Q, selections, K and V caches, index keys), filled with pseudo-random values (seeds
+// from `seed` on), and their views.
+struct StepData {
+  Dev q, out, iq, sel, k, v, ik;
+  TensorView qv, ov, iqv, sv, kv, vv, ikv;
+  StepData(int64_t tokens, int64_t slots, Elem ik_elem, uint32_t seed, cudaStream_t stream)
+      : q(size_t(tokens) * kQHeads * kHeadDim * 4), out(q.bytes()), iq(size_t(tokens) * kIndexHeads * kIndexDim * 4),
+        sel(size_t(kIndexHeads) * tokens * kTopK * 4), k(size_t(slots) * kKvHeads * kHeadDim * 2), v(k.bytes()),
+        ik(size_t(slots) * kIndexDim * elem_size(ik_elem)),
+        qv{q.as<void>(), DType::kF32, {tokens, kQHeads, kHeadDim}, Device::kCuda},
+        ov{out.as<void>(), DType::kF32, {tokens, kQHeads, kHeadDim}, Device::kCuda},
+        iqv{iq.as<void>(), DType::kF32, {tokens, kIndexHeads, kIndexDim}, Device::kCuda},
+        sv{sel.as<void>(), DType::kI32, {kIndexHeads, tokens, kTopK}, Device::kCuda},
+        kv{k.as<void>(), DType::kBF16, {slots, kKvHeads, kHeadDim}, Device::kCuda},
+        vv{v.as<void>(), DType::kBF16, {slots, kKvHeads, kHeadDim}, Device::kCuda},
+        ikv{ik.as<void>(), dtype_of(ik_elem), {slots, kIndexDim}, Device::kCuda} {
+    msa_bench::fill_random(q.as<void>(), q.bytes() / 4, Elem::kF32, seed, stream);
+    msa_bench::fill_random(iq.as<void>(), iq.bytes() / 4, Elem::kF32, seed + 1, stream);
+    msa_bench::fill_random(k.as<void>(), k.bytes() / 2, Elem::kBF16, seed + 2, stream);
+    msa_bench::fill_random(v.as<void>(), v.bytes() / 2, Elem::kBF16, seed + 3, stream);
+    msa_bench::fill_random(ik.as<void>(), ik.bytes() / elem_size(ik_elem), ik_elem, seed + 4, stream);
+  }
+};
+
 // Prefill of one sequence of `ctx` tokens from position 0 (pages shuffled over the pool).
 nlohmann::json bench_prefill(int ctx, const std::string& idt, Tables& tables, cudaStream_t stream, const Dev& flush,
                              int iters, double gemm_tflops, double copy_bw, std::mt19937& rng) {
@@ -193,21 +218,9 @@ nlohmann::json bench_prefill(int ctx, const std::string& idt, Tables& tables, cu
   meta.max_blocks_per_seq = blocks;
   meta.block_size = kBlock;
   meta.qkv_before_previous_kernel = true;  // as in a sparse layer: its indexer runs right before
-  Dev q(size_t(ctx) * kQHeads * kHeadDim * 4), out(q.bytes()), iq(size_t(ctx) * kIndexHeads * kIndexDim * 4),
-      sel(size_t(kIndexHeads) * ctx * kTopK * 4), k(size_t(slots) * kKvHeads * kHeadDim * 2), v(k.bytes()),
-      ik(size_t(slots) * kIndexDim * elem_size(ik_elem));
-  msa_bench::fill_random(q.as<void>(), q.bytes() / 4, Elem::kF32, 21, stream);
-  msa_bench::fill_random(iq.as<void>(), iq.bytes() / 4, Elem::kF32, 22, stream);
-  msa_bench::fill_random(k.as<void>(), k.bytes() / 2, Elem::kBF16, 23, stream);
-  msa_bench::fill_random(v.as<void>(), v.bytes() / 2, Elem::kBF16, 24, stream);
-  msa_bench::fill_random(ik.as<void>(), ik.bytes() / elem_size(ik_elem), ik_elem, 25, stream);
-  const TensorView qv{q.as<void>(), DType::kF32, {ctx, kQHeads, kHeadDim}, Device::kCuda};
-  const TensorView ov{out.as<void>(), DType::kF32, {ctx, kQHeads, kHeadDim}, Device::kCuda};
-  const TensorView iqv{iq.as<void>(), DType::kF32, {ctx, kIndexHeads, kIndexDim}, Device::kCuda};
-  const TensorView sv{sel.as<void>(), DType::kI32, {kIndexHeads, ctx, kTopK}, Device::kCuda};
-  const TensorView kv_{k.as<void>(), DType::kBF16, {slots, kKvHeads, kHeadDim}, Device::kCuda};
-  const TensorView vv{v.as<void>(), DType::kBF16, {slots, kKvHeads, kHeadDim}, Device::kCuda};
-  const TensorView ikv{ik.as<void>(), dtype_of(ik_elem), {slots, kIndexDim}, Device::kCuda};
+  const StepData d(ctx, slots, ik_elem, 21, stream);
+  const Dev& sel = d.sel;
+  const TensorView &qv = d.qv, &ov = d.ov, &iqv = d.iqv, &sv = d.sv, &kv_ = d.kv, &vv = d.vv, &ikv = d.ikv;
   const ops::IndexerParams ip{kBlock, kTopK};
   const ops::OpContext ctx_t{&tables.tuned, &tables.tuned_stats, Device::kCuda, true};
   auto indexer = [&] { ops::indexer_topk(ctx_t, iqv, ikv, meta, ip, sv); };
@@ -417,22 +430,10 @@ int run(int argc, char** argv) {
           if (wc && *wc == '1') {
             std::mt19937 rng2(99);
             Problem p2(batch, ctx, rng2, table_blocks);
-            Dev q2(q.bytes()), out2(q.bytes()), iq2(iq.bytes()), sel2(sel.bytes()), k2(k.bytes()), v2(k.bytes()), ik2(ik.bytes());
-            msa_bench::fill_random(q2.as<void>(), q2.bytes() / 4, Elem::kF32, 11, stream);
-            msa_bench::fill_random(iq2.as<void>(), iq2.bytes() / 4, Elem::kF32, 12, stream);
-            msa_bench::fill_random(k2.as<void>(), k2.bytes() / 2, Elem::kBF16, 13, stream);
-            msa_bench::fill_random(v2.as<void>(), v2.bytes() / 2, Elem::kBF16, 14, stream);
-            msa_bench::fill_random(ik2.as<void>(), ik2.bytes() / elem_size(ik_elem), ik_elem, 15, stream);
-            const TensorView q2v{q2.as<void>(), DType::kF32, {batch, kQHeads, kHeadDim}, Device::kCuda};
-            const TensorView o2v{out2.as<void>(), DType::kF32, {batch, kQHeads, kHeadDim}, Device::kCuda};
-            const TensorView iq2v{iq2.as<void>(), DType::kF32, {batch, kIndexHeads, kIndexDim}, Device::kCuda};
-            const TensorView s2v{sel2.as<void>(), DType::kI32, {kIndexHeads, batch, kTopK}, Device::kCuda};
-            const TensorView k2v{k2.as<void>(), DType::kBF16, {slots, kKvHeads, kHeadDim}, Device::kCuda};
-            const TensorView v2v{v2.as<void>(), DType::kBF16, {slots, kKvHeads, kHeadDim}, Device::kCuda};
-            const TensorView ik2v{ik2.as<void>(), dtype_of(ik_elem), {slots, kIndexDim}, Device::kCuda};
+            const StepData t2(batch, slots, ik_elem, 11, stream);
             auto twin = [&] {
-              ops::indexer_topk(ctx_t, iq2v, ik2v, p2.meta, ip, s2v);
-              ops::attention(ctx_t, q2v, k2v, v2v, p2.meta, s2v, kTopK, o2v);
+              ops::indexer_topk(ctx_t, t2.iqv, t2.ikv, p2.meta, ip, t2.sv);
+              ops::attention(ctx_t, t2.qv, t2.kv, t2.vv, p2.meta, t2.sv, kTopK, t2.ov);
             };
             const Timing warm = time_graph([&] { indexer(); attention(); }, stream, flush, iters, twin);
             row["step_code_warm_us"] = warm.median_us;
