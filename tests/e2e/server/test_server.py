@@ -61,6 +61,15 @@ def post_when_up(port, path, body, stream=False):
                          if line.startswith("data: ") and line != "data: [DONE]"]
 
 
+def terminate(proc, timeout):
+    """SIGTERM (a graceful drain), then SIGKILL after `timeout` seconds."""
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
 class Proxy:
     """`m3serve disagg-proxy` in front of a prefill and a decode server."""
 
@@ -76,11 +85,7 @@ class Proxy:
         return post_when_up(self.port, path, body, stream)
 
     def stop(self):
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
+        terminate(self.proc, 10)
         self.log.close()
 
 
@@ -156,11 +161,7 @@ class Server:
     def stop(self):
         self.close_clients()
         if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
+            terminate(self.proc, 30)
         self.log.close()
 
 

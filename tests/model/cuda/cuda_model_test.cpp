@@ -19,6 +19,7 @@
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cuda/cuda_backend.h"
 #include "exec/sequence_runner.h"
+#include "../../support/engine_run.h"
 #include "golden_fixture.h"
 #include "m3serve/engine.h"
 #include "model/eagle3/make_draft.h"
@@ -669,46 +670,28 @@ TEST(CudaDisagg, ImportedPagesDecodeLikeAColdEngine) {
     cold_cfg.kv_offload_bytes = 0;
     auto cold = Engine::create(cold_cfg);
     ASSERT_TRUE(producer.is_ok() && consumer.is_ok() && cold.is_ok());
-    auto run = [&](Engine& e, int max_tokens, bool kv_export, int32_t* cached) {
-      GenerationRequest g;
-      g.prompt_token_ids = prompt;
-      g.sampling.temperature = 0.0f;
-      g.sampling.max_tokens = max_tokens;
-      g.sampling.ignore_eos = true;
-      g.sampling.logprobs = 1;
-      g.kv_export = kv_export;
-      auto id = e.submit(g);
-      EXPECT_TRUE(id.is_ok()) << id.error();
-      std::vector<TokenOutput> out;
-      std::shared_ptr<const KvBlocks> blocks;
-      while (e.has_unfinished_requests())
-        for (auto& ev : e.step()) {
-          out.insert(out.end(), ev.new_tokens.begin(), ev.new_tokens.end());
-          if (cached) *cached = ev.num_cached_prompt_tokens;
-          if (ev.kv_export) blocks = ev.kv_export;
-        }
-      return std::make_pair(out, blocks);
+    auto run = [&](Engine& e, int max_tokens, bool kv_export) {
+      return test::run_greedy(e, prompt, max_tokens, 1, kv_export);
     };
-    auto pre = run(**producer, 1, true, nullptr);
-    ASSERT_NE(pre.second, nullptr);
-    EXPECT_EQ(pre.second->num_blocks(), 299 / 32);
-    EXPECT_EQ(pre.second->on_device(), k.device);
-    auto wire = parse_kv_blocks(serialize_kv_blocks(*pre.second));
+    const auto pre = run(**producer, 1, true);
+    ASSERT_NE(pre.exported, nullptr);
+    EXPECT_EQ(pre.exported->num_blocks(), 299 / 32);
+    EXPECT_EQ(pre.exported->on_device(), k.device);
+    auto wire = parse_kv_blocks(serialize_kv_blocks(*pre.exported));
     ASSERT_TRUE(wire.is_ok()) << wire.error();
     auto imported = (*consumer)->import_kv(prompt, *wire);
     ASSERT_TRUE(imported.is_ok()) << imported.error();
     EXPECT_EQ(imported->imported, 299 / 32);
-    int32_t cached = -1, cold_cached = -1;
-    const auto dec = run(**consumer, 40, false, &cached).first;
-    const auto ref = run(**cold, 40, false, &cold_cached).first;
-    EXPECT_EQ(cached, 288);
-    EXPECT_EQ(cold_cached, 0);
+    const auto dec_run = run(**consumer, 40, false), ref_run = run(**cold, 40, false);
+    const auto &dec = dec_run.tokens, &ref = ref_run.tokens;
+    EXPECT_EQ(dec_run.cached, 288);
+    EXPECT_EQ(ref_run.cached, 0);
     ASSERT_EQ(dec.size(), ref.size());
     for (size_t n = 0; n < ref.size(); ++n) {
       EXPECT_EQ(dec[n].token, ref[n].token) << "output " << n;
       EXPECT_EQ(dec[n].logprob, ref[n].logprob) << "output " << n;
     }
-    EXPECT_EQ(dec[0].token, pre.first[0].token);
+    EXPECT_EQ(dec[0].token, pre.tokens[0].token);
   }
 }
 

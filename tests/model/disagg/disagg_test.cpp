@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include "m3serve/engine.h"
+#include "../../support/engine_run.h"
 #include "../../support/tiny_model/tiny_model.h"
 
 namespace m3 {
@@ -34,36 +35,10 @@ std::unique_ptr<Engine> make(const EngineConfig& cfg) {
   return e ? std::move(*e) : nullptr;
 }
 
-struct Outcome {
-  std::vector<TokenOutput> tokens;
-  int32_t cached = -1;
-  int64_t host_loaded = 0;
-  std::shared_ptr<const KvBlocks> exported;
-};
+using Outcome = test::RunOutcome;
 
 Outcome run(Engine& e, const std::vector<int32_t>& prompt, int max_tokens, bool kv_export = false) {
-  GenerationRequest g;
-  g.prompt_token_ids = prompt;
-  g.sampling.temperature = 0.0f;
-  g.sampling.max_tokens = max_tokens;
-  g.sampling.ignore_eos = true;
-  g.sampling.logprobs = 3;
-  g.kv_export = kv_export;
-  auto id = e.submit(g);
-  EXPECT_TRUE(id.is_ok()) << id.error();
-  Outcome r;
-  while (e.has_unfinished_requests()) {
-    EngineStepStats st;
-    for (auto& ev : e.step(&st)) {
-      if (ev.request_id != *id) continue;
-      r.tokens.insert(r.tokens.end(), ev.new_tokens.begin(), ev.new_tokens.end());
-      r.cached = ev.num_cached_prompt_tokens;
-      if (ev.finished) r.exported = ev.kv_export;
-      EXPECT_EQ(ev.kv_export != nullptr, kv_export && ev.finished);
-    }
-    r.host_loaded += st.scheduler.kv_loaded_blocks;
-  }
-  return r;
+  return test::run_greedy(e, prompt, max_tokens, 3, kv_export);
 }
 
 // Bit for bit where both engines computed the KV alike (batch-invariant kernels, one tensor-parallel
