@@ -17,7 +17,8 @@
 // the wgmma dense prefill kernel, and the query-major kernel up to 8K. Prints tables, writes JSON.
 // M3_BENCH_WARM_CODE=1 (diagnostic) also times each decode step with a twin step (same kernels,
 // other buffers) replayed after the flush: step_code_warm_us; =2 with the kernels' fixed buffers
-// alone read into L2 after the flush: step_buffers_warm_us.
+// alone read into L2 after the flush: step_buffers_warm_us; =3 / =4 with the twin's indexer /
+// attention alone; =5 with the twin step before the flush (only the SMs' instruction caches warm).
 //   msa_bench [--contexts 2048,8192,32768,131072,524288] [--batches 1,8,64,128]
 //             [--index-dtypes bf16,fp8] [--prefill 8192,32768] [--no-decode] [--dense] [--iters 30]
 //             [--max-gb 100] [--no-baseline] [--no-layouts] [--table-blocks N] [--json F]
@@ -427,17 +428,31 @@ int run(int argc, char** argv) {
             row["step_buffers_warm_us"] = warm.median_us;
             std::printf("      step with the fixed buffers warm: %.1f us\n", warm.median_us);
           }
-          if (wc && *wc == '1') {
+          if (wc && (*wc == '1' || *wc == '3' || *wc == '4' || *wc == '5')) {
+            // 1: the twin's whole step; 3: its indexer alone; 4: its attention alone (its selection
+            // computed once before); 5: the whole twin step and then the flush again, so that only
+            // what the SMs' own instruction caches kept is warm, not L2.
             std::mt19937 rng2(99);
             Problem p2(batch, ctx, rng2, table_blocks);
             const StepData t2(batch, slots, ik_elem, 11, stream);
+            auto twin_indexer = [&] { ops::indexer_topk(ctx_t, t2.iqv, t2.ikv, p2.meta, ip, t2.sv); };
+            auto twin_attention = [&] { ops::attention(ctx_t, t2.qv, t2.kv, t2.vv, p2.meta, t2.sv, kTopK, t2.ov); };
+            twin_indexer();
+            const char mode = *wc;
             auto twin = [&] {
-              ops::indexer_topk(ctx_t, t2.iqv, t2.ikv, p2.meta, ip, t2.sv);
-              ops::attention(ctx_t, t2.qv, t2.kv, t2.vv, p2.meta, t2.sv, kTopK, t2.ov);
+              if (mode != '4') twin_indexer();
+              if (mode != '3') twin_attention();
+              if (mode == '5') flush_l2(flush_mode(), flush.as<void>(), flush.bytes(), 0, stream);
             };
             const Timing warm = time_graph([&] { indexer(); attention(); }, stream, flush, iters, twin);
-            row["step_code_warm_us"] = warm.median_us;
-            std::printf("      step with the kernels' code warm (a twin step after the flush): %.1f us\n", warm.median_us);
+            static const char* const kKeys[] = {"step_code_warm_us", "", "step_indexer_code_warm_us",
+                                                "step_attention_code_warm_us", "step_sm_code_warm_us"};
+            static const char* const kWhat[] = {"the kernels' code warm (a twin step after the flush)", "",
+                                                "the indexer's code warm (a twin indexer after the flush)",
+                                                "the attention's code warm (a twin attention after the flush)",
+                                                "the SMs' caches warm (a twin step, then the flush)"};
+            row[kKeys[mode - '1']] = warm.median_us;
+            std::printf("      step with %s: %.1f us\n", kWhat[mode - '1'], warm.median_us);
           }
           const std::string entries = entries_of(tables.tuned_stats);
           const Timing ti = time_graph(indexer, stream, flush, iters);
