@@ -855,8 +855,15 @@ constexpr int kBTile = kW8MaxTok * kW8Bk;
 constexpr int kW8ScSlots = 8;
 constexpr int kW8ScSlot = kW8ARows * 16;
 static_assert(kW8ScSlots >= kW8StagesDeep && kW8ScSlots >= kW8StagesShallow, "the scale ring at one word per copy");
+// Tiles in flight between the producer and the consumers: a tile id per slot, published by the
+// producer's thread 0 (tfull: one arrival) and released by the consumers' 8 warps (tempty). The
+// producer runs at most a ring of stages ahead, so at most that many tiles (kTileRing covers
+// every ring).
+constexpr int kTileRing = 8;
+constexpr size_t kTileRingBytes = size_t(kTileRing) * (8 + 8 + 4);
+
 constexpr size_t w8_smem_bytes(int stages) {
-  return size_t(stages) * (kATile + kBTile) + size_t(kW8ScSlots) * kW8ScSlot + 2 * size_t(stages) * 8 + 1024;
+  return size_t(stages) * (kATile + kBTile) + size_t(kW8ScSlots) * kW8ScSlot + 2 * size_t(stages) * 8 + kTileRingBytes + 1024;
 }
 static_assert(w8_smem_bytes(kW8StagesDeep) <= 232448, "W8A8 kernel: shared memory per CTA");
 constexpr int kProducerRegs = 56, kConsumerRegs = 224;  // 128 * 56 + 256 * 224 <= 65536
@@ -873,6 +880,7 @@ struct W8Args {
   const int* num_items;
   int col_tiles;            // column tiles of the widest expert
   int s_log;                // log2 of the scale words per copy (every expert's K / 128 a multiple of 2^s_log)
+  unsigned* tile_ctr;       // the tiles' counter (ws_persistent), zeroed before the launch
   Act act;
   Group g;
 };
@@ -971,7 +979,8 @@ struct GemmTile {
 };
 // Tile `tile` of a grouped GEMM: item tile / col_tiles, columns cols wide (column tile fastest);
 // false when the item's expert is narrower than this column tile. Both wgmma kernels (Args:
-// W8Args, WgArgs).
+// W8Args, WgArgs). (Groups of 4-16 items with the item fastest inside a group, so that an
+// expert's items read each weight tile together, measured no better: fifty-sixth session.)
 template <class Args>
 __device__ __forceinline__ bool item_tile(const Args& a, int tile, int cols, GemmTile& t) {
   const int4 item = a.items[tile / a.col_tiles];
@@ -1160,18 +1169,31 @@ __device__ __forceinline__ void w8_produce(const W8Args& a, const W8Smem& sm, co
 
 // The warp-specialised persistent loop both wgmma kernels run (384 threads): the stage ring's
 // barriers (full: one cp.async arrival per producer thread; empty: one per consumer warp), then
-// warpgroup 0 produces and warpgroups 1-2 consume the tiles blockIdx.x, + gridDim.x, ... < total.
-// tile(i, t) fills t and is false for a tile past a narrower expert; produce(t, pipe, tid);
-// consume(t, pipe, cw, tw, n) with n a std::integral_constant of the token tile (the item's rows
-// rounded up to 32, at most kW8MaxTok = 128).
+// warpgroup 0 produces and warpgroups 1-2 consume the tiles it takes in order from the call's
+// counter `ctr` (zeroed before the launch): tiles are taken as CTAs free up, so the tiles in
+// flight are always about gridDim.x consecutive ones, and the items of one expert that run
+// together read its weight tiles from L2 rather than each from DRAM (a fixed tile per CTA,
+// blockIdx.x + k gridDim.x, let the CTAs drift apart: H100, T = 4096, the gate+up GEMM read 8.2
+// GB from DRAM for 5.0 GB of weights, 7.1 GB with the counter; the down GEMM 3.7 -> 2.8 GB for
+// 2.5 GB; docs/moe_kernels.md, fifty-sixth session). The producer's thread 0 claims one tile ahead, so the
+// atomic's round trip overlaps the current tile. tile_of(i, t) fills t and is false for a tile
+// past a narrower expert; produce(t, pipe, tid); consume(t, pipe, cw, tw, n) with n a
+// std::integral_constant of the token tile (the item's rows rounded up to 32, at most kW8MaxTok
+// = 128). `ring` is kTileRingBytes of shared memory (8-byte aligned).
 template <int kStages, class TileOf, class Produce, class Consume>
-__device__ __forceinline__ void ws_persistent(uint32_t full, uint32_t empty, int total, TileOf&& tile_of,
-                                              Produce&& produce, Consume&& consume) {
+__device__ __forceinline__ void ws_persistent(uint32_t full, uint32_t empty, uint32_t ring, unsigned* ctr, int total,
+                                              TileOf&& tile_of, Produce&& produce, Consume&& consume) {
+  static_assert(kTileRing > kStages, "the producer can be a ring of stages, so as many tiles, ahead");
   const int tid = int(threadIdx.x), wg = tid >> 7;
+  const uint32_t tfull = ring, tempty = ring + 8u * kTileRing, tslot = ring + 16u * kTileRing;
   if (tid == 0) {
     for (int s = 0; s < kStages; ++s) {
       mbar_init(full + 8u * uint32_t(s), 128);
       mbar_init(empty + 8u * uint32_t(s), 8);
+    }
+    for (int s = 0; s < kTileRing; ++s) {
+      mbar_init(tfull + 8u * uint32_t(s), 1);
+      mbar_init(tempty + 8u * uint32_t(s), 8);
     }
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
@@ -1179,7 +1201,20 @@ __device__ __forceinline__ void ws_persistent(uint32_t full, uint32_t empty, int
   Pipe<kStages> pipe;
   if (wg == 0) {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegs));
-    for (int tile = int(blockIdx.x); tile < total; tile += int(gridDim.x)) {
+    unsigned next = tid == 0 ? atomicAdd(ctr, 1u) : 0u;
+    for (int n = 0;; ++n) {
+      const int slot = n % kTileRing;
+      const uint32_t parity = uint32_t(n / kTileRing) & 1u;
+      if (tid == 0) {
+        mbar_wait(tempty + 8u * uint32_t(slot), parity ^ 1u);  // the consumers are done with its last tile
+        const int tile = next < unsigned(total) ? int(next) : -1;
+        asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(tslot + 4u * uint32_t(slot)), "r"(tile) : "memory");
+        mbar_arrive(tfull + 8u * uint32_t(slot));
+        if (tile >= 0) next = atomicAdd(ctr, 1u);
+      }
+      asm volatile("bar.sync 1, 128;\n" ::: "memory");  // the producer warpgroup sees the slot
+      const int tile = int(lds_u32(tslot + 4u * uint32_t(slot)));
+      if (tile < 0) break;
       GemmTile t;
       if (tile_of(tile, t)) produce(t, pipe, tid);
     }
@@ -1187,7 +1222,13 @@ __device__ __forceinline__ void ws_persistent(uint32_t full, uint32_t empty, int
   } else {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kConsumerRegs));
     const int cw = wg - 1, tw = tid - 128 * wg;
-    for (int tile = int(blockIdx.x); tile < total; tile += int(gridDim.x)) {
+    for (int n = 0;; ++n) {
+      const int slot = n % kTileRing;
+      mbar_wait(tfull + 8u * uint32_t(slot), uint32_t(n / kTileRing) & 1u);
+      const int tile = int(lds_u32(tslot + 4u * uint32_t(slot)));
+      __syncwarp();
+      if ((tw & 31) == 0) mbar_arrive(tempty + 8u * uint32_t(slot));
+      if (tile < 0) break;
       GemmTile t;
       if (!tile_of(tile, t)) continue;
       switch (min(kW8MaxTok, (t.nrows + 31) & ~31)) {
@@ -1210,7 +1251,7 @@ __global__ void __launch_bounds__(kW8Threads, 1) w8a8_kernel(const __grid_consta
   sm.full = sm.s + uint32_t(kW8ScSlots * kW8ScSlot);
   sm.empty = sm.full + 8u * kStages;
   ws_persistent<kStages>(
-      sm.full, sm.empty, __ldg(a.num_items) * a.col_tiles,
+      sm.full, sm.empty, sm.empty + 8u * kStages, a.tile_ctr, __ldg(a.num_items) * a.col_tiles,
       [&](int tile, GemmTile& t) { return item_tile(a, tile, kFused ? kW8ARows / 2 : kW8ARows, t); },
       [&](const GemmTile& t, auto& pipe, int tid) { w8_produce<kFused>(a, sm, t, pipe, tid); },
       [&](const GemmTile& t, auto& pipe, int cw, int tw, auto n) { w8_consume<kFused, decltype(n)::value>(a, sm, pipe, t, cw, tw); });
@@ -1254,6 +1295,7 @@ struct WgArgs {
   const int4* items;
   const int* num_items;
   int col_tiles;
+  unsigned* tile_ctr;       // the tiles' counter (ws_persistent), zeroed before the launch
   Act act;
   Group g;
 };
@@ -1296,7 +1338,8 @@ __device__ __forceinline__ void wg_produce(const WgArgs& a, const WgSmem& sm, co
 // (compute-bound) keep each thread's own fragment bytes in its own slots.
 constexpr int kWgWStages = 3;
 constexpr int kWgWStage = 8 * 256 * 16;  // 8 16-byte slots per consumer thread
-constexpr size_t kWgSmemBytes = size_t(kWgStages) * kWgBTile + size_t(kWgWStages) * kWgWStage + 2 * kWgStages * 8 + 1024;
+constexpr size_t kWgSmemBytes =
+    size_t(kWgStages) * kWgBTile + size_t(kWgWStages) * kWgWStage + 2 * kWgStages * 8 + kTileRingBytes + 1024;
 static_assert(kWgSmemBytes <= 232448, "W8A16 wgmma kernel: shared memory per CTA");
 
 template <bool kFused, int N>
@@ -1499,7 +1542,7 @@ __global__ void __launch_bounds__(kWgThreads, 1) w16wg_kernel(const __grid_const
   sm.full = sm.w + uint32_t(kWgWStages * kWgWStage);
   sm.empty = sm.full + 8u * kWgStages;
   ws_persistent<kWgStages>(
-      sm.full, sm.empty, __ldg(a.num_items) * a.col_tiles,
+      sm.full, sm.empty, sm.empty + 8u * kWgStages, a.tile_ctr, __ldg(a.num_items) * a.col_tiles,
       [&](int tile, GemmTile& t) { return item_tile(a, tile, kFused ? 128 : 256, t); },
       [&](const GemmTile& t, Pipe<kWgStages>& pipe, int tid) { wg_produce(a, sm, t, pipe, tid); },
       [&](const GemmTile& t, Pipe<kWgStages>& pipe, int cw, int tw, auto n) { wg_consume<kFused, decltype(n)::value>(a, sm, pipe, t, cw, tw); });
@@ -1815,13 +1858,18 @@ void run(const TensorView& x, const TensorView& expert_ids, const TensorView& ex
   }
   if (stages & kGemms) {
     const Group g_gu = make_group(experts, true, hidden), g_dn = make_group(experts, false, hidden);
+    // The persistent kernels' tile counters (gate+up, down): meta[2], meta[3].
+    unsigned* tile_ctr = reinterpret_cast<unsigned*>(meta + 2);
+    if (wg || w8) M3_CUDA_CHECK(cudaMemsetAsync(tile_ctr, 0, 2 * sizeof(unsigned), stream));
     if (wg) {
       WgArgs gu = grouped_args<WgArgs>(reinterpret_cast<const __half*>(ws + l.xc), perm, hidden, xs, hscale, h16,
                                        l.inter, items, meta, a, g_gu);
       gu.col_tiles = int(gp.gu_col_tiles);
+      gu.tile_ctr = tile_ctr;
       launch_wg<true>(gu);
       WgArgs dn = grouped_args<WgArgs>(h16, nullptr, l.inter, nullptr, 1.0f / hscale, y, hidden, items, meta, a, g_dn);
       dn.col_tiles = int(gp.dn_col_tiles);
+      dn.tile_ctr = tile_ctr + 1;
       launch_wg<false>(dn);
     } else if (!w8) {
       const W16Args gu = grouped_args<W16Args>(reinterpret_cast<const __half*>(ws + l.xc), perm, hidden, xs, hscale, h16,
@@ -1836,6 +1884,7 @@ void run(const TensorView& x, const TensorView& expert_ids, const TensorView& ex
       W8Args gu = grouped_args<W8Args>(reinterpret_cast<const uint8_t*>(ws + l.xc), perm, hidden, xs, hscale, h16,
                                        l.inter, items, meta, a, g_gu);
       gu.col_tiles = int(gp.gu_col_tiles);
+      gu.tile_ctr = tile_ctr;
       const int n_experts = experts.num_routed + (experts.has_shared ? 1 : 0);
       gu.s_log = scale_words_log(g_gu, n_experts);
       // Row scales come from each row's amax over the widest intermediate: experts narrower than
@@ -1861,6 +1910,7 @@ void run(const TensorView& x, const TensorView& expert_ids, const TensorView& ex
       W8Args dn = grouped_args<W8Args>(hq, nullptr, l.inter, hs, 1.0f / hscale, y, hidden, items, meta, a, g_dn);
       dn.col_tiles = int(gp.dn_col_tiles);
       dn.s_log = scale_words_log(g_dn, n_experts);
+      dn.tile_ctr = tile_ctr + 1;
       launch_w8<false>(dn, deep);
     }
   }
