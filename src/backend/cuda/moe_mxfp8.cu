@@ -31,6 +31,7 @@
 #include "backend/cuda/mma_operands.cuh"
 #include "backend/cuda/moe_mxfp8.h"
 #include "backend/cuda/pdl.cuh"
+#include "backend/cuda/tile_queue.cuh"
 #include "backend/cuda/wgmma.cuh"
 
 namespace m3::cuda::moe_mxfp8 {
@@ -855,15 +856,8 @@ constexpr int kBTile = kW8MaxTok * kW8Bk;
 constexpr int kW8ScSlots = 8;
 constexpr int kW8ScSlot = kW8ARows * 16;
 static_assert(kW8ScSlots >= kW8StagesDeep && kW8ScSlots >= kW8StagesShallow, "the scale ring at one word per copy");
-// Tiles in flight between the producer and the consumers: a tile id per slot, published by the
-// producer's thread 0 (tfull: one arrival) and released by the consumers' 8 warps (tempty). The
-// producer runs at most a ring of stages ahead, so at most that many tiles (kTileRing covers
-// every ring).
-constexpr int kTileRing = 8;
-constexpr size_t kTileRingBytes = size_t(kTileRing) * (8 + 8 + 4);
-
 constexpr size_t w8_smem_bytes(int stages) {
-  return size_t(stages) * (kATile + kBTile) + size_t(kW8ScSlots) * kW8ScSlot + 2 * size_t(stages) * 8 + kTileRingBytes + 1024;
+  return size_t(stages) * (kATile + kBTile) + size_t(kW8ScSlots) * kW8ScSlot + 2 * size_t(stages) * 8 + kTileQueueBytes + 1024;
 }
 static_assert(w8_smem_bytes(kW8StagesDeep) <= 232448, "W8A8 kernel: shared memory per CTA");
 constexpr int kProducerRegs = 56, kConsumerRegs = 224;  // 128 * 56 + 256 * 224 <= 65536
@@ -1169,52 +1163,34 @@ __device__ __forceinline__ void w8_produce(const W8Args& a, const W8Smem& sm, co
 
 // The warp-specialised persistent loop both wgmma kernels run (384 threads): the stage ring's
 // barriers (full: one cp.async arrival per producer thread; empty: one per consumer warp), then
-// warpgroup 0 produces and warpgroups 1-2 consume the tiles it takes in order from the call's
-// counter `ctr` (zeroed before the launch): tiles are taken as CTAs free up, so the tiles in
-// flight are always about gridDim.x consecutive ones, and the items of one expert that run
-// together read its weight tiles from L2 rather than each from DRAM (a fixed tile per CTA,
-// blockIdx.x + k gridDim.x, let the CTAs drift apart: H100, T = 4096, the gate+up GEMM read 8.2
-// GB from DRAM for 5.0 GB of weights, 7.1 GB with the counter; the down GEMM 3.7 -> 2.8 GB for
-// 2.5 GB; docs/moe_kernels.md, fifty-sixth session). The producer's thread 0 claims one tile ahead, so the
-// atomic's round trip overlaps the current tile. tile_of(i, t) fills t and is false for a tile
-// past a narrower expert; produce(t, pipe, tid); consume(t, pipe, cw, tw, n) with n a
-// std::integral_constant of the token tile (the item's rows rounded up to 32, at most kW8MaxTok
-// = 128). `ring` is kTileRingBytes of shared memory (8-byte aligned).
+// warpgroup 0 produces and warpgroups 1-2 consume the tiles taken in order from the call's counter
+// `ctr` (tile_queue.cuh; `ring`: kTileQueueBytes of shared memory). A fixed tile per CTA
+// (blockIdx.x + k gridDim.x) let the CTAs drift apart, so an expert's items stopped reading its
+// weight tiles together: H100, T = 4096, the gate+up GEMM read 8.2 GB from DRAM for 5.0 GB of
+// weights, 7.1 GB with the counter; the down GEMM 3.7 -> 2.8 GB for 2.5 GB (docs/moe_kernels.md,
+// fifty-sixth session). tile_of(i, t) fills t and is false for a tile past a narrower expert;
+// produce(t, pipe, tid); consume(t, pipe, cw, tw, n) with n a std::integral_constant of the token
+// tile (the item's rows rounded up to 32, at most kW8MaxTok = 128).
 template <int kStages, class TileOf, class Produce, class Consume>
 __device__ __forceinline__ void ws_persistent(uint32_t full, uint32_t empty, uint32_t ring, unsigned* ctr, int total,
                                               TileOf&& tile_of, Produce&& produce, Consume&& consume) {
-  static_assert(kTileRing > kStages, "the producer can be a ring of stages, so as many tiles, ahead");
+  static_assert(kTileQueueRing > kStages, "the producer runs at most a stage ring, so as many tiles, ahead");
   const int tid = int(threadIdx.x), wg = tid >> 7;
-  const uint32_t tfull = ring, tempty = ring + 8u * kTileRing, tslot = ring + 16u * kTileRing;
+  const TileQueue queue(ring);
   if (tid == 0) {
     for (int s = 0; s < kStages; ++s) {
       mbar_init(full + 8u * uint32_t(s), 128);
       mbar_init(empty + 8u * uint32_t(s), 8);
     }
-    for (int s = 0; s < kTileRing; ++s) {
-      mbar_init(tfull + 8u * uint32_t(s), 1);
-      mbar_init(tempty + 8u * uint32_t(s), 8);
-    }
+    queue.init(8);
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
   __syncthreads();
   Pipe<kStages> pipe;
   if (wg == 0) {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegs));
-    unsigned next = tid == 0 ? atomicAdd(ctr, 1u) : 0u;
-    for (int n = 0;; ++n) {
-      const int slot = n % kTileRing;
-      const uint32_t parity = uint32_t(n / kTileRing) & 1u;
-      if (tid == 0) {
-        mbar_wait(tempty + 8u * uint32_t(slot), parity ^ 1u);  // the consumers are done with its last tile
-        const int tile = next < unsigned(total) ? int(next) : -1;
-        asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(tslot + 4u * uint32_t(slot)), "r"(tile) : "memory");
-        mbar_arrive(tfull + 8u * uint32_t(slot));
-        if (tile >= 0) next = atomicAdd(ctr, 1u);
-      }
-      asm volatile("bar.sync 1, 128;\n" ::: "memory");  // the producer warpgroup sees the slot
-      const int tile = int(lds_u32(tslot + 4u * uint32_t(slot)));
-      if (tile < 0) break;
+    TileQueueProducer tiles(queue, ctr, total);
+    for (int tile; (tile = tiles.take(tid)) >= 0;) {
       GemmTile t;
       if (tile_of(tile, t)) produce(t, pipe, tid);
     }
@@ -1222,13 +1198,8 @@ __device__ __forceinline__ void ws_persistent(uint32_t full, uint32_t empty, uin
   } else {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kConsumerRegs));
     const int cw = wg - 1, tw = tid - 128 * wg;
-    for (int n = 0;; ++n) {
-      const int slot = n % kTileRing;
-      mbar_wait(tfull + 8u * uint32_t(slot), uint32_t(n / kTileRing) & 1u);
-      const int tile = int(lds_u32(tslot + 4u * uint32_t(slot)));
-      __syncwarp();
-      if ((tw & 31) == 0) mbar_arrive(tempty + 8u * uint32_t(slot));
-      if (tile < 0) break;
+    TileQueueConsumer tiles(queue);
+    for (int tile; (tile = tiles.take(tw & 31)) >= 0;) {
       GemmTile t;
       if (!tile_of(tile, t)) continue;
       switch (min(kW8MaxTok, (t.nrows + 31) & ~31)) {
@@ -1339,7 +1310,7 @@ __device__ __forceinline__ void wg_produce(const WgArgs& a, const WgSmem& sm, co
 constexpr int kWgWStages = 3;
 constexpr int kWgWStage = 8 * 256 * 16;  // 8 16-byte slots per consumer thread
 constexpr size_t kWgSmemBytes =
-    size_t(kWgStages) * kWgBTile + size_t(kWgWStages) * kWgWStage + 2 * kWgStages * 8 + kTileRingBytes + 1024;
+    size_t(kWgStages) * kWgBTile + size_t(kWgWStages) * kWgWStage + 2 * kWgStages * 8 + kTileQueueBytes + 1024;
 static_assert(kWgSmemBytes <= 232448, "W8A16 wgmma kernel: shared memory per CTA");
 
 template <bool kFused, int N>
