@@ -149,11 +149,18 @@ void launch_msa_attention_prefill_fast(const TensorView& q, const TensorView& k_
 // run launch_msa_attention.
 void launch_msa_attention_dense_prefill(const TensorView& q, const TensorView& k_cache, const TensorView& v_cache,
                                         const ops::AttentionMetadata& meta, const TensorView& out);
-// The dispatch entry: dense batches averaging >= 64 tokens per sequence take the kernel above,
-// everything else the query-major one.
+// The same kernel with Q and P rounded to bf16 (the hi halves alone: half the MMAs), not
+// batch-invariant, within the block-major fast variant's tolerance of the reference.
+void launch_msa_attention_dense_prefill_fast(const TensorView& q, const TensorView& k_cache, const TensorView& v_cache,
+                                             const ops::AttentionMetadata& meta, const TensorView& out);
+// The dispatch entries: dense batches averaging >= 64 tokens per sequence take the kernel above
+// (the canonical one, or its fast variant), everything else the query-major one.
 void launch_msa_attention_dense(const TensorView& q, const TensorView& k_cache, const TensorView& v_cache,
                                 const ops::AttentionMetadata& meta, const TensorView& selected, int top_k,
                                 const TensorView& out);
+void launch_msa_attention_dense_fast(const TensorView& q, const TensorView& k_cache, const TensorView& v_cache,
+                                     const ops::AttentionMetadata& meta, const TensorView& selected, int top_k,
+                                     const TensorView& out);
 
 // Decode batches of at most this many sequences: a sequence whose context is at most top_k
 // blocks (all selected) and at most one block per CTA of its attention cluster computes its

@@ -15,6 +15,7 @@ namespace {
 constexpr const char* kIndexerName = "indexer_topk.msa_tc_exact.sm90";
 constexpr const char* kBlockMajorFastName = "attention.msa_block_major_prefill_fast.sm90";
 constexpr const char* kBlockMajorName = "attention.msa_block_major_prefill.sm90";
+constexpr const char* kDensePrefillFastName = "attention.msa_dense_prefill_fast.sm90";
 constexpr const char* kDensePrefillName = "attention.msa_dense_prefill.sm90";
 constexpr const char* kQueryMajorName = "attention.msa_query_major.sm90";
 
@@ -81,7 +82,7 @@ std::string plan_of_entry(const std::string& entry, const ops::Problem& p, const
   if (entry == kIndexerName) return msa_indexer_plan_text(msa_indexer_plan(msa_indexer_shape(p), lim.sms));
   const MsaAttnShape s = msa_attn_shape(p);
   if (entry == kQueryMajorName) return msa_attention_plan_text(msa_attention_plan(s, lim));
-  if (entry == kDensePrefillName) {
+  if (entry == kDensePrefillName || entry == kDensePrefillFastName) {
     const int64_t tt = msa_dense_prefill_tile_tokens(s);
     return "tiles of " + std::to_string(tt) + " tokens x " + std::to_string(s.q_heads / s.kv_heads) + " heads, <= " +
            std::to_string(((s.tokens + tt - 1) / tt + s.num_seqs) * s.kv_heads) + " CTAs";
@@ -137,6 +138,15 @@ void register_msa(ops::KernelTable& table) {
        "selections inverted to {block -> tokens}, each selected block loaded once for all the tokens that chose it, "
        "canonical unit partials merged in block order (bit-identical to the query-major entry: batch-invariant)",
        need_block_major, launch_msa_attention_prefill, device_plan(kBlockMajorName)});
+  table.attention.add(
+      {kDensePrefillFastName,
+       "as attention.msa_dense_prefill.sm90, with Q and P rounded to bf16 (the hi halves alone: half the "
+       "tensor-core work); only when batch invariance is not requested",
+       [](const ops::Problem& p) -> std::string {
+         if (p.batch_invariant) return "batch invariance requested (the canonical entries are bit-identical)";
+         return need_dense_prefill(p);
+       },
+       launch_msa_attention_dense_fast, device_plan(kDensePrefillFastName)});
   table.attention.add(
       {kDensePrefillName,
        "device BF16 KV cache, head_dim 128, dense (causal), >= 64 query tokens averaging >= 64 per "

@@ -84,6 +84,7 @@ struct Result {
   std::string sel_error;
   double sparse_rel = 0, dense_rel = 0, random_rel = 0, bm_rel = 0;
   double bm_fast_rel = 0;     // the non-invariant block-major variant (bf16 Q and P), vs the CPU
+  double dense_fast_rel = 0;  // the non-invariant dense prefill variant (bf16 Q and P), vs the CPU
   bool bm_same = true;        // block-major == query-major, bit for bit (CPU and random selections)
   bool dense_same = true;     // dense: the wgmma prefill kernel == query-major == dispatch, bit for bit
   bool alone_same = true;     // one sequence alone == its rows in the batch, bit for bit
@@ -93,7 +94,8 @@ struct Result {
   std::string error;
   bool pass() const {
     return error.empty() && sel_exact && entries_ok && sparse_rel <= kAttnTol && dense_rel <= kAttnTol &&
-           random_rel <= kAttnTol && bm_rel <= kAttnTol && bm_fast_rel <= kAttnFastTol && bm_same && dense_same && alone_same;
+           random_rel <= kAttnTol && bm_rel <= kAttnTol && bm_fast_rel <= kAttnFastTol && dense_fast_rel <= kAttnFastTol &&
+           bm_same && dense_same && alone_same;
   }
 };
 
@@ -290,7 +292,7 @@ Result run_case(Harness& h, const Case& c, std::mt19937& rng) {
                      host(ref.data(), DType::kF32, qs));
       return ref;
     };
-    enum class Via { kDispatch, kQueryMajor, kBlockMajor, kBlockMajorFast, kDensePrefill };
+    enum class Via { kDispatch, kQueryMajor, kBlockMajor, kBlockMajorFast, kDensePrefill, kDensePrefillFast };
     auto gpu_attend = [&](const std::vector<int32_t>* s, Via via) {
       TensorView ds;
       std::unique_ptr<DevBuf> dsv;
@@ -307,6 +309,8 @@ Result run_case(Harness& h, const Case& c, std::mt19937& rng) {
         cuda::launch_msa_attention_block_major_fast(qv, kv, vv, batch.dev_meta, ds, sh.top_k, ov);
       } else if (via == Via::kDensePrefill) {
         cuda::launch_msa_attention_dense_prefill(qv, kv, vv, batch.dev_meta, ov);
+      } else if (via == Via::kDensePrefillFast) {
+        cuda::launch_msa_attention_dense_prefill_fast(qv, kv, vv, batch.dev_meta, ov);
       } else if (via == Via::kQueryMajor) {
         cuda::launch_msa_attention(qv, kv, vv, batch.dev_meta, ds, s ? sh.top_k : 0, ov);
       } else {
@@ -326,7 +330,9 @@ Result run_case(Harness& h, const Case& c, std::mt19937& rng) {
       // Dense: the dispatch (the wgmma prefill kernel for prefill-shaped batches), the wgmma kernel
       // called directly on every shape, and the query-major kernel agree bit for bit.
       const auto out_dense = gpu_attend(nullptr, Via::kDispatch);
-      r.dense_rel = rel_err(out_dense, cpu_attend(nullptr));
+      const auto ref_dense = cpu_attend(nullptr);
+      r.dense_rel = rel_err(out_dense, ref_dense);
+      r.dense_fast_rel = rel_err(gpu_attend(nullptr, Via::kDensePrefillFast), ref_dense);
       const auto qm_dense = gpu_attend(nullptr, Via::kQueryMajor), wg_dense = gpu_attend(nullptr, Via::kDensePrefill);
       r.dense_same = same_bits(wg_dense, qm_dense) && same_bits(out_dense, qm_dense);
       if (!r.dense_same) {
@@ -565,11 +571,11 @@ TEST(CudaMsa, TunedEntriesMatchTheCpuReference) {
   M3_CUDA_CHECK(cudaDeviceSynchronize());
 
   nlohmann::json js = nlohmann::json::array();
-  std::printf("\n%-24s %-6s %-9s %-10s %-10s %-10s %-10s %-10s %-9s %-6s\n", "case", "tokens", "sel_exact", "sparse_rel",
-              "random_rel", "dense_rel", "bm_rel", "bmfast_rel", "bitwise", "result");
+  std::printf("\n%-24s %-6s %-9s %-10s %-10s %-10s %-10s %-10s %-10s %-9s %-6s\n", "case", "tokens", "sel_exact",
+              "sparse_rel", "random_rel", "dense_rel", "dnfast_rel", "bm_rel", "bmfast_rel", "bitwise", "result");
   for (const Result& r : results) {
-    std::printf("%-24s %-6d %-9s %-10.3g %-10.3g %-10.3g %-10.3g %-10.3g %-9s %-6s\n", r.name.c_str(), r.tokens,
-                r.sel_exact ? "yes" : "NO", r.sparse_rel, r.random_rel, r.dense_rel, r.bm_rel, r.bm_fast_rel,
+    std::printf("%-24s %-6d %-9s %-10.3g %-10.3g %-10.3g %-10.3g %-10.3g %-10.3g %-9s %-6s\n", r.name.c_str(), r.tokens,
+                r.sel_exact ? "yes" : "NO", r.sparse_rel, r.random_rel, r.dense_rel, r.dense_fast_rel, r.bm_rel, r.bm_fast_rel,
                 r.bm_same && r.dense_same && r.alone_same ? "yes" : "NO", r.pass() ? "PASS" : "FAIL");
     if (!r.sel_error.empty()) std::printf("    first selection mismatch: %s\n", r.sel_error.c_str());
     if (!r.invariance_error.empty()) std::printf("    invariance: %s\n", r.invariance_error.c_str());
@@ -577,11 +583,11 @@ TEST(CudaMsa, TunedEntriesMatchTheCpuReference) {
     if (!r.entries_ok) std::printf("    entries: %s\n", r.entries.c_str());
     js.push_back({{"case", r.name}, {"tokens", r.tokens}, {"selected_exact", r.sel_exact}, {"sparse_rel_err", r.sparse_rel},
                   {"random_sel_rel_err", r.random_rel}, {"dense_rel_err", r.dense_rel}, {"block_major_rel_err", r.bm_rel},
-                  {"block_major_fast_rel_err", r.bm_fast_rel}, {"block_major_bitwise", r.bm_same}, {"dense_bitwise", r.dense_same}, {"alone_bitwise", r.alone_same}, {"tolerance", kAttnTol},
+                  {"block_major_fast_rel_err", r.bm_fast_rel}, {"dense_fast_rel_err", r.dense_fast_rel}, {"block_major_bitwise", r.bm_same}, {"dense_bitwise", r.dense_same}, {"alone_bitwise", r.alone_same}, {"tolerance", kAttnTol},
                   {"entries", r.entries}, {"pass", r.pass()}, {"error", r.error + r.sel_error + r.invariance_error}});
     EXPECT_TRUE(r.pass()) << r.name << ": " << r.error << r.sel_error << r.invariance_error << " sparse " << r.sparse_rel
                           << " random " << r.random_rel << " dense " << r.dense_rel << " block-major " << r.bm_rel
-                          << " block-major fast " << r.bm_fast_rel
+                          << " block-major fast " << r.bm_fast_rel << " dense fast " << r.dense_fast_rel
                           << " entries " << r.entries;
   }
   std::printf("%-24s %s %s\n", "kv_write_bf16_fp8", kv_ok ? "PASS" : "FAIL", kv_why.c_str());

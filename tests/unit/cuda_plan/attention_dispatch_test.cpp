@@ -28,6 +28,9 @@ TEST(AttentionDispatch, PrefillAndDecodeReachTheirKernels) {
   EXPECT_EQ(pick(t, 8192, 0, true), "attention.msa_dense_prefill.sm90");
   EXPECT_EQ(pick(t, 64, 0, true), "attention.msa_dense_prefill.sm90");
   EXPECT_EQ(pick(t, 63, 0, true), "attention.msa_query_major.sm90");
+  // Without batch invariance the dense prefill takes the bf16 variant; decode stays query-major.
+  EXPECT_EQ(pick(t, 8192, 0, false), "attention.msa_dense_prefill_fast.sm90");
+  EXPECT_EQ(pick(t, 63, 0, false), "attention.msa_query_major.sm90");
   EXPECT_EQ(pick(t, 1, 0, false), "attention.msa_query_major.sm90");
   // Block-sparse (MSA layers): prefills block-major (the bf16 variant only without invariance).
   EXPECT_EQ(pick(t, 8192, 16, true), "attention.msa_block_major_prefill.sm90");

@@ -212,14 +212,14 @@ TEST(MsaPlans, EntriesCarryPlans) {
     EXPECT_EQ(e.plan(p), "") << e.name;
     ++with_plan;
   }
-  EXPECT_EQ(with_plan, 4);
+  EXPECT_EQ(with_plan, 5);
   for (const auto& e : table.indexer_topk.entries()) {
     if (e.name != "indexer_topk.msa_tc_exact.sm90") continue;
     ASSERT_TRUE(e.plan);
     EXPECT_EQ(e.plan(p), "");
     ++with_plan;
   }
-  EXPECT_EQ(with_plan, 5);
+  EXPECT_EQ(with_plan, 6);
 }
 
 }  // namespace
