@@ -43,27 +43,26 @@ __device__ __forceinline__ unsigned smid() {
 }
 
 // t[0]: ns from the first to the last instruction; t[1]: the SM.
-__global__ void big_a(float* out, unsigned long long* t) {
-  const uint64_t t0 = gtime();
-  float a = out[threadIdx.x];
-  F1000 F1000 F1000 F1000 F1000 F1000
-  out[threadIdx.x] = a;
+__device__ __forceinline__ void record(unsigned long long* t, uint64_t t0) {
   const uint64_t t1 = gtime();
   if (threadIdx.x == 0) {
     t[0] = t1 - t0;
     t[1] = smid();
   }
 }
+__global__ void big_a(float* out, unsigned long long* t) {
+  const uint64_t t0 = gtime();
+  float a = out[threadIdx.x];
+  F1000 F1000 F1000 F1000 F1000 F1000
+  out[threadIdx.x] = a;
+  record(t, t0);
+}
 __global__ void big_b(float* out, unsigned long long* t) {
   const uint64_t t0 = gtime();
   float a = out[threadIdx.x] + 1.0f;
   F1000 F1000 F1000 F1000 F1000 F1000
   out[threadIdx.x] = a;
-  const uint64_t t1 = gtime();
-  if (threadIdx.x == 0) {
-    t[0] = t1 - t0;
-    t[1] = smid();
-  }
+  record(t, t0);
 }
 
 __global__ void address_of_big_a(unsigned long long* out) {

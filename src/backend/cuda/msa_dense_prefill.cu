@@ -374,24 +374,31 @@ void launch_msa_attention_dense_prefill_fast(const TensorView& q, const TensorVi
   dense_prefill(q, k_cache, v_cache, meta, out, false);
 }
 
-// Dense prefills (a batch averaging >= 64 tokens per sequence) take the wgmma kernel; decode,
-// speculative verification and short chunks the query-major one (same bits either way).
-void launch_msa_attention_dense(const TensorView& q, const TensorView& k_cache, const TensorView& v_cache,
-                                const ops::AttentionMetadata& meta, const TensorView& selected, int top_k,
-                                const TensorView& out) {
-  // (launch_msa_attention_dense_prefill hands the shapes it does not take to query-major itself.)
+namespace {
+
+// Dense prefills (a batch averaging >= 64 tokens per sequence) take the wgmma kernel (canonical or
+// fast); decode, speculative verification and short chunks the query-major one.
+void dense_entry(const TensorView& q, const TensorView& k_cache, const TensorView& v_cache,
+                 const ops::AttentionMetadata& meta, const TensorView& selected, int top_k, const TensorView& out,
+                 bool hilo) {
+  // (dense_prefill hands the shapes it does not take to query-major itself.)
   if (selected.data == nullptr && q.shape[0] >= 64 * int64_t(std::max(1, meta.num_seqs)))
-    return launch_msa_attention_dense_prefill(q, k_cache, v_cache, meta, out);
+    return dense_prefill(q, k_cache, v_cache, meta, out, hilo);
   launch_msa_attention(q, k_cache, v_cache, meta, selected, top_k, out);
 }
 
-// The fast variant's entry (no batch invariance): the same split, the fast kernel for prefills.
+}  // namespace
+
+void launch_msa_attention_dense(const TensorView& q, const TensorView& k_cache, const TensorView& v_cache,
+                                const ops::AttentionMetadata& meta, const TensorView& selected, int top_k,
+                                const TensorView& out) {
+  dense_entry(q, k_cache, v_cache, meta, selected, top_k, out, true);
+}
+
 void launch_msa_attention_dense_fast(const TensorView& q, const TensorView& k_cache, const TensorView& v_cache,
                                      const ops::AttentionMetadata& meta, const TensorView& selected, int top_k,
                                      const TensorView& out) {
-  if (selected.data == nullptr && q.shape[0] >= 64 * int64_t(std::max(1, meta.num_seqs)))
-    return launch_msa_attention_dense_prefill_fast(q, k_cache, v_cache, meta, out);
-  launch_msa_attention(q, k_cache, v_cache, meta, selected, top_k, out);
+  dense_entry(q, k_cache, v_cache, meta, selected, top_k, out, false);
 }
 
 }  // namespace m3::cuda

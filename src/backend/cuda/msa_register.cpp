@@ -4,6 +4,7 @@
 // trace names the kernel that runs; the launchers keep their own hand-offs (prefill entries to
 // query-major, tuned to generic) for direct callers and problems without a layout.
 #include <algorithm>
+#include <functional>
 #include <string>
 
 #include "backend/cuda/cuda_internal.h"
@@ -76,6 +77,15 @@ std::string need_indexer(const ops::Problem& p) {
   return "";
 }
 
+// The fast (non-invariant) variants: eligible where their canonical entry is, when batch
+// invariance is not requested.
+std::function<std::string(const ops::Problem&)> without_invariance(std::string (*need)(const ops::Problem&)) {
+  return [need](const ops::Problem& p) -> std::string {
+    if (p.batch_invariant) return "batch invariance requested (the canonical entries are bit-identical)";
+    return need(p);
+  };
+}
+
 // Plans: what the launchers run for this batch (eligible entries only: the layout passed).
 std::string plan_of_entry(const std::string& entry, const ops::Problem& p, const MsaAttnLimits& lim) {
   if (!has_layout(p) && !(p.attention && entry == kIndexerName)) return "";
@@ -126,10 +136,7 @@ void register_msa(ops::KernelTable& table) {
       {kBlockMajorFastName,
        "as attention.msa_block_major_prefill.sm90, with Q and P rounded to bf16 (half the tensor-core work) and bf16 "
        "partials (half the bytes the merge reads; within 6e-3 of max|ref|): only when batch invariance is not requested",
-       [](const ops::Problem& p) -> std::string {
-         if (p.batch_invariant) return "batch invariance requested (the canonical entries are bit-identical)";
-         return need_block_major(p);
-       },
+       without_invariance(need_block_major),
        launch_msa_attention_prefill_fast, device_plan(kBlockMajorFastName)});
   table.attention.add(
       {kBlockMajorName,
@@ -142,10 +149,7 @@ void register_msa(ops::KernelTable& table) {
       {kDensePrefillFastName,
        "as attention.msa_dense_prefill.sm90, with Q and P rounded to bf16 (the hi halves alone: half the "
        "tensor-core work); only when batch invariance is not requested",
-       [](const ops::Problem& p) -> std::string {
-         if (p.batch_invariant) return "batch invariance requested (the canonical entries are bit-identical)";
-         return need_dense_prefill(p);
-       },
+       without_invariance(need_dense_prefill),
        launch_msa_attention_dense_fast, device_plan(kDensePrefillFastName)});
   table.attention.add(
       {kDensePrefillName,
