@@ -1713,7 +1713,8 @@ std::string plan_text(const GemmPlan& p) {
          " per item; down: " + n(p.dn_cols) + " columns, " + n(p.dn_col_tiles) + " per item";
   } else {
     s = std::string(p.path == Path::kW8A8 ? "W8A8 wgmma e4m3" : "W8A16 wgmma f16") + ", items of <= " + n(p.rows_per_item) +
-        " rows, persistent CTAs (a producer and two consumer warpgroups), " + n(p.stages) +
+        " rows, persistent CTAs (a producer and two consumer warpgroups) taking the tiles in order from a counter, " +
+        n(p.stages) +
         "-stage pipeline, 32..128-token tiles per item; gate+up: " + n(p.gu_cols) + "-column tiles, " + n(p.gu_col_tiles) +
         " per item; ";
     if (p.path == Path::kW8A8) s += "h to e4m3 per row; ";

@@ -96,9 +96,10 @@ TEST(MoeGemmPlan, WgmmaPathsArePersistentWithTheirStages) {
   EXPECT_EQ(gemm_plan(Path::kW8A8, 1024, kInter, kHidden).stages, 6);
   EXPECT_EQ(gemm_plan(Path::kW8A8, 1025, kInter, kHidden).stages, 4);
   EXPECT_EQ(cuda::moe_mxfp8::plan_text(gemm_plan(Path::kW8A8, 4096, kInter, kHidden)),
-            "W8A8 wgmma e4m3, items of <= 128 rows, persistent CTAs (a producer and two consumer warpgroups), 4-stage "
-            "pipeline, 32..128-token tiles per item; gate+up: 64-column tiles, 48 per item; h to e4m3 per row; down: "
-            "128-column tiles, 48 per item, y in bf16; combine: 1 CTA per token");
+            "W8A8 wgmma e4m3, items of <= 128 rows, persistent CTAs (a producer and two consumer warpgroups) taking "
+            "the tiles in order from a counter, 4-stage pipeline, 32..128-token tiles per item; gate+up: 64-column "
+            "tiles, 48 per item; h to e4m3 per row; down: 128-column tiles, 48 per item, y in bf16; combine: 1 CTA "
+            "per token");
   const GemmPlan wg = gemm_plan(Path::kW8A16Wg, 4096, kInter, kHidden);
   EXPECT_EQ(wg.stages, 4);
   EXPECT_EQ(wg.gu_col_tiles, 24);
