@@ -436,31 +436,36 @@ int run(int argc, char** argv) {
             row["step_buffers_warm_us"] = warm.median_us;
             std::printf("      step with the fixed buffers warm: %.1f us\n", warm.median_us);
           }
-          if (wc && (*wc == '1' || *wc == '3' || *wc == '4' || *wc == '5')) {
-            // 1: the twin's whole step; 3: its indexer alone; 4: its attention alone (its selection
-            // computed once before); 5: the whole twin step and then the flush again, so that only
-            // what the SMs' own instruction caches kept is warm, not L2.
+          // The twin forms: which of the twin's kernels run after the flush, and whether the flush
+          // follows them (5: only what the SMs' own instruction caches kept is warm, not L2). 4 runs
+          // the twin's attention on a selection its indexer computed once before.
+          struct TwinMode {
+            char mode;
+            bool indexer, attention, reflush;
+            const char *key, *what;
+          };
+          static constexpr TwinMode kTwinModes[] = {
+              {'1', true, true, false, "step_code_warm_us", "the kernels' code warm (a twin step after the flush)"},
+              {'3', true, false, false, "step_indexer_code_warm_us", "the indexer's code warm (a twin indexer after the flush)"},
+              {'4', false, true, false, "step_attention_code_warm_us", "the attention's code warm (a twin attention after the flush)"},
+              {'5', true, true, true, "step_sm_code_warm_us", "the SMs' caches warm (a twin step, then the flush)"}};
+          const TwinMode* tm = nullptr;
+          for (const TwinMode& m : kTwinModes) tm = wc && *wc == m.mode ? &m : tm;
+          if (tm) {
             std::mt19937 rng2(99);
             Problem p2(batch, ctx, rng2, table_blocks);
             const StepData t2(batch, slots, ik_elem, 11, stream);
             auto twin_indexer = [&] { ops::indexer_topk(ctx_t, t2.iqv, t2.ikv, p2.meta, ip, t2.sv); };
             auto twin_attention = [&] { ops::attention(ctx_t, t2.qv, t2.kv, t2.vv, p2.meta, t2.sv, kTopK, t2.ov); };
             twin_indexer();
-            const char mode = *wc;
             auto twin = [&] {
-              if (mode != '4') twin_indexer();
-              if (mode != '3') twin_attention();
-              if (mode == '5') flush_l2(flush_mode(), flush.as<void>(), flush.bytes(), 0, stream);
+              if (tm->indexer) twin_indexer();
+              if (tm->attention) twin_attention();
+              if (tm->reflush) flush_l2(flush_mode(), flush.as<void>(), flush.bytes(), 0, stream);
             };
             const Timing warm = time_graph([&] { indexer(); attention(); }, stream, flush, iters, twin);
-            static const char* const kKeys[] = {"step_code_warm_us", "", "step_indexer_code_warm_us",
-                                                "step_attention_code_warm_us", "step_sm_code_warm_us"};
-            static const char* const kWhat[] = {"the kernels' code warm (a twin step after the flush)", "",
-                                                "the indexer's code warm (a twin indexer after the flush)",
-                                                "the attention's code warm (a twin attention after the flush)",
-                                                "the SMs' caches warm (a twin step, then the flush)"};
-            row[kKeys[mode - '1']] = warm.median_us;
-            std::printf("      step with %s: %.1f us\n", kWhat[mode - '1'], warm.median_us);
+            row[tm->key] = warm.median_us;
+            std::printf("      step with %s: %.1f us\n", tm->what, warm.median_us);
           }
           const std::string entries = entries_of(tables.tuned_stats);
           const Timing ti = time_graph(indexer, stream, flush, iters);

@@ -1558,7 +1558,7 @@ Layout plan(int64_t tokens, int64_t top_k, const ops::ExpertWeights& ex, int64_t
   l.perm = take(size_t(l.rows) * 4);
   l.pos = take(size_t(l.n_assign) * 4);
   l.item = take(size_t(l.items) * 16);
-  l.meta = take(16);
+  l.meta = take(16);  // number of items, the shared expert's first row, the persistent GEMMs' two tile counters
   l.xs = take(size_t(tokens) * 4);
   l.xc = take(size_t(tokens) * size_t(hidden) * (w8 ? 1 : 2));
   l.h16 = take(size_t(l.rows) * size_t(l.inter) * 2);
