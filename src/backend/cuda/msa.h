@@ -149,8 +149,10 @@ void launch_msa_attention_prefill_fast(const TensorView& q, const TensorView& k_
 // run launch_msa_attention.
 void launch_msa_attention_dense_prefill(const TensorView& q, const TensorView& k_cache, const TensorView& v_cache,
                                         const ops::AttentionMetadata& meta, const TensorView& out);
-// The same kernel with Q and P rounded to bf16 (the hi halves alone: half the MMAs), not
-// batch-invariant, within the block-major fast variant's tolerance of the reference.
+// Without batch invariance (msa_dense_fa.cu): Q and P rounded to bf16, a producer warpgroup and
+// two consumer warpgroups (each unit's softmax under the previous unit's P.V), within the fast
+// variants' tolerance of the reference.
+constexpr int kDenseFaStages = 2;  // K/V units in flight (the producer's ring)
 void launch_msa_attention_dense_prefill_fast(const TensorView& q, const TensorView& k_cache, const TensorView& v_cache,
                                              const ops::AttentionMetadata& meta, const TensorView& out);
 // The dispatch entries: dense batches averaging >= 64 tokens per sequence take the kernel above

@@ -20,9 +20,7 @@
 // bit for bit: a wgmma m64nNk16 chain with A from registers gives the fp32 bits of the mma.sync
 // m16n8k16 chain over the same operands (tools/wgmma_probe), units a row does not see are
 // exact identities of the fold, and the super-units are the same 8-unit ranges.
-// The fast variant (kHiLo false, taken without batch invariance) keeps only the bf16 hi halves of
-// Q and P: half the MMAs, as the block-major fast variant (Q and P rounded to bf16, the row sums
-// from the same rounded P, so the normalisation matches what P.V summed).
+// Without batch invariance the dense prefill runs msa_dense_fa.cu instead.
 #include <cuda_bf16.h>
 
 #include <algorithm>
@@ -116,7 +114,6 @@ __device__ __forceinline__ bool find_tile(const DenseArgs& a, int x, int* tile) 
   return false;
 }
 
-template <bool kHiLo>
 __global__ void __launch_bounds__(kThreads, 1) msa_dense_prefill_kernel(DenseArgs a) {
   extern __shared__ unsigned char smem_raw[];
   // Aligned through an integer, so the compiler accesses this buffer by generic LD / ST: the
@@ -145,7 +142,7 @@ __global__ void __launch_bounds__(kThreads, 1) msa_dense_prefill_kernel(DenseArg
     uint4 hi, lo;
     msa::q_chunk_hilo(a.q, a.q_heads, t0, g, G, row, rows, ch, hi, lo);
     *reinterpret_cast<uint4*>(smem + kQhOff + sw_off(row, ch, kRows)) = hi;
-    if constexpr (kHiLo) *reinterpret_cast<uint4*>(smem + kQlOff + sw_off(row, ch, kRows)) = lo;
+    *reinterpret_cast<uint4*>(smem + kQlOff + sw_off(row, ch, kRows)) = lo;
   }
   if (tid < T) pos_s[tid] = a.positions[t0 + tid];
   for (int i = tid; i < 256; i += kThreads) reinterpret_cast<uint32_t*>(smem + kOnesOff)[i] = msa::kBf16OnePair;
@@ -227,7 +224,7 @@ __global__ void __launch_bounds__(kThreads, 1) msa_dense_prefill_kernel(DenseArg
       const uint32_t kq = uint32_t((ks >> 2) * kRows * 128 + wg_row0 * 128 + (ks & 3) * 32);
       const uint64_t dk = wgmma::desc_sw128(k_tile + uint32_t((ks >> 2) * 16384 + (ks & 3) * 32));
       wgmma::WgmmaSS<128>::run(sa, wgmma::desc_sw128(q_hi + kq), dk);
-      if constexpr (kHiLo) wgmma::WgmmaSS<128>::run(sa, wgmma::desc_sw128(q_lo + kq), dk);
+      wgmma::WgmmaSS<128>::run(sa, wgmma::desc_sw128(q_lo + kq), dk);
     }
     wgmma::commit();
     if (wg == 0) asm volatile("bar.arrive 1, 256;\n" ::: "memory");
@@ -259,11 +256,11 @@ __global__ void __launch_bounds__(kThreads, 1) msa_dense_prefill_kernel(DenseArg
         for (int kk = 0; kk < 8; ++kk) {
           const uint64_t dv = wgmma::desc_sw128_mn(v_tile + uint32_t(dh * 16384 + kk * 2048), 16384);
           wgmma::WgmmaRS64TransB::run(oa[dh], ph[kk], dv);
-          if constexpr (kHiLo) wgmma::WgmmaRS64TransB::run(oa[dh], pl[kk], dv);
+          wgmma::WgmmaRS64TransB::run(oa[dh], pl[kk], dv);
           if (dh == 0) {
             const uint64_t d1 = wgmma::desc_sw128(ones);
             wgmma::WgmmaRS<true, 8>::run(lv, ph[kk], d1);
-            if constexpr (kHiLo) wgmma::WgmmaRS<true, 8>::run(lv, pl[kk], d1);
+            wgmma::WgmmaRS<true, 8>::run(lv, pl[kk], d1);
           }
         }
         wgmma::commit();
@@ -332,7 +329,7 @@ int64_t msa_dense_prefill_tile_tokens(const MsaAttnShape& s) { return kRows / (s
 namespace {
 
 void dense_prefill(const TensorView& q, const TensorView& k_cache, const TensorView& v_cache,
-                   const ops::AttentionMetadata& meta, const TensorView& out, bool hilo) {
+                   const ops::AttentionMetadata& meta, const TensorView& out) {
   const int64_t tokens = q.shape[0];
   if (tokens == 0) return;
   if (!msa_dense_prefill_refusal(msa_attn_shape(q, k_cache, v_cache, meta, {}, 0)).empty()) {
@@ -357,7 +354,7 @@ void dense_prefill(const TensorView& q, const TensorView& k_cache, const TensorV
   a.scale_log2 = float(1.4426950408889634 / std::sqrt(double(kHeadDim)));
   // Tiles at most: every sequence's last run may be partial.
   const int64_t tiles = (tokens + a.tile_tokens - 1) / a.tile_tokens + meta.num_seqs;
-  const auto kernel = hilo ? msa_dense_prefill_kernel<true> : msa_dense_prefill_kernel<false>;
+  const auto kernel = msa_dense_prefill_kernel;
   M3_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmem)));
   launch_kernel(kernel, dim3(unsigned(tiles * a.kv_heads)), dim3(kThreads), kSmem, true, a);
 }
@@ -366,12 +363,7 @@ void dense_prefill(const TensorView& q, const TensorView& k_cache, const TensorV
 
 void launch_msa_attention_dense_prefill(const TensorView& q, const TensorView& k_cache, const TensorView& v_cache,
                                         const ops::AttentionMetadata& meta, const TensorView& out) {
-  dense_prefill(q, k_cache, v_cache, meta, out, true);
-}
-
-void launch_msa_attention_dense_prefill_fast(const TensorView& q, const TensorView& k_cache, const TensorView& v_cache,
-                                             const ops::AttentionMetadata& meta, const TensorView& out) {
-  dense_prefill(q, k_cache, v_cache, meta, out, false);
+  dense_prefill(q, k_cache, v_cache, meta, out);
 }
 
 namespace {
@@ -383,7 +375,8 @@ void dense_entry(const TensorView& q, const TensorView& k_cache, const TensorVie
                  bool hilo) {
   // (dense_prefill hands the shapes it does not take to query-major itself.)
   if (selected.data == nullptr && q.shape[0] >= 64 * int64_t(std::max(1, meta.num_seqs)))
-    return dense_prefill(q, k_cache, v_cache, meta, out, hilo);
+    return hilo ? dense_prefill(q, k_cache, v_cache, meta, out)
+                : launch_msa_attention_dense_prefill_fast(q, k_cache, v_cache, meta, out);
   launch_msa_attention(q, k_cache, v_cache, meta, selected, top_k, out);
 }
 

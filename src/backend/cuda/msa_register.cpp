@@ -94,8 +94,12 @@ std::string plan_of_entry(const std::string& entry, const ops::Problem& p, const
   if (entry == kQueryMajorName) return msa_attention_plan_text(msa_attention_plan(s, lim));
   if (entry == kDensePrefillName || entry == kDensePrefillFastName) {
     const int64_t tt = msa_dense_prefill_tile_tokens(s);
-    return "tiles of " + std::to_string(tt) + " tokens x " + std::to_string(s.q_heads / s.kv_heads) + " heads, <= " +
-           std::to_string(((s.tokens + tt - 1) / tt + s.num_seqs) * s.kv_heads) + " CTAs";
+    std::string plan = "tiles of " + std::to_string(tt) + " tokens x " + std::to_string(s.q_heads / s.kv_heads) +
+                       " heads, <= " + std::to_string(((s.tokens + tt - 1) / tt + s.num_seqs) * s.kv_heads) + " CTAs";
+    if (entry == kDensePrefillFastName)
+      plan += ", a producer and two consumer warpgroups, K/V units through a " + std::to_string(kDenseFaStages) +
+              "-stage ring";
+    return plan;
   }
   const bool hilo = entry == kBlockMajorName;
   if (!hilo && entry != kBlockMajorFastName) return "";
@@ -147,8 +151,9 @@ void register_msa(ops::KernelTable& table) {
        need_block_major, launch_msa_attention_prefill, device_plan(kBlockMajorName)});
   table.attention.add(
       {kDensePrefillFastName,
-       "as attention.msa_dense_prefill.sm90, with Q and P rounded to bf16 (the hi halves alone: half the "
-       "tensor-core work); only when batch invariance is not requested",
+       "as attention.msa_dense_prefill.sm90's shapes, only when batch invariance is not requested: Q and P rounded "
+       "to bf16, fp32 softmax; a producer warpgroup copies each 128-key K/V unit into a ring of stages, two "
+       "consumer warpgroups of 64 rows each run a unit's softmax while the tensor cores do the previous unit's P.V",
        without_invariance(need_dense_prefill),
        launch_msa_attention_dense_fast, device_plan(kDensePrefillFastName)});
   table.attention.add(

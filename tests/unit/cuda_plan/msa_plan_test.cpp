@@ -137,6 +137,24 @@ TEST(MsaPrefillPlan, BlockMajorAndDenseTake) {
   EXPECT_EQ(cuda::msa_dense_prefill_refusal(d), "page size is not a power of two");
 }
 
+// The dense entries' plans in the trace: the fast one says it is the warp-specialised kernel.
+TEST(MsaPrefillPlan, DenseEntriesSayWhatRuns) {
+  ops::AttentionMetadata meta;
+  meta.num_seqs = 1;
+  meta.block_size = kBlock;
+  meta.max_blocks_per_seq = 64;
+  int32_t lens = 0;
+  meta.seq_lens = &lens;
+  ops::Problem p = ops::make_problem("attention", Device::kCuda, DType::kBF16, 8192, 64, 128, 0, false);
+  p.attention = &meta;
+  p.kv_heads = 4;
+  const std::string tiles = "tiles of 8 tokens x 16 heads, <= 4100 CTAs";  // (1024 + 1) tiles x 4 KV heads
+  EXPECT_EQ(cuda::msa_entry_plan("attention.msa_dense_prefill.sm90", p, kH200), tiles);
+  EXPECT_EQ(cuda::msa_entry_plan("attention.msa_dense_prefill_fast.sm90", p, kH200),
+            tiles + ", a producer and two consumer warpgroups, K/V units through a " +
+                std::to_string(cuda::kDenseFaStages) + "-stage ring");
+}
+
 cuda::MsaIndexerShape index_shape(int64_t tokens, int seqs, int64_t context, bool fp8 = false) {
   cuda::MsaIndexerShape s;
   s.tokens = tokens;
