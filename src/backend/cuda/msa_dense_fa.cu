@@ -276,6 +276,7 @@ __global__ void __launch_bounds__(kThreads, 1) msa_dense_fa_kernel(const __grid_
   auto issue_pv = [&](int u) {
     const int st = u % kStages;
     mbar_wait(bars.full_v(st), uint32_t((u / kStages) & 1));
+    wgmma::fence_proxy_async();  // the copies were generic-proxy writes; wgmma reads through the async proxy
     const uint32_t v_tile = smem_u32(smem + L::kVOff + size_t(st) * kTile);
     wgmma::fence_regs(o);
     wgmma::fence_regs(p);
@@ -290,6 +291,7 @@ __global__ void __launch_bounds__(kThreads, 1) msa_dense_fa_kernel(const __grid_
     const int st = u % kStages;
     const int kb = u * kUnitKeys;
     mbar_wait(bars.full_k(st), uint32_t((u / kStages) & 1));
+    wgmma::fence_proxy_async();
     const uint32_t k_tile = smem_u32(smem + L::kKOff + size_t(st) * kTile);
 #pragma unroll
     for (int i = 0; i < 64; ++i) sc[i] = 0.0f;
