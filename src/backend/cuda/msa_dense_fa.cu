@@ -26,6 +26,7 @@
 #include "backend/cuda/mma_operands.cuh"
 #include "backend/cuda/msa.h"
 #include "backend/cuda/msa_common.cuh"
+#include "backend/cuda/msa_dense_tiles.cuh"
 #include "backend/cuda/wgmma.cuh"
 
 namespace m3::cuda {
@@ -36,12 +37,13 @@ using mma_ops::mbar_arrive;
 using mma_ops::mbar_init;
 using mma_ops::mbar_wait;
 using msa::cp_async16;
+using msa::DenseArgs;
 using msa::kHeadDim;
 using msa::kUnitKeys;
 using msa::smem_u32;
 
 constexpr int kThreads = 384;  // producer + two consumer warpgroups
-constexpr int kRows = 128;     // (token, head) rows of a CTA
+constexpr int kRows = msa::kDenseRows;
 constexpr int kProducerRegs = 56, kConsumerRegs = 224;  // 128 * 56 + 256 * 224 <= 65536
 
 // Shared memory from a 1024-byte aligned base. Q, K and V tiles are [dim half][row][128 B] with the
@@ -70,69 +72,6 @@ __device__ __forceinline__ float ex2(float x) {
   return y;
 }
 
-struct FaArgs {
-  const float* q;  // [tokens, q_heads, 128]
-  float* out;      // [tokens, q_heads, 128]
-  const __nv_bfloat16* k;  // [slots, kv_heads, 128]
-  const __nv_bfloat16* v;
-  const int32_t* query_start;
-  const int32_t* positions;
-  const int32_t* block_tables;
-  int num_seqs, max_blocks, bs_shift, kv_heads, q_heads, group, tile_tokens;
-  float scale_log2;
-};
-
-// The CTA's tile x (tiles are the sequences' runs of tile_tokens tokens numbered from the end, so
-// the longest causal prefixes start first): info = (sequence, first token, tokens); warp 0.
-__device__ __forceinline__ bool find_tile(const FaArgs& a, int x, int* info) {
-  const int lane = threadIdx.x & 31;
-  int total = 0;
-  for (int s0 = 0; s0 < a.num_seqs; s0 += 32) {
-    const int s = s0 + lane;
-    const int n = s < a.num_seqs ? (a.query_start[s + 1] - a.query_start[s] + a.tile_tokens - 1) / a.tile_tokens : 0;
-    total += __reduce_add_sync(0xffffffffu, n);
-  }
-  if (x >= total) return false;
-  const int want = total - 1 - x;
-  int before = 0;
-  for (int s0 = 0; s0 < a.num_seqs; s0 += 32) {
-    const int s = s0 + lane;
-    const int n = s < a.num_seqs ? (a.query_start[s + 1] - a.query_start[s] + a.tile_tokens - 1) / a.tile_tokens : 0;
-    const int incl = msa::warp_inclusive_scan(n);
-    const bool mine = s < a.num_seqs && before + incl - n <= want && want < before + incl;
-    if (__ballot_sync(0xffffffffu, mine) != 0) {
-      if (mine) {
-        const int q0 = a.query_start[s] + (want - (before + incl - n)) * a.tile_tokens;
-        info[0] = s;
-        info[1] = q0;
-        info[2] = min(a.tile_tokens, a.query_start[s + 1] - q0);
-      }
-      return true;
-    }
-    before += __shfl_sync(0xffffffffu, incl, 31);
-  }
-  return false;
-}
-
-// d (64 x 128 fp32) += A (registers, the m16n8k16 A layout per warp) x B (MN-major descriptor over
-// both 64-wide halves of the dims, `lbo` bytes apart), bf16.
-__device__ __forceinline__ void wgmma_rs128_tb(float (&d)[64], const uint32_t (&a)[4], uint64_t db) {
-  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\nwgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
-               "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, "
-               "%22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, "
-               "%43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
-               "{%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
-               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-                 "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-                 "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-                 "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-                 "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-                 "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-                 "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-                 "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
-}
-
 template <int kStages>
 struct Bars {
   uint32_t base;
@@ -146,7 +85,7 @@ struct Bars {
 // (row r0 = tid / 16 in 0..7, 16-byte column ch) copies rows r0 + 8 it; keys past pos_max are
 // zero-filled (masked anyway). Pages of >= 128 keys hold whole units: one page lookup per unit.
 template <int kStages>
-__device__ __forceinline__ void produce(const FaArgs& a, unsigned char* smem, const Bars<kStages>& bars, int g, int s,
+__device__ __forceinline__ void produce(const DenseArgs& a, unsigned char* smem, const Bars<kStages>& bars, int g, int s,
                                         int n_units, int pos_max, int tid) {
   using L = Layout<kStages>;
   const int ch = tid & 15, r0 = tid >> 4;
@@ -187,7 +126,7 @@ __device__ __forceinline__ void produce(const FaArgs& a, unsigned char* smem, co
 }
 
 template <int kStages>
-__global__ void __launch_bounds__(kThreads, 1) msa_dense_fa_kernel(const __grid_constant__ FaArgs a) {
+__global__ void __launch_bounds__(kThreads, 1) msa_dense_fa_kernel(const __grid_constant__ DenseArgs a) {
   using L = Layout<kStages>;
   extern __shared__ unsigned char smem_raw[];
   unsigned char* const smem = wgmma::align_1024(smem_raw);
@@ -197,7 +136,7 @@ __global__ void __launch_bounds__(kThreads, 1) msa_dense_fa_kernel(const __grid_
   const int tid = int(threadIdx.x), warp = tid >> 5, lane = tid & 31, wg = tid >> 7;
   const int g = int(blockIdx.x % unsigned(a.kv_heads));
   if (warp == 0) {
-    const bool ok = find_tile(a, int(blockIdx.x / unsigned(a.kv_heads)), info);
+    const bool ok = msa::find_dense_tile(a, int(blockIdx.x / unsigned(a.kv_heads)), info);
     if (lane == 0 && !ok) info[2] = 0;
   }
   if (tid == 32) {
@@ -282,7 +221,7 @@ __global__ void __launch_bounds__(kThreads, 1) msa_dense_fa_kernel(const __grid_
     wgmma::fence_regs(p);
     wgmma::fence();
 #pragma unroll
-    for (int kk = 0; kk < 8; ++kk) wgmma_rs128_tb(o, p[kk], wgmma::desc_sw128_mn(v_tile + uint32_t(kk * 2048), 16384));
+    for (int kk = 0; kk < 8; ++kk) wgmma::WgmmaRS128TransB::run(o, p[kk], wgmma::desc_sw128_mn(v_tile + uint32_t(kk * 2048), 16384));
     wgmma::commit();
   };
 
@@ -394,29 +333,11 @@ void launch_msa_attention_dense_prefill_fast(const TensorView& q, const TensorVi
   if (!msa_dense_prefill_refusal(msa_attn_shape(q, k_cache, v_cache, meta, {}, 0)).empty()) {
     return launch_msa_attention(q, k_cache, v_cache, meta, {}, 0, out);
   }
-  FaArgs a{};
-  a.q = q.as<const float>();
-  a.out = out.as<float>();
-  a.k = k_cache.as<const __nv_bfloat16>();
-  a.v = v_cache.as<const __nv_bfloat16>();
-  a.query_start = meta.query_start;
-  a.positions = meta.positions;
-  a.block_tables = meta.block_tables;
-  a.num_seqs = meta.num_seqs;
-  a.max_blocks = std::max(1, meta.max_blocks_per_seq);
-  a.bs_shift = 0;
-  while ((1 << a.bs_shift) < meta.block_size) ++a.bs_shift;
-  a.q_heads = int(q.shape[1]);
-  a.kv_heads = int(k_cache.shape[1]);
-  a.group = a.q_heads / a.kv_heads;
-  a.tile_tokens = kRows / a.group;
-  a.scale_log2 = float(1.4426950408889634 / std::sqrt(double(kHeadDim)));
-  // Tiles at most: every sequence's last run may be partial.
-  const int64_t tiles = (tokens + a.tile_tokens - 1) / a.tile_tokens + meta.num_seqs;
+  const DenseArgs a = msa::dense_args(q, k_cache, v_cache, meta, out);
   const auto kernel = msa_dense_fa_kernel<kDenseFaStages>;
   constexpr size_t smem = Layout<kDenseFaStages>::kSmem;
   M3_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-  launch_kernel(kernel, dim3(unsigned(tiles * a.kv_heads)), dim3(kThreads), smem, true, a);
+  launch_kernel(kernel, dim3(msa::dense_ctas(a, tokens)), dim3(kThreads), smem, true, a);
 }
 
 }  // namespace m3::cuda

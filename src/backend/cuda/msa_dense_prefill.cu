@@ -31,12 +31,14 @@
 #include "backend/cuda/cuda_internal.h"
 #include "backend/cuda/msa.h"
 #include "backend/cuda/msa_common.cuh"
+#include "backend/cuda/msa_dense_tiles.cuh"
 #include "backend/cuda/wgmma.cuh"
 
 namespace m3::cuda {
 namespace {
 
 using msa::cp_async16;
+using msa::DenseArgs;
 using msa::cp_async_commit;
 using msa::cp_async_wait;
 using msa::FoldScale;
@@ -45,7 +47,7 @@ using msa::kUnitKeys;
 using msa::smem_u32;
 
 constexpr int kThreads = 256;  // two warpgroups
-constexpr int kRows = 128;     // (token, head) rows of a CTA
+constexpr int kRows = msa::kDenseRows;
 constexpr int kMaxGroup = 64;  // the query-major kernel's limit (same numerics for decode)
 constexpr int kSuUnits = 8;    // units per super-unit (msa_decode.cu's kDenseSuUnits)
 
@@ -68,52 +70,6 @@ __device__ __forceinline__ uint32_t sw_off(int r, int ch, int rows) {
   return uint32_t((ch >> 3) * rows * 128 + r * 128 + (((ch & 7) ^ (r & 7)) << 4));
 }
 
-struct DenseArgs {
-  const float* q;  // [tokens, q_heads, 128]
-  float* out;      // [tokens, q_heads, 128]
-  const __nv_bfloat16* k;  // [slots, kv_heads, 128]
-  const __nv_bfloat16* v;
-  const int32_t* query_start;
-  const int32_t* positions;
-  const int32_t* block_tables;
-  int num_seqs, max_blocks, bs_shift, q_heads, kv_heads, group, tile_tokens;
-  float scale_log2;
-};
-
-// The CTA's tile: tiles are the sequences' runs of tile_tokens tokens, numbered from the end
-// (the longest causal prefixes first); x = the tile number in that order. Warp 0 counts the
-// tiles of 32 sequences per step.
-__device__ __forceinline__ bool find_tile(const DenseArgs& a, int x, int* tile) {
-  const int lane = threadIdx.x & 31;
-  int total = 0;
-  for (int s0 = 0; s0 < a.num_seqs; s0 += 32) {
-    const int s = s0 + lane;
-    const int n = s < a.num_seqs ? (a.query_start[s + 1] - a.query_start[s] + a.tile_tokens - 1) / a.tile_tokens : 0;
-    total += __reduce_add_sync(0xffffffffu, n);
-  }
-  if (x >= total) return false;
-  const int want = total - 1 - x;  // tile index in sequence order
-  int before = 0;
-  for (int s0 = 0; s0 < a.num_seqs; s0 += 32) {
-    const int s = s0 + lane;
-    const int n = s < a.num_seqs ? (a.query_start[s + 1] - a.query_start[s] + a.tile_tokens - 1) / a.tile_tokens : 0;
-    const int incl = msa::warp_inclusive_scan(n);
-    const bool mine = s < a.num_seqs && before + incl - n <= want && want < before + incl;
-    const unsigned hit = __ballot_sync(0xffffffffu, mine);
-    if (hit != 0) {
-      if (mine) {
-        const int q0 = a.query_start[s] + (want - (before + incl - n)) * a.tile_tokens;
-        tile[0] = s;
-        tile[1] = q0;
-        tile[2] = min(a.tile_tokens, a.query_start[s + 1] - q0);
-      }
-      return true;
-    }
-    before += __shfl_sync(0xffffffffu, incl, 31);
-  }
-  return false;
-}
-
 __global__ void __launch_bounds__(kThreads, 1) msa_dense_prefill_kernel(DenseArgs a) {
   extern __shared__ unsigned char smem_raw[];
   // Aligned through an integer, so the compiler accesses this buffer by generic LD / ST: the
@@ -125,7 +81,7 @@ __global__ void __launch_bounds__(kThreads, 1) msa_dense_prefill_kernel(DenseArg
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, gq = lane >> 2, cq = lane & 3;
   const int g = int(blockIdx.x % unsigned(a.kv_heads));
   if (warp == 0) {
-    const bool ok = find_tile(a, int(blockIdx.x / unsigned(a.kv_heads)), tile_s);
+    const bool ok = msa::find_dense_tile(a, int(blockIdx.x / unsigned(a.kv_heads)), tile_s);
     if (lane == 0 && !ok) tile_s[2] = 0;
   }
   __syncthreads();
@@ -335,28 +291,10 @@ void dense_prefill(const TensorView& q, const TensorView& k_cache, const TensorV
   if (!msa_dense_prefill_refusal(msa_attn_shape(q, k_cache, v_cache, meta, {}, 0)).empty()) {
     return launch_msa_attention(q, k_cache, v_cache, meta, {}, 0, out);
   }
-  DenseArgs a{};
-  a.q = q.as<const float>();
-  a.out = out.as<float>();
-  a.k = k_cache.as<const __nv_bfloat16>();
-  a.v = v_cache.as<const __nv_bfloat16>();
-  a.query_start = meta.query_start;
-  a.positions = meta.positions;
-  a.block_tables = meta.block_tables;
-  a.num_seqs = meta.num_seqs;
-  a.max_blocks = std::max(1, meta.max_blocks_per_seq);
-  a.bs_shift = 0;
-  while ((1 << a.bs_shift) < meta.block_size) ++a.bs_shift;
-  a.q_heads = int(q.shape[1]);
-  a.kv_heads = int(k_cache.shape[1]);
-  a.group = a.q_heads / a.kv_heads;
-  a.tile_tokens = kRows / a.group;
-  a.scale_log2 = float(1.4426950408889634 / std::sqrt(double(kHeadDim)));
-  // Tiles at most: every sequence's last run may be partial.
-  const int64_t tiles = (tokens + a.tile_tokens - 1) / a.tile_tokens + meta.num_seqs;
+  const DenseArgs a = msa::dense_args(q, k_cache, v_cache, meta, out);
   const auto kernel = msa_dense_prefill_kernel;
   M3_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmem)));
-  launch_kernel(kernel, dim3(unsigned(tiles * a.kv_heads)), dim3(kThreads), kSmem, true, a);
+  launch_kernel(kernel, dim3(msa::dense_ctas(a, tokens)), dim3(kThreads), kSmem, true, a);
 }
 
 }  // namespace
