@@ -225,6 +225,9 @@ __global__ void __launch_bounds__(kThreads, 1) msa_dense_fa_kernel(const __grid_
     wgmma::commit();
   };
 
+  // Known cost: with the branch on u > 0 inside the loop ptxas cannot tell which group
+  // `wgmma.wait_group 1` retires and serialises every wgmma (C7513); peeling the first unit keeps
+  // them asynchronous but has not been run on a GPU yet (docs/msa_kernels.md, thirty-sixth round).
 #pragma unroll 1
   for (int u = 0; u < n_units; ++u) {
     const int st = u % kStages;
