@@ -331,16 +331,12 @@ __global__ void __launch_bounds__(kThreads, 1) msa_dense_fa_kernel(const __grid_
 
 void launch_msa_attention_dense_prefill_fast(const TensorView& q, const TensorView& k_cache, const TensorView& v_cache,
                                              const ops::AttentionMetadata& meta, const TensorView& out) {
-  const int64_t tokens = q.shape[0];
-  if (tokens == 0) return;
-  if (!msa_dense_prefill_refusal(msa_attn_shape(q, k_cache, v_cache, meta, {}, 0)).empty()) {
-    return launch_msa_attention(q, k_cache, v_cache, meta, {}, 0, out);
-  }
+  if (!msa::dense_prefill_takes(q, k_cache, v_cache, meta, out)) return;
   const DenseArgs a = msa::dense_args(q, k_cache, v_cache, meta, out);
   const auto kernel = msa_dense_fa_kernel<kDenseFaStages>;
   constexpr size_t smem = Layout<kDenseFaStages>::kSmem;
   M3_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-  launch_kernel(kernel, dim3(msa::dense_ctas(a, tokens)), dim3(kThreads), smem, true, a);
+  launch_kernel(kernel, dim3(msa::dense_ctas(a, q.shape[0])), dim3(kThreads), smem, true, a);
 }
 
 }  // namespace m3::cuda

@@ -9,6 +9,7 @@
 #include <cstdint>
 
 #include "backend/cuda/cuda_internal.h"
+#include "backend/cuda/msa.h"
 #include "backend/cuda/msa_common.cuh"
 
 namespace m3::cuda::msa {
@@ -26,6 +27,16 @@ struct DenseArgs {
   int num_seqs, max_blocks, bs_shift, q_heads, kv_heads, group, tile_tokens;
   float scale_log2;
 };
+
+// Whether a dense prefill kernel runs this call: not for zero tokens, and shapes they do not take
+// (msa_dense_prefill_refusal) are launched on the query-major kernel here.
+inline bool dense_prefill_takes(const TensorView& q, const TensorView& k_cache, const TensorView& v_cache,
+                                const ops::AttentionMetadata& meta, const TensorView& out) {
+  if (q.shape[0] == 0) return false;
+  if (msa_dense_prefill_refusal(msa_attn_shape(q, k_cache, v_cache, meta, {}, 0)).empty()) return true;
+  launch_msa_attention(q, k_cache, v_cache, meta, {}, 0, out);
+  return false;
+}
 
 // The launch's arguments; the shape already passed msa_dense_prefill_refusal.
 inline DenseArgs dense_args(const TensorView& q, const TensorView& k_cache, const TensorView& v_cache,
