@@ -66,6 +66,8 @@ __device__ __forceinline__ uint32_t sw_off(int r, int ch) {
   return uint32_t((ch >> 3) * kRows * 128 + r * 128 + (((ch & 7) ^ (r & 7)) << 4));
 }
 
+// 2^x by the MUFU approximation (O's rescale; the probabilities take msa::unit_prob, the same
+// instruction after the fma).
 __device__ __forceinline__ float ex2(float x) {
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
@@ -280,10 +282,10 @@ __global__ void __launch_bounds__(kThreads, 1) msa_dense_fa_kernel(const __grid_
     float s0 = 0.0f, s1 = 0.0f;
 #pragma unroll
     for (int i = 0; i < 64; i += 4) {
-      sc[i] = ex2(fmaf(sc[i], sl2, -b0));
-      sc[i + 1] = ex2(fmaf(sc[i + 1], sl2, -b0));
-      sc[i + 2] = ex2(fmaf(sc[i + 2], sl2, -b1));
-      sc[i + 3] = ex2(fmaf(sc[i + 3], sl2, -b1));
+      sc[i] = msa::unit_prob(sc[i], b0, sl2);
+      sc[i + 1] = msa::unit_prob(sc[i + 1], b0, sl2);
+      sc[i + 2] = msa::unit_prob(sc[i + 2], b1, sl2);
+      sc[i + 3] = msa::unit_prob(sc[i + 3], b1, sl2);
       s0 += sc[i] + sc[i + 1];
       s1 += sc[i + 2] + sc[i + 3];
     }

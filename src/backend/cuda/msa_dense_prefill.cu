@@ -65,11 +65,6 @@ constexpr size_t kTileOff = kPosOff + size_t(kRows) * 4;  // (sequence, first to
 constexpr size_t kSmem = kTileOff + 16 + 1024;            // + 1024: base alignment
 static_assert(kSmem <= 232448, "shared memory");
 
-// Byte offset of 16-byte chunk ch (0..15) of row r in a [dim half][row][128 B] tile of `rows` rows.
-__device__ __forceinline__ uint32_t sw_off(int r, int ch, int rows) {
-  return uint32_t((ch >> 3) * rows * 128 + r * 128 + (((ch & 7) ^ (r & 7)) << 4));
-}
-
 __global__ void __launch_bounds__(kThreads, 1) msa_dense_prefill_kernel(DenseArgs a) {
   extern __shared__ unsigned char smem_raw[];
   // Aligned through an integer, so the compiler accesses this buffer by generic LD / ST: the
@@ -97,8 +92,8 @@ __global__ void __launch_bounds__(kThreads, 1) msa_dense_prefill_kernel(DenseArg
     const int row = i / (kHeadDim / 8), ch = i % (kHeadDim / 8);
     uint4 hi, lo;
     msa::q_chunk_hilo(a.q, a.q_heads, t0, g, G, row, rows, ch, hi, lo);
-    *reinterpret_cast<uint4*>(smem + kQhOff + sw_off(row, ch, kRows)) = hi;
-    *reinterpret_cast<uint4*>(smem + kQlOff + sw_off(row, ch, kRows)) = lo;
+    *reinterpret_cast<uint4*>(smem + kQhOff + msa::sw128_off(row, ch, kRows)) = hi;
+    *reinterpret_cast<uint4*>(smem + kQlOff + msa::sw128_off(row, ch, kRows)) = lo;
   }
   if (tid < T) pos_s[tid] = a.positions[t0 + tid];
   for (int i = tid; i < 256; i += kThreads) reinterpret_cast<uint32_t*>(smem + kOnesOff)[i] = msa::kBf16OnePair;
@@ -113,7 +108,7 @@ __global__ void __launch_bounds__(kThreads, 1) msa_dense_prefill_kernel(DenseArg
   // r0 + 16 it (keys past pos_max zero-filled; masked anyway). Pages of >= 128 keys hold whole
   // units: one page lookup, the rows a fixed stride apart.
   const int ld_ch = tid & 15, ld_r0 = tid >> 4;
-  const uint32_t ld_so = sw_off(ld_r0, ld_ch, kUnitKeys);  // + 2 KB per 16 rows (the swizzle repeats every 8)
+  const uint32_t ld_so = msa::sw128_off(ld_r0, ld_ch, kUnitKeys);  // + 2 KB per 16 rows (the swizzle repeats every 8)
   const uint32_t ld_step = uint32_t(16 * a.kv_heads * kHeadDim);  // elements between a thread's rows
   auto load_unit = [&](int u) {
     const uint32_t kd = smem_u32(smem + kKOff + size_t(u & 1) * kStage) + ld_so;

@@ -16,6 +16,12 @@ namespace m3::cuda::msa {
 
 constexpr int kDenseRows = 128;  // (token, head) rows of a CTA
 
+// Byte offset of 16-byte chunk ch (0..15) of row r in a [dim half][row][128 B] tile of `rows` rows
+// with the 128-byte swizzle (chunk c of row r at c ^ (r & 7)): the Q, K and V tiles' layout.
+__device__ __forceinline__ uint32_t sw128_off(int r, int ch, int rows) {
+  return uint32_t((ch >> 3) * rows * 128 + r * 128 + (((ch & 7) ^ (r & 7)) << 4));
+}
+
 struct DenseArgs {
   const float* q;  // [tokens, q_heads, 128]
   float* out;      // [tokens, q_heads, 128]
