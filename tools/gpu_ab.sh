@@ -16,7 +16,6 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 export M3_GPU_DIR=$root/.dev/ab
 source "$(dirname "$0")/gpu_env.sh"
 [[ -s $dir/labels ]] || { echo "gpu_ab: no labels in $dir (run tools/gpu_ab_stage.sh here)" >&2; exit 2; }
-mapfile -t labels < "$dir/labels"
 reps=${AB_REPS:-3}
 for p in "$dir"/parity/*; do
   [[ -x $p ]] || continue
@@ -24,6 +23,9 @@ for p in "$dir"/parity/*; do
   step "parity_$name" "${AB_PARITY_TIMEOUT:-300}" "$p"
   grep -E "^\[  (PASSED|FAILED)|FAILED|Failure" "$out/parity_$name.log" | head -5
 done
+# Read after the parity runs: a parity wrapper script may drop its label from the file (a kernel
+# that failed or hung is not timed).
+mapfile -t labels < "$dir/labels"
 files=()
 for rep in $(seq 1 "$reps"); do
   for l in "${labels[@]}"; do
