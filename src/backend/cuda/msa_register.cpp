@@ -97,8 +97,9 @@ std::string plan_of_entry(const std::string& entry, const ops::Problem& p, const
     std::string plan = "tiles of " + std::to_string(tt) + " tokens x " + std::to_string(s.q_heads / s.kv_heads) +
                        " heads, <= " + std::to_string(((s.tokens + tt - 1) / tt + s.num_seqs) * s.kv_heads) + " CTAs";
     if (entry == kDensePrefillFastName)
-      plan += ", a producer and two consumer warpgroups, K/V units through a " + std::to_string(kDenseFaStages) +
-              "-stage ring";
+      plan += ", a producer and two consumer warpgroups, K/V units by " +
+              std::string(s.bs >= 128 ? "TMA" : "cp.async (pages under 128 keys)") + " through a " +
+              std::to_string(kDenseFaStages) + "-stage ring";
     return plan;
   }
   const bool hilo = entry == kBlockMajorName;
@@ -152,7 +153,7 @@ void register_msa(ops::KernelTable& table) {
   table.attention.add(
       {kDensePrefillFastName,
        "as attention.msa_dense_prefill.sm90's shapes, only when batch invariance is not requested: Q and P rounded "
-       "to bf16, fp32 softmax; a producer warpgroup copies each 128-key K/V unit into a ring of stages, two "
+       "to bf16, fp32 softmax; a producer warpgroup loads each 128-key K/V unit (by TMA from pages of >= 128 keys) into a ring of stages, two "
        "consumer warpgroups of 64 rows each run a unit's softmax while the tensor cores do the previous unit's P.V",
        without_invariance(need_dense_prefill),
        launch_msa_attention_dense_fast, device_plan(kDensePrefillFastName)});

@@ -150,9 +150,14 @@ TEST(MsaPrefillPlan, DenseEntriesSayWhatRuns) {
   p.kv_heads = 4;
   const std::string tiles = "tiles of 8 tokens x 16 heads, <= 4100 CTAs";  // (1024 + 1) tiles x 4 KV heads
   EXPECT_EQ(cuda::msa_entry_plan("attention.msa_dense_prefill.sm90", p, kH200), tiles);
+  const std::string ring = " through a " + std::to_string(cuda::kDenseFaStages) + "-stage ring";
   EXPECT_EQ(cuda::msa_entry_plan("attention.msa_dense_prefill_fast.sm90", p, kH200),
-            tiles + ", a producer and two consumer warpgroups, K/V units through a " +
-                std::to_string(cuda::kDenseFaStages) + "-stage ring");
+            tiles + ", a producer and two consumer warpgroups, K/V units by TMA" + ring);
+  // Pages of fewer than 128 keys hold no whole unit: the producer copies them row by row.
+  meta.block_size = 16;
+  meta.max_blocks_per_seq = 512;
+  EXPECT_EQ(cuda::msa_entry_plan("attention.msa_dense_prefill_fast.sm90", p, kH200),
+            tiles + ", a producer and two consumer warpgroups, K/V units by cp.async (pages under 128 keys)" + ring);
 }
 
 cuda::MsaIndexerShape index_shape(int64_t tokens, int seqs, int64_t context, bool fp8 = false) {
