@@ -5,7 +5,8 @@
 # checkpoint made here (E2E_LAYERS, default 1: layer 0 alone, M3's dense attention and dense MLP),
 # without batch invariance, the whole prompt in one step; labels alternate over E2E_REPS (default 2)
 # repetitions. The first step's time (the prefill: its launches, synchronised at the sampling) is
-# read from --print-steps; the first repetition also logs the dispatch trace.
+# read from --print-steps (eager: no graphs are captured for the two decode steps); the first
+# repetition also logs the dispatch trace.
 #   -> $OUT/e2e_<label>_<len>_<rep>.log, $OUT/prefill_e2e.json, a table on stdout.
 # Stage: copy the builds into .dev/ab/e2e/ (with tools/gpu_ab_stage.sh's libraries in .dev/ab/lib).
 #   E2E_LENGTHS=8192,32768 E2E_REPS=2 M3_GPU_DIR=.dev/ab tools/gpu_prefill_e2e.sh
@@ -29,7 +30,7 @@ for rep in $(seq 1 "${E2E_REPS:-2}"); do
       trace=()
       [[ $rep == 1 ]] && trace=(--trace-dispatch)
       step "e2e_${l}_${len}_$rep" "${E2E_TIMEOUT:-240}" "$e2e/m3serve_$l" generate --model "$ckpt" \
-        --prompt-file "$out/prompt_$len.txt" --max-tokens 2 --ignore-eos --print-steps --no-batch-invariant \
+        --prompt-file "$out/prompt_$len.txt" --max-tokens 2 --ignore-eos --print-steps --no-batch-invariant --enforce-eager \
         --max-num-batched-tokens "$len" --max-model-len $((len + 64)) "${trace[@]}"
     done
   done
