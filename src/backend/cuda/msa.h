@@ -52,6 +52,7 @@ struct MsaIndexerShape {
 struct MsaIndexerPlan {
   bool tuned = false;             // else the generic kernel runs
   bool prefill = false, tiles = false;  // neither: the warp-streamed decode kernel
+  bool tma = false;            // prefill kernel: key blocks by TMA (BF16 keys), else by cp.async
   int max_blocks = 0, group_tokens = 0, chunks = 0, ctas_per_sm = 0, exact_max = 0, dyn_min_units = 0;
   int64_t groups = 0, slice = 0, first_slice = 0, launches = 0;
   bool unit_counters = false;  // the decode kernel's warps may take units from a counter per group

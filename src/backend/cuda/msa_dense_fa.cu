@@ -18,13 +18,10 @@
 // variants' 1e-2 of max|ref|).
 #include <cuda.h>
 #include <cuda_bf16.h>
-#include <cudaTypedefs.h>
 
 #include <algorithm>
 #include <climits>
 #include <cmath>
-#include <stdexcept>
-#include <string>
 #include <type_traits>
 
 #include "backend/cuda/cuda_check.h"
@@ -33,6 +30,8 @@
 #include "backend/cuda/msa.h"
 #include "backend/cuda/msa_common.cuh"
 #include "backend/cuda/msa_dense_tiles.cuh"
+#include "backend/cuda/tensor_map.h"
+#include "backend/cuda/tma.cuh"
 #include "backend/cuda/wgmma.cuh"
 
 namespace m3::cuda {
@@ -98,15 +97,6 @@ struct Bars {
 // TMA (cp.async.bulk.tensor) for whole units in pages of >= 128 keys: one thread issues a unit's
 // K or V as two 64-dim boxes of 128 keys, which land 128-byte swizzled as the consumers read them
 // (thirty-seventh round: 8K 2774 -> 1925 us on an H100 with the peeled loop below).
-__device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void tma_load_3d(uint32_t dst, const CUtensorMap* map, int c0, int c1, int c2, uint32_t bar) {
-  asm volatile(
-      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];\n" ::"r"(dst),
-      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(bar)
-      : "memory");
-}
 
 // WG0: unit u's K, then its V, into stage u % kStages once the consumers released it (every
 // producer thread waits, so each full barrier gets 128 arrivals per unit whichever way it is filled).
@@ -129,20 +119,20 @@ __device__ __forceinline__ void produce(const FaArgs& fa, unsigned char* smem, c
     const int st = u % kStages;
     const uint32_t par = uint32_t((u / kStages) & 1) ^ 1u;
     const int kb = u * kUnitKeys;
-    const bool tma = bs >= kUnitKeys && kb + kUnitKeys - 1 <= pos_max;
+    const bool by_tma = bs >= kUnitKeys && kb + kUnitKeys - 1 <= pos_max;
     int64_t slot0 = 0;
-    if (bs >= kUnitKeys && (!tma || tid == 0)) slot0 = int64_t(__ldg(table + (kb >> a.bs_shift))) * bs + (kb & (bs - 1));
+    if (bs >= kUnitKeys && (!by_tma || tid == 0)) slot0 = int64_t(__ldg(table + (kb >> a.bs_shift))) * bs + (kb & (bs - 1));
     const int64_t e0 = ((slot0 + r0) * a.kv_heads + g) * kHeadDim + ch * 8;
     for (int kv = 0; kv < 2; ++kv) {
       if (u >= kStages) mbar_wait(kv ? bars.empty_v(st) : bars.empty_k(st), par);
       const uint32_t bar = kv ? bars.full_v(st) : bars.full_k(st);
       const uint32_t tile = smem_u32(smem + (kv ? L::kVOff : L::kKOff) + size_t(st) * kTile);
-      if (tma) {
+      if (by_tma) {
         if (tid == 0) {
           const CUtensorMap* map = kv ? &fa.map_v : &fa.map_k;
-          mbar_arrive_expect_tx(bar, uint32_t(kTile));
-          tma_load_3d(tile, map, 0, g, int(slot0), bar);
-          tma_load_3d(tile + uint32_t(kTile / 2), map, 64, g, int(slot0), bar);
+          tma::arrive_expect_tx(bar, uint32_t(kTile));
+          tma::load_3d(tile, map, 0, g, int(slot0), bar);
+          tma::load_3d(tile + uint32_t(kTile / 2), map, 64, g, int(slot0), bar);
         } else {
           mbar_arrive(bar);
         }
@@ -374,31 +364,6 @@ __global__ void __launch_bounds__(kThreads, 1) msa_dense_fa_kernel(const __grid_
   }
 }
 
-// The driver's tensor-map encoder, looked up once through the runtime (no link against libcuda).
-PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
-  static const PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
-    void* p = nullptr;
-    cudaDriverEntryPointQueryResult q{};
-    M3_CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &q));
-    if (q != cudaDriverEntryPointSuccess || p == nullptr) throw std::runtime_error("cuTensorMapEncodeTiled is not available");
-    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(p);
-  }();
-  return fn;
-}
-
-// A paged K or V cache [slots, kv_heads, 128] bf16 as a 3-D tensor (dims, head, slot), boxes of 64 dims
-// (128 bytes: the swizzle span) x 1 head x 128 slots.
-void encode_cache_map(CUtensorMap& map, const TensorView& cache) {
-  const cuuint64_t dims[3] = {cuuint64_t(kHeadDim), cuuint64_t(cache.shape[1]), cuuint64_t(cache.shape[0])};
-  const cuuint64_t strides[2] = {cuuint64_t(kHeadDim) * 2, cuuint64_t(cache.shape[1]) * kHeadDim * 2};
-  const cuuint32_t box[3] = {64, 1, cuuint32_t(kUnitKeys)};
-  const cuuint32_t elem[3] = {1, 1, 1};
-  const CUresult r = tensor_map_encoder()(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, const_cast<void*>(cache.data), dims,
-                                          strides, box, elem, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                                          CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  if (r != CUDA_SUCCESS) throw std::runtime_error("cuTensorMapEncodeTiled failed for a KV cache (" + std::to_string(int(r)) + ")");
-}
-
 }  // namespace
 
 void launch_msa_attention_dense_prefill_fast(const TensorView& q, const TensorView& k_cache, const TensorView& v_cache,
@@ -407,8 +372,9 @@ void launch_msa_attention_dense_prefill_fast(const TensorView& q, const TensorVi
   FaArgs fa{};
   fa.d = msa::dense_args(q, k_cache, v_cache, meta, out);
   if (meta.block_size >= kUnitKeys) {
-    encode_cache_map(fa.map_k, k_cache);
-    encode_cache_map(fa.map_v, v_cache);
+    // [slots][kv_heads][128] as (dims, head, slot), boxes of 64 dims x 1 head x 128 keys.
+    fa.map_k = bf16_map_3d(k_cache.data, kHeadDim, uint64_t(k_cache.shape[1]), uint64_t(k_cache.shape[0]), 64, kUnitKeys);
+    fa.map_v = bf16_map_3d(v_cache.data, kHeadDim, uint64_t(v_cache.shape[1]), uint64_t(v_cache.shape[0]), 64, kUnitKeys);
   }
   const auto kernel = msa_dense_fa_kernel<kDenseFaStages>;
   constexpr size_t smem = Layout<kDenseFaStages>::kSmem;

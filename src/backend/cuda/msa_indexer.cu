@@ -445,6 +445,7 @@ MsaIndexerPlan msa_indexer_plan(const MsaIndexerShape& s, int64_t sms, MsaIndexe
               (layout == MsaIndexerLayout::kPrefill || sliced || (layout == MsaIndexerLayout::kAuto && prefill_shaped));
   // Warp-kernel groups: 8 rows (one MMA n-tile) when every sequence may have one token, else 16.
   const bool narrow = tokens == s.num_seqs && heads <= 8;
+  p.tma = p.prefill && !s.fp8;  // FP8 stages are converted in place by the threads that copy them
   p.tiles = !p.prefill && (layout == MsaIndexerLayout::kTiles || !decode_kernel_takes(bs, s.max_blocks));
   p.max_blocks = std::max(1, s.max_blocks);
   p.group_tokens = p.prefill ? prefill_group_tokens(heads) : std::max(1, (p.tiles ? 128 : narrow ? 8 : 16) / heads);
@@ -490,7 +491,7 @@ MsaIndexerPlan msa_indexer_plan(const MsaIndexerShape& s, int64_t sms, MsaIndexe
 
 std::string msa_indexer_plan_text(const MsaIndexerPlan& p) {
   if (!p.tuned) return "the generic kernel (shape outside the tuned ones)";
-  std::string s = p.prefill ? "prefill kernel (a warp per 16 rows, whole blocks)"
+  std::string s = p.prefill ? (p.tma ? "prefill kernel (a warp per 16 rows, whole blocks by TMA)" : "prefill kernel (a warp per 16 rows, whole blocks by cp.async)")
                   : p.tiles ? "128-row tiles"
                             : "warp-streamed decode kernel";
   s += ", " + std::to_string(p.groups) + (p.groups == 1 ? " query group of " : " query groups of ") + std::to_string(p.group_tokens) + " token" +
@@ -553,7 +554,7 @@ void launch_msa_indexer_layout(const TensorView& index_q, const TensorView& inde
   for (int64_t tb = 0; tb < tokens; tb = a.tok_end) {
     a.tok_begin = int(tb);
     a.tok_end = int(std::min<int64_t>(tokens, tb + (tb == 0 ? first : slice)));
-    if (prefill) launch_indexer_prefill(a, fp8);
+    if (prefill) launch_indexer_prefill(a, fp8, index_k_cache.shape[0]);
     else if (!tiles) launch_indexer_decode(a, fp8, a.group_tokens * a.heads);
     else if (fp8) launch_tiles(msa_indexer_kernel<__nv_fp8_e4m3, 4, 2>, Cfg<__nv_fp8_e4m3, 4, 2>::kBytes);
     else launch_tiles(msa_indexer_kernel<__nv_bfloat16, 4, 2>, Cfg<__nv_bfloat16, 4, 2>::kBytes);

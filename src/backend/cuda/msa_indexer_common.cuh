@@ -507,6 +507,7 @@ int decode_ctas_per_sm(bool fp8, int rows_max);
 // 128-key blocks, for prefills with blocks of 128 keys and at most 16 index heads.
 bool prefill_kernel_takes(int bs, int heads);
 int prefill_group_tokens(int heads);
-void launch_indexer_prefill(const IndexerArgs& a, bool fp8);
+// key_slots: rows of the index-key cache (BF16 keys arrive by TMA, whose tensor map spans them).
+void launch_indexer_prefill(const IndexerArgs& a, bool fp8, int64_t key_slots);
 
 }  // namespace m3::cuda::msa_index

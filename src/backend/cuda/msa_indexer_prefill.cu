@@ -18,7 +18,7 @@
 // the row's k-th best block lower bound so far (pruning, below).
 //
 // CTA: 16 warps, 256 rows (64 tokens at 4 index heads), one CTA per SM; keys through a 2-stage
-// cp.async ring of whole blocks in XOR-swizzled shared memory, the rows' fp32
+// ring of whole blocks in XOR-swizzled shared memory, the rows' fp32
 // q in shared memory for the exact dots (through L1 they stalled the scan: 28 M dots of 512-byte
 // rows at 32K, one row per lane); the blocks'
 // |k| from a Gram MMA (each warp one 8-key n-tile). Each warpgroup's 64 rows take
@@ -32,6 +32,13 @@
 // stage still in shared memory. Groups are enumerated on the device (no host sync); long
 // contexts with few groups split their blocks over chunks, and the last chunk's CTA selects
 // (arrival counter), as in the other layouts.
+//
+// BF16 keys arrive by TMA: thread 0 issues a stage as two 64-dim boxes of the block's 128 keys,
+// which land 128-byte swizzled as the wgmma reads them, on the stage's mbarrier; each warp counts
+// itself done with a stage, and the warp that does so last issues the stage that refills it. So a
+// stage takes one CTA barrier (the blocks' |k|), where the cp.async ring took two and every
+// thread's copies (thirty-eighth round: 3-4 % off the indexer at 8K-128K). FP8 keys keep the
+// cp.async ring: their stage is converted in place by the threads that copied it.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
@@ -41,11 +48,17 @@
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/cuda_internal.h"
 #include "backend/cuda/msa_indexer_common.cuh"
+#include "backend/cuda/mma_operands.cuh"
 #include "backend/cuda/msa_timeline.cuh"
+#include "backend/cuda/tensor_map.h"
+#include "backend/cuda/tma.cuh"
 #include "backend/cuda/wgmma.cuh"
 
 namespace m3::cuda::msa_index {
 namespace {
+
+using mma_ops::mbar_init;
+using mma_ops::mbar_wait;
 
 constexpr int kPThreads = 512, kPWarps = kPThreads / 32, kPRows = 16 * kPWarps;
 constexpr int kPBlockKeys = 128;        // the only block size this kernel takes
@@ -82,12 +95,14 @@ struct PCfg {
   static constexpr size_t kQOff = kPBufBytes;                                       // [rows][kPQStride] f32
   static constexpr size_t kCandOff = kQOff + size_t(kPRows) * kPQStride * 4;        // [warps][cap] u32
   static constexpr size_t kBestOff = kCandOff + size_t(kPWarps) * kPCandCap * 4;    // [rows] order keys
-  static constexpr size_t kNkOff = kBestOff + size_t(kPRows) * 4;                   // [warps] f32
-  static constexpr size_t kSigOff = kNkOff + size_t(kPWarps) * 4;                   // [rows]
+  static constexpr size_t kNkOff = kBestOff + size_t(kPRows) * 4;                   // [2][warps] f32
+  static constexpr size_t kSigOff = kNkOff + size_t(2 * kPWarps) * 4;               // [rows]
   static constexpr size_t kAOff = kSigOff + size_t(kPRows) * 4;                     // [rows]
   static constexpr size_t kPosOff = kAOff + size_t(kPRows) * 4;                     // [tokens <= rows]
   static constexpr size_t kLstOff = kPosOff + size_t(kPRows) * 4;                   // [rows][kPListLen] f32
-  static constexpr size_t kBytes = kLstOff + size_t(kPRows) * kPListLen * 4 + 1024;  // + the 1024-byte alignment
+  static constexpr size_t kBarOff = kLstOff + size_t(kPRows) * kPListLen * 4;       // [stages] mbarriers (TMA)
+  static constexpr size_t kRelOff = kBarOff + size_t(kStages) * 8;                 // [stages] u32 releases
+  static constexpr size_t kBytes = kRelOff + size_t(kStages) * 4 + 1024;          // + the 1024-byte alignment
   static constexpr int kSelectCap = kPBufBytes / 4 / kPWarps - 256;  // words per warp: cache, then hist
   static_assert(kStages >= 2, "a ring of at least two blocks");
   static_assert(kBytes <= 227 * 1024, "one CTA's shared memory");
@@ -155,10 +170,19 @@ __device__ bool find_group(const IndexerArgs& a, int* warp_tot, int* found, int&
   return t0 >= 0;
 }
 
+// The kernel's parameter: the indexer's arguments and, for BF16 keys, the key cache [slots][128]
+// as a TMA tensor (boxes of 64 dims x 128 keys, 128-byte swizzled).
+struct PrefillArgs {
+  CUtensorMap keys;
+  IndexerArgs a;
+};
+
 // KS: the cache's index-key type (bf16 or e4m3).
 template <class KS>
-__global__ void __launch_bounds__(kPThreads, 1) msa_indexer_prefill_kernel(IndexerArgs a) {
+__global__ void __launch_bounds__(kPThreads, 1) msa_indexer_prefill_kernel(const __grid_constant__ PrefillArgs pa) {
+  const IndexerArgs& a = pa.a;
   constexpr bool kF8 = sizeof(KS) == 1;
+  constexpr bool kTma = !kF8;  // stages by TMA, released by a count (BF16 keys)
   using IK = std::conditional_t<kF8, __half, KS>;
   using Cf = PCfg<IK>;
   using Tr = IkTraits<IK>;
@@ -257,22 +281,46 @@ __global__ void __launch_bounds__(kPThreads, 1) msa_indexer_prefill_kernel(Index
     // The rows' fp32 q into shared memory (the exact dots' operand), every row of the warp in
     // flight at once: read into registers a row at a time, the loop waited for a DRAM round trip
     // per row (~20 us per CTA, a quarter of the 8K indexer, whose groups run in 4 chunks of CTAs).
+    // BF16: stage i's mbarrier (one arrival, the issuing thread's, plus the copies' bytes) and its
+    // release count (every warp adds one when done with the stage; the 16th issues its refill).
+    const uint32_t full0 = smem_u32(smem + Cf::kBarOff);
+    unsigned* const rel_s = reinterpret_cast<unsigned*>(smem + Cf::kRelOff);
+    auto issue_stage = [&](int i, int page) {
+      const uint32_t bar = full0 + 8u * uint32_t(i % kStages);
+      const uint32_t dst = smem_u32(stage_buf + (i % kStages) * kStageBytes);
+      tma::arrive_expect_tx(bar, uint32_t(kStageBytes));
+      tma::load_2d(dst, &pa.keys, 0, page * kPBlockKeys, bar);
+      tma::load_2d(dst + Cf::kHalfStride, &pa.keys, 64, page * kPBlockKeys, bar);
+    };
+    if constexpr (kTma) {
+      if (tid == 0) {
+        for (int st = 0; st < kStages; ++st) {
+          mbar_init(full0 + 8u * uint32_t(st), 1);
+          rel_s[st] = 0;
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+        for (int i = 0; i < kStages && i < nstage; ++i) issue_stage(i, __ldg(table + b0 + i));
+      }
+    }
     for (int r = warp; r < P && r < kPRows; r += kPWarps) {
       cp_async16(smem_u32(q_s + q_slot(r) * kPQStride + lane * 4), group_q_row(a, t0, r) + lane * 4, true);
     }
     cp_async_commit();
+    if constexpr (!kTma) {
 #pragma unroll 1
-    for (int i = 0; i < kStages - 1; ++i) {
-      if (i < nstage) {
-        next_page = __ldg(table + b0 + i);
-        load_stage(i);
+      for (int i = 0; i < kStages - 1; ++i) {
+        if (i < nstage) {
+          next_page = __ldg(table + b0 + i);
+          load_stage(i);
+        }
+        cp_async_commit();
       }
-      cp_async_commit();
+      next_page = kStages - 1 < nstage ? __ldg(table + b0 + kStages - 1) : 0;
     }
-    next_page = kStages - 1 < nstage ? __ldg(table + b0 + kStages - 1) : 0;
     // Per row: sigma and the bound's row factor c |q sigma| + zero term (rounded up), from the
     // rows copied above.
-    cp_async_wait<kStages - 1>();  // this thread's q copies (the stages' may still fly)
+    if constexpr (kTma) cp_async_wait<0>();  // this thread's q copies
+    else cp_async_wait<kStages - 1>();       // this thread's q copies (the stages' may still fly)
     __syncwarp();
     for (int r = warp; r < kPRows; r += kPWarps) {
       float sig = 0.0f, fac = 0.0f;
@@ -320,14 +368,21 @@ __global__ void __launch_bounds__(kPThreads, 1) msa_indexer_prefill_kernel(Index
     M3_PH_LAP(8);
 #pragma unroll 1
     for (int i = 0; i < nstage; ++i) {
-      cp_async_wait<kStages - 2>();
-      if constexpr (kF8) f8_to_f16(i);
-      wgmma::fence_proxy_async();  // this thread's copies (or conversions), to the wgmma's reads
-      __syncthreads();  // stage i visible; every warp is done with stage i - 1 (and nk_s)
-      M3_PH_LAP(0);
-      if (i + kStages - 1 < nstage) load_stage(i + kStages - 1);
-      cp_async_commit();
-      next_page = i + kStages < nstage ? __ldg(table + b0 + i + kStages) : 0;
+      if constexpr (kTma) {
+        mbar_wait(full0 + 8u * uint32_t(i % kStages), uint32_t((i / kStages) & 1));  // stage i landed
+        M3_PH_LAP(0);
+        // The page of the stage this warp's release may issue.
+        if (lane == 0 && i + kStages < nstage) next_page = __ldg(table + b0 + i + kStages);
+      } else {
+        cp_async_wait<kStages - 2>();
+        if constexpr (kF8) f8_to_f16(i);
+        wgmma::fence_proxy_async();  // this thread's copies (or conversions), to the wgmma's reads
+        __syncthreads();  // stage i visible; every warp is done with stage i - 1 (and nk_s)
+        M3_PH_LAP(0);
+        if (i + kStages - 1 < nstage) load_stage(i + kStages - 1);
+        cp_async_commit();
+        next_page = i + kStages < nstage ? __ldg(table + b0 + i + kStages) : 0;
+      }
       M3_PH_LAP(1);
       const unsigned char* buf = stage_buf + (i % kStages) * kStageBytes;
       const uint32_t buf_u32 = smem_u32(buf);
@@ -348,6 +403,8 @@ __global__ void __launch_bounds__(kPThreads, 1) msa_indexer_prefill_kernel(Index
         bf[3][1] = r5[3];
       };
       // |k| of the keys of n-tile `warp`: the Gram diagonal (A rows 0..7 = the keys themselves).
+      // nk_s is double-buffered by stage parity: with one barrier per stage (TMA), a warp may write
+      // stage i + 1's part while another still reads stage i's.
       auto gram = [&] {
         float gr[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
@@ -367,7 +424,7 @@ __global__ void __launch_bounds__(kPThreads, 1) msa_indexer_prefill_kernel(Index
 #pragma unroll
         for (int off = 16; off > 0; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
         const bool any_bad = __any_sync(0xffffffffu, bad);
-        if (lane == 0) nk_s[warp] = any_bad ? INFINITY : __fmul_ru(sqrtf(mx), 1.001f);
+        if (lane == 0) nk_s[(i & 1) * kPWarps + warp] = any_bad ? INFINITY : __fmul_ru(sqrtf(mx), 1.001f);
         __syncwarp();
       };
       const bool need0 = loc_h[0] > blk, need1 = loc_h[1] > blk;
@@ -402,7 +459,7 @@ __global__ void __launch_bounds__(kPThreads, 1) msa_indexer_prefill_kernel(Index
       float nkmax = 0.0f;
 #pragma unroll
       for (int w = 0; w < kPWarps; w += 4) {
-        const float4 v = *reinterpret_cast<const float4*>(nk_s + w);
+        const float4 v = *reinterpret_cast<const float4*>(nk_s + (i & 1) * kPWarps + w);
         nkmax = fmaxf(nkmax, fmaxf(fmaxf(v.x, v.y), fmaxf(v.z, v.w)));  // inf stays inf
       }
       unsigned mask[2] = {0u, 0u};  // element 2 nt + e: key 8 nt + 2 cq + e
@@ -492,6 +549,18 @@ __global__ void __launch_bounds__(kPThreads, 1) msa_indexer_prefill_kernel(Index
         best[lane] = kKeyMinusInf;
       }
       __syncwarp();
+      if constexpr (kTma) {
+        // Done with stage i: the last of the 16 warps to say so refills its slot with stage i + kStages
+        // (every read of the slot, the wgmmas' included, is complete by now).
+        if (lane == 0) {
+          __threadfence_block();
+          const unsigned prev = atomicAdd(rel_s + (i % kStages), 1u);
+          if (prev % kPWarps == kPWarps - 1 && i + kStages < nstage) {
+            asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+            issue_stage(i + kStages, next_page);
+          }
+        }
+      }
       M3_PH_LAP(7);
       M3_PH_STAGE();
     }
@@ -513,14 +582,17 @@ __global__ void __launch_bounds__(kPThreads, 1) msa_indexer_prefill_kernel(Index
 }
 
 template <class KS>
-void launch_prefill_one(const IndexerArgs& a) {
+void launch_prefill_one(const IndexerArgs& a, int64_t key_slots) {
+  PrefillArgs pa{};
+  pa.a = a;
+  if constexpr (sizeof(KS) == 2) pa.keys = bf16_map_2d(a.keys, kDim, uint64_t(key_slots), kDim * 2, 64, kPBlockKeys);
   auto kernel = msa_indexer_prefill_kernel<KS>;
   constexpr size_t smem = PCfg<std::conditional_t<sizeof(KS) == 1, __half, KS>>::kBytes;
   M3_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
   const int G = a.group_tokens;
   // Groups of the slice: at most one partial group per sequence beyond the full ones.
   const int64_t groups = (int64_t(a.tok_end - a.tok_begin) + G - 1) / G + a.num_seqs;
-  kernel<<<dim3{unsigned(groups), unsigned(a.chunks)}, kPThreads, smem, current_stream()>>>(a);
+  kernel<<<dim3{unsigned(groups), unsigned(a.chunks)}, kPThreads, smem, current_stream()>>>(pa);
 }
 
 }  // namespace
@@ -529,9 +601,9 @@ bool prefill_kernel_takes(int bs, int heads) { return bs == kPBlockKeys && heads
 
 int prefill_group_tokens(int heads) { return kPRows / heads; }
 
-void launch_indexer_prefill(const IndexerArgs& a, bool fp8) {
-  if (fp8) launch_prefill_one<__nv_fp8_e4m3>(a);
-  else launch_prefill_one<__nv_bfloat16>(a);
+void launch_indexer_prefill(const IndexerArgs& a, bool fp8, int64_t key_slots) {
+  if (fp8) launch_prefill_one<__nv_fp8_e4m3>(a, key_slots);
+  else launch_prefill_one<__nv_bfloat16>(a, key_slots);
 }
 
 }  // namespace m3::cuda::msa_index

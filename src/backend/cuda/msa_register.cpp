@@ -132,7 +132,7 @@ void register_msa(ops::KernelTable& table) {
        "keys; 8-key blocks take the 128-row tiles; long contexts: the units taken from a counter per group shared "
        "by its CTAs), a CTA whose chunk holds <= 8 (row, block) pairs (small "
        "batches) computing every dot exactly with all its threads on each block; prefills with 128-key blocks: 256-row groups, a warp per 16 rows "
-       "and whole blocks, candidates within twice the block's bound of its approximate maximum; tensor-core "
+       "and whole blocks (BF16 keys by TMA, one CTA barrier per block), candidates within twice the block's bound of its approximate maximum; tensor-core "
        "approximate dots with a rigorous error bound, the reference's exact dot for the keys that can be a block's "
        "maximum (block scores bit-identical to the CPU), warp selection by ranks of the blocks that can make the "
        "top k (a threshold from each lane's two largest scores; radix passes under heavy ties), ties to the lower id",

@@ -204,6 +204,14 @@ TEST(MsaIndexerPlan, DecodeSpreadsThePagesAndPrefillTakesItsKernel) {
   EXPECT_EQ(pre.chunks, 4);
   EXPECT_FALSE(pre.fixed_scores);
   EXPECT_EQ(pre.launches, 1);
+  EXPECT_TRUE(pre.tma);  // BF16 key blocks by TMA; FP8 ones by cp.async (converted where they land)
+  EXPECT_EQ(cuda::msa_indexer_plan_text(pre).rfind("prefill kernel (a warp per 16 rows, whole blocks by TMA), 129 query groups", 0), 0u)
+      << cuda::msa_indexer_plan_text(pre);
+  const cuda::MsaIndexerPlan pre8 = cuda::msa_indexer_plan(index_shape(8192, 1, 8192, true), 132);
+  EXPECT_TRUE(pre8.prefill);
+  EXPECT_FALSE(pre8.tma);
+  EXPECT_NE(cuda::msa_indexer_plan_text(pre8).find("whole blocks by cp.async"), std::string::npos)
+      << cuda::msa_indexer_plan_text(pre8);
   // The sliced layout runs long prefills in several launches, the remainder first.
   const cuda::MsaIndexerPlan sliced =
       cuda::msa_indexer_plan(index_shape(8192, 1, 8192), 132, cuda::MsaIndexerLayout::kPrefillSliced);
