@@ -12,10 +12,42 @@
 #include <vector>
 
 #include "backend/cpu/cpu_backend.h"
+#include "backend/cpu/cpu_parallel.h"
 #include "backend/cpu/eligibility.h"
 
 namespace m3::cpu {
 namespace {
+
+// The sequence of each batch token, and the call's causal (token, key) pairs (the cost estimate
+// parallel_for weighs against starting threads).
+struct TokenSeqs {
+  std::vector<int> seq;
+  int64_t causal_keys = 0;
+};
+TokenSeqs token_seqs(const ops::AttentionMetadata& meta, int64_t num_tokens) {
+  TokenSeqs ts;
+  ts.seq.assign(size_t(num_tokens), 0);
+  for (int s = 0; s < meta.num_seqs; ++s) {
+    for (int t = meta.query_start[s]; t < meta.query_start[s + 1]; ++t) {
+      ts.seq[size_t(t)] = s;
+      ts.causal_keys += int64_t(meta.positions[t]) + 1;
+    }
+  }
+  return ts;
+}
+
+// fn(t, s) for every batch token t (of sequence s), one item per token on the host's threads; the
+// call's cost is its causal (token, key) pairs x per_key.
+template <class F>
+void for_each_token(const ops::AttentionMetadata& meta, int64_t num_tokens, int64_t per_key, F&& fn) {
+  if (meta.num_seqs == 0) return;
+  const TokenSeqs ts = token_seqs(meta, num_tokens);
+  parallel_for(num_tokens, ts.causal_keys * per_key, [&](int64_t ti) {
+    const int t = int(ti);
+    if (t < meta.query_start[0] || t >= meta.query_start[meta.num_seqs]) return;
+    fn(t, ts.seq[size_t(ti)]);
+  });
+}
 
 // Cache element -> fp32 (exact for every cache dtype).
 inline float load(const float* p, int64_t i) { return p[i]; }
@@ -41,53 +73,52 @@ void attention_ref(const TensorView& q, const TensorView& k_cache, const TensorV
   const KV* kc = k_cache.as<const KV>();
   const KV* vc = v_cache.as<const KV>();
   const int32_t* sel = selected.data ? selected.as<const int32_t>() : nullptr;
-  std::vector<float> scores;
-  std::vector<int64_t> slots;
-  std::vector<char> block_on;
-  for (int s = 0; s < meta.num_seqs; ++s) {
-    for (int t = meta.query_start[s]; t < meta.query_start[s + 1]; ++t) {
-      const int64_t pos = meta.positions[t];
-      for (int64_t g = 0; g < kv_heads; ++g) {
-        // Keys this KV group may see: causal, and (MSA) inside its selected blocks.
-        slots.clear();
-        if (sel) {
-          block_on.assign(size_t(pos / meta.block_size + 1), 0);
-          for (int i = 0; i < top_k; ++i) {
-            int32_t b = sel[(g * num_tokens + t) * top_k + i];
-            if (b >= 0 && b < int32_t(block_on.size())) block_on[size_t(b)] = 1;
-          }
+  // Per token: its outputs alone.
+  for_each_token(meta, num_tokens, q_heads * head_dim, [&](int t, int s) {
+    std::vector<float> scores;
+    std::vector<int64_t> slots;
+    std::vector<char> block_on;
+    const int64_t pos = meta.positions[t];
+    for (int64_t g = 0; g < kv_heads; ++g) {
+      // Keys this KV group may see: causal, and (MSA) inside its selected blocks.
+      slots.clear();
+      if (sel) {
+        block_on.assign(size_t(pos / meta.block_size + 1), 0);
+        for (int i = 0; i < top_k; ++i) {
+          int32_t b = sel[(g * num_tokens + t) * top_k + i];
+          if (b >= 0 && b < int32_t(block_on.size())) block_on[size_t(b)] = 1;
         }
-        for (int64_t j = 0; j <= pos; ++j) {
-          if (sel && !block_on[size_t(j / meta.block_size)]) continue;
-          slots.push_back(meta.slot_of(s, j));
+      }
+      for (int64_t j = 0; j <= pos; ++j) {
+        if (sel && !block_on[size_t(j / meta.block_size)]) continue;
+        slots.push_back(meta.slot_of(s, j));
+      }
+      for (int64_t hq = g * group; hq < (g + 1) * group; ++hq) {
+        const float* qv = q.as<const float>() + (int64_t(t) * q_heads + hq) * head_dim;
+        scores.resize(slots.size());
+        float max_score = -std::numeric_limits<float>::infinity();
+        for (size_t i = 0; i < slots.size(); ++i) {
+          const KV* kv = kc + (slots[i] * kv_heads + g) * head_dim;
+          float dot = 0.0f;
+          for (int64_t d = 0; d < head_dim; ++d) dot += qv[d] * load(kv, d);
+          scores[i] = dot * scale;
+          max_score = std::max(max_score, scores[i]);
         }
-        for (int64_t hq = g * group; hq < (g + 1) * group; ++hq) {
-          const float* qv = q.as<const float>() + (int64_t(t) * q_heads + hq) * head_dim;
-          scores.resize(slots.size());
-          float max_score = -std::numeric_limits<float>::infinity();
-          for (size_t i = 0; i < slots.size(); ++i) {
-            const KV* kv = kc + (slots[i] * kv_heads + g) * head_dim;
-            float dot = 0.0f;
-            for (int64_t d = 0; d < head_dim; ++d) dot += qv[d] * load(kv, d);
-            scores[i] = dot * scale;
-            max_score = std::max(max_score, scores[i]);
-          }
-          float denom = 0.0f;
-          for (float& sc : scores) {
-            sc = std::exp(sc - max_score);
-            denom += sc;
-          }
-          float* o = out.as<float>() + (int64_t(t) * q_heads + hq) * head_dim;
-          std::fill(o, o + head_dim, 0.0f);
-          for (size_t i = 0; i < slots.size(); ++i) {
-            const KV* vv = vc + (slots[i] * kv_heads + g) * head_dim;
-            const float p = scores[i] / denom;
-            for (int64_t d = 0; d < head_dim; ++d) o[d] += p * load(vv, d);
-          }
+        float denom = 0.0f;
+        for (float& sc : scores) {
+          sc = std::exp(sc - max_score);
+          denom += sc;
+        }
+        float* o = out.as<float>() + (int64_t(t) * q_heads + hq) * head_dim;
+        std::fill(o, o + head_dim, 0.0f);
+        for (size_t i = 0; i < slots.size(); ++i) {
+          const KV* vv = vc + (slots[i] * kv_heads + g) * head_dim;
+          const float p = scores[i] / denom;
+          for (int64_t d = 0; d < head_dim; ++d) o[d] += p * load(vv, d);
         }
       }
     }
-  }
+  });
 }
 
 // Block score = max over the block's keys at or before the query (causal cut before pooling;
@@ -101,41 +132,40 @@ void indexer_topk_ref(const TensorView& index_q, const TensorView& index_k_cache
   const int bs = params.block_size, top_k = params.top_k;
   const IK* ik = index_k_cache.as<const IK>();
   int32_t* out = selected.as<int32_t>();
-  std::vector<float> block_score;
-  std::vector<int32_t> order;
-  for (int s = 0; s < meta.num_seqs; ++s) {
-    for (int t = meta.query_start[s]; t < meta.query_start[s + 1]; ++t) {
-      const int64_t pos = meta.positions[t];
-      const int32_t num_blocks = int32_t(pos / bs + 1), local = num_blocks - 1;
-      for (int64_t h = 0; h < heads; ++h) {
-        int32_t* dst = out + (h * num_tokens + t) * top_k;
-        std::fill(dst, dst + top_k, -1);
-        if (num_blocks <= top_k) {  // every valid block fits: exactly dense causal attention
-          for (int32_t b = 0; b < num_blocks; ++b) dst[b] = b;
-          continue;
-        }
-        const float* qv = index_q.as<const float>() + (int64_t(t) * heads + h) * dim;
-        block_score.assign(size_t(local), -std::numeric_limits<float>::infinity());
-        for (int32_t b = 0; b < local; ++b) {  // earlier blocks are complete and fully in the past
-          for (int64_t j = int64_t(b) * bs; j < int64_t(b + 1) * bs; ++j) {
-            const IK* kv = ik + meta.slot_of(s, j) * dim;
-            float dot = 0.0f;
-            for (int64_t d = 0; d < dim; ++d) dot += qv[d] * load(kv, d);
-            block_score[size_t(b)] = std::max(block_score[size_t(b)], dot);
-          }
-        }
-        order.resize(size_t(local));
-        for (int32_t b = 0; b < local; ++b) order[size_t(b)] = b;
-        std::partial_sort(order.begin(), order.begin() + (top_k - 1), order.end(), [&](int32_t a, int32_t b) {
-          float sa = block_score[size_t(a)], sb = block_score[size_t(b)];
-          return sa > sb || (sa == sb && a < b);
-        });
-        std::copy(order.begin(), order.begin() + (top_k - 1), dst);
-        dst[top_k - 1] = local;
-        std::sort(dst, dst + top_k);
+  // Per token: its heads' selections alone.
+  for_each_token(meta, num_tokens, heads * dim, [&](int t, int s) {
+    std::vector<float> block_score;
+    std::vector<int32_t> order;
+    const int64_t pos = meta.positions[t];
+    const int32_t num_blocks = int32_t(pos / bs + 1), local = num_blocks - 1;
+    for (int64_t h = 0; h < heads; ++h) {
+      int32_t* dst = out + (h * num_tokens + t) * top_k;
+      std::fill(dst, dst + top_k, -1);
+      if (num_blocks <= top_k) {  // every valid block fits: exactly dense causal attention
+        for (int32_t b = 0; b < num_blocks; ++b) dst[b] = b;
+        continue;
       }
+      const float* qv = index_q.as<const float>() + (int64_t(t) * heads + h) * dim;
+      block_score.assign(size_t(local), -std::numeric_limits<float>::infinity());
+      for (int32_t b = 0; b < local; ++b) {  // earlier blocks are complete and fully in the past
+        for (int64_t j = int64_t(b) * bs; j < int64_t(b + 1) * bs; ++j) {
+          const IK* kv = ik + meta.slot_of(s, j) * dim;
+          float dot = 0.0f;
+          for (int64_t d = 0; d < dim; ++d) dot += qv[d] * load(kv, d);
+          block_score[size_t(b)] = std::max(block_score[size_t(b)], dot);
+        }
+      }
+      order.resize(size_t(local));
+      for (int32_t b = 0; b < local; ++b) order[size_t(b)] = b;
+      std::partial_sort(order.begin(), order.begin() + (top_k - 1), order.end(), [&](int32_t a, int32_t b) {
+        float sa = block_score[size_t(a)], sb = block_score[size_t(b)];
+        return sa > sb || (sa == sb && a < b);
+      });
+      std::copy(order.begin(), order.begin() + (top_k - 1), dst);
+      dst[top_k - 1] = local;
+      std::sort(dst, dst + top_k);
     }
-  }
+  });
 }
 
 void attention_cpu(const TensorView& q, const TensorView& k_cache, const TensorView& v_cache,

@@ -4,12 +4,14 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <numeric>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "backend/cpu/cpu_backend.h"
+#include "backend/cpu/cpu_parallel.h"
 
 namespace m3 {
 namespace {
@@ -256,6 +258,48 @@ TEST(Attention, SparseWithAllBlocksSelectedEqualsDense) {
       if (changed) EXPECT_GT(diff, 1e-4f) << t << " " << h;
       else EXPECT_EQ(diff, 0.0f) << t << " " << h;
     }
+}
+
+// The reference attention and indexer spread tokens over host threads past kParallelMinWork: the
+// bits must not depend on the thread count (the GPU parity tests compare against them).
+TEST(Attention, ThreadedReferenceGivesTheSameBitsAsOneThread) {
+  Fixture f;
+  std::mt19937 rng(7);
+  std::normal_distribution<float> nd;
+  const int len = 700, bs = 16, hq = 8, hkv = 2, d = 64, heads = 2, top_k = 6;
+  OneSeq seq(len, bs);
+  const int64_t slots = int64_t(seq.meta.max_blocks_per_seq) * bs;
+  // Work of one call: ~len^2 / 2 keys x hq x d = 125 M > kParallelMinWork, so it is threaded.
+  ASSERT_GT(int64_t(len) * (len + 1) / 2 * hq * d, cpu::kParallelMinWork);
+  std::vector<float> q(size_t(len * hq * d)), kc(size_t(slots * hkv * d)), vc(kc.size());
+  std::vector<float> iq(size_t(len * heads * d));
+  std::vector<uint16_t> ik(size_t(slots * d));
+  for (auto* v : {&q, &kc, &vc, &iq}) for (auto& e : *v) e = nd(rng);
+  for (auto& e : ik) e = f32_to_bf16(nd(rng));
+  const TensorView ikv{ik.data(), DType::kBF16, {slots, d}, Device::kCpu};
+  auto run = [&](int threads, std::vector<int32_t>& sel, std::vector<float>& dense, std::vector<float>& sparse) {
+    cpu::set_cpu_threads(threads);
+    sel.assign(size_t(heads * len * top_k), 7777);
+    dense.assign(q.size(), 0.0f);
+    sparse.assign(q.size(), 0.0f);
+    ops::indexer_topk(f.ctx, f32(iq, {len, heads, d}), ikv, seq.meta, ops::IndexerParams{bs, top_k},
+                      i32(sel, {heads, len, top_k}));
+    ops::attention(f.ctx, f32(q, {len, hq, d}), f32(kc, {slots, hkv, d}), f32(vc, {slots, hkv, d}), seq.meta,
+                   TensorView{}, 0, f32(dense, {len, hq, d}));
+    ops::attention(f.ctx, f32(q, {len, hq, d}), f32(kc, {slots, hkv, d}), f32(vc, {slots, hkv, d}), seq.meta,
+                   i32(sel, {hkv, len, top_k}), top_k, f32(sparse, {len, hq, d}));
+  };
+  std::vector<int32_t> sel1, sel4;
+  std::vector<float> dense1, sparse1, dense4, sparse4;
+  run(1, sel1, dense1, sparse1);
+  run(4, sel4, dense4, sparse4);
+  cpu::set_cpu_threads(0);
+  EXPECT_EQ(sel1, sel4);
+  EXPECT_EQ(std::count(sel1.begin(), sel1.end(), 7777), 0);
+  ASSERT_EQ(dense1.size(), dense4.size());
+  EXPECT_EQ(std::memcmp(dense1.data(), dense4.data(), dense1.size() * 4), 0);
+  EXPECT_EQ(std::memcmp(sparse1.data(), sparse4.data(), sparse1.size() * 4), 0);
+  EXPECT_NE(std::memcmp(dense1.data(), sparse1.data(), dense1.size() * 4), 0);  // the selection mattered
 }
 
 TEST(Dispatch, TraceRecordsEntryAndReasonAndNoKernelErrorListsReasons) {
