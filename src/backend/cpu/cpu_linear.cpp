@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "backend/cpu/cpu_backend.h"
+#include "backend/cpu/cpu_parallel.h"
 #include "backend/cpu/eligibility.h"
 
 namespace m3::cpu {
@@ -24,17 +25,18 @@ inline float dot_fixed_order(const float* x, const float* w, int64_t k) {
 }
 
 // Batch-invariant GEMM: blocked for cache reuse (a tile of weight rows is streamed against
-// every activation row), while each output element is one dot_fixed_order call.
+// every activation row), while each output element is one dot_fixed_order call. The weight tiles
+// are independent items over the host's threads (each output is the same dot at any count).
 void sgemm_xwt_invariant(const float* x, const float* w, float* y, int64_t m, int64_t n, int64_t k) {
   const int64_t tile_n = std::max<int64_t>(1, (int64_t(32) << 10) / std::max<int64_t>(1, k * 4));  // ~32 KiB of W
-  for (int64_t n0 = 0; n0 < n; n0 += tile_n) {
-    const int64_t n1 = std::min(n, n0 + tile_n);
+  parallel_for((n + tile_n - 1) / tile_n, m * n * k, [&](int64_t tile) {
+    const int64_t n0 = tile * tile_n, n1 = std::min(n, n0 + tile_n);
     for (int64_t r = 0; r < m; ++r) {
       const float* xr = x + r * k;
       float* yr = y + r * n;
       for (int64_t c = n0; c < n1; ++c) yr[c] = dot_fixed_order(xr, w + c * k, k);
     }
-  }
+  });
 }
 
 }  // namespace

@@ -302,6 +302,27 @@ TEST(Attention, ThreadedReferenceGivesTheSameBitsAsOneThread) {
   EXPECT_NE(std::memcmp(dense1.data(), sparse1.data(), dense1.size() * 4), 0);  // the selection mattered
 }
 
+// The batch-invariant CPU GEMM spreads its weight tiles over host threads: the bits must not depend
+// on the thread count, nor a row's on the rows around it.
+TEST(Linear, ThreadedInvariantGemmGivesTheSameBitsAsOneThreadAndOneRow) {
+  std::mt19937 rng(3);
+  std::normal_distribution<float> nd;
+  const int64_t m = 48, n = 2048, k = 1024;
+  ASSERT_GT(m * n * k, cpu::kParallelMinWork);
+  std::vector<float> x(size_t(m * k)), w(size_t(n * k)), y1(size_t(m * n)), y4(y1.size()), row(static_cast<size_t>(n));
+  for (auto* v : {&x, &w}) for (auto& e : *v) e = nd(rng);
+  cpu::set_cpu_threads(1);
+  cpu::sgemm_xwt(x.data(), w.data(), y1.data(), m, n, k, true);
+  cpu::set_cpu_threads(4);
+  cpu::sgemm_xwt(x.data(), w.data(), y4.data(), m, n, k, true);
+  EXPECT_EQ(std::memcmp(y1.data(), y4.data(), y1.size() * 4), 0);
+  for (int64_t r : {int64_t(0), int64_t(17), m - 1}) {
+    cpu::sgemm_xwt(x.data() + r * k, w.data(), row.data(), 1, n, k, true);
+    EXPECT_EQ(std::memcmp(row.data(), y4.data() + r * n, size_t(n) * 4), 0) << r;
+  }
+  cpu::set_cpu_threads(0);
+}
+
 TEST(Dispatch, TraceRecordsEntryAndReasonAndNoKernelErrorListsReasons) {
   Fixture f;
   std::vector<float> x(8, 1.0f), w(4, 0.0f), y(8);
