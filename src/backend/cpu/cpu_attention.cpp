@@ -18,34 +18,20 @@
 namespace m3::cpu {
 namespace {
 
-// The sequence of each batch token, and the call's causal (token, key) pairs (the cost estimate
-// parallel_for weighs against starting threads).
-struct TokenSeqs {
-  std::vector<int> seq;
-  int64_t causal_keys = 0;
-};
-TokenSeqs token_seqs(const ops::AttentionMetadata& meta, int64_t num_tokens) {
-  TokenSeqs ts;
-  ts.seq.assign(size_t(num_tokens), 0);
-  for (int s = 0; s < meta.num_seqs; ++s) {
-    for (int t = meta.query_start[s]; t < meta.query_start[s + 1]; ++t) {
-      ts.seq[size_t(t)] = s;
-      ts.causal_keys += int64_t(meta.positions[t]) + 1;
-    }
-  }
-  return ts;
-}
-
-// fn(t, s) for every batch token t (of sequence s), one item per token on the host's threads; the
+// fn(t, s) for every batch token t of a sequence s, one item per token on the host's threads; the
 // call's cost is its causal (token, key) pairs x per_key.
 template <class F>
-void for_each_token(const ops::AttentionMetadata& meta, int64_t num_tokens, int64_t per_key, F&& fn) {
+void for_each_token(const ops::AttentionMetadata& meta, int64_t per_key, F&& fn) {
   if (meta.num_seqs == 0) return;
-  const TokenSeqs ts = token_seqs(meta, num_tokens);
-  parallel_for(num_tokens, ts.causal_keys * per_key, [&](int64_t ti) {
-    const int t = int(ti);
-    if (t < meta.query_start[0] || t >= meta.query_start[meta.num_seqs]) return;
-    fn(t, ts.seq[size_t(ti)]);
+  const int* const qs = meta.query_start;
+  const int first = qs[0], last = qs[meta.num_seqs];
+  int64_t causal_keys = 0;
+  for (int t = first; t < last; ++t) causal_keys += int64_t(meta.positions[t]) + 1;
+  parallel_for(last - first, causal_keys * per_key, [&](int64_t i) {
+    const int t = first + int(i);
+    // The last sequence starting at or before t (empty sequences share their start with the next).
+    const int s = int(std::upper_bound(qs, qs + meta.num_seqs + 1, t) - qs) - 1;
+    fn(t, s);
   });
 }
 
@@ -74,10 +60,10 @@ void attention_ref(const TensorView& q, const TensorView& k_cache, const TensorV
   const KV* vc = v_cache.as<const KV>();
   const int32_t* sel = selected.data ? selected.as<const int32_t>() : nullptr;
   // Per token: its outputs alone.
-  for_each_token(meta, num_tokens, q_heads * head_dim, [&](int t, int s) {
-    std::vector<float> scores;
-    std::vector<int64_t> slots;
-    std::vector<char> block_on;
+  for_each_token(meta, q_heads * head_dim, [&](int t, int s) {
+    thread_local std::vector<float> scores;  // scratch kept across a thread's tokens
+    thread_local std::vector<int64_t> slots;
+    thread_local std::vector<char> block_on;
     const int64_t pos = meta.positions[t];
     for (int64_t g = 0; g < kv_heads; ++g) {
       // Keys this KV group may see: causal, and (MSA) inside its selected blocks.
@@ -133,9 +119,9 @@ void indexer_topk_ref(const TensorView& index_q, const TensorView& index_k_cache
   const IK* ik = index_k_cache.as<const IK>();
   int32_t* out = selected.as<int32_t>();
   // Per token: its heads' selections alone.
-  for_each_token(meta, num_tokens, heads * dim, [&](int t, int s) {
-    std::vector<float> block_score;
-    std::vector<int32_t> order;
+  for_each_token(meta, heads * dim, [&](int t, int s) {
+    thread_local std::vector<float> block_score;  // scratch kept across a thread's tokens
+    thread_local std::vector<int32_t> order;
     const int64_t pos = meta.positions[t];
     const int32_t num_blocks = int32_t(pos / bs + 1), local = num_blocks - 1;
     for (int64_t h = 0; h < heads; ++h) {
