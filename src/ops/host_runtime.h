@@ -4,7 +4,8 @@
 
 namespace m3::ops {
 
-// One process-wide instance; stateless apart from the allocations it hands out.
+// One process-wide instance; stateless apart from the allocations it hands out. Its memory comes
+// zeroed, and large buffers stay untouched (no pages) until written.
 BackendRuntime* host_runtime();
 
 }  // namespace m3::ops
