@@ -5,8 +5,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
-#include <thread>
-#include <vector>
+#include <functional>
 
 namespace m3::cpu {
 
@@ -16,8 +15,14 @@ namespace m3::cpu {
 int cpu_threads();
 void set_cpu_threads(int n);
 
-// Calls below this many inner-loop steps run on the calling thread: starting threads costs more.
-constexpr int64_t kParallelMinWork = int64_t(1) << 22;
+// Calls below this many inner-loop steps run on the calling thread: waking the pool costs more.
+constexpr int64_t kParallelMinWork = int64_t(1) << 21;
+
+// body() on `threads` threads at once (the caller's among them), returning when every one has.
+// Workers are kept between calls (a decode step makes dozens of calls: starting threads for each
+// cost more than the work of most). A call made while the pool serves another caller (tensor
+// parallel ranks are threads of one process) or from inside a body starts threads of its own.
+void run_on_threads(int threads, const std::function<void()>& body);
 
 // fn(i) for every i in [0, n), items taken one at a time from a shared counter (causal rows
 // differ in cost); `work` is the call's total inner-loop steps, roughly.
@@ -29,14 +34,9 @@ void parallel_for(int64_t n, int64_t work, F&& fn) {
     return;
   }
   std::atomic<int64_t> next{0};
-  auto run = [&] {
+  run_on_threads(threads, [&] {
     for (int64_t i = next.fetch_add(1, std::memory_order_relaxed); i < n; i = next.fetch_add(1, std::memory_order_relaxed)) fn(i);
-  };
-  std::vector<std::thread> pool;
-  pool.reserve(size_t(threads - 1));
-  for (int t = 1; t < threads; ++t) pool.emplace_back(run);
-  run();
-  for (auto& th : pool) th.join();
+  });
 }
 
 }  // namespace m3::cpu

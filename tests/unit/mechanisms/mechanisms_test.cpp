@@ -9,6 +9,7 @@
 #include <numeric>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "backend/cpu/cpu_backend.h"
@@ -323,6 +324,29 @@ TEST(Linear, ThreadedInvariantGemmGivesTheSameBitsAsOneThreadAndOneRow) {
   for (int64_t r : {int64_t(0), int64_t(17), m - 1}) {
     cpu::sgemm_xwt(x.data() + r * k, w.data(), row.data(), 1, n, k, true);
     EXPECT_EQ(std::memcmp(row.data(), y4.data() + r * n, size_t(n) * 4), 0) << r;
+  }
+  cpu::set_cpu_threads(0);
+}
+
+// The CPU kernels' thread pool: every item once, from two callers at once (tensor-parallel ranks
+// are threads of one process) and from inside an item (a nested call must not wait on its own pool).
+TEST(Parallel, EveryItemOnceWithConcurrentAndNestedCalls) {
+  cpu::set_cpu_threads(4);
+  constexpr int64_t kOuter = 64, kInner = 32;
+  auto fill = [&](std::vector<std::atomic<int>>& hits) {
+    cpu::parallel_for(kOuter, cpu::kParallelMinWork, [&](int64_t i) {
+      cpu::parallel_for(kInner, cpu::kParallelMinWork, [&](int64_t j) { hits[size_t(i * kInner + j)].fetch_add(1); });
+    });
+  };
+  for (int round = 0; round < 20; ++round) {
+    std::vector<std::atomic<int>> a(kOuter * kInner), b(kOuter * kInner);
+    std::thread other([&] { fill(b); });
+    fill(a);
+    other.join();
+    for (size_t i = 0; i < a.size(); ++i) {
+      ASSERT_EQ(a[i].load(), 1) << "round " << round << " item " << i;
+      ASSERT_EQ(b[i].load(), 1) << "round " << round << " item " << i;
+    }
   }
   cpu::set_cpu_threads(0);
 }
