@@ -30,7 +30,6 @@
 #include "backend/cuda/msa.h"
 #include "backend/cuda/msa_common.cuh"
 #include "backend/cuda/msa_dense_tiles.cuh"
-#include "backend/cuda/tensor_map.h"
 #include "backend/cuda/tma.cuh"
 #include "backend/cuda/wgmma.cuh"
 
@@ -79,11 +78,7 @@ __device__ __forceinline__ float ex2(float x) {
   return y;
 }
 
-// The kernel's parameter: the shared tiling arguments and the K and V caches as TMA tensors.
-struct FaArgs {
-  CUtensorMap map_k, map_v;  // [slots][kv_heads][128] bf16, boxes of 64 dims x 128 keys
-  DenseArgs d;
-};
+using FaArgs = msa::DenseTmaArgs;
 
 template <int kStages>
 struct Bars {
@@ -369,13 +364,7 @@ __global__ void __launch_bounds__(kThreads, 1) msa_dense_fa_kernel(const __grid_
 void launch_msa_attention_dense_prefill_fast(const TensorView& q, const TensorView& k_cache, const TensorView& v_cache,
                                              const ops::AttentionMetadata& meta, const TensorView& out) {
   if (!msa::dense_prefill_takes(q, k_cache, v_cache, meta, out)) return;
-  FaArgs fa{};
-  fa.d = msa::dense_args(q, k_cache, v_cache, meta, out);
-  if (meta.block_size >= kUnitKeys) {
-    // [slots][kv_heads][128] as (dims, head, slot), boxes of 64 dims x 1 head x 128 keys.
-    fa.map_k = bf16_map_3d(k_cache.data, kHeadDim, uint64_t(k_cache.shape[1]), uint64_t(k_cache.shape[0]), 64, kUnitKeys);
-    fa.map_v = bf16_map_3d(v_cache.data, kHeadDim, uint64_t(v_cache.shape[1]), uint64_t(v_cache.shape[0]), 64, kUnitKeys);
-  }
+  const FaArgs fa = msa::dense_tma_args(q, k_cache, v_cache, meta, out);
   const auto kernel = msa_dense_fa_kernel<kDenseFaStages>;
   constexpr size_t smem = Layout<kDenseFaStages>::kSmem;
   M3_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));

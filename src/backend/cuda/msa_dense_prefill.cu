@@ -31,7 +31,9 @@
 #include "backend/cuda/cuda_internal.h"
 #include "backend/cuda/msa.h"
 #include "backend/cuda/msa_common.cuh"
+#include "backend/cuda/mma_operands.cuh"
 #include "backend/cuda/msa_dense_tiles.cuh"
+#include "backend/cuda/tma.cuh"
 #include "backend/cuda/wgmma.cuh"
 
 namespace m3::cuda {
@@ -62,10 +64,12 @@ constexpr size_t kQlOff = kQhOff + size_t(kRows) * 256;   // Q lo
 constexpr size_t kOnesOff = kQlOff + size_t(kRows) * 256; // 8 rows x 128 B of bf16 ones
 constexpr size_t kPosOff = kOnesOff + 1024;               // positions of the CTA's tokens
 constexpr size_t kTileOff = kPosOff + size_t(kRows) * 4;  // (sequence, first token, tokens)
-constexpr size_t kSmem = kTileOff + 16 + 1024;            // + 1024: base alignment
+constexpr size_t kBarOff = kTileOff + 16;                 // 2 mbarriers: a stage's K and V by TMA
+constexpr size_t kSmem = kBarOff + 16 + 1024;             // + 1024: base alignment
 static_assert(kSmem <= 232448, "shared memory");
 
-__global__ void __launch_bounds__(kThreads, 1) msa_dense_prefill_kernel(DenseArgs a) {
+__global__ void __launch_bounds__(kThreads, 1) msa_dense_prefill_kernel(const __grid_constant__ msa::DenseTmaArgs ta) {
+  const DenseArgs& a = ta.d;
   extern __shared__ unsigned char smem_raw[];
   // Aligned through an integer, so the compiler accesses this buffer by generic LD / ST: the
   // LDS form (wgmma::align_1024) measured 2-3 % slower for this kernel (thirty-fifth session).
@@ -73,11 +77,17 @@ __global__ void __launch_bounds__(kThreads, 1) msa_dense_prefill_kernel(DenseArg
       reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
   int* const pos_s = reinterpret_cast<int*>(smem + kPosOff);
   int* const tile_s = reinterpret_cast<int*>(smem + kTileOff);
+  const uint32_t bar0 = smem_u32(smem + kBarOff);  // + 8 for stage 1
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, gq = lane >> 2, cq = lane & 3;
   const int g = int(blockIdx.x % unsigned(a.kv_heads));
   if (warp == 0) {
     const bool ok = msa::find_dense_tile(a, int(blockIdx.x / unsigned(a.kv_heads)), tile_s);
     if (lane == 0 && !ok) tile_s[2] = 0;
+  }
+  if (tid == 32) {
+    mma_ops::mbar_init(bar0, 1);
+    mma_ops::mbar_init(bar0 + 8, 1);
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
   __syncthreads();
   const int T = tile_s[2];
@@ -104,16 +114,35 @@ __global__ void __launch_bounds__(kThreads, 1) msa_dense_prefill_kernel(DenseArg
   const int32_t* table = a.block_tables + int64_t(s) * a.max_blocks;
   const int bs = 1 << a.bs_shift;
 
-  // Unit u's K and V into stage u % 2: thread (row r0 = tid / 16, 16-byte column ch) copies rows
-  // r0 + 16 it (keys past pos_max zero-filled; masked anyway). Pages of >= 128 keys hold whole
-  // units: one page lookup, the rows a fixed stride apart.
+  // Unit u's K and V into stage u % 2. Units that lie whole in the causal prefix of pages of >= 128
+  // keys (a prefix of the units: all but the CTA's last, mostly) by TMA: thread 0 issues K and V as
+  // two 64-dim boxes each, on the stage's mbarrier (phase u / 2: every earlier unit of the stage
+  // came the same way). Others by cp.async: thread (row r0 = tid / 16, 16-byte column ch) copies
+  // rows r0 + 16 it, keys past pos_max zero-filled (masked anyway, and zeros keep stale V rows, which
+  // may hold NaN, out of P.V); pages of >= 128 keys hold whole units: one page lookup, the rows a
+  // fixed stride apart.
+  const int n_tma = bs >= kUnitKeys ? (pos_max + 1) / kUnitKeys : 0;
   const int ld_ch = tid & 15, ld_r0 = tid >> 4;
   const uint32_t ld_so = msa::sw128_off(ld_r0, ld_ch, kUnitKeys);  // + 2 KB per 16 rows (the swizzle repeats every 8)
   const uint32_t ld_step = uint32_t(16 * a.kv_heads * kHeadDim);  // elements between a thread's rows
   auto load_unit = [&](int u) {
+    const int kb = u * kUnitKeys;
+    if (u < n_tma) {
+      if (tid == 0) {
+        const uint32_t bar = bar0 + 8u * uint32_t(u & 1);
+        const uint32_t kt = smem_u32(smem + kKOff + size_t(u & 1) * kStage);
+        const uint32_t vt = smem_u32(smem + kVOff + size_t(u & 1) * kStage);
+        const int slot0 = int(__ldg(table + (kb >> a.bs_shift))) * bs + (kb & (bs - 1));
+        tma::arrive_expect_tx(bar, uint32_t(2 * kStage));
+        tma::load_3d(kt, &ta.map_k, 0, g, slot0, bar);
+        tma::load_3d(kt + uint32_t(kStage / 2), &ta.map_k, 64, g, slot0, bar);
+        tma::load_3d(vt, &ta.map_v, 0, g, slot0, bar);
+        tma::load_3d(vt + uint32_t(kStage / 2), &ta.map_v, 64, g, slot0, bar);
+      }
+      return;
+    }
     const uint32_t kd = smem_u32(smem + kKOff + size_t(u & 1) * kStage) + ld_so;
     const uint32_t vd = smem_u32(smem + kVOff + size_t(u & 1) * kStage) + ld_so;
-    const int kb = u * kUnitKeys;
     if (bs >= kUnitKeys) {
       const int64_t slot0 = int64_t(__ldg(table + (kb >> a.bs_shift))) * bs + (kb & (bs - 1)) + ld_r0;
       const int64_t e0 = (slot0 * a.kv_heads + g) * kHeadDim + ld_ch * 8;
@@ -155,8 +184,12 @@ __global__ void __launch_bounds__(kThreads, 1) msa_dense_prefill_kernel(DenseArg
 
 #pragma unroll 1
   for (int u = 0; u < n_units; ++u) {
-    cp_async_wait<0>();
-    wgmma::fence_proxy_async();
+    if (u < n_tma) {
+      mma_ops::mbar_wait(bar0 + 8u * uint32_t(u & 1), uint32_t((u >> 1) & 1));
+    } else {
+      cp_async_wait<0>();
+      wgmma::fence_proxy_async();
+    }
     __syncthreads();  // unit u's K and V are in; every warpgroup is done with unit u - 1 (its stage)
     const int kb = u * kUnitKeys;
     const uint32_t k_tile = smem_u32(smem + kKOff + size_t(u & 1) * kStage);
@@ -282,10 +315,10 @@ namespace {
 void dense_prefill(const TensorView& q, const TensorView& k_cache, const TensorView& v_cache,
                    const ops::AttentionMetadata& meta, const TensorView& out) {
   if (!msa::dense_prefill_takes(q, k_cache, v_cache, meta, out)) return;
-  const DenseArgs a = msa::dense_args(q, k_cache, v_cache, meta, out);
+  const msa::DenseTmaArgs ta = msa::dense_tma_args(q, k_cache, v_cache, meta, out);
   const auto kernel = msa_dense_prefill_kernel;
   M3_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmem)));
-  launch_kernel(kernel, dim3(msa::dense_ctas(a, q.shape[0])), dim3(kThreads), kSmem, true, a);
+  launch_kernel(kernel, dim3(msa::dense_ctas(ta.d, q.shape[0])), dim3(kThreads), kSmem, true, ta);
 }
 
 }  // namespace

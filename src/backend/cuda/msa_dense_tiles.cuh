@@ -11,6 +11,7 @@
 #include "backend/cuda/cuda_internal.h"
 #include "backend/cuda/msa.h"
 #include "backend/cuda/msa_common.cuh"
+#include "backend/cuda/tensor_map.h"
 
 namespace m3::cuda::msa {
 
@@ -65,6 +66,25 @@ inline DenseArgs dense_args(const TensorView& q, const TensorView& k_cache, cons
   a.tile_tokens = kDenseRows / a.group;
   a.scale_log2 = float(1.4426950408889634 / std::sqrt(double(kHeadDim)));
   return a;
+}
+
+// The kernels' parameter: the tiling arguments and, for pages of >= 128 keys, the K and V caches
+// as TMA tensors ([slots][kv_heads][128] bf16 as (dims, head, slot), boxes of 64 dims x 1 head x
+// 128 keys, 128-byte swizzled: the tiles' layout), for the units that lie whole in the causal prefix.
+struct DenseTmaArgs {
+  CUtensorMap map_k, map_v;
+  DenseArgs d;
+};
+
+inline DenseTmaArgs dense_tma_args(const TensorView& q, const TensorView& k_cache, const TensorView& v_cache,
+                                   const ops::AttentionMetadata& meta, const TensorView& out) {
+  DenseTmaArgs t{};
+  t.d = dense_args(q, k_cache, v_cache, meta, out);
+  if (meta.block_size >= kUnitKeys) {
+    t.map_k = bf16_map_3d(k_cache.data, kHeadDim, uint64_t(k_cache.shape[1]), uint64_t(k_cache.shape[0]), 64, kUnitKeys);
+    t.map_v = bf16_map_3d(v_cache.data, kHeadDim, uint64_t(v_cache.shape[1]), uint64_t(v_cache.shape[0]), 64, kUnitKeys);
+  }
+  return t;
 }
 
 // CTAs to launch: tiles at most (every sequence's last run may be partial) x KV groups.
