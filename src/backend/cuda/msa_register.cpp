@@ -161,7 +161,8 @@ void register_msa(ops::KernelTable& table) {
       {kDensePrefillName,
        "device BF16 KV cache, head_dim 128, dense (causal), >= 64 query tokens averaging >= 64 per "
        "sequence (a prefill), <= 64 query heads per KV head, pages a power of two; 128 rows "
-       "(the query heads of a KV group x consecutive tokens) per CTA share each 128-key K/V unit, two warpgroups on "
+       "(the query heads of a KV group x consecutive tokens) per CTA share each 128-key K/V unit (by TMA where it lies "
+       "whole in the causal prefix of pages of >= 128 keys), two warpgroups on "
        "wgmma (S over all 128 keys with Q from shared memory, P.V per half of the dims with V read transposed by its "
        "descriptor; one warpgroup's softmax under the other's S), "
        "canonical unit partials folded in registers (bit-identical to the query-major entry: batch-invariant)",
