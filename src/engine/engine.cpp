@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <climits>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -999,7 +1001,11 @@ Result<std::unique_ptr<Engine>> Engine::create(const EngineConfig& config) {
   // EAGLE-3: the draft layer's K/V of a page, kept beside the target's (same block ids).
   const int64_t page_bytes =
       target_page_bytes + (eagle3 ? Eagle3KvCache::bytes_per_block(ranks[0]->draft.model->config(), bs, kv_dtype) : 0);
-  int32_t num_blocks = config.num_kv_blocks > 0 ? config.num_kv_blocks : int32_t(config.kv_cache_memory_bytes / page_bytes);
+  const int64_t blocks_wanted = config.num_kv_blocks > 0 ? config.num_kv_blocks : config.kv_cache_memory_bytes / page_bytes;
+  if (blocks_wanted > INT32_MAX)
+    return Status::error("a KV cache of " + std::to_string(config.kv_cache_memory_bytes) + " bytes is " +
+                         std::to_string(blocks_wanted) + " blocks, more than 2^31 - 1: lower --kv-cache-memory");
+  int32_t num_blocks = int32_t(blocks_wanted);
   if (num_blocks < 1) return Status::error("KV cache budget too small for one page (" + std::to_string(page_bytes) + " bytes)");
   int32_t max_len = config.max_model_len > 0 ? config.max_model_len
                                              : int32_t(std::min<int64_t>(c.max_position_embeddings, int64_t(num_blocks) * bs));
@@ -1067,6 +1073,24 @@ Result<std::unique_ptr<Engine>> Engine::create(const EngineConfig& config) {
   }
   if (config.max_num_batched_tokens < 1 || config.max_num_seqs < 1)
     return Status::error("max_num_batched_tokens and max_num_seqs must be >= 1");
+  // Host memory is mapped lazily (pages appear as they are written), so a CPU KV cache larger than
+  // the memory the host has would be killed mid-run, not at start: refuse it here, naming the flags.
+  if (rt->device() == Device::kCpu) {
+    const double pool = double(num_blocks) * double(page_bytes) * tp, tier = double(kc.num_host_blocks) * double(page_bytes) * tp;
+    const double avail = double(rt->free_memory_bytes());
+    if (pool + tier > avail) {
+      auto gib = [](double b) {
+        char buf[32];
+        std::snprintf(buf, sizeof buf, "%.2f GiB", b / double(1 << 30));
+        return std::string(buf);
+      };
+      return Status::error("the KV cache (" + std::to_string(num_blocks) + " blocks of " + std::to_string(page_bytes) +
+                           " bytes" + (tp > 1 ? " on each of " + std::to_string(tp) + " ranks" : std::string()) + ": " +
+                           gib(pool) + (tier > 0 ? ", + " + gib(tier) + " of KV offloading" : std::string()) +
+                           ") does not fit the host's available memory (" + gib(avail) +
+                           "): lower --kv-cache-memory (or --num-gpu-blocks-override, --kv-offloading-size)");
+    }
+  }
   try {
     for (int r = 0; r < tp; ++r) {
       Rank& k = *ranks[size_t(r)];

@@ -1,6 +1,7 @@
 #include "ops/host_runtime.h"
 
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <mutex>
 #include <unordered_map>
@@ -81,7 +82,17 @@ class HostRuntime final : public BackendRuntime {
     std::lock_guard<std::mutex> lock(mu_);
     events_.clear();
   }
+  // The kernel's estimate of what can be allocated without swapping (MemAvailable: free pages and
+  // reclaimable caches); free pages alone where /proc/meminfo lacks it.
   size_t free_memory_bytes() const override {
+    if (FILE* f = std::fopen("/proc/meminfo", "r")) {
+      char line[256];
+      unsigned long long kb = 0;
+      bool found = false;
+      while (!found && std::fgets(line, sizeof line, f)) found = std::sscanf(line, "MemAvailable: %llu kB", &kb) == 1;
+      std::fclose(f);
+      if (found) return size_t(kb) * 1024;
+    }
     return size_t(sysconf(_SC_AVPHYS_PAGES)) * size_t(sysconf(_SC_PAGESIZE));
   }
   size_t total_memory_bytes() const override { return size_t(sysconf(_SC_PHYS_PAGES)) * size_t(sysconf(_SC_PAGESIZE)); }

@@ -384,6 +384,18 @@ TEST(Engine, RejectsBadRequestsWithClearErrors) {
   EXPECT_NE(bad_t.error().find("temperature"), std::string::npos);
 }
 
+// Host memory is mapped lazily, so a CPU KV cache beyond the host's memory must be refused when the
+// engine starts (naming the flag), not found by the OOM killer mid-run.
+TEST(Engine, RefusesACpuKvCacheBeyondTheHostsMemory) {
+  EngineConfig cfg;
+  cfg.model_dir = tiny_dir();
+  cfg.kv_cache_memory_bytes = int64_t(1) << 40;  // 1 TiB
+  auto engine = Engine::create(cfg);
+  ASSERT_FALSE(engine.is_ok());
+  EXPECT_NE(engine.error().find("does not fit the host's available memory"), std::string::npos) << engine.error();
+  EXPECT_NE(engine.error().find("--kv-cache-memory"), std::string::npos) << engine.error();
+}
+
 TEST(Engine, SeededSamplingIsReproducibleAndLogprobsReported) {
   EngineConfig cfg;
   cfg.model_dir = tiny_dir();
