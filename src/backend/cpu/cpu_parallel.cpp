@@ -48,11 +48,7 @@ class Pool {
     const int helpers = threads - 1;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      while (int(workers_.size()) < helpers) {
-        const int index = int(workers_.size());
-        workers_.emplace_back([this, index] { work(index); });
-        workers_.back().detach();
-      }
+      for (; workers_ < helpers; ++workers_) std::thread([this, index = workers_] { work(index); }).detach();
       body_ = &body;
       helpers_ = helpers;
       pending_ = helpers;
@@ -85,7 +81,7 @@ class Pool {
   std::mutex owner_;  // one caller at a time
   std::mutex mu_;
   std::condition_variable wake_, done_;
-  std::vector<std::thread> workers_;
+  int workers_ = 0;  // started so far (detached: they sleep between calls and live until exit)
   const std::function<void()>* body_ = nullptr;
   uint64_t generation_ = 0;
   int helpers_ = 0, pending_ = 0;
