@@ -500,8 +500,21 @@ struct W16Args {
   const int* num_items;
   Act act;
   Group g;
+  // Per-item arrivals between the two projections, counted in items[i].w (the routing writes it
+  // 0): a gate_up CTA (arrive) adds one once its h columns are written, and a down CTA waits for
+  // its own item's item_tiles arrivals instead of for the whole gate_up grid (0: pdl_wait), so
+  // the items gate_up finished early start their down projection during its last wave.
+  int arrive;
+  int item_tiles;
 };
 
+
+// A counter another CTA releases (fence, then atomic): loads after this one see what it wrote.
+__device__ __forceinline__ int ld_acquire_gpu(const int* p) {
+  int v;
+  asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
 
 __device__ __forceinline__ void mma_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
   asm volatile(
@@ -536,8 +549,13 @@ __device__ __forceinline__ void w8a16_body(const W16Args& a) {
   const int e = item.x, r0 = item.y, nrows = item.z - item.y;
   const int n = a.g.n[e], K = a.g.k[e];
   const int col0 = int(blockIdx.y) * (kFused ? 8 * kWarps : 16 * kWarps);
-  if (col0 >= n) return;  // whole CTA: this expert is narrower than the widest one
   const int tid = int(threadIdx.x), warp = tid >> 5, lane = tid & 31, g = lane >> 2, tig = lane & 3;
+  // items[i].w as the item's arrival counter (the x, y, z the kernels read never change here).
+  int* const arrivals = const_cast<int*>(reinterpret_cast<const int*>(a.items + blockIdx.x)) + 3;
+  if (col0 >= n) {  // whole CTA: this expert is narrower than the widest one (it still arrives)
+    if (kFused && a.arrive && tid == 0) atomicAdd(arrivals, 1);
+    return;
+  }
   const int row_lo = kFused ? col0 + 8 * warp + g : col0 + 16 * warp + g;
   const int row_hi = kFused ? row_lo : row_lo + 8;
   const Mat m_lo = a.g.a[e];
@@ -710,8 +728,16 @@ __device__ __forceinline__ void w8a16_body(const W16Args& a) {
   }
 
   // Items, weights and scales come from before the previous kernel; its output (the activation
-  // rows, for the down projection) only after this.
-  pdl_wait();
+  // rows, for the down projection) only after this: the whole grid, or this item's gate_up CTAs
+  // (their fence and arrival before, this acquire and barrier after; h is read through L2).
+  if (!kFused && a.item_tiles > 0) {
+    if (tid == 0) {
+      while (ld_acquire_gpu(arrivals) < a.item_tiles) __nanosleep(128);
+    }
+    __syncthreads();
+  } else {
+    pdl_wait();
+  }
   for (int s = 0; s < kXStages - 1; ++s) {
     if (s < nst) {
       if constexpr (kDeep > 0) {
@@ -781,6 +807,11 @@ __device__ __forceinline__ void w8a16_body(const W16Args& a) {
         y[8] = acc[j][2 + cc] * fr_hi * tok * a.out_mul;
       }
     }
+  }
+  if (kFused && a.arrive) {
+    __threadfence();  // this thread's h stores, before the CTA's arrival
+    __syncthreads();
+    if (tid == 0) atomicAdd(arrivals, 1);
   }
 }
 
@@ -1710,7 +1741,8 @@ std::string plan_text(const GemmPlan& p) {
                            : "per item a 16-token tile with a " + n(p.stages) +
                                  "-stage shared-memory weight ring (<= 16 rows) or a 64-token tile with weights in registers";
     s += "; gate+up: CTAs of " + n(p.threads / 32) + " warps over " + n(p.gu_cols) + " columns, " + n(p.gu_col_tiles) +
-         " per item; down: " + n(p.dn_cols) + " columns, " + n(p.dn_col_tiles) + " per item";
+         " per item; down: " + n(p.dn_cols) + " columns, " + n(p.dn_col_tiles) +
+         " per item, each CTA starting once its item's gate+up CTAs have arrived";
   } else {
     s = std::string(p.path == Path::kW8A8 ? "W8A8 wgmma e4m3" : "W8A16 wgmma f16") + ", items of <= " + n(p.rows_per_item) +
         " rows, persistent CTAs (a producer and two consumer warpgroups) taking the tiles in order from a counter, " +
@@ -1844,11 +1876,16 @@ void run(const TensorView& x, const TensorView& expert_ids, const TensorView& ex
       dn.tile_ctr = tile_ctr + 1;
       launch_wg<false>(dn);
     } else if (!w8) {
-      const W16Args gu = grouped_args<W16Args>(reinterpret_cast<const __half*>(ws + l.xc), perm, hidden, xs, hscale, h16,
-                                               l.inter, items, meta, a, g_gu);
+      // The arrival counters (items[i].w) start at 0 from the routing; a call without it (the
+      // GEMMs alone, on items routed before) clears them first.
+      if (!(stages & kRoute)) M3_CUDA_CHECK(cudaMemset2DAsync(reinterpret_cast<int*>(items) + 3, sizeof(int4), 0, sizeof(int),
+                                                             size_t(l.items), stream));
+      W16Args gu = grouped_args<W16Args>(reinterpret_cast<const __half*>(ws + l.xc), perm, hidden, xs, hscale, h16,
+                                         l.inter, items, meta, a, g_gu);
+      gu.arrive = 1;
       launch_w16<true>(gp.token_tile, dim3(unsigned(l.items), unsigned(gp.gu_col_tiles)), gu);
-      const W16Args dn =
-          grouped_args<W16Args>(h16, nullptr, l.inter, nullptr, 1.0f / hscale, y, hidden, items, meta, a, g_dn);
+      W16Args dn = grouped_args<W16Args>(h16, nullptr, l.inter, nullptr, 1.0f / hscale, y, hidden, items, meta, a, g_dn);
+      dn.item_tiles = int(gp.gu_col_tiles);
       launch_w16<false>(gp.token_tile, dim3(unsigned(l.items), unsigned(gp.dn_col_tiles)), dn);
     } else {
       uint8_t* hq = reinterpret_cast<uint8_t*>(ws + l.hq);

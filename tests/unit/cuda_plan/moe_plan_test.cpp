@@ -36,7 +36,7 @@ TEST(MoeGemmPlan, W8A16FollowsTheTokenCount) {
   EXPECT_EQ(cuda::moe_mxfp8::plan_text(one),
             "W8A16 mma.sync, items of <= 16 rows, 16-token tiles (8 for items of <= 8 rows) with a 4-stage "
             "shared-memory weight ring; gate+up: CTAs of 4 warps over 32 columns, 96 per item; down: 64 columns, 96 "
-            "per item; combine: 6 CTAs per token");
+            "per item, each CTA starting once its item's gate+up CTAs have arrived; combine: 6 CTAs per token");
   EXPECT_EQ(gemm_plan(Path::kW8A16, 63, kInter, kHidden).rows_per_item, 16);
   const GemmPlan wide = gemm_plan(Path::kW8A16, 64, kInter, kHidden);
   EXPECT_EQ(wide.rows_per_item, 64);
