@@ -501,10 +501,9 @@ struct W16Args {
   Act act;
   Group g;
   // Per-item arrivals between the two projections, counted in items[i].w (the routing writes it
-  // 0): a gate_up CTA (arrive) adds one once its h columns are written, and a down CTA waits for
-  // its own item's item_tiles arrivals instead of for the whole gate_up grid (0: pdl_wait), so
-  // the items gate_up finished early start their down projection during its last wave.
-  int arrive;
+  // 0): every gate_up CTA adds one once its h columns are written, and a down CTA waits for its
+  // own item's item_tiles arrivals instead of for the whole gate_up grid (0: pdl_wait), so the
+  // items gate_up finished early start their down projection during its last wave.
   int item_tiles;
 };
 
@@ -553,7 +552,7 @@ __device__ __forceinline__ void w8a16_body(const W16Args& a) {
   // items[i].w as the item's arrival counter (the x, y, z the kernels read never change here).
   int* const arrivals = const_cast<int*>(reinterpret_cast<const int*>(a.items + blockIdx.x)) + 3;
   if (col0 >= n) {  // whole CTA: this expert is narrower than the widest one (it still arrives)
-    if (kFused && a.arrive && tid == 0) atomicAdd(arrivals, 1);
+    if (kFused && tid == 0) atomicAdd(arrivals, 1);
     return;
   }
   const int row_lo = kFused ? col0 + 8 * warp + g : col0 + 16 * warp + g;
@@ -808,7 +807,7 @@ __device__ __forceinline__ void w8a16_body(const W16Args& a) {
       }
     }
   }
-  if (kFused && a.arrive) {
+  if (kFused) {
     __threadfence();  // this thread's h stores, before the CTA's arrival
     __syncthreads();
     if (tid == 0) atomicAdd(arrivals, 1);
@@ -1880,9 +1879,8 @@ void run(const TensorView& x, const TensorView& expert_ids, const TensorView& ex
       // GEMMs alone, on items routed before) clears them first.
       if (!(stages & kRoute)) M3_CUDA_CHECK(cudaMemset2DAsync(reinterpret_cast<int*>(items) + 3, sizeof(int4), 0, sizeof(int),
                                                              size_t(l.items), stream));
-      W16Args gu = grouped_args<W16Args>(reinterpret_cast<const __half*>(ws + l.xc), perm, hidden, xs, hscale, h16,
-                                         l.inter, items, meta, a, g_gu);
-      gu.arrive = 1;
+      const W16Args gu = grouped_args<W16Args>(reinterpret_cast<const __half*>(ws + l.xc), perm, hidden, xs, hscale,
+                                               h16, l.inter, items, meta, a, g_gu);
       launch_w16<true>(gp.token_tile, dim3(unsigned(l.items), unsigned(gp.gu_col_tiles)), gu);
       W16Args dn = grouped_args<W16Args>(h16, nullptr, l.inter, nullptr, 1.0f / hscale, y, hidden, items, meta, a, g_dn);
       dn.item_tiles = int(gp.gu_col_tiles);
