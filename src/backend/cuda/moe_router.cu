@@ -94,8 +94,12 @@ __global__ void __launch_bounds__(kSelThreads) router_select_kernel(SelectArgs a
   float bias[kPer];
 #pragma unroll
   for (int i = 0; i < kPer; ++i) bias[i] = a.bias && lane + 32 * i < a.experts ? __ldg(a.bias + lane + 32 * i) : 0.0f;
-  pdl_wait();  // the partials
+  // Dependents (the experts' routing, which waits before reading the ids) are released at once,
+  // and the logits kernel releases this one only after its own wait: the router alone 12.9 ->
+  // 11.6 us at one token on the H100 against the reverse (logits releasing at its start, this
+  // kernel after its wait; docs/moe_kernels.md, sixty-third session).
   pdl_launch_dependents();
+  pdl_wait();  // the partials
   const int t0 = int(blockIdx.x) * kTPC, nt = min(kTPC, a.tokens - t0);
   const int experts = a.experts, top_k = a.top_k;
   const int64_t stride = int64_t(a.tokens) * experts;
@@ -235,7 +239,6 @@ __global__ void __launch_bounds__(kSegThreads) router_seg_kernel(LogitsArgs a) {
   constexpr int kPer = kTok / (kSegThreads / kSegExperts);  // tokens per thread
   __shared__ __align__(16) float ws[kSegExperts][kSegRow];
   __shared__ __align__(16) float xs[kTok][kSegRow];
-  pdl_launch_dependents();
   const int tid = int(threadIdx.x);
   const int e0 = int(blockIdx.x) * kSegExperts, s = int(blockIdx.y), t0 = int(blockIdx.z) * kTok;
   const int k_begin = s * kSeg, len = min(a.k - k_begin, kSeg);  // a multiple of 4
@@ -243,6 +246,9 @@ __global__ void __launch_bounds__(kSegThreads) router_seg_kernel(LogitsArgs a) {
   const int q4 = len / 4;
   stage_rows<kSegExperts * (kSeg / 4) / kSegThreads, true>(ws, a.w + int64_t(e0) * a.k + k_begin, a.k, ne, q4, tid);
   pdl_wait();  // x comes from the kernel before (launched as its dependent: the weights' round trip overlaps it)
+  // The select kernel is released only now (see router_select_kernel): its CTAs no longer wait
+  // beside this kernel's from its start.
+  pdl_launch_dependents();
   stage_rows<kTok * (kSeg / 4) / kSegThreads, false>(xs, a.x + int64_t(t0) * a.ldx + k_begin, a.ldx, nt, q4, tid);
   __syncthreads();
   const int e = tid % kSegExperts, tb = kPer * (tid / kSegExperts);
