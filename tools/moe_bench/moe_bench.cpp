@@ -25,7 +25,12 @@
 //             [--experts 128] [--top-k 4] [--no-baseline] [--json moe_bench.json]
 //             [--only block,router,...]   (time only the rows whose names start with one of these)
 // M3_BENCH_WARM_CODE=1 (diagnostic) adds block_<path>_router_code_warm rows (T <= 512): the block
-// with the router and routing run on twin buffers after each flush (their code warm, no data).
+// with the router and routing run on twin buffers after each flush (their code warm, no data);
+// M3_BENCH_WARM_CODE=3 adds block_<path>_code_warm rows (T <= 64): the whole block's kernels run on
+// a twin first (its routed experts disjoint from the block's, no shared expert).
+// M3_BENCH_MOE_TIMELINE=1 with a -DM3_MOE_TIMELINE=ON build prints each block row's CTA timeline.
+// The gemms_routed_w8a16 row (select it with --only gemms_): the W8A16 GEMMs without the shared
+// expert's items.
 #include <cublasLt.h>
 #include <cuda_runtime.h>
 
@@ -48,6 +53,7 @@
 #include "gpu_bench_common.h"
 #include "backend/cuda/cuda_internal.h"
 #include "backend/cuda/moe_mxfp8.h"
+#include "backend/cuda/moe_timeline.cuh"
 #include "moe_bench_fill.h"
 
 namespace {
@@ -311,6 +317,9 @@ int run(int argc, char** argv) {
     return r;
   };
 
+  const char* tl_env = std::getenv("M3_BENCH_MOE_TIMELINE");
+  const bool moe_timeline_wanted = tl_env && *tl_env == '1';
+  if (moe_timeline_wanted && !cuda::moe_tl::enabled()) std::printf("%s", cuda::moe_tl::report().c_str());
   for (const int t : tokens_list) {
     std::vector<int32_t> ids;
     std::vector<float> wts;
@@ -346,6 +355,10 @@ int run(int argc, char** argv) {
       Dev ws(mx::workspace_bytes(t, top_k, all, hidden, path));
       // Block: router -> output. Its bytes use the router's own choice of experts.
       if (want("block_" + pn)) {
+        // M3_BENCH_MOE_TIMELINE=1 with a -DM3_MOE_TIMELINE=ON build: the last replay's CTA
+        // timeline of the block's kernels, printed after its row (moe_timeline.cuh).
+        const bool timeline = moe_timeline_wanted && t <= 64;
+        if (timeline) cuda::moe_tl::reset();
         const Timing tb = time_graph(
             [&] {
               ops::moe_router(ctx, xv, rw, rb, rp, riv, rwv);
@@ -359,6 +372,7 @@ int run(int argc, char** argv) {
           target = (block_bytes / (tb.median_us * 1e-6) / copy_bw >= 0.88 ? "MET" : "MISSED") + std::string(" >=88%");
         }
         emit(t, "block_" + pn, tb, block_bytes, flops, target, "");
+        if (timeline) std::printf("%s", cuda::moe_tl::report().c_str());
         // M3_BENCH_WARM_CODE=1 (diagnostic, T <= 512): the same block with the router and the routing
         // run on twin buffers (their own x, router weights, ids, workspace) after each flush, so
         // that the code of the chain before the GEMMs is in L2 and none of the block's data is.
@@ -387,6 +401,58 @@ int run(int argc, char** argv) {
           stats.take_step_paths();
           emit(t, "block_" + pn + "_router_code_warm", tw, block_bytes, flops, "", "");
         }
+        // M3_BENCH_WARM_CODE=3 (diagnostic, T <= 64): after each flush the whole block's kernels run
+        // once on a twin (its own x, router weights and workspace; the experts' GEMMs over the routed
+        // experts only, on ids disjoint from the block's own), so that every kernel's code is in L2
+        // and none of the block's weights are (the shared expert is left out of the twin).
+        if (const char* wc = std::getenv("M3_BENCH_WARM_CODE"); wc && *wc == '3' && t <= 64) {
+          std::vector<int32_t> own(size_t(t) * top_k);
+          M3_CUDA_CHECK(cudaMemcpy(own.data(), rids.as<void>(), own.size() * 4, cudaMemcpyDeviceToHost));
+          const std::set<int32_t> used(own.begin(), own.end());
+          std::vector<int32_t> free_ids;
+          for (int e = 0; e < routed; ++e) {
+            if (!used.count(e)) free_ids.push_back(e);
+          }
+          std::vector<int32_t> tid(size_t(t) * top_k);
+          std::vector<float> twt(size_t(t) * top_k, 0.5f);
+          for (size_t i = 0; i < tid.size(); ++i) tid[i] = free_ids[(i * 7 + i / top_k) % free_ids.size()];
+          for (int tt = 0; tt < t; ++tt) {  // distinct within a token
+            std::set<int32_t> seen;
+            for (int k = 0; k < top_k; ++k) {
+              int32_t& v = tid[size_t(tt) * top_k + k];
+              size_t j = 0;
+              while (seen.count(v)) v = free_ids[(j++ + size_t(tt)) % free_ids.size()];
+              seen.insert(v);
+            }
+          }
+          const Dev tids = upload(tid), twts = upload(twt);
+          Dev x2(size_t(t) * hidden * 4), rw2(router_w.bytes()), rb2(router_b.bytes()), ids2(size_t(t) * top_k * 4),
+              wts2(size_t(t) * top_k * 4), o2b(size_t(t) * hidden * 4), ws2(ws.bytes());
+          moe_bench::fill_f32(x2.as<float>(), size_t(t) * hidden, 1.0f, 31, stream);
+          moe_bench::fill_f32(rw2.as<float>(), size_t(routed) * hidden, 0.02f, 32, stream);
+          moe_bench::fill_f32(rb2.as<float>(), size_t(routed), 0.01f, 33, stream);
+          const TensorView x2v{x2.as<void>(), DType::kF32, {t, hidden}, Device::kCuda};
+          const TensorView o2v{o2b.as<void>(), DType::kF32, {t, hidden}, Device::kCuda};
+          const TensorView rw2v{rw2.as<void>(), DType::kF32, {routed, hidden}, Device::kCuda};
+          const TensorView rb2v{rb2.as<void>(), DType::kF32, {routed}, Device::kCuda};
+          const TensorView i2v{ids2.as<void>(), DType::kI32, {t, top_k}, Device::kCuda};
+          const TensorView w2v{wts2.as<void>(), DType::kF32, {t, top_k}, Device::kCuda};
+          const TensorView tiv{tids.as<void>(), DType::kI32, {t, top_k}, Device::kCuda};
+          const TensorView twv{twts.as<void>(), DType::kF32, {t, top_k}, Device::kCuda};
+          const ops::ExpertWeights ro = L.routed_only();
+          auto twin = [&] {
+            ops::moe_router(ctx, x2v, rw2v, rb2v, rp, i2v, w2v);
+            mx::run(x2v, tiv, twv, ro, act, o2v, path, ws2.as<void>());
+          };
+          const Timing tw = time_graph(
+              [&] {
+                ops::moe_router(ctx, xv, rw, rb, rp, riv, rwv);
+                mx::run(xv, riv, rwv, all, act, ov, path, ws.as<void>());
+              },
+              stream, flush, it, twin);
+          stats.take_step_paths();
+          emit(t, "block_" + pn + "_code_warm", tw, block_bytes, flops, "", "");
+        }
       }
       if (want("experts_" + pn)) {
         const Timing te = time_graph([&] { mx::run(xv, iv, wv, all, act, ov, path, ws.as<void>()); }, stream, flush, it);
@@ -404,6 +470,17 @@ int run(int argc, char** argv) {
         target = (bytes / (tg.median_us * 1e-6) / copy_bw >= 0.88 ? "MET" : "MISSED") + std::string(" >=88%");
       }
       emit(t, "gemms_" + pn, tg, bytes, flops, target, "");
+      // Diagnostic: the same GEMMs over the routed experts only (the shared expert's items left
+      // out), to tell whether a launch of fewer items ends sooner (bytes-bound) or not (each CTA's
+      // own pace-bound): what an early start of the shared expert could gain.
+      if (want("gemms_routed_" + pn) && path == mx::Path::kW8A16) {
+        const ops::ExpertWeights ro = L.routed_only();
+        Dev ws_ro(mx::workspace_bytes(t, top_k, ro, hidden, path));
+        mx::run(xv, iv, wv, ro, act, ov, path, ws_ro.as<void>(), mx::kRoute | mx::kPrep);
+        const Timing tr = time_graph([&] { mx::run(xv, iv, wv, ro, act, ov, path, ws_ro.as<void>(), mx::kGemms); },
+                                     stream, flush, it);
+        emit(t, "gemms_routed_" + pn, tr, double(experts_touched(ids)) * L.expert_bytes + io, double(t) * top_k * flops_per_row, "", "");
+      }
     }
     // The router alone (logits + selection): its share of the block, which block - experts only
     // approximates (the block runs on the router's own, less uniform, routing).

@@ -21,15 +21,18 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
+#include <vector>
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/cuda_internal.h"
 #include "backend/cuda/moe_route.cuh"
 #include "backend/cuda/mma_operands.cuh"
 #include "backend/cuda/moe_mxfp8.h"
+#include "backend/cuda/moe_timeline.cuh"
 #include "backend/cuda/pdl.cuh"
 #include "backend/cuda/tile_queue.cuh"
 #include "backend/cuda/wgmma.cuh"
@@ -367,7 +370,9 @@ __global__ void __launch_bounds__(kRouteThreads) route_prep_kernel(const int32_t
                                                                     int has_shared, int rows_per_item, int32_t* perm,
                                                                     int32_t* pos, int4* items, int* meta, const float* x,
                                                                     int hidden, void* xc, float* xs) {
+  M3_MOE_TL_SCOPE(moe_tl::kRoute);
   pdl_wait();  // the router's ids (launched as its programmatic dependent)
+  M3_MOE_TL_WAITED(moe_tl::kRoute);
   if (blockIdx.x == 0) {
     route_body(ids, tokens, top_k, routed, has_shared, rows_per_item, perm, pos, items, meta);
   } else {
@@ -400,11 +405,13 @@ __global__ void __launch_bounds__(kCombineThreads) combine_kernel(const Y* y, co
   __shared__ int s_row[kMaxTopK + 1];
   __shared__ float s_w[kMaxTopK + 1];
   __shared__ int s_n;
+  M3_MOE_TL_SCOPE(moe_tl::kCombine);
   const int64_t t = blockIdx.x;
   // The routing (ids, pos, weights, meta) is from kernels that completed before the GEMMs began;
   // only y is the down projection's, which this launch may overlap.
   if (threadIdx.x == 0) s_n = combine_rows(ids, pos, w, t, top_k, has_shared ? meta[1] + int(t) : -1, s_row, s_w);
   pdl_wait();
+  M3_MOE_TL_WAITED(moe_tl::kCombine);
   __syncthreads();
   const int n = s_n;
   // CTA (token, slice of hidden): small batches spread a token's rows over several SMs.
@@ -741,6 +748,7 @@ __device__ __forceinline__ void w8a16_body(const W16Args& a) {
   } else {
     pdl_wait();
   }
+  M3_MOE_TL_WAITED(kFused ? moe_tl::kGateUp : moe_tl::kDown);
   for (int s = 0; s < kXStages - 1; ++s) {
     if (s < nst) {
       if constexpr (kDeep > 0) {
@@ -755,6 +763,7 @@ __device__ __forceinline__ void w8a16_body(const W16Args& a) {
     for (int st = 0; st < nst; ++st) {
       cp_async_wait<kDeep - 2>();  // this thread's weights and every thread's x of stage st
       __syncthreads();             // x visible to all warps; all are done with stage st - 1
+      if (st == 0) M3_MOE_TL_MID(kFused ? moe_tl::kGateUp : moe_tl::kDown);  // the first stage landed
       const int nx = st + kDeep - 1;
       if (nx < nst) {
         load_w_smem(nx, nx % kDeep);
@@ -826,6 +835,7 @@ __device__ __forceinline__ void w8a16_body(const W16Args& a) {
 template <bool kFused, int kTMT>
 __global__ void __launch_bounds__(w16_threads(kTMT), 2 * kW16Threads / w16_threads(kTMT))
     w8a16_kernel(const __grid_constant__ W16Args a) {
+  M3_MOE_TL_SCOPE(kFused ? moe_tl::kGateUp : moe_tl::kDown);
   if constexpr (kTMT == 2) {
     // Items of <= 8 rows (most at these sizes) take one 8-row token sub-tile: the second
     // sub-tile's MMAs and loads were issued predicated off at every stage.
@@ -2055,3 +2065,85 @@ void register_moe_mxfp8(ops::KernelTable& table) {
 }
 
 }  // namespace m3::cuda
+
+// ---------------------------------------------------------------------------------------------
+// The MoE timeline's host side (moe_timeline.cuh): this file's table and the report over both.
+M3_MOE_TL_DEFINE_HOST(experts)
+
+namespace m3::cuda::moe_tl {
+
+bool enabled() {
+#ifdef M3_MOE_TIMELINE
+  return true;
+#else
+  return false;
+#endif
+}
+
+void reset() {
+  clear_router();
+  clear_experts();
+}
+
+std::string report() {
+  if (!enabled()) return "moe timeline: not compiled in (cmake -DM3_MOE_TIMELINE=ON)\n";
+  std::vector<Rec> router(size_t(kKernels) * kCtas), experts(size_t(kKernels) * kCtas);
+  read_router(router.data());
+  read_experts(experts.data());
+  auto rec = [&](int k, int c) -> const Rec& {
+    return (k == kLogits || k == kSelect ? router : experts)[size_t(k) * kCtas + size_t(c)];
+  };
+  unsigned long long t0 = ~0ull;
+  for (int k = 0; k < kKernels; ++k) {
+    for (int c = 0; c < kCtas; ++c) {
+      if (rec(k, c).t[kEntry] != 0) t0 = std::min(t0, rec(k, c).t[kEntry]);
+    }
+  }
+  if (t0 == ~0ull) return "moe timeline: no marks recorded\n";
+  static const char* const names[kKernels] = {"logits", "select", "route", "gate_up", "down", "combine"};
+  static const char* const marks[kMarks] = {"entry", "waited", "mid", "exit"};
+  auto us = [&](unsigned long long t) { return double(t - t0) * 1e-3; };
+  char buf[256];
+  std::string out = "moe timeline (us after the first CTA's entry; first / p50 / last over the CTAs)\n";
+  // One line per (mark) over a set of CTAs.
+  auto line = [&](const std::string& who, const std::vector<const Rec*>& rs) {
+    for (int m = 0; m < kMarks; ++m) {
+      std::vector<unsigned long long> v;
+      for (const Rec* r : rs) {
+        if (r->t[m] != 0) v.push_back(r->t[m]);
+      }
+      if (v.empty()) continue;
+      std::sort(v.begin(), v.end());
+      std::snprintf(buf, sizeof buf, "  %-16s %-6s %4zu ctas  %8.2f %8.2f %8.2f\n", who.c_str(), marks[m], v.size(),
+                    us(v.front()), us(v[v.size() / 2]), us(v.back()));
+      out += buf;
+    }
+  };
+  for (int k = 0; k < kKernels; ++k) {
+    std::vector<const Rec*> rs;
+    std::vector<int> sms;
+    for (int c = 0; c < kCtas; ++c) {
+      if (rec(k, c).t[kEntry] == 0) continue;
+      rs.push_back(&rec(k, c));
+      sms.push_back(rec(k, c).sm);
+    }
+    if (rs.empty()) continue;
+    std::sort(sms.begin(), sms.end());
+    const size_t distinct = size_t(std::unique(sms.begin(), sms.end()) - sms.begin());
+    std::snprintf(buf, sizeof buf, "%s: %zu ctas on %zu SMs\n", names[k], rs.size(), distinct);
+    out += buf;
+    line("all", rs);
+    if (k != kGateUp && k != kDown) continue;
+    // Per item (CTAs that got past their wait: items past the routing's count return before).
+    for (int item = 0; item < 8; ++item) {
+      std::vector<const Rec*> ri;
+      for (const Rec* r : rs) {
+        if (r->item == item && r->t[kWaited] != 0) ri.push_back(r);
+      }
+      if (!ri.empty()) line("item " + std::to_string(item), ri);
+    }
+  }
+  return out;
+}
+
+}  // namespace m3::cuda::moe_tl

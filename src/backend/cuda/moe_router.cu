@@ -25,6 +25,7 @@
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/cuda_internal.h"
 #include "backend/cuda/moe_router.h"
+#include "backend/cuda/moe_timeline.cuh"
 #include "backend/cuda/mma_operands.cuh"
 #include "backend/cuda/pdl.cuh"
 
@@ -88,6 +89,7 @@ template <int kTPC>
 __global__ void __launch_bounds__(kSelThreads) router_select_kernel(SelectArgs a) {
   constexpr int kPer = kMaxExperts / 32;
   static_assert(kTPC <= kSelThreads / 32, "a warp per token");
+  M3_MOE_TL_SCOPE(moe_tl::kSelect);
   __shared__ float logit_s[kTPC][kMaxExperts];
   const int lane = int(threadIdx.x) & 31, tt = int(threadIdx.x) >> 5;
   // The correction bias is a weight: loaded before the wait, off the selection's critical path.
@@ -100,6 +102,7 @@ __global__ void __launch_bounds__(kSelThreads) router_select_kernel(SelectArgs a
   // kernel after its wait; docs/moe_kernels.md, sixty-third session).
   pdl_launch_dependents();
   pdl_wait();  // the partials
+  M3_MOE_TL_WAITED(moe_tl::kSelect);
   const int t0 = int(blockIdx.x) * kTPC, nt = min(kTPC, a.tokens - t0);
   const int experts = a.experts, top_k = a.top_k;
   const int64_t stride = int64_t(a.tokens) * experts;
@@ -157,6 +160,7 @@ __global__ void __launch_bounds__(kSelThreads) router_select_kernel(SelectArgs a
     }
   }
   __syncthreads();
+  M3_MOE_TL_MID(moe_tl::kSelect);  // the logits folded
   const int t = t0 + tt;
   if (tt >= nt) return;
   float prob[kPer], choice[kPer];
@@ -237,6 +241,7 @@ __device__ __forceinline__ void stage_rows(float (*dst)[kSegRow], const float* s
 template <int kTok>
 __global__ void __launch_bounds__(kSegThreads) router_seg_kernel(LogitsArgs a) {
   constexpr int kPer = kTok / (kSegThreads / kSegExperts);  // tokens per thread
+  M3_MOE_TL_SCOPE(moe_tl::kLogits);
   __shared__ __align__(16) float ws[kSegExperts][kSegRow];
   __shared__ __align__(16) float xs[kTok][kSegRow];
   const int tid = int(threadIdx.x);
@@ -246,6 +251,7 @@ __global__ void __launch_bounds__(kSegThreads) router_seg_kernel(LogitsArgs a) {
   const int q4 = len / 4;
   stage_rows<kSegExperts * (kSeg / 4) / kSegThreads, true>(ws, a.w + int64_t(e0) * a.k + k_begin, a.k, ne, q4, tid);
   pdl_wait();  // x comes from the kernel before (launched as its dependent: the weights' round trip overlaps it)
+  M3_MOE_TL_WAITED(moe_tl::kLogits);
   // The select kernel is released only now (see router_select_kernel): its CTAs no longer wait
   // beside this kernel's from its start.
   pdl_launch_dependents();
@@ -512,3 +518,5 @@ void launch_fused_router(const float* x, int64_t ldx, int64_t tokens, const floa
 }
 
 }  // namespace m3::cuda
+
+M3_MOE_TL_DEFINE_HOST(router)
