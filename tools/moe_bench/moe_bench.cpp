@@ -193,6 +193,27 @@ struct SharedGroupRouting {
         weights_view{weights.as<void>(), DType::kF32, {tokens, 1}, Device::kCuda} {}
 };
 
+// A twin of the block's inputs (its own x, router weights, ids, output and workspace), for the
+// M3_BENCH_WARM_CODE diagnostics: the same kernels run on it leave their code, not the block's
+// data, in L2.
+struct TwinBlock {
+  Dev x, rw, rb, ids, wts, out, ws;
+  TensorView xv, ov, rwv, rbv, iv, wv;
+  TwinBlock(int t, int hidden, int routed, int top_k, size_t ws_bytes, cudaStream_t stream)
+      : x(size_t(t) * hidden * 4), rw(size_t(routed) * hidden * 4), rb(size_t(routed) * 4), ids(size_t(t) * top_k * 4),
+        wts(size_t(t) * top_k * 4), out(size_t(t) * hidden * 4), ws(ws_bytes),
+        xv{x.as<void>(), DType::kF32, {t, hidden}, Device::kCuda},
+        ov{out.as<void>(), DType::kF32, {t, hidden}, Device::kCuda},
+        rwv{rw.as<void>(), DType::kF32, {routed, hidden}, Device::kCuda},
+        rbv{rb.as<void>(), DType::kF32, {routed}, Device::kCuda},
+        iv{ids.as<void>(), DType::kI32, {t, top_k}, Device::kCuda},
+        wv{wts.as<void>(), DType::kF32, {t, top_k}, Device::kCuda} {
+    moe_bench::fill_f32(x.as<float>(), size_t(t) * hidden, 1.0f, 31, stream);
+    moe_bench::fill_f32(rw.as<float>(), size_t(routed) * hidden, 0.02f, 32, stream);
+    moe_bench::fill_f32(rb.as<float>(), size_t(routed), 0.01f, 33, stream);
+  }
+};
+
 int experts_touched(const std::vector<int32_t>& ids) { return int(std::set<int32_t>(ids.begin(), ids.end()).size()); }
 
 std::string entries_of(ops::DispatchStats& st) {
@@ -359,12 +380,11 @@ int run(int argc, char** argv) {
         // timeline of the block's kernels, printed after its row (moe_timeline.cuh).
         const bool timeline = moe_timeline_wanted && t <= 64;
         if (timeline) cuda::moe_tl::reset();
-        const Timing tb = time_graph(
-            [&] {
-              ops::moe_router(ctx, xv, rw, rb, rp, riv, rwv);
-              mx::run(xv, riv, rwv, all, act, ov, path, ws.as<void>());
-            },
-            stream, flush, it);
+        auto block_step = [&] {
+          ops::moe_router(ctx, xv, rw, rb, rp, riv, rwv);
+          mx::run(xv, riv, rwv, all, act, ov, path, ws.as<void>());
+        };
+        const Timing tb = time_graph(block_step, stream, flush, it);
         stats.take_step_paths();
         const double block_bytes = router_block_bytes();
         std::string target;
@@ -373,33 +393,23 @@ int run(int argc, char** argv) {
         }
         emit(t, "block_" + pn, tb, block_bytes, flops, target, "");
         if (timeline) std::printf("%s", cuda::moe_tl::report().c_str());
+        // The block again, `twin` replayed after each flush outside the timing (M3_BENCH_WARM_CODE).
+        auto emit_code_warm = [&](const std::function<void()>& twin, const char* suffix) {
+          const Timing tw = time_graph(block_step, stream, flush, it, twin);
+          stats.take_step_paths();
+          emit(t, "block_" + pn + suffix, tw, block_bytes, flops, "", "");
+        };
         // M3_BENCH_WARM_CODE=1 (diagnostic, T <= 512): the same block with the router and the routing
         // run on twin buffers (their own x, router weights, ids, workspace) after each flush, so
         // that the code of the chain before the GEMMs is in L2 and none of the block's data is.
         if (const char* wc = std::getenv("M3_BENCH_WARM_CODE"); wc && *wc == '1' && t <= 512) {
-          Dev x2(size_t(t) * hidden * 4), rw2(router_w.bytes()), rb2(router_b.bytes()), ids2(size_t(t) * top_k * 4),
-              wts2(size_t(t) * top_k * 4), o2b(size_t(t) * hidden * 4), ws2(ws.bytes());
-          moe_bench::fill_f32(x2.as<float>(), size_t(t) * hidden, 1.0f, 31, stream);
-          moe_bench::fill_f32(rw2.as<float>(), size_t(routed) * hidden, 0.02f, 32, stream);
-          moe_bench::fill_f32(rb2.as<float>(), size_t(routed), 0.01f, 33, stream);
-          const TensorView x2v{x2.as<void>(), DType::kF32, {t, hidden}, Device::kCuda};
-          const TensorView o2v{o2b.as<void>(), DType::kF32, {t, hidden}, Device::kCuda};
-          const TensorView rw2v{rw2.as<void>(), DType::kF32, {routed, hidden}, Device::kCuda};
-          const TensorView rb2v{rb2.as<void>(), DType::kF32, {routed}, Device::kCuda};
-          const TensorView i2v{ids2.as<void>(), DType::kI32, {t, top_k}, Device::kCuda};
-          const TensorView w2v{wts2.as<void>(), DType::kF32, {t, top_k}, Device::kCuda};
+          const TwinBlock tw2(t, hidden, routed, top_k, ws.bytes(), stream);
+          const TensorView &x2v = tw2.xv, &o2v = tw2.ov, &rw2v = tw2.rwv, &rb2v = tw2.rbv, &i2v = tw2.iv, &w2v = tw2.wv;
           auto twin = [&] {
             ops::moe_router(ctx, x2v, rw2v, rb2v, rp, i2v, w2v);
-            mx::run(x2v, i2v, w2v, all, act, o2v, path, ws2.as<void>(), mx::kRoute | mx::kPrep);
+            mx::run(x2v, i2v, w2v, all, act, o2v, path, tw2.ws.as<void>(), mx::kRoute | mx::kPrep);
           };
-          const Timing tw = time_graph(
-              [&] {
-                ops::moe_router(ctx, xv, rw, rb, rp, riv, rwv);
-                mx::run(xv, riv, rwv, all, act, ov, path, ws.as<void>());
-              },
-              stream, flush, it, twin);
-          stats.take_step_paths();
-          emit(t, "block_" + pn + "_router_code_warm", tw, block_bytes, flops, "", "");
+          emit_code_warm(twin, "_router_code_warm");
         }
         // M3_BENCH_WARM_CODE=3 (diagnostic, T <= 64): after each flush the whole block's kernels run
         // once on a twin (its own x, router weights and workspace; the experts' GEMMs over the routed
@@ -426,32 +436,16 @@ int run(int argc, char** argv) {
             }
           }
           const Dev tids = upload(tid), twts = upload(twt);
-          Dev x2(size_t(t) * hidden * 4), rw2(router_w.bytes()), rb2(router_b.bytes()), ids2(size_t(t) * top_k * 4),
-              wts2(size_t(t) * top_k * 4), o2b(size_t(t) * hidden * 4), ws2(ws.bytes());
-          moe_bench::fill_f32(x2.as<float>(), size_t(t) * hidden, 1.0f, 31, stream);
-          moe_bench::fill_f32(rw2.as<float>(), size_t(routed) * hidden, 0.02f, 32, stream);
-          moe_bench::fill_f32(rb2.as<float>(), size_t(routed), 0.01f, 33, stream);
-          const TensorView x2v{x2.as<void>(), DType::kF32, {t, hidden}, Device::kCuda};
-          const TensorView o2v{o2b.as<void>(), DType::kF32, {t, hidden}, Device::kCuda};
-          const TensorView rw2v{rw2.as<void>(), DType::kF32, {routed, hidden}, Device::kCuda};
-          const TensorView rb2v{rb2.as<void>(), DType::kF32, {routed}, Device::kCuda};
-          const TensorView i2v{ids2.as<void>(), DType::kI32, {t, top_k}, Device::kCuda};
-          const TensorView w2v{wts2.as<void>(), DType::kF32, {t, top_k}, Device::kCuda};
+          const TwinBlock tw2(t, hidden, routed, top_k, ws.bytes(), stream);
+          const TensorView &x2v = tw2.xv, &o2v = tw2.ov, &rw2v = tw2.rwv, &rb2v = tw2.rbv, &i2v = tw2.iv, &w2v = tw2.wv;
           const TensorView tiv{tids.as<void>(), DType::kI32, {t, top_k}, Device::kCuda};
           const TensorView twv{twts.as<void>(), DType::kF32, {t, top_k}, Device::kCuda};
           const ops::ExpertWeights ro = L.routed_only();
           auto twin = [&] {
             ops::moe_router(ctx, x2v, rw2v, rb2v, rp, i2v, w2v);
-            mx::run(x2v, tiv, twv, ro, act, o2v, path, ws2.as<void>());
+            mx::run(x2v, tiv, twv, ro, act, o2v, path, tw2.ws.as<void>());
           };
-          const Timing tw = time_graph(
-              [&] {
-                ops::moe_router(ctx, xv, rw, rb, rp, riv, rwv);
-                mx::run(xv, riv, rwv, all, act, ov, path, ws.as<void>());
-              },
-              stream, flush, it, twin);
-          stats.take_step_paths();
-          emit(t, "block_" + pn + "_code_warm", tw, block_bytes, flops, "", "");
+          emit_code_warm(twin, "_code_warm");
         }
       }
       if (want("experts_" + pn)) {
