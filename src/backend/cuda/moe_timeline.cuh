@@ -5,7 +5,7 @@
 // serving. Thread 0 of each CTA stores %globaltimer (one clock for every SM) at its marks into
 // a per-file table that the next launch of the same kernel overwrites, so after a graph replay
 // the tables hold that replay; moe_bench (M3_BENCH_MOE_TIMELINE=1) prints them after its block
-// rows. Without the macro the marks are empty and moe_timeline_report() says so.
+// rows. Without the macro the marks are empty and report() says so.
 #pragma once
 
 #include <cstdint>
