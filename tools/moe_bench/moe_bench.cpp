@@ -402,7 +402,9 @@ int run(int argc, char** argv) {
         // M3_BENCH_WARM_CODE=1 (diagnostic, T <= 512): the same block with the router and the routing
         // run on twin buffers (their own x, router weights, ids, workspace) after each flush, so
         // that the code of the chain before the GEMMs is in L2 and none of the block's data is.
-        if (const char* wc = std::getenv("M3_BENCH_WARM_CODE"); wc && *wc == '1' && t <= 512) {
+        const char* wc_env = std::getenv("M3_BENCH_WARM_CODE");
+        const char warm_code = wc_env ? *wc_env : '\0';
+        if (warm_code == '1' && t <= 512) {
           const TwinBlock tw2(t, hidden, routed, top_k, ws.bytes(), stream);
           const TensorView &x2v = tw2.xv, &o2v = tw2.ov, &rw2v = tw2.rwv, &rb2v = tw2.rbv, &i2v = tw2.iv, &w2v = tw2.wv;
           auto twin = [&] {
@@ -415,7 +417,7 @@ int run(int argc, char** argv) {
         // once on a twin (its own x, router weights and workspace; the experts' GEMMs over the routed
         // experts only, on ids disjoint from the block's own), so that every kernel's code is in L2
         // and none of the block's weights are (the shared expert is left out of the twin).
-        if (const char* wc = std::getenv("M3_BENCH_WARM_CODE"); wc && *wc == '3' && t <= 64) {
+        if (warm_code == '3' && t <= 64) {
           std::vector<int32_t> own(size_t(t) * top_k);
           M3_CUDA_CHECK(cudaMemcpy(own.data(), rids.as<void>(), own.size() * 4, cudaMemcpyDeviceToHost));
           const std::set<int32_t> used(own.begin(), own.end());
@@ -423,29 +425,26 @@ int run(int argc, char** argv) {
           for (int e = 0; e < routed; ++e) {
             if (!used.count(e)) free_ids.push_back(e);
           }
-          std::vector<int32_t> tid(size_t(t) * top_k);
-          std::vector<float> twt(size_t(t) * top_k, 0.5f);
-          for (size_t i = 0; i < tid.size(); ++i) tid[i] = free_ids[(i * 7 + i / top_k) % free_ids.size()];
-          for (int tt = 0; tt < t; ++tt) {  // distinct within a token
-            std::set<int32_t> seen;
-            for (int k = 0; k < top_k; ++k) {
-              int32_t& v = tid[size_t(tt) * top_k + k];
-              size_t j = 0;
-              while (seen.count(v)) v = free_ids[(j++ + size_t(tt)) % free_ids.size()];
-              seen.insert(v);
-            }
+          if (free_ids.size() < size_t(top_k)) {
+            std::printf("%6d block_%s_code_warm skipped: the block's routing leaves fewer than top_k experts free\n", t,
+                        pn.c_str());
+          } else {
+            // Consecutive free experts per token: distinct within a token since free_ids >= top_k.
+            std::vector<int32_t> tid(size_t(t) * top_k);
+            for (size_t i = 0; i < tid.size(); ++i) tid[i] = free_ids[i % free_ids.size()];
+            const std::vector<float> twt(tid.size(), 0.5f);
+            const Dev tids = upload(tid), twts = upload(twt);
+            const TwinBlock tw2(t, hidden, routed, top_k, ws.bytes(), stream);
+            const TensorView &x2v = tw2.xv, &o2v = tw2.ov, &rw2v = tw2.rwv, &rb2v = tw2.rbv, &i2v = tw2.iv, &w2v = tw2.wv;
+            const TensorView tiv{tids.as<void>(), DType::kI32, {t, top_k}, Device::kCuda};
+            const TensorView twv{twts.as<void>(), DType::kF32, {t, top_k}, Device::kCuda};
+            const ops::ExpertWeights ro = L.routed_only();
+            auto twin = [&] {
+              ops::moe_router(ctx, x2v, rw2v, rb2v, rp, i2v, w2v);
+              mx::run(x2v, tiv, twv, ro, act, o2v, path, tw2.ws.as<void>());
+            };
+            emit_code_warm(twin, "_code_warm");
           }
-          const Dev tids = upload(tid), twts = upload(twt);
-          const TwinBlock tw2(t, hidden, routed, top_k, ws.bytes(), stream);
-          const TensorView &x2v = tw2.xv, &o2v = tw2.ov, &rw2v = tw2.rwv, &rb2v = tw2.rbv, &i2v = tw2.iv, &w2v = tw2.wv;
-          const TensorView tiv{tids.as<void>(), DType::kI32, {t, top_k}, Device::kCuda};
-          const TensorView twv{twts.as<void>(), DType::kF32, {t, top_k}, Device::kCuda};
-          const ops::ExpertWeights ro = L.routed_only();
-          auto twin = [&] {
-            ops::moe_router(ctx, x2v, rw2v, rb2v, rp, i2v, w2v);
-            mx::run(x2v, tiv, twv, ro, act, o2v, path, tw2.ws.as<void>());
-          };
-          emit_code_warm(twin, "_code_warm");
         }
       }
       if (want("experts_" + pn)) {

@@ -2130,7 +2130,8 @@ std::string report() {
     if (rs.empty()) continue;
     std::sort(sms.begin(), sms.end());
     const size_t distinct = size_t(std::unique(sms.begin(), sms.end()) - sms.begin());
-    std::snprintf(buf, sizeof buf, "%s: %zu ctas on %zu SMs\n", names[k], rs.size(), distinct);
+    std::snprintf(buf, sizeof buf, "%s: %zu ctas on %zu SMs%s\n", names[k], rs.size(), distinct,
+                  rec(k, kCtas - 1).t[kEntry] != 0 ? " (the grid's first CTAs only)" : "");
     out += buf;
     line("all", rs);
     if (k != kGateUp && k != kDown) continue;

@@ -15,7 +15,7 @@ namespace m3::cuda::moe_tl {
 
 enum Kernel : int { kLogits = 0, kSelect, kRoute, kGateUp, kDown, kCombine, kKernels };
 enum Mark : int { kEntry = 0, kWaited, kMid, kExit, kMarks };  // kMid: a kernel's own inner step
-constexpr int kCtas = 2048;
+constexpr int kCtas = 16384;  // CTAs recorded per launch (the rest are not; the report says so)
 
 struct Rec {
   unsigned long long t[kMarks];
