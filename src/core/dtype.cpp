@@ -1,5 +1,6 @@
 #include "core/dtype.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -76,6 +77,14 @@ uint8_t f32_to_fp8_e4m3(float f) {
 float e8m0_to_f32(uint8_t bits) {
   if (bits == 255) return std::numeric_limits<float>::quiet_NaN();
   return std::ldexp(1.0f, int(bits) - 127);
+}
+
+void e8m0_row_max(const uint8_t* scale, int64_t rows, int64_t cols, uint8_t* out) {
+  for (int64_t r = 0; r < rows; ++r) {
+    uint8_t m = 0;
+    for (int64_t c = 0; c < cols; ++c) m = std::max(m, scale[r * cols + c]);
+    out[r] = m;
+  }
 }
 
 }  // namespace m3

@@ -40,5 +40,8 @@ uint8_t f32_to_fp8_e4m3(float f);
 
 // E8M0 scale: 2^(bits-127); 255 is NaN.
 float e8m0_to_f32(uint8_t bits);
+// out[r] = the largest byte of scale row r ([rows, cols] e8m0): an MXFP8 weight row's reference
+// scale, which the f16 dequantising kernels take instead of scanning the row each call.
+void e8m0_row_max(const uint8_t* scale, int64_t rows, int64_t cols, uint8_t* out);
 
 }  // namespace m3

@@ -12,10 +12,13 @@
 namespace m3::ops {
 
 // A GEMM weight [out, in] as the backend holds it: F32/BF16 data, or F8E4M3 data with a
-// U8 e8m0 scale [out, in/32] (MXFP8).
+// U8 e8m0 scale [out, in/32] (MXFP8), and optionally each scale row's largest byte, U8 [out]
+// (e8m0_row_max): the reference the f16 dequantising kernels scale a row against, which they
+// otherwise find by reading the whole scale row before their first step.
 struct LinearWeight {
   TensorView data;
-  TensorView scale;  // empty unless MXFP8
+  TensorView scale;      // empty unless MXFP8
+  TensorView scale_max;  // optional, MXFP8 only
   int64_t out_features() const { return data.shape[0]; }
   int64_t in_features() const { return data.shape[1]; }
 };

@@ -134,15 +134,19 @@ double cublaslt_fp8_tflops(cudaStream_t stream) {
 // One MoE layer's MXFP8 weights in one allocation (16-byte aligned pieces).
 struct LayerWeights {
   int routed = 0, hidden = 0, inter = 0;
-  Dev slab;
+  Dev slab, refs;  // refs: each row's largest scale byte (LinearWeight::scale_max), apart from the slab
   std::vector<ops::LinearWeight> gate, up, down;
   double expert_bytes = 0;  // data + scales of one expert
   LayerWeights(int routed_, int hidden_, int inter_, cudaStream_t stream) : routed(routed_), hidden(hidden_), inter(inter_) {
     const int total = routed + 1;
+    // Per matrix: e4m3 data and e8m0 scales in the slab, each row's largest scale byte in `refs`
+    // (left out with M3_BENCH_SCAN=1: the kernels then scan the scale rows).
     const size_t mat = size_t(hidden) * inter, sc = mat / 32;
-    const size_t per = 3 * (mat + sc);
+    const bool scan = std::getenv("M3_BENCH_SCAN") != nullptr;
+    const size_t per = 3 * (mat + sc), per_ref = scan ? 0 : size_t(2 * inter + hidden);
     slab = Dev(per * total);
-    expert_bytes = double(per);
+    if (!scan) refs = Dev(per_ref * total);
+    expert_bytes = double(per + per_ref);
     uint8_t* p = slab.as<uint8_t>();
     moe_bench::fill_e4m3(p, per * total, 3, stream);
     for (int e = 0; e < total; ++e) {
@@ -154,6 +158,11 @@ struct LayerWeights {
         ops::LinearWeight w;
         w.data = TensorView{data, DType::kF8E4M3, {out, in}, Device::kCuda};
         w.scale = TensorView{scale, DType::kU8, {out, in / 32}, Device::kCuda};
+        if (!scan) {
+          uint8_t* ref = refs.as<uint8_t>() + size_t(e) * per_ref + size_t(m) * inter;  // gate, up, then down
+          moe_bench::row_max_bytes(scale, out, in / 32, ref, stream);
+          w.scale_max = TensorView{ref, DType::kU8, {out}, Device::kCuda};
+        }
         (m == 0 ? gate : m == 1 ? up : down).push_back(w);
       }
     }

@@ -33,7 +33,20 @@ __global__ void fill_f32_kernel(float* p, size_t n, float scale, uint32_t seed) 
   }
 }
 
+__global__ void row_max_kernel(const uint8_t* s, int64_t rows, int64_t cols, uint8_t* out) {
+  for (int64_t r = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; r < rows; r += int64_t(gridDim.x) * blockDim.x) {
+    uint8_t m = 0;
+    for (int64_t c = 0; c < cols; ++c) m = s[r * cols + c] > m ? s[r * cols + c] : m;
+    out[r] = m;
+  }
+}
+
 }  // namespace
+
+void row_max_bytes(const uint8_t* scale, int64_t rows, int64_t cols, uint8_t* out, cudaStream_t stream) {
+  row_max_kernel<<<256, 128, 0, stream>>>(scale, rows, cols, out);
+  M3_CUDA_CHECK_LAUNCH();
+}
 
 void fill_e4m3(uint8_t* p, size_t n, uint32_t seed, cudaStream_t stream) {
   fill_e4m3_kernel<<<4096, 256, 0, stream>>>(p, n, seed);

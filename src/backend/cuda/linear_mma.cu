@@ -71,6 +71,7 @@ struct Args {
   const float* xscale;    // [m] powers of two (f16 pieces) or null
   const uint8_t* w;       // [n][k] bf16 or e4m3
   const uint8_t* ws;      // [n][k / 32] e8m0 (MXFP8) or null
+  const uint8_t* wref;    // [n] each scale row's largest byte (LinearWeight::scale_max) or null
   float* y;
   int64_t ldy;
   float* partial;         // [nseg][m][n] when split
@@ -329,12 +330,17 @@ __global__ void __launch_bounds__(32 * (128 / (16 * kMI)) * kTW) mma_linear_kern
   // Each FP8 row's largest scale byte: the block scales enter the f16 weights relative to it.
   uint32_t ref[2] = {0, 0};  // byte i: m16 tile i's row g (ref[0]) or g + 8 (ref[1])
   if constexpr (W == WKind::kFP8) {
-    const uint32_t* s32 = reinterpret_cast<const uint32_t*>(a.ws);
-    const uint32_t* rows[2 * kMI];  // q = 2 i + h: row rb + 16 i + 8 h + g
-    int r[2 * kMI];
+    int r[2 * kMI];  // q = 2 i + h: row rb + 16 i + 8 h + g
+    if (a.wref != nullptr) {  // the load-time reference (LinearWeight::scale_max)
 #pragma unroll
-    for (int q = 0; q < 2 * kMI; ++q) rows[q] = s32 + int64_t(min(n0 + rb + 8 * q + g, a.n - 1)) * (a.k / 128);
-    rows_max_byte<2 * kMI, 16 / kMI>(rows, a.k / 128, t, r);
+      for (int q = 0; q < 2 * kMI; ++q) r[q] = __ldg(a.wref + min(n0 + rb + 8 * q + g, a.n - 1));
+    } else {
+      const uint32_t* s32 = reinterpret_cast<const uint32_t*>(a.ws);
+      const uint32_t* rows[2 * kMI];
+#pragma unroll
+      for (int q = 0; q < 2 * kMI; ++q) rows[q] = s32 + int64_t(min(n0 + rb + 8 * q + g, a.n - 1)) * (a.k / 128);
+      rows_max_byte<2 * kMI, 16 / kMI>(rows, a.k / 128, t, r);
+    }
 #pragma unroll
     for (int q = 0; q < 2 * kMI; ++q) ref[q & 1] |= uint32_t(r[q]) << (8 * (q >> 1));
   }
@@ -591,6 +597,7 @@ struct Gemm {
     ct = plan.tokens_per_cta;
     a.w = static_cast<const uint8_t*>(w.data.data);
     a.ws = fp8 ? static_cast<const uint8_t*>(w.scale.data) : nullptr;
+    a.wref = fp8 ? static_cast<const uint8_t*>(w.scale_max.data) : nullptr;
     a.y = y;
     a.ldy = ldy;
     a.m = int(m);
@@ -765,7 +772,7 @@ void run(const float* x, int64_t ldx, int64_t m, int64_t k, bool f16, Gemm* cons
   if (wg) {
     for (int i = 0; i < count; ++i) {
       const Args& a = gemms[i]->a;
-      WgLinearArgs wa{xs.hi, xs.lo, f16 ? xs.scale : nullptr, a.w, a.ws, a.y, a.ldy, a.m, a.n, a.k, a.seg_stages,
+      WgLinearArgs wa{xs.hi, xs.lo, f16 ? xs.scale : nullptr, a.w, a.ws, a.wref, a.y, a.ldy, a.m, a.n, a.k, a.seg_stages,
                       gemms[i]->wg_overlap, a.split ? a.nseg : 1, a.partial, a.tickets};
       wa.bf16 = !f16;
       launch_linear_wgmma(wa);

@@ -127,8 +127,13 @@ __device__ __forceinline__ void consume(const WgLinearArgs& a, const Smem& sm, i
     sc[1] = __ldg(s_hi + w0);
     sc[2] = 2 * (w0 + 1) < kst ? __ldg(s_lo + w0 + 1) : 0u;
     sc[3] = 2 * (w0 + 1) < kst ? __ldg(s_hi + w0 + 1) : 0u;
-    const uint32_t* const rows[2] = {s_lo, s_hi};
-    rows_max_byte<2, 8>(rows, a.k / 128, tig, ref);
+    if (a.wref != nullptr) {  // the load-time reference
+      ref[0] = __ldg(a.wref + r_lo);
+      ref[1] = __ldg(a.wref + r_hi);
+    } else {
+      const uint32_t* const rows[2] = {s_lo, s_hi};
+      rows_max_byte<2, 8>(rows, a.k / 128, tig, ref);
+    }
   }
   float acc[64], tot[64];
 #pragma unroll

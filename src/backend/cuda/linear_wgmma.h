@@ -21,6 +21,7 @@ struct WgLinearArgs {
   const float* xscale;  // [m] the rows' powers of two (f16 pieces), else null
   const uint8_t* w;     // [n][k] e4m3 or bf16
   const uint8_t* ws;    // [n][k / 32] e8m0 (MXFP8), else null
+  const uint8_t* wref;  // [n] each scale row's largest byte (LinearWeight::scale_max), or null
   float* y;
   int64_t ldy;
   int m, n, k;

@@ -166,7 +166,7 @@ void router_entry(const TensorView& x, const TensorView& router_w, const TensorV
   }
   // Other shapes: batch-invariant row-dot logits, one thread per token selects.
   Scratch logits(size_t(tokens * experts) * 4);
-  rowdot_linear(x.as<const float>(), x.shape[1], tokens, ops::LinearWeight{router_w, {}}, logits.as<float>(), experts);
+  rowdot_linear(x.as<const float>(), x.shape[1], tokens, ops::LinearWeight{router_w, {}, {}}, logits.as<float>(), experts);
   router_select_kernel<<<unsigned((tokens + 127) / 128), 128, 0, current_stream()>>>(
       logits.as<const float>(), b, tokens, int(experts), params.top_k, params.routed_scale, expert_ids.as<int32_t>(),
       expert_weights.as<float>());

@@ -95,7 +95,14 @@ Result<std::unique_ptr<MiniMaxM3Model>> MiniMaxM3Model::load(const ModelDir& dir
         }
         const Mxfp8Slice part = slice_mxfp8(*stored, slice, c.quant_block_k);
         linear_w.data = to_backend(part.weight.data(), part.weight.size(), DType::kF8E4M3, part.weight_shape, spec.layer);
-        linear_w.scale = to_backend(part.scale.data(), part.scale.size(), DType::kU8, part.scale_shape, spec.layer);
+        // The scales and each row's largest scale byte in one buffer (the kernels' row reference).
+        const int64_t rows = part.scale_shape[0], cols = part.scale_shape[1];
+        std::vector<uint8_t> scales(part.scale.size() + size_t(rows));
+        std::copy(part.scale.begin(), part.scale.end(), scales.begin());
+        e8m0_row_max(part.scale.data(), rows, cols, scales.data() + part.scale.size());
+        const TensorView both = to_backend(scales.data(), scales.size(), DType::kU8, Shape{int64_t(scales.size())}, spec.layer);
+        linear_w.scale = TensorView{both.data, DType::kU8, part.scale_shape, both.device};
+        linear_w.scale_max = TensorView{static_cast<uint8_t*>(both.data) + part.scale.size(), DType::kU8, Shape{rows}, both.device};
         done = true;
       }
     }

@@ -516,8 +516,9 @@ void check_router(Harness& h, std::mt19937& rng) {
 // exactly, as the loader does), and the device copy in its own encoding.
 struct Weight {
   std::vector<float> f32;
-  std::unique_ptr<DevBuf> device, device_scale;
-  ops::LinearWeight host_w, dev_w;
+  std::unique_ptr<DevBuf> device, device_scale, device_max;
+  // dev_w_scan: MXFP8 without scale_max (the kernels then scan each row's scales for its reference).
+  ops::LinearWeight host_w, dev_w, dev_w_scan;
   Weight(int64_t out, int64_t in, DType dt, std::mt19937& rng) {
     f32 = randn(size_t(out * in), rng, 1.0f / std::sqrt(float(in)));
     if (dt == DType::kBF16) {
@@ -561,11 +562,16 @@ struct Weight {
       device = std::make_unique<DevBuf>(q);
       device_scale = std::make_unique<DevBuf>(s);
       dev_w.scale = dev(*device_scale, DType::kU8, {out, in / 32});
+      std::vector<uint8_t> smax(static_cast<size_t>(out));
+      e8m0_row_max(s.data(), out, in / 32, smax.data());
+      device_max = std::make_unique<DevBuf>(smax);
     } else {
       device = std::make_unique<DevBuf>(f32);
     }
     host_w.data = host(f32.data(), DType::kF32, {out, in});
     dev_w.data = dev(*device, dt, {out, in});
+    dev_w_scan = dev_w;
+    if (device_max) dev_w.scale_max = dev(*device_max, DType::kU8, {out});
   }
 };
 
@@ -658,11 +664,15 @@ void check_linear(Harness& h, std::mt19937& rng) {
             }
             for (cuda::MmaLinearRule& rule : rules) rule.wgmma_wide_min_rows = rule.wgmma_min_rows;
             for (const cuda::MmaLinearRule& rule : rules) {
-              dy.poison();
-              cuda::mma_linear(dx.as<float>(), k, m, w.dev_w, dy.as<float>(), n, true, rule);
-              const auto forced = dy.get<float>(ref.size());
-              same.push_back(same_bits(forced.data(), batch.data(), batch.size()));
-              want.push_back(1);
+              // MXFP8: with the weight's scale_max and without it (each row's scales scanned).
+              for (const ops::LinearWeight* lw : {&w.dev_w, &w.dev_w_scan}) {
+                if (lw == &w.dev_w_scan && dt != DType::kF8E4M3) continue;
+                dy.poison();
+                cuda::mma_linear(dx.as<float>(), k, m, *lw, dy.as<float>(), n, true, rule);
+                const auto forced = dy.get<float>(ref.size());
+                same.push_back(same_bits(forced.data(), batch.data(), batch.size()));
+                want.push_back(1);
+              }
             }
           }
           h.compare_ints("linear_invariance", same, want);

@@ -52,7 +52,7 @@ using mx::Path;
 const std::map<std::string, double> kTolerance = {
     {"w8a16", 4e-3}, {"w8a8_vs_cpu", 8e-2}, {"w8a8_vs_emulated", 3e-2},
     {"route_w8a16", 0.0}, {"route_w8a8", 0.0}, {"route_w8a16_wgmma", 0.0}, {"route_masked", 0.0},
-    {"w8a16_wgmma_bits", 0.0}, {"router_ids", 0.0}, {"dispatch", 0.0},
+    {"w8a16_wgmma_bits", 0.0}, {"w8a16_scan_bits", 0.0}, {"router_ids", 0.0}, {"dispatch", 0.0},
     {"w8a16_invariance", 0.0}, {"w8a8_invariance", 0.0}, {"graph", 0.0},
 };
 // Rows reported but not required (a property the design expects, not one the issue demands).
@@ -82,9 +82,9 @@ struct Rng {
 struct MxWeight {
   int64_t out = 0, in = 0;
   std::vector<float> f32;
-  std::vector<uint8_t> q, s;
-  std::unique_ptr<DevBuf> dq, ds;
-  ops::LinearWeight host_w, dev_w;
+  std::vector<uint8_t> q, s, smax;
+  std::unique_ptr<DevBuf> dq, ds, dm;
+  ops::LinearWeight host_w, dev_w, dev_w_scan;  // dev_w with each row's largest scale byte, as the loader makes it
   MxWeight(int64_t o, int64_t i, Rng& rng) : out(o), in(i) {
     f32.resize(size_t(o * i));
     q.resize(f32.size());
@@ -118,19 +118,26 @@ struct MxWeight {
         }
       }
     }
+    smax.resize(size_t(o));
+    e8m0_row_max(s.data(), o, i / 32, smax.data());
     dq = std::make_unique<DevBuf>(q);
     ds = std::make_unique<DevBuf>(s);
+    dm = std::make_unique<DevBuf>(smax);
     host_w.data = host(f32.data(), DType::kF32, {o, i});
     dev_w.data = dev(*dq, DType::kF8E4M3, {o, i});
     dev_w.scale = dev(*ds, DType::kU8, {o, i / 32});
+    dev_w_scan = dev_w;
+    dev_w.scale_max = dev(*dm, DType::kU8, {o});
   }
   void poison() {  // e4m3 0xff and e8m0 255 are NaN: any read reaches the output
     dq->fill(0xff);
     ds->fill(0xff);
+    dm->fill(0xff);
   }
   void restore() {
     dq->upload(q);
     ds->upload(s);
+    dm->upload(smax);
   }
 };
 
@@ -138,7 +145,7 @@ struct Layer {
   int routed = 0, hidden = 0;
   bool shared = true;
   std::vector<std::unique_ptr<MxWeight>> g, u, d;
-  std::vector<ops::LinearWeight> hg, hu, hd, dg, du, dd;
+  std::vector<ops::LinearWeight> hg, hu, hd, dg, du, dd, sg, su, sd;
   Layer(int routed_, bool shared_, int hidden_, int inter, int shared_inter, Rng& rng)
       : routed(routed_), hidden(hidden_), shared(shared_) {
     for (int e = 0; e < routed + (shared ? 1 : 0); ++e) {
@@ -150,10 +157,15 @@ struct Layer {
     for (size_t e = 0; e < g.size(); ++e) {
       hg.push_back(g[e]->host_w), hu.push_back(u[e]->host_w), hd.push_back(d[e]->host_w);
       dg.push_back(g[e]->dev_w), du.push_back(u[e]->dev_w), dd.push_back(d[e]->dev_w);
+      sg.push_back(g[e]->dev_w_scan), su.push_back(u[e]->dev_w_scan), sd.push_back(d[e]->dev_w_scan);
     }
   }
   ops::ExpertWeights host_experts() const { return {routed, shared, hg.data(), hu.data(), hd.data()}; }
-  ops::ExpertWeights dev_experts() const { return {routed, shared, dg.data(), du.data(), dd.data()}; }
+  // scan: without scale_max (the W8A16 kernels then find each row's reference themselves).
+  ops::ExpertWeights dev_experts(bool scan = false) const {
+    return scan ? ops::ExpertWeights{routed, shared, sg.data(), su.data(), sd.data()}
+                : ops::ExpertWeights{routed, shared, dg.data(), du.data(), dd.data()};
+  }
 };
 
 using cuda_test::make_routing;
@@ -294,8 +306,8 @@ struct Case {
 };
 
 std::vector<float> run_gpu(const DevBuf& dx, const DevBuf& dids, const DevBuf& dwts, const Layer& L, int tokens, int top_k,
-                           const ops::SwigluParams& act, Path path) {
-  const ops::ExpertWeights ex = L.dev_experts();
+                           const ops::SwigluParams& act, Path path, bool scan = false) {
+  const ops::ExpertWeights ex = L.dev_experts(scan);
   DevBuf ws(mx::workspace_bytes(tokens, top_k, ex, L.hidden, path)), dy(size_t(tokens) * L.hidden * 4);
   dy.fill(0x7f);
   mx::run(dev(dx, DType::kF32, {tokens, L.hidden}), dev(dids, DType::kI32, {tokens, top_k}),
@@ -377,6 +389,14 @@ void check_case(Harness& h, const Layer& L, const Case& c, std::mt19937& rng, Rn
     int32_t differ = 0;
     for (size_t i = 0; i < y.size(); ++i) differ += std::memcmp(&y[i], &yw[i], sizeof(float)) != 0 ? 1 : 0;
     h.compare_ints("w8a16_wgmma_bits", {differ}, {0}, what + " (outputs that differ from w8a16)");
+    // Weights without the load-time reference (scale_max): both kernels scan the scale rows and
+    // must give the same bits.
+    int32_t scan_differ = 0;
+    for (Path p : {Path::kW8A16, Path::kW8A16Wg}) {
+      const auto ys = run_gpu(dx, dids, dwts, L, tokens, top_k, act, p, true);
+      for (size_t i = 0; i < y.size(); ++i) scan_differ += std::memcmp(&y[i], &ys[i], sizeof(float)) != 0 ? 1 : 0;
+    }
+    h.compare_ints("w8a16_scan_bits", {scan_differ}, {0}, what + " (outputs without scale_max that differ)");
     if (tokens < 2) return;
     // Each token alone (its own routing row) gives the bits it got inside the batch.
     std::vector<int32_t> same, want;

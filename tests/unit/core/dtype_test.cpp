@@ -61,6 +61,15 @@ TEST(DType, E8M0) {
   EXPECT_TRUE(std::isnan(e8m0_to_f32(255)));
 }
 
+TEST(DType, E8m0RowMax) {
+  const uint8_t s[3 * 4] = {1, 9, 3, 2, 0, 0, 0, 0, 254, 127, 200, 254};
+  uint8_t out[3] = {7, 7, 7};
+  e8m0_row_max(s, 3, 4, out);
+  EXPECT_EQ(out[0], 9);
+  EXPECT_EQ(out[1], 0);
+  EXPECT_EQ(out[2], 254);
+}
+
 TEST(DType, Names) {
   for (DType d : {DType::kF32, DType::kBF16, DType::kF8E4M3, DType::kU8, DType::kI64}) {
     EXPECT_EQ(dtype_from_name(dtype_name(d)), d);

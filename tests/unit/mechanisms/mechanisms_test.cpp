@@ -491,7 +491,7 @@ TEST(Dispatch, LinearGroupTakesTheGroupEntryOrEachLinear) {
   for (size_t i = 0; i < x.size(); ++i) x[i] = float(i % 7) - 3.0f;
   for (auto* w : {&w0, &w1, &w2})
     for (size_t i = 0; i < w->size(); ++i) (*w)[i] = float((i * 5 + w->size()) % 9) * 0.25f - 1.0f;
-  const ops::LinearWeight lw0{f32(w0, {5, k}), {}}, lw1{f32(w1, {2, k}), {}}, lw2{f32(w2, {2, k}), {}};
+  const ops::LinearWeight lw0{f32(w0, {5, k}), {}, {}}, lw1{f32(w1, {2, k}), {}, {}}, lw2{f32(w2, {2, k}), {}, {}};
   const ops::LinearWeight* ws[3] = {&lw0, &lw1, &lw2};
   auto run = [&](const ops::OpContext& ctx, int count, std::vector<std::vector<float>>& out) {
     const int64_t ns[3] = {5, 2, 2};
