@@ -20,6 +20,7 @@
 // weights (+ e8m0 scales) + x + y (F32); the ratio to the copy bandwidth of the same run. TFLOP/s
 // on 2 M N K (the hi + lo pieces make our MMA work twice that); the BF16 ceiling is cuBLAS's BF16
 // GEMM on 8192^3 in the same run (gpu_bench_ceiling.h). max_rel: max |mma - rowdot| / max |rowdot| on the same inputs.
+// M3_BENCH_SCAN=1: MXFP8 weights without LinearWeight::scale_max (the kernels scan each row's scales).
 //   linear_bench [--rows 1,8,32,128,512,4096,8192] [--iters 10] [--rowdot-max 4096]
 //                [--shapes q_proj,o_proj,dense_mlp,kv_proj,lm_head,attn_proj] [--variants LIST]
 //                [--json linear_bench.json]

@@ -29,6 +29,8 @@
 // M3_BENCH_WARM_CODE=3 adds block_<path>_code_warm rows (T <= 64): the whole block's kernels run on
 // a twin first (its routed experts disjoint from the block's, no shared expert).
 // M3_BENCH_MOE_TIMELINE=1 with a -DM3_MOE_TIMELINE=ON build prints each block row's CTA timeline.
+// M3_BENCH_SCAN=1: the weights without LinearWeight::scale_max (the W8A16 kernels then scan each
+// row's scales for its reference, as before the loader computed it).
 // The gemms_routed_w8a16 row (select it with --only gemms_): the W8A16 GEMMs without the shared
 // expert's items.
 #include <cublasLt.h>
