@@ -21,6 +21,11 @@ struct LinearWeight {
   TensorView scale_max;  // optional, MXFP8 only
   int64_t out_features() const { return data.shape[0]; }
   int64_t in_features() const { return data.shape[1]; }
+  // scale_max absent, or U8 [out].
+  bool scale_max_fits() const {
+    return !scale_max.data || (scale_max.dtype == DType::kU8 && scale_max.shape.rank() == 1 &&
+                               scale_max.shape[0] == out_features());
+  }
 };
 
 // Experts of one MoE layer. Index num_routed is the shared expert (always chosen, weight 1).

@@ -1817,9 +1817,7 @@ std::string check(const ops::ExpertWeights& ex, int64_t hidden, int64_t top_k) {
       if (!aligned(w.data.data, 16) || !aligned(w.scale.data, 4)) {
         return "expert " + std::to_string(e) + ": weight data must be 16-byte and scales 4-byte aligned";
       }
-      if (w.scale_max.data && (w.scale_max.dtype != DType::kU8 || w.scale_max.shape.rank() != 1 || w.scale_max.shape[0] != out)) {
-        return "expert " + std::to_string(e) + ": scale_max must be U8 [out]";
-      }
+      if (!w.scale_max_fits()) return "expert " + std::to_string(e) + ": scale_max must be U8 [out]";
     }
   }
   return "";

@@ -450,10 +450,7 @@ inline std::string rowdot_weight_problem(const ops::LinearWeight& w) {
       w.scale.shape[0] != w.out_features() || w.scale.shape[1] != w.in_features() / 32) {
     return "MXFP8 weight needs a U8 e8m0 scale [out, in / 32]";
   }
-  if (w.scale_max.data &&
-      (w.scale_max.dtype != DType::kU8 || w.scale_max.shape.rank() != 1 || w.scale_max.shape[0] != w.out_features())) {
-    return "MXFP8 weight's scale_max must be U8 [out]";
-  }
+  if (!w.scale_max_fits()) return "MXFP8 weight's scale_max must be U8 [out]";
   return "";
 }
 

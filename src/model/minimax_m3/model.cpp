@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cstring>
+#include <initializer_list>
+#include <utility>
 
 #include "core/check.h"
 #include "ops/host_runtime.h"
@@ -64,15 +66,26 @@ Result<std::unique_ptr<MiniMaxM3Model>> MiniMaxM3Model::load(const ModelDir& dir
   const bool mxfp8 = c.quant_method == QuantMethod::kMxfp8;
 
   // One tensor at a time: read (dequantised or raw), convert, copy into backend memory.
-  auto to_backend = [&](const void* bytes, size_t size, DType dtype, const Shape& shape, int layer) -> TensorView {
+  // Pieces of host bytes, back to back in one buffer.
+  using Pieces = std::initializer_list<std::pair<const void*, size_t>>;
+  auto to_backend_pieces = [&](Pieces pieces, DType dtype, const Shape& shape, int layer) -> TensorView {
+    size_t size = 0;
+    for (const auto& p : pieces) size += p.second;
     ops::DeviceBuffer buf(rt, size);
-    rt->upload(buf.data(), bytes, size);
+    size_t off = 0;
+    for (const auto& p : pieces) {
+      rt->upload(static_cast<uint8_t*>(buf.data()) + off, p.first, p.second);
+      off += p.second;
+    }
     rt->synchronize();  // the host copy is freed next
     TensorView v = buf.view(dtype, shape);
     model->weight_bytes_ += size;
     if (layer >= 0) model->layer_weight_bytes_[size_t(layer)] += size;
     model->storage_.push_back(std::move(buf));
     return v;
+  };
+  auto to_backend = [&](const void* bytes, size_t size, DType dtype, const Shape& shape, int layer) {
+    return to_backend_pieces({{bytes, size}}, dtype, shape, layer);
   };
   for (const auto& spec : specs) {
     ops::LinearWeight linear_w;
@@ -95,12 +108,12 @@ Result<std::unique_ptr<MiniMaxM3Model>> MiniMaxM3Model::load(const ModelDir& dir
         }
         const Mxfp8Slice part = slice_mxfp8(*stored, slice, c.quant_block_k);
         linear_w.data = to_backend(part.weight.data(), part.weight.size(), DType::kF8E4M3, part.weight_shape, spec.layer);
-        // The scales and each row's largest scale byte in one buffer (the kernels' row reference).
-        const int64_t rows = part.scale_shape[0], cols = part.scale_shape[1];
-        std::vector<uint8_t> scales(part.scale.size() + size_t(rows));
-        std::copy(part.scale.begin(), part.scale.end(), scales.begin());
-        e8m0_row_max(part.scale.data(), rows, cols, scales.data() + part.scale.size());
-        const TensorView both = to_backend(scales.data(), scales.size(), DType::kU8, Shape{int64_t(scales.size())}, spec.layer);
+        // The scales and each row's largest scale byte (the kernels' row reference) in one buffer.
+        const int64_t rows = part.scale_shape[0];
+        std::vector<uint8_t> smax(static_cast<size_t>(rows));
+        e8m0_row_max(part.scale.data(), rows, part.scale_shape[1], smax.data());
+        const TensorView both = to_backend_pieces({{part.scale.data(), part.scale.size()}, {smax.data(), smax.size()}}, DType::kU8,
+                                           Shape{int64_t(part.scale.size() + smax.size())}, spec.layer);
         linear_w.scale = TensorView{both.data, DType::kU8, part.scale_shape, both.device};
         linear_w.scale_max = TensorView{static_cast<uint8_t*>(both.data) + part.scale.size(), DType::kU8, Shape{rows}, both.device};
         done = true;
