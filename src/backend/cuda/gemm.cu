@@ -290,13 +290,18 @@ std::string plan_linear(const ops::Problem& p) {
 // K split each weight's own.
 template <bool kWg>
 std::string plan_group(const ops::Problem& p) {
-  return mma_linear_tile_text(mma_linear_plan(p.m, p.n, p.k, p.dtype, kWg, mma_group_rule())) + " for each of " +
-         std::to_string(p.extra) +
-         " weights (K split per weight as linear)";
+  const MmaLinearPlan plan = mma_linear_plan(p.m, p.n, p.k, p.dtype, kWg, mma_group_rule());
+  return mma_linear_tile_text(plan) + " for each of " + std::to_string(p.extra) + " weights (K split per weight as linear" +
+         (plan.ctas_per_sm > 0 ? "; CTAs per SM by the launch's sum" : "") + ")";
 }
+// Gate and up run in one launch: its CTAs per SM follow their sum.
 template <bool kWg>
 std::string plan_mlp(const ops::Problem& p) {
-  return "gate, up: " + mma_linear_plan_text(mma_linear_plan(p.m, p.n, p.k, p.dtype, kWg)) +
+  MmaLinearPlan gate_up = mma_linear_plan(p.m, p.n, p.k, p.dtype, kWg);
+  if (gate_up.ctas_per_sm > 0) {
+    gate_up.ctas_per_sm = narrow_ctas_per_sm(2 * gate_up.grid_x * gate_up.grid_y * gate_up.grid_z, MmaLinearRule{}.narrow_ctas_per_sm);
+  }
+  return "gate, up: " + mma_linear_plan_text(gate_up) + " (one launch)" +
          "; down: " + mma_linear_plan_text(mma_linear_plan(p.m, p.k, p.n, p.dtype, kWg));
 }
 

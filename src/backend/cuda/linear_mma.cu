@@ -212,7 +212,10 @@ __global__ void __launch_bounds__(kSplitThreads) split_rows_kernel(const float* 
 // 16 kMI weight rows x 8 kNT tokens. Narrow tiles (small M): 8 x 1 warps of 16 x 8, 16 or 32; wide tile:
 // 2 x 4 warps of 64 x 32 (fewer shared-memory bytes per MMA).
 template <WKind W, int kMI, int kNT, int kTW, int kStages>
-__global__ void __launch_bounds__(32 * (128 / (16 * kMI)) * kTW) mma_linear_kernel(const __grid_constant__ GroupArgs ga) {
+// The 8- and 16-token tiles are capped at 80 registers so that three CTAs fit an SM (84 had taken
+// the 16-token tile to two on every launch); the launch then chooses two or three.
+__global__ void __launch_bounds__(32 * (128 / (16 * kMI)) * kTW, kTW == 1 && kNT <= 2 ? 3 : 1)
+    mma_linear_kernel(const __grid_constant__ GroupArgs ga) {
   constexpr int kWR = kRowsCta / (16 * kMI);
   constexpr int kThreads = 32 * kWR * kTW;
   constexpr int kCT = 8 * kNT * kTW;  // tokens per CTA
@@ -552,11 +555,42 @@ void split_x(const float* x, int64_t ldx, int64_t m, int64_t k, bool f16, bool w
                 f16 ? s.scale : nullptr, tickets, ntickets);
 }
 
+// Dynamic shared memory that leaves room for at most two CTAs per SM (three need less than a
+// third of the SM's shared memory each): the launch's way to choose two.
+size_t two_per_sm_bytes() {
+  static size_t bytes[64] = {};
+  int dev = 0;
+  M3_CUDA_CHECK(cudaGetDevice(&dev));
+  if (dev >= 64) dev = 63;
+  if (bytes[dev] == 0) {
+    int per_sm = 0, reserved = 0;
+    M3_CUDA_CHECK(cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev));
+    M3_CUDA_CHECK(cudaDeviceGetAttribute(&reserved, cudaDevAttrReservedSharedMemoryPerBlock, dev));
+    bytes[dev] = size_t(per_sm / 3 - reserved + 1024);
+  }
+  return bytes[dev];
+}
+
 template <WKind W, int kMI, int kNT, int kTW, int kStages>
-void launch(const GroupArgs& ga) {
-  auto kernel = mma_linear_kernel<W, kMI, kNT, kTW, kStages>;
+size_t launch_smem(int per_sm) {
   constexpr size_t bytes = smem_bytes<W, 8 * kNT * kTW, kStages>();
-  allow_dynamic_smem(reinterpret_cast<const void*>(kernel), bytes);
+  auto kernel = mma_linear_kernel<W, kMI, kNT, kTW, kStages>;
+  if constexpr (kTW == 1 && kNT <= 2) {
+    const size_t two = std::max(bytes, two_per_sm_bytes());
+    allow_dynamic_smem(reinterpret_cast<const void*>(kernel), two);  // the larger size, once
+    return per_sm == 2 ? two : bytes;
+  } else {
+    allow_dynamic_smem(reinterpret_cast<const void*>(kernel), bytes);
+    return bytes;
+  }
+}
+
+// per_sm: 2 pads the 8- or 16-token tile's shared memory so that two CTAs run per SM (0 or 3: as
+// many as fit).
+template <WKind W, int kMI, int kNT, int kTW, int kStages>
+void launch(const GroupArgs& ga, int per_sm) {
+  auto kernel = mma_linear_kernel<W, kMI, kNT, kTW, kStages>;
+  const size_t bytes = launch_smem<W, kMI, kNT, kTW, kStages>(per_sm);
   // A programmatic dependent of the x split (or of the GEMM launch before it over the same split).
   launch_kernel(kernel, dim3(unsigned(ga.first_cta[ga.count])), dim3(32 * (kRowsCta / (16 * kMI)) * kTW), bytes, true,
                 ga);
@@ -595,6 +629,7 @@ struct Gemm {
     // The grid is 1-D (fire() bounds its CTA count); rows and tiles are ints in the kernel.
     if (m > INT32_MAX) throw std::runtime_error("linear.mma_hilo_invariant.sm90: too many rows (" + std::to_string(m) + ")");
     ct = plan.tokens_per_cta;
+    per_sm_rule = rule.narrow_ctas_per_sm;
     a.w = static_cast<const uint8_t*>(w.data.data);
     a.ws = fp8 ? static_cast<const uint8_t*>(w.scale.data) : nullptr;
     a.wref = fp8 ? static_cast<const uint8_t*>(w.scale_max.data) : nullptr;
@@ -615,6 +650,7 @@ struct Gemm {
     }
   }
   size_t partial_bytes = 0, ticket_count = 0;
+  int per_sm_rule = 0;  // MmaLinearRule::narrow_ctas_per_sm
 };
 
 // One launch for GEMMs [0, count) of the same weight type and token tile.
@@ -634,16 +670,17 @@ void fire(Gemm* const* gs, int count, const SplitX& xs) {
   ga.first_cta[count] = int(ctas);
   // Token tile (the bits do not depend on it): see tokens_per_cta().
   const int ct = gs[0]->ct;
+  const int per_sm = ct <= 16 ? narrow_ctas_per_sm(ctas, gs[0]->per_sm_rule) : 0;
   if (gs[0]->fp8) {
-    if (ct == 128) launch<WKind::kFP8, 4, 4, 4, 4>(ga);
-    else if (ct == 8) launch<WKind::kFP8, 1, 1, 1, 4>(ga);
-    else if (ct == 16) launch<WKind::kFP8, 1, 2, 1, 4>(ga);
-    else launch<WKind::kFP8, 1, 4, 1, 4>(ga);
+    if (ct == 128) launch<WKind::kFP8, 4, 4, 4, 4>(ga, 0);
+    else if (ct == 8) launch<WKind::kFP8, 1, 1, 1, 4>(ga, per_sm);
+    else if (ct == 16) launch<WKind::kFP8, 1, 2, 1, 4>(ga, per_sm);
+    else launch<WKind::kFP8, 1, 4, 1, 4>(ga, 0);
   } else {
-    if (ct == 128) launch<WKind::kBF16, 4, 4, 4, 3>(ga);
-    else if (ct == 8) launch<WKind::kBF16, 1, 1, 1, 4>(ga);
-    else if (ct == 16) launch<WKind::kBF16, 1, 2, 1, 4>(ga);
-    else launch<WKind::kBF16, 1, 4, 1, 4>(ga);
+    if (ct == 128) launch<WKind::kBF16, 4, 4, 4, 3>(ga, 0);
+    else if (ct == 8) launch<WKind::kBF16, 1, 1, 1, 4>(ga, per_sm);
+    else if (ct == 16) launch<WKind::kBF16, 1, 2, 1, 4>(ga, per_sm);
+    else launch<WKind::kBF16, 1, 4, 1, 4>(ga, 0);
   }
 }
 
@@ -673,6 +710,7 @@ std::string mma_linear_plan_text(const MmaLinearPlan& p) {
                   std::to_string(p.nseg) + " segment" + (p.nseg == 1 ? "" : "s") + " of " + std::to_string(p.seg_stages) +
                   " x 64";
   if (p.split) s += p.kernel == MmaLinearKernel::kWgmma ? " as separate work items" : " on separate CTAs";
+  if (p.ctas_per_sm > 0) s += ", " + std::to_string(p.ctas_per_sm) + " CTAs per SM";
   return s;
 }
 
@@ -707,7 +745,32 @@ MmaLinearPlan mma_linear_plan(int64_t m, int64_t n, int64_t k, DType dtype, bool
   const bool ragged = p.tokens_per_cta == 32 && m > 128 && tiles * 100 < slots * rule.split_fill;
   p.split = p.nseg > 1 && (tiles < kSms || ragged) && m <= kSplitMaxRows;
   p.grid_z = p.split ? p.nseg : 1;
+  // (BF16 weights: their rings fit two per SM whatever the rule says.)
+  if (p.tokens_per_cta <= 16 && dtype == DType::kF8E4M3) p.ctas_per_sm = narrow_ctas_per_sm(p.grid_x * p.grid_y * p.grid_z, rule.narrow_ctas_per_sm);
   return p;
+}
+
+int narrow_ctas_per_sm(int64_t ctas, int rule) {
+  if (rule == 2 || rule == 3) return rule;
+  // Up to one wave of two per SM, two: allowed three, the launch packed them onto fewer SMs.
+  if (ctas <= 2 * kSms) return 2;
+  // The fill of the last wave at o per SM, compared as ctas / (waves(o) * o): the larger wins.
+  auto slots = [&](int64_t o) { return (ctas + o * kSms - 1) / (o * kSms) * o * kSms; };
+  return slots(2) < slots(3) ? 2 : 3;
+}
+
+int narrow_occupancy_check(int tokens_per_cta, bool fp8, int per_sm) {
+  auto check = [&](auto kernel, size_t bytes) {
+    int n = 0;
+    M3_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, 256, bytes));
+    return n;
+  };
+  if (tokens_per_cta == 8) {
+    if (fp8) return check(mma_linear_kernel<WKind::kFP8, 1, 1, 1, 4>, launch_smem<WKind::kFP8, 1, 1, 1, 4>(per_sm));
+    return check(mma_linear_kernel<WKind::kBF16, 1, 1, 1, 4>, launch_smem<WKind::kBF16, 1, 1, 1, 4>(per_sm));
+  }
+  if (fp8) return check(mma_linear_kernel<WKind::kFP8, 1, 2, 1, 4>, launch_smem<WKind::kFP8, 1, 2, 1, 4>(per_sm));
+  return check(mma_linear_kernel<WKind::kBF16, 1, 2, 1, 4>, launch_smem<WKind::kBF16, 1, 2, 1, 4>(per_sm));
 }
 
 MmaLinearRule mma_group_rule() {

@@ -72,7 +72,21 @@ struct MmaLinearRule {
   //   wgmma_bf16_wide_min_rows: the wide-weight rule's row threshold for BF16 weights (the LM head
   //     at 64 rows: 2657 us on the 128-token mma.sync tile, 1940 on wgmma, H100).
   int64_t wgmma_bf16_wide_min_rows = 64;
+  //   narrow_ctas_per_sm: CTAs per SM of an 8- or 16-token-tile launch (three fit as compiled:
+  //     at most 80 registers, 44 / 52 KB with MXFP8 weights; BF16's rings allow two): 0 picks per
+  //     launch two up to one wave of two per SM (allowed three, a launch of 256 packed them onto
+  //     fewer SMs: H100, q_proj at 16 rows 47.6 -> 39.0 us), past it the count whose last wave is
+  //     fuller, three on a tie (q_proj at 32 rows, 512 CTAs: 73.1 -> 65.1 us at two per SM, 1.94
+  //     waves against 1.29; the grouped attention projections' 720 keep three); 2 or 3 force it.
+  int narrow_ctas_per_sm = 0;
 };
+// CTAs per SM an 8- or 16-token-tile launch of `ctas` CTAs runs at under `rule`
+// (MmaLinearRule::narrow_ctas_per_sm): 2 or 3.
+int narrow_ctas_per_sm(int64_t ctas, int rule);
+// What the occupancy calculator gives the 8- or 16-token-tile kernel (FP8 or BF16 weights)
+// launched for `per_sm` (0: unpadded, 2 or 3) CTAs per SM on the current device: the check that
+// the padding works.
+int narrow_occupancy_check(int tokens_per_cta, bool fp8, int per_sm);
 // The rule of weight groups (ops::linear_group): the default without the wide-weight path.
 MmaLinearRule mma_group_rule();
 
@@ -86,6 +100,7 @@ struct MmaLinearPlan {
   bool split = false;      // one segment per CTA (grid z), partials added by the tile's last CTA
   bool overlap = false;    // wgmma: the overlapped form (MmaLinearRule::wgmma_overlap)
   int64_t grid_x = 0, grid_y = 0, grid_z = 0;  // tiles over n, over m, and segments (wgmma: persistent CTAs walk the tiles)
+  int ctas_per_sm = 0;  // 8- and 16-token tiles launched alone: narrow_ctas_per_sm() (a group's launch decides on its sum)
 };
 // wgmma: whether the call may take the wgmma kernel (its dispatch entry was chosen).
 MmaLinearPlan mma_linear_plan(int64_t m, int64_t n, int64_t k, DType dtype, bool wgmma = false,

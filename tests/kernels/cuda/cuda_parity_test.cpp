@@ -972,6 +972,19 @@ void report(Harness& h) {
   std::printf("wrote %s\n", path.c_str());
 }
 
+// The 8- and 16-token linear tiles' launches get the CTAs per SM their rule asks for: with MXFP8
+// weights three as compiled (at most 80 registers), two with the padded shared memory; with BF16
+// weights (larger rings) two either way.
+TEST(CudaParity, NarrowLinearTileOccupancy) {
+  if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device: the occupancy check needs one";
+  for (int ct : {8, 16}) {
+    EXPECT_EQ(cuda::narrow_occupancy_check(ct, true, 0), 3) << ct << "-token FP8";
+    EXPECT_EQ(cuda::narrow_occupancy_check(ct, true, 3), 3) << ct << "-token FP8";
+    EXPECT_EQ(cuda::narrow_occupancy_check(ct, true, 2), 2) << ct << "-token FP8";
+    EXPECT_EQ(cuda::narrow_occupancy_check(ct, false, 2), 2) << ct << "-token BF16";
+  }
+}
+
 TEST(CudaParity, EveryOpMatchesTheCpuReference) {
   if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device: the GPU parity test needs one";
   const cuda::DeviceInfo info = cuda::device_info(0);

@@ -170,6 +170,32 @@ TEST(MmaLinearPlan, SegmentsDependOnTheShapeOnly) {
 }
 
 // The tensor-core entries trace their plan: the kernel, tiles and K split that run a problem.
+// The 8- and 16-token tiles' CTAs per SM (no bit depends on it): two up to one wave of two per
+// SM, past it the count whose last wave is fuller, three on a tie; forced by the rule.
+TEST(MmaLinearPlan, NarrowTilesPickTheirCtasPerSm) {
+  EXPECT_EQ(cuda::narrow_ctas_per_sm(256, 0), 2);  // q_proj at one token: spread over the SMs
+  EXPECT_EQ(cuda::narrow_ctas_per_sm(264, 0), 2);
+  EXPECT_EQ(cuda::narrow_ctas_per_sm(512, 0), 2);  // 512 of 528 slots against 512 of 792
+  EXPECT_EQ(cuda::narrow_ctas_per_sm(480, 0), 2);
+  EXPECT_EQ(cuda::narrow_ctas_per_sm(720, 0), 3);  // 792 slots either way
+  EXPECT_EQ(cuda::narrow_ctas_per_sm(396, 0), 3);  // one wave of three, two of two
+  EXPECT_EQ(cuda::narrow_ctas_per_sm(512, 3), 3);
+  EXPECT_EQ(cuda::narrow_ctas_per_sm(720, 2), 2);
+  // q_proj at 32 rows: two 16-token tiles x 64 x 4 segments = 512 CTAs, two per SM, in the trace.
+  const cuda::MmaLinearPlan q32 = cuda::mma_linear_plan(32, 8192, 6144, DType::kF8E4M3);
+  EXPECT_EQ(q32.tokens_per_cta, 16);
+  EXPECT_EQ(q32.grid_x * q32.grid_y * q32.grid_z, 512);
+  EXPECT_EQ(q32.ctas_per_sm, 2);
+  EXPECT_NE(cuda::mma_linear_plan_text(q32).find(", 2 CTAs per SM"), std::string::npos);
+  cuda::MmaLinearRule three;
+  three.narrow_ctas_per_sm = 3;
+  EXPECT_EQ(cuda::mma_linear_plan(32, 8192, 6144, DType::kF8E4M3, false, three).ctas_per_sm, 3);
+  EXPECT_EQ(cuda::mma_linear_plan(1, 8192, 6144, DType::kF8E4M3).ctas_per_sm, 2);
+  // The 32-token and wide tiles fit two at most: left to the kernel.
+  EXPECT_EQ(cuda::mma_linear_plan(64, 8192, 6144, DType::kF8E4M3).ctas_per_sm, 0);
+  EXPECT_EQ(cuda::mma_linear_plan(512, 8192, 6144, DType::kF8E4M3).ctas_per_sm, 0);
+}
+
 TEST(MmaLinearPlan, EntriesTraceTheirPlan) {
   ops::KernelTable table;
   cuda::register_cuda_kernels(table);
