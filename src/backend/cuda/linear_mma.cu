@@ -558,17 +558,8 @@ void split_x(const float* x, int64_t ldx, int64_t m, int64_t k, bool f16, bool w
 // Dynamic shared memory that leaves room for at most two CTAs per SM (three need less than a
 // third of the SM's shared memory each): the launch's way to choose two.
 size_t two_per_sm_bytes() {
-  static size_t bytes[64] = {};
-  int dev = 0;
-  M3_CUDA_CHECK(cudaGetDevice(&dev));
-  if (dev >= 64) dev = 63;
-  if (bytes[dev] == 0) {
-    int per_sm = 0, reserved = 0;
-    M3_CUDA_CHECK(cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev));
-    M3_CUDA_CHECK(cudaDeviceGetAttribute(&reserved, cudaDevAttrReservedSharedMemoryPerBlock, dev));
-    bytes[dev] = size_t(per_sm / 3 - reserved + 1024);
-  }
-  return bytes[dev];
+  return size_t(current_device_attribute(cudaDevAttrMaxSharedMemoryPerMultiprocessor) / 3 -
+                current_device_attribute(cudaDevAttrReservedSharedMemoryPerBlock) + 1024);
 }
 
 template <WKind W, int kMI, int kNT, int kTW, int kStages>

@@ -376,18 +376,7 @@ int ilog2(int v) {
 
 }  // namespace
 
-int current_sm_count() {
-  static int counts[64] = {};
-  int dev = 0;
-  M3_CUDA_CHECK(cudaGetDevice(&dev));
-  if (dev >= 64) dev = 63;
-  if (counts[dev] == 0) {
-    int n = 0;
-    M3_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
-    counts[dev] = n;
-  }
-  return counts[dev];
-}
+int current_sm_count() { return current_device_attribute(cudaDevAttrMultiProcessorCount); }
 
 // Shapes outside the tuned kernel (index dim != 128, block size not a power of two in
 // 8..128, more than 16 heads, top_k > 64) run the generic kernel.
