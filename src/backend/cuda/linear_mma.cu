@@ -211,9 +211,9 @@ __global__ void __launch_bounds__(kSplitThreads) split_rows_kernel(const float* 
 // A CTA: 128 weight rows x kCT tokens; warps kWR (along rows) x kTW (along tokens); a warp owns
 // 16 kMI weight rows x 8 kNT tokens. Narrow tiles (small M): 8 x 1 warps of 16 x 8, 16 or 32; wide tile:
 // 2 x 4 warps of 64 x 32 (fewer shared-memory bytes per MMA).
-template <WKind W, int kMI, int kNT, int kTW, int kStages>
 // The 8- and 16-token tiles are capped at 80 registers so that three CTAs fit an SM (84 had taken
 // the 16-token tile to two on every launch); the launch then chooses two or three.
+template <WKind W, int kMI, int kNT, int kTW, int kStages>
 __global__ void __launch_bounds__(32 * (128 / (16 * kMI)) * kTW, kTW == 1 && kNT <= 2 ? 3 : 1)
     mma_linear_kernel(const __grid_constant__ GroupArgs ga) {
   constexpr int kWR = kRowsCta / (16 * kMI);
