@@ -212,9 +212,10 @@ __global__ void __launch_bounds__(kSplitThreads) split_rows_kernel(const float* 
 // 16 kMI weight rows x 8 kNT tokens. Narrow tiles (small M): 8 x 1 warps of 16 x 8, 16 or 32; wide tile:
 // 2 x 4 warps of 64 x 32 (fewer shared-memory bytes per MMA).
 // The 8- and 16-token tiles are capped at 80 registers so that three CTAs fit an SM (84 had taken
-// the 16-token tile to two on every launch); the launch then chooses two or three.
+// the 16-token tile to two on every launch); the launch then chooses two or three. The 32-token
+// tile is held to two (at most 128; it uses 112-116), which its rules assume (kNarrowWave).
 template <WKind W, int kMI, int kNT, int kTW, int kStages>
-__global__ void __launch_bounds__(32 * (128 / (16 * kMI)) * kTW, kTW == 1 && kNT <= 2 ? 3 : 1)
+__global__ void __launch_bounds__(32 * (128 / (16 * kMI)) * kTW, kTW == 1 && kNT <= 2 ? 3 : kTW == 1 ? 2 : 1)
     mma_linear_kernel(const __grid_constant__ GroupArgs ga) {
   constexpr int kWR = kRowsCta / (16 * kMI);
   constexpr int kThreads = 32 * kWR * kTW;
@@ -756,6 +757,10 @@ int narrow_occupancy_check(int tokens_per_cta, bool fp8, int per_sm) {
     M3_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, 256, bytes));
     return n;
   };
+  if (tokens_per_cta == 32) {
+    if (fp8) return check(mma_linear_kernel<WKind::kFP8, 1, 4, 1, 4>, launch_smem<WKind::kFP8, 1, 4, 1, 4>(0));
+    return check(mma_linear_kernel<WKind::kBF16, 1, 4, 1, 4>, launch_smem<WKind::kBF16, 1, 4, 1, 4>(0));
+  }
   if (tokens_per_cta == 8) {
     if (fp8) return check(mma_linear_kernel<WKind::kFP8, 1, 1, 1, 4>, launch_smem<WKind::kFP8, 1, 1, 1, 4>(per_sm));
     return check(mma_linear_kernel<WKind::kBF16, 1, 1, 1, 4>, launch_smem<WKind::kBF16, 1, 1, 1, 4>(per_sm));

@@ -85,7 +85,8 @@ struct MmaLinearRule {
 int narrow_ctas_per_sm(int64_t ctas, int rule);
 // What the occupancy calculator gives the 8- or 16-token-tile kernel (FP8 or BF16 weights)
 // launched for `per_sm` (0: unpadded, 2 or 3) CTAs per SM on the current device: the check that
-// the padding works.
+// the padding works (and that no tile's registers crept past its count); 32: the 32-token tile
+// as launched (per_sm ignored).
 int narrow_occupancy_check(int tokens_per_cta, bool fp8, int per_sm);
 // The rule of weight groups (ops::linear_group): the default without the wide-weight path.
 MmaLinearRule mma_group_rule();

@@ -974,7 +974,7 @@ void report(Harness& h) {
 
 // The 8- and 16-token linear tiles' launches get the CTAs per SM their rule asks for: with MXFP8
 // weights three as compiled (at most 80 registers), two with the padded shared memory; with BF16
-// weights (larger rings) two either way.
+// weights (larger rings) two either way. A kernel whose registers grow past its count fails here.
 TEST(CudaParity, NarrowLinearTileOccupancy) {
   if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device: the occupancy check needs one";
   for (int ct : {8, 16}) {
@@ -983,6 +983,9 @@ TEST(CudaParity, NarrowLinearTileOccupancy) {
     EXPECT_EQ(cuda::narrow_occupancy_check(ct, true, 2), 2) << ct << "-token FP8";
     EXPECT_EQ(cuda::narrow_occupancy_check(ct, false, 2), 2) << ct << "-token BF16";
   }
+  // The 32-token tile runs two per SM (the split rule's waves assume it).
+  EXPECT_EQ(cuda::narrow_occupancy_check(32, true, 0), 2) << "32-token FP8";
+  EXPECT_EQ(cuda::narrow_occupancy_check(32, false, 0), 2) << "32-token BF16";
 }
 
 TEST(CudaParity, EveryOpMatchesTheCpuReference) {
