@@ -81,7 +81,7 @@ class FixedScratch {
 // Raises a kernel's dynamic shared-memory limit to `bytes` once per (kernel, device), so graph
 // capture (the engine's replays, the benchmarks) never meets the call; returns the SM count.
 int allow_dynamic_smem(const void* kernel, size_t bytes);
-// An attribute of the current device, read once per (attribute, device).
+// An attribute of the current device, read once per (attribute, device); no lock.
 int current_device_attribute(cudaDeviceAttr attr);
 
 // y[m, n] = x[m, k] * w[n, k]^T with fp32 accumulation; x, y F32 device rows; w F32 or BF16.

@@ -1,5 +1,6 @@
 // allow_dynamic_smem (cuda_internal.h): the per-(kernel, device) dynamic shared-memory limit; and
 // the per-device attribute cache beside it.
+#include <atomic>
 #include <map>
 #include <mutex>
 #include <utility>
@@ -28,17 +29,22 @@ int allow_dynamic_smem(const void* kernel, size_t bytes) {
   return sms;
 }
 
+// Lock-free: it sits on launch paths (every linear launch, every MSA plan). A slot holds the
+// value + 1 once read (0: not yet); racing first reads store the same value.
 int current_device_attribute(cudaDeviceAttr attr) {
-  static std::mutex mu;
-  static std::map<std::pair<int, int>, int> values;  // (attribute, device) -> value
+  constexpr int kDevices = 64, kAttrs = 256;
+  static std::atomic<int> cache[kDevices][kAttrs];
   int device = 0;
   M3_CUDA_CHECK(cudaGetDevice(&device));
-  std::lock_guard<std::mutex> lock(mu);
-  auto it = values.find({int(attr), device});
-  if (it != values.end()) return it->second;
+  const int a = int(attr);
+  const bool cached = device >= 0 && device < kDevices && a >= 0 && a < kAttrs;
+  if (cached) {
+    const int v = cache[device][a].load(std::memory_order_relaxed);
+    if (v != 0) return v - 1;
+  }
   int v = 0;
   M3_CUDA_CHECK(cudaDeviceGetAttribute(&v, attr, device));
-  values[{int(attr), device}] = v;
+  if (cached) cache[device][a].store(v + 1, std::memory_order_relaxed);
   return v;
 }
 
