@@ -152,6 +152,18 @@ __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
         : "memory");
   } while (!done);
 }
+// The same wait for transactions completed by other CTAs of the cluster (st.async into this CTA's
+// shared memory): acquire at cluster scope, so their bytes are visible after it.
+__device__ __forceinline__ void mbar_wait_cluster(uint32_t bar, uint32_t parity) {
+  uint32_t done = 0;
+  do {
+    asm volatile(
+        "{\n.reg .pred p;\nmbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(bar), "r"(parity)
+        : "memory");
+  } while (!done);
+}
 // Arrive on `bar` when this thread's earlier cp.async copies have landed (counts as one of the
 // barrier's expected arrivals).
 __device__ __forceinline__ void cp_async_arrive_noinc(uint32_t bar) {

@@ -97,6 +97,7 @@ struct MsaAttnPlan {
   int64_t groups = 0, su_cap = 0, ctas = 0;
   size_t part_bytes = 0;
   bool fixed_partials = false;  // the split partials in a fixed buffer (no memory node in a graph), else the pool
+  bool push = false;  // split partials stored into the folding CTAs' shared memory (at most one unit per CTA)
 };
 // Why the query-major kernel does not take a shape ("" when it does; else the generic kernel runs).
 std::string msa_attention_refusal(const MsaAttnShape& shape);

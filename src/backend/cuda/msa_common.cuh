@@ -58,6 +58,26 @@ __device__ __forceinline__ void cluster_sync() {
   cluster_arrive();
   cluster_wait();
 }
+// The first half without the fence or release (after an mbarrier-init fence: the barriers a
+// peer will signal are initialised before the peers' wait returns).
+__device__ __forceinline__ void cluster_arrive_relaxed() {
+  asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void mbar_init_fence() { asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory"); }
+
+// Distributed shared memory: the address in CTA `rank` of the cluster of a local shared address,
+// and an 8-byte store there that completes as transaction bytes on that CTA's mbarrier `bar`
+// (the peer's address of it, also from cluster_map).
+__device__ __forceinline__ uint32_t cluster_map(uint32_t local, int rank) {
+  uint32_t r;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(r) : "r"(local), "r"(rank));
+  return r;
+}
+__device__ __forceinline__ void st_async_f2(uint32_t remote, float x, float y, uint32_t remote_bar) {
+  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v2.f32 [%0], {%1, %2}, [%3];\n" ::"r"(remote),
+               "f"(x), "f"(y), "r"(remote_bar)
+               : "memory");
+}
 
 // Arrival of one CTA of a group of `expected`; true for the last one, which also re-arms the
 // counter for the next launch. Every CTA's global writes before this call are visible to the

@@ -40,8 +40,10 @@
 #include "backend/cuda/cuda_internal.h"
 #include "backend/cuda/msa.h"
 #include "backend/cuda/pdl.cuh"
+#include "backend/cuda/mma_operands.cuh"
 #include "backend/cuda/msa_common.cuh"
 #include "backend/cuda/msa_timeline.cuh"
+#include "backend/cuda/tma.cuh"
 
 namespace m3::cuda {
 namespace {
@@ -146,7 +148,7 @@ struct Fold {
   }
 };
 
-template <int MT, bool kSplit, bool kEarly = false>
+template <int MT, bool kSplit, bool kEarly = false, bool kPush = false>
 __global__ void __launch_bounds__(kThreads, kSplit ? 2 : 1) msa_attention_kernel(AttnArgs a) {
   using L = Layout<MT, kSplit>;
   constexpr int kRows = L::kRows;
@@ -166,6 +168,7 @@ __global__ void __launch_bounds__(kThreads, kSplit ? 2 : 1) msa_attention_kernel
   int* const s_pos = reinterpret_cast<int*>(smem + L::kPosOff);
   unsigned char* const firsts = smem + L::kFirstOff;
   __shared__ int s_count;
+  __shared__ __align__(8) unsigned long long s_push_bar;  // partials pushed into this CTA (see `push`)
 
   [[maybe_unused]] const int tl_cta = blockIdx.x < 1024u ? int(blockIdx.x) : -1;
   [[maybe_unused]] const int tl_ctas = int(min(gridDim.x, 1024u));
@@ -303,6 +306,21 @@ __global__ void __launch_bounds__(kThreads, kSplit ? 2 : 1) msa_attention_kernel
   const int su0 = int(int64_t(split) * n_su / C), su1 = int(int64_t(split + 1) * n_su / C);
   const int u_begin = min(su0 * kSu, n_units), u_end = min(su1 * kSu, n_units);
   const int my_units = u_end - u_begin;
+  // Pushed partials (MsaAttnPlan::push: the split ring, sparse, at most one unit per CTA, whole
+  // rows per CTA; M3 decode at B <= 2): each CTA stores its unit partial with st.async straight
+  // into the shared memory of the CTAs that fold its rows (the ring's third slot, which one unit
+  // never uses), counted on their mbarriers, instead of to global memory behind a fence and a
+  // cluster barrier and read back from L2 (same partials, same fold order: the same bits). The
+  // cluster barrier here only publishes the mbarriers' init.
+  static_assert(!kPush || (kSplit && MT == 1), "pushed partials: the split ring");
+  constexpr bool push = kPush;
+  if constexpr (push) {
+    if (tid == 0) {
+      mma_ops::mbar_init(smem_u32(&s_push_bar), 1);
+      msa::mbar_init_fence();
+    }
+    msa::cluster_arrive_relaxed();
+  }
   // Early units: this CTA's block (u_begin, if any) in the list.
   const int list_base = early_units ? u_begin : 0;
   if (early_units) {
@@ -453,27 +471,30 @@ __global__ void __launch_bounds__(kThreads, kSplit ? 2 : 1) msa_attention_kernel
   int su = su0;
   // Ends super-unit k: fold it into the outer state (one CTA) or write its partial.
   auto end_super_unit = [&](int k) {
+    // (pushed: the one unit's partial stays in `inner` until it is pushed)
+    if constexpr (!push) {
 #pragma unroll
-    for (int mt = 0; mt < MT; ++mt) {
-      if (mt * 16 >= rows) break;
-      if (C == 1) {
-        outer.absorb(mt, inner.m[mt][0], inner.m[mt][1], inner.l[mt][0], inner.l[mt][1], inner.o[mt], sl2);
-      } else {
-        const int r0 = mt * 16 + gq, r1 = r0 + 8;
-        const int64_t base = (int64_t(rg) * a.su_cap + k) * kRows;
+      for (int mt = 0; mt < MT; ++mt) {
+        if (mt * 16 >= rows) break;
+        if (C == 1) {
+          outer.absorb(mt, inner.m[mt][0], inner.m[mt][1], inner.l[mt][0], inner.l[mt][1], inner.o[mt], sl2);
+        } else {
+          const int r0 = mt * 16 + gq, r1 = r0 + 8;
+          const int64_t base = (int64_t(rg) * a.su_cap + k) * kRows;
 #pragma unroll
-        for (int dt = 0; dt < 2; ++dt) {
-          const int d = warp * 16 + dt * 8 + 2 * cq;
-          *reinterpret_cast<float2*>(a.part_o + (base + r0) * kHeadDim + d) = make_float2(inner.o[mt][dt][0], inner.o[mt][dt][1]);
-          *reinterpret_cast<float2*>(a.part_o + (base + r1) * kHeadDim + d) = make_float2(inner.o[mt][dt][2], inner.o[mt][dt][3]);
-        }
-        if (warp == 0 && cq == 0) {
-          a.part_ml[base + r0] = make_float2(inner.m[mt][0], inner.l[mt][0]);
-          a.part_ml[base + r1] = make_float2(inner.m[mt][1], inner.l[mt][1]);
+          for (int dt = 0; dt < 2; ++dt) {
+            const int d = warp * 16 + dt * 8 + 2 * cq;
+            *reinterpret_cast<float2*>(a.part_o + (base + r0) * kHeadDim + d) = make_float2(inner.o[mt][dt][0], inner.o[mt][dt][1]);
+            *reinterpret_cast<float2*>(a.part_o + (base + r1) * kHeadDim + d) = make_float2(inner.o[mt][dt][2], inner.o[mt][dt][3]);
+          }
+          if (warp == 0 && cq == 0) {
+            a.part_ml[base + r0] = make_float2(inner.m[mt][0], inner.l[mt][0]);
+            a.part_ml[base + r1] = make_float2(inner.m[mt][1], inner.l[mt][1]);
+          }
         }
       }
+      inner.reset();
     }
-    inner.reset();
   };
 
   if constexpr (L::kSplitKV) {
@@ -664,6 +685,57 @@ __global__ void __launch_bounds__(kThreads, kSplit ? 2 : 1) msa_attention_kernel
           *reinterpret_cast<float2*>(o) = make_float2(msa::finish(outer.o[mt][dt][2], l1), msa::finish(outer.o[mt][dt][3], l1));
         }
       }
+    }
+    M3_TL_MARK(attention, tl_cta, 6);
+    M3_TL_FINISH(attention, tl_cta, tl_ctas);
+    return;
+  }
+
+  if constexpr (push) {
+    const int ro = rows / C;  // rows this CTA folds: [split * ro, split * ro + ro)
+    float* const recv_o = reinterpret_cast<float*>(tile_slot(2));     // [n_su][ro][128]
+    float2* const recv_ml = reinterpret_cast<float2*>(recv_o + C * ro * kHeadDim);  // [n_su][ro]
+    const uint32_t bar = smem_u32(&s_push_bar);
+    msa::cluster_wait();  // every CTA's mbarrier is initialised
+    if (my_units > 0) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int r = gq + 8 * h;
+        if (r >= rows) continue;
+        const int owner = r / ro, slot = su0 * ro + r % ro;
+        const uint32_t rbar = msa::cluster_map(bar, owner);
+#pragma unroll
+        for (int dt = 0; dt < 2; ++dt) {
+          const int d = warp * 16 + dt * 8 + 2 * cq;
+          msa::st_async_f2(msa::cluster_map(smem_u32(recv_o + slot * kHeadDim + d), owner), inner.o[0][dt][2 * h],
+                           inner.o[0][dt][2 * h + 1], rbar);
+        }
+        if (warp == 0 && cq == 0) {
+          msa::st_async_f2(msa::cluster_map(smem_u32(recv_ml + slot), owner), inner.m[0][h], inner.l[0][h], rbar);
+        }
+      }
+    }
+    if (tid == 0) tma::arrive_expect_tx(bar, uint32_t(n_su * ro) * uint32_t(kHeadDim * 4 + 8));
+    int n_fold = n_su;
+    if (early_units) {  // the fold order: the selected blocks, ascending
+      pdl_wait();
+      __syncthreads();  // every warp is done with this CTA's list
+      union_one_tile(false);
+      n_fold = s_count;
+    }
+    mma_ops::mbar_wait_cluster(bar, 0);
+    M3_TL_MARK(attention, tl_cta, 5);
+    for (int e = tid; e < ro * kHeadDim; e += kThreads) {
+      const int lr = e / kHeadDim, d = e % kHeadDim, r = split * ro + lr;
+      float M = -INFINITY, Ls = 0.0f, O = 0.0f;
+      for (int k = 0; k < n_fold; ++k) {
+        const int slot = (early_units ? list[k] : k) * ro + lr;
+        const float2 ml = recv_ml[slot];
+        const FoldScale f = msa::fold_scale(M, ml.x, sl2);
+        Ls = msa::fold_val(Ls, f, ml.y);
+        O = msa::fold_val(O, f, recv_o[slot * kHeadDim + d]);
+      }
+      a.out[(int64_t(t0 + r / G) * a.q_heads + g * G + r % G) * kHeadDim + d] = msa::finish(O, Ls);
     }
     M3_TL_MARK(attention, tl_cta, 6);
     M3_TL_FINISH(attention, tl_cta, tl_ctas);
@@ -963,6 +1035,12 @@ MsaAttnPlan msa_attention_plan(const MsaAttnShape& s, const MsaAttnLimits& lim) 
   // the indexer's fixed scores, H200: B = 8 steps 2-6 % faster; the 2-5 % loss at B = 8 and 16
   // measured with the early units inside the shared kernel was that kernel's, not the buffers').
   p.fixed_partials = splits > 1 && p.pure_decode && p.part_bytes <= kDecodePartialBytes;
+  // Pushed partials where every CTA of a cluster has at most one unit (a row group's union of
+  // selections, and so its partials, never exceeds su_cap) and folds whole rows (the ring's third
+  // slot holds a CTA's share: at most 16 rows x 520 bytes). H100, attention alone at B = 1 / 2:
+  // 15.8-16.1 -> 14.6-14.7 us / 18.2-18.8 -> 17.1-17.3 us (docs/msa_kernels.md, forty-first round).
+  p.push = splits > 1 && p.split_ring && sparse && p.pure_decode && p.m_tiles == 1 && p.su_cap <= splits &&
+           (int64_t(p.tokens_per_group) * group) % splits == 0;
   p.ctas = tokens * kv_heads * splits;
   return p;
 }
@@ -974,6 +1052,7 @@ std::string msa_attention_plan_text(const MsaAttnPlan& p) {
                   (p.m_tiles == 1 ? "" : "s") + "), ";
   s += p.m_tiles == 4 ? "2 whole-unit stages" : p.split_ring ? "K/V split ring, two CTAs per SM" : "3 whole-unit stages";
   if (p.early) s += ", early units (contexts of <= " + std::to_string(p.early_max_blocks) + " blocks)";
+  if (p.push) s += ", partials pushed into the folding CTAs' shared memory";
   s += ", " + std::to_string(p.ctas) + " CTAs";
   if (p.splits > 1) {
     s += " in clusters of " + std::to_string(p.splits) + ", up to " + std::to_string(p.su_cap) + " super-unit partials per row group (" +
@@ -1057,8 +1136,8 @@ void launch_msa_attention(const TensorView& q, const TensorView& k_cache, const 
     M3_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, a));
   };
   if (mt == 4) run(msa_attention_kernel<4, false>);
-  else if (early) run(msa_attention_kernel<1, true, true>);
-  else if (split_ring) run(msa_attention_kernel<1, true>);
+  else if (early) plan.push ? run(msa_attention_kernel<1, true, true, true>) : run(msa_attention_kernel<1, true, true>);
+  else if (split_ring) plan.push ? run(msa_attention_kernel<1, true, false, true>) : run(msa_attention_kernel<1, true>);
   else run(msa_attention_kernel<1, false>);
   M3_CUDA_CHECK_LAUNCH();
 }

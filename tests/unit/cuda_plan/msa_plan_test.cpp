@@ -52,9 +52,17 @@ TEST(MsaAttentionPlan, DecodeSplitFollowsTheBatch) {
   EXPECT_EQ(one.early_max_blocks, 16);
   EXPECT_TRUE(one.fixed_partials);
   EXPECT_EQ(one.ctas, 64);
+  EXPECT_TRUE(one.push);  // 16 partials per group over 16 CTAs, one head's row folded by each
   EXPECT_EQ(cuda::msa_attention_plan_text(one),
             "4 row groups of 1 token (1 m-tile), K/V split ring, two CTAs per SM, early units (contexts of <= 16 "
-            "blocks), 64 CTAs in clusters of 16, up to 16 super-unit partials per row group (fixed buffer)");
+            "blocks), partials pushed into the folding CTAs' shared memory, 64 CTAs in clusters of 16, up to 16 "
+            "super-unit partials per row group (fixed buffer)");
+  // B = 2 still has a CTA per selected block; from B = 4 (8-CTA clusters, 16 blocks) a CTA may take
+  // two units, whose ring fills the third slot: partials through global memory.
+  EXPECT_TRUE(cuda::msa_attention_plan(decode(2, 131072), kH200).push);
+  EXPECT_FALSE(cuda::msa_attention_plan(decode(4, 131072), kH200).push);
+  EXPECT_FALSE(cuda::msa_attention_plan(decode(1, 8192), cuda::MsaAttnLimits{132, 8, 8, 8}).push);
+  EXPECT_FALSE(cuda::msa_attention_plan(decode(1, 131072, false), kH200).push);  // dense: no push
   // Early units only up to 4 sequences, B = 4's 8-CTA clusters taking two blocks per CTA; the
   // fixed partials up to 15 (532 KB per token).
   const MsaAttnPlan four = cuda::msa_attention_plan(decode(4, 8192), kH200);
