@@ -365,6 +365,11 @@ int run(int argc, char** argv) {
   auto& [prop, stream, flush, copy_bw] = bench_device;
   std::printf("device %s, %d SMs, L2 %.0f MB; copy bandwidth %.0f GB/s (read + write); L2 flush: %s\n", prop.name,
               prop.multiProcessorCount, prop.l2CacheSize / 1e6, copy_bw / 1e9, flush_name(flush_mode()));
+  const cuda::MsaAttnLimits lim = cuda::msa_attention_limits();
+  std::printf("decode attention limits: clusters of up to %d (split ring); clusters of 2 / 4 / 8 / 16 resident at one CTA "
+              "per SM (partials pushed beside the ring): %d / %d / %d / %d\n",
+              lim.cluster_ring, lim.push_wide_clusters[0], lim.push_wide_clusters[1], lim.push_wide_clusters[2],
+              lim.push_wide_clusters[3]);
   Tables tables;
   std::mt19937 rng(1234);
   nlohmann::json rows = nlohmann::json::array();

@@ -87,6 +87,9 @@ MsaAttnShape msa_attn_shape(const ops::Problem& p);  // p.attention set (ops::at
 struct MsaAttnLimits {
   int64_t sms = 132;
   int cluster_deep = 16, cluster_ring = 16, cluster_four = 16;  // largest cluster each kernel launches with
+  // Clusters of 2, 4, 8, 16 CTAs of the split ring with pushed partials beside the ring (one CTA
+  // per SM) that can be resident at once (0: not asked; those plans keep the global fold).
+  int push_wide_clusters[4] = {0, 0, 0, 0};
 };
 struct MsaAttnPlan {
   bool tuned = false;        // else the generic kernel runs
@@ -97,7 +100,8 @@ struct MsaAttnPlan {
   int64_t groups = 0, su_cap = 0, ctas = 0;
   size_t part_bytes = 0;
   bool fixed_partials = false;  // the split partials in a fixed buffer (no memory node in a graph), else the pool
-  bool push = false;  // split partials stored into the folding CTAs' shared memory (at most one unit per CTA)
+  bool push = false;  // split partials stored into the folding CTAs' shared memory
+  size_t push_recv_bytes = 0;  // push: 0 = into the ring's third slot (one unit per CTA), else beside the ring
 };
 // Why the query-major kernel does not take a shape ("" when it does; else the generic kernel runs).
 std::string msa_attention_refusal(const MsaAttnShape& shape);

@@ -120,6 +120,7 @@ struct AttnArgs {
   float scale_log2;  // log2(e) / sqrt(head_dim)
   bool early_reads;  // Q, K, V complete before the previous kernel began (AttentionMetadata)
   int early_max_blocks;  // early units: contexts of at most this many blocks (<= top_k, splits * kMaxListDecode)
+  int recv_off;  // pushed partials: their buffer's offset in dynamic shared memory (0: the ring's third slot)
 };
 
 // Fold state of one thread: rows (g, g+8) of each m-tile, its warp's 16 output dims (2 d-tiles).
@@ -308,12 +309,13 @@ __global__ void __launch_bounds__(kThreads, kSplit ? 2 : 1) msa_attention_kernel
   const int su0 = int(int64_t(split) * n_su / C), su1 = int(int64_t(split + 1) * n_su / C);
   const int u_begin = min(su0 * kSu, n_units), u_end = min(su1 * kSu, n_units);
   const int my_units = u_end - u_begin;
-  // Pushed partials (MsaAttnPlan::push: the split ring, sparse, at most one unit per CTA, whole
-  // rows per CTA; M3 decode at B <= 2): each CTA stores its unit partial with st.async straight
-  // into the shared memory of the CTAs that fold its rows (the ring's third slot, which one unit
-  // never uses), counted on their mbarriers, instead of to global memory behind a fence and a
+  // Pushed partials (MsaAttnPlan::push: the split ring, sparse, whole rows per CTA): each CTA
+  // stores each unit partial with st.async straight into the shared memory of the CTAs that fold
+  // its rows, counted on their mbarriers, instead of to global memory behind a fence and a
   // cluster barrier and read back from L2 (same partials, same fold order: the same bits). The
-  // cluster barrier here only publishes the mbarriers' init.
+  // buffer is the ring's third slot where every CTA has at most one unit (which never fills it:
+  // M3 decode at B <= 2), else a region beside the ring (a.recv_off; one CTA per SM). The cluster
+  // barrier here only publishes the mbarriers' init.
   static_assert(!kPush || (kSplit && MT == 1), "pushed partials: the split ring");
   constexpr bool push = kPush;
   if constexpr (push) {
@@ -473,8 +475,29 @@ __global__ void __launch_bounds__(kThreads, kSplit ? 2 : 1) msa_attention_kernel
   int su = su0;
   // Ends super-unit k: fold it into the outer state (one CTA) or write its partial.
   auto end_super_unit = [&](int k) {
-    // (pushed: the one unit's partial stays in `inner` until it is pushed)
-    if constexpr (!push) {
+    if constexpr (push) {  // (sparse: a super-unit is one unit; MT == 1)
+      const int ro = rows / C;  // rows each CTA folds
+      float* const recv_o = reinterpret_cast<float*>(a.recv_off ? smem + a.recv_off : tile_slot(2));  // [su_cap][ro][128]
+      float2* const recv_ml = reinterpret_cast<float2*>(recv_o + a.su_cap * ro * kHeadDim);           // [su_cap][ro]
+      const uint32_t bar = smem_u32(&s_push_bar);
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int r = gq + 8 * h;
+        if (r >= rows) continue;
+        const int owner = r / ro, slot = k * ro + r % ro;
+        const uint32_t rbar = msa::cluster_map(bar, owner);
+#pragma unroll
+        for (int dt = 0; dt < 2; ++dt) {
+          const int d = warp * 16 + dt * 8 + 2 * cq;
+          msa::st_async_f2(msa::cluster_map(smem_u32(recv_o + slot * kHeadDim + d), owner), inner.o[0][dt][2 * h],
+                           inner.o[0][dt][2 * h + 1], rbar);
+        }
+        if (warp == 0 && cq == 0) {
+          msa::st_async_f2(msa::cluster_map(smem_u32(recv_ml + slot), owner), inner.m[0][h], inner.l[0][h], rbar);
+        }
+      }
+      inner.reset();
+    } else {
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt) {
         if (mt * 16 >= rows) break;
@@ -512,6 +535,7 @@ __global__ void __launch_bounds__(kThreads, kSplit ? 2 : 1) msa_attention_kernel
       cp_async_commit();
     }
   }
+  if constexpr (push) msa::cluster_wait();  // every CTA's mbarrier is initialised (the first tiles are on their way)
 #pragma unroll 1
   for (int i = 0; i < my_units; ++i) {
     uint32_t k_tile, v_tile;
@@ -695,28 +719,9 @@ __global__ void __launch_bounds__(kThreads, kSplit ? 2 : 1) msa_attention_kernel
 
   if constexpr (push) {
     const int ro = rows / C;  // rows this CTA folds: [split * ro, split * ro + ro)
-    float* const recv_o = reinterpret_cast<float*>(tile_slot(2));     // [n_su][ro][128]
-    float2* const recv_ml = reinterpret_cast<float2*>(recv_o + C * ro * kHeadDim);  // [n_su][ro]
+    const float* const recv_o = reinterpret_cast<const float*>(a.recv_off ? smem + a.recv_off : tile_slot(2));
+    const float2* const recv_ml = reinterpret_cast<const float2*>(recv_o + a.su_cap * ro * kHeadDim);
     const uint32_t bar = smem_u32(&s_push_bar);
-    msa::cluster_wait();  // every CTA's mbarrier is initialised
-    if (my_units > 0) {
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int r = gq + 8 * h;
-        if (r >= rows) continue;
-        const int owner = r / ro, slot = su0 * ro + r % ro;
-        const uint32_t rbar = msa::cluster_map(bar, owner);
-#pragma unroll
-        for (int dt = 0; dt < 2; ++dt) {
-          const int d = warp * 16 + dt * 8 + 2 * cq;
-          msa::st_async_f2(msa::cluster_map(smem_u32(recv_o + slot * kHeadDim + d), owner), inner.o[0][dt][2 * h],
-                           inner.o[0][dt][2 * h + 1], rbar);
-        }
-        if (warp == 0 && cq == 0) {
-          msa::st_async_f2(msa::cluster_map(smem_u32(recv_ml + slot), owner), inner.m[0][h], inner.l[0][h], rbar);
-        }
-      }
-    }
     if (tid == 0) tma::arrive_expect_tx(bar, uint32_t(n_su * ro) * uint32_t(kHeadDim * 4 + 8));
     int n_fold = n_su;
     if (early_units) {  // the fold order: the selected blocks, ascending
@@ -905,6 +910,36 @@ int max_cluster() {
   return c;
 }
 
+// Pushed partials beside the ring: every launch of that form asks for more shared memory than two
+// CTAs per SM leave, so one CTA per SM; how many clusters of 2, 4, 8, 16 fit at once.
+constexpr size_t kPushRecvMax = size_t(72) << 10;  // B = 16 at M3: 16 partials x 8 rows x 520 bytes = 65 KB
+void push_wide_clusters(int (&out)[4]) {
+  const auto kernel = msa_attention_kernel<1, true, false, true>;
+  const size_t smem = Layout<1, true>::kBytes + kPushRecvMax;
+  if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)) != cudaSuccess ||
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess) {
+    cudaGetLastError();
+    return;
+  }
+  for (int i = 0; i < 4; ++i) {
+    const unsigned c = 2u << i;
+    cudaLaunchConfig_t cfg{};
+    cfg.gridDim = dim3(c);
+    cfg.blockDim = dim3(kThreads);
+    cfg.dynamicSmemBytes = smem;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = c;
+    attr[0].val.clusterDim.y = 1;
+    attr[0].val.clusterDim.z = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    int clusters = 0;
+    if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg) == cudaSuccess) out[i] = clusters;
+  }
+  cudaGetLastError();
+}
+
 }  // namespace
 
 namespace {
@@ -964,6 +999,7 @@ MsaAttnLimits msa_attention_limits() {
     l.cluster_deep = max_cluster<1, false>();
     l.cluster_ring = max_cluster<1, true>();
     l.cluster_four = max_cluster<4, false>();
+    push_wide_clusters(l.push_wide_clusters);
   });
   return cached[size_t(dev)];
 }
@@ -1037,13 +1073,25 @@ MsaAttnPlan msa_attention_plan(const MsaAttnShape& s, const MsaAttnLimits& lim) 
   // the indexer's fixed scores, H200: B = 8 steps 2-6 % faster; the 2-5 % loss at B = 8 and 16
   // measured with the early units inside the shared kernel was that kernel's, not the buffers').
   p.fixed_partials = splits > 1 && p.pure_decode && p.part_bytes <= kDecodePartialBytes;
-  // Pushed partials where every CTA of a cluster has at most one unit (a row group's union of
-  // selections, and so its partials, never exceeds su_cap) and folds whole rows (the ring's third
-  // slot holds a CTA's share: at most 16 rows x 520 bytes). H100, attention alone at B = 1 / 2:
-  // 15.8-16.1 -> 14.6-14.7 us / 18.2-18.8 -> 17.1-17.3 us (docs/msa_kernels.md, forty-first round).
-  p.push = splits > 1 && p.split_ring && sparse && p.pure_decode && p.m_tiles == 1 && p.su_cap <= splits &&
-           (int64_t(p.tokens_per_group) * group) % splits == 0;
+  // Pushed partials where each CTA folds whole rows: into the ring's third slot where every CTA of
+  // a cluster has at most one unit (a row group's union of selections, and so its partials, never
+  // exceeds su_cap; the slot holds a CTA's share: at most 16 rows x 520 bytes), else beside the
+  // ring where the grid fits one CTA per SM and all its clusters fit at once. H100, attention alone
+  // at B = 1 / 2: 15.8-16.1 -> 14.6-14.7 us / 18.2-18.8 -> 17.1-17.3 us (docs/msa_kernels.md,
+  // forty-first round).
   p.ctas = tokens * kv_heads * splits;
+  const int64_t rows = int64_t(p.tokens_per_group) * group;
+  if (splits > 1 && p.split_ring && sparse && p.pure_decode && p.m_tiles == 1 && rows % splits == 0) {
+    const size_t recv = size_t(p.su_cap) * size_t(rows / splits) * (kHeadDim * 4 + 8);
+    int lg = 0;
+    while ((2 << lg) < splits) ++lg;
+    if (p.su_cap <= splits) {
+      p.push = true;
+    } else if (lg < 4 && p.ctas <= lim.sms && recv <= kPushRecvMax && groups <= lim.push_wide_clusters[lg]) {
+      p.push = true;
+      p.push_recv_bytes = recv;
+    }
+  }
   return p;
 }
 
@@ -1054,7 +1102,10 @@ std::string msa_attention_plan_text(const MsaAttnPlan& p) {
                   (p.m_tiles == 1 ? "" : "s") + "), ";
   s += p.m_tiles == 4 ? "2 whole-unit stages" : p.split_ring ? "K/V split ring, two CTAs per SM" : "3 whole-unit stages";
   if (p.early) s += ", early units (contexts of <= " + std::to_string(p.early_max_blocks) + " blocks)";
-  if (p.push) s += ", partials pushed into the folding CTAs' shared memory";
+  if (p.push) {
+    s += ", partials pushed into the folding CTAs' shared memory";
+    if (p.push_recv_bytes > 0) s += " (" + std::to_string((p.push_recv_bytes + 1023) / 1024) + " KB beside the ring, one CTA per SM)";
+  }
   s += ", " + std::to_string(p.ctas) + " CTAs";
   if (p.splits > 1) {
     s += " in clusters of " + std::to_string(p.splits) + ", up to " + std::to_string(p.su_cap) + " super-unit partials per row group (" +
@@ -1098,7 +1149,11 @@ void launch_msa_attention(const TensorView& q, const TensorView& k_cache, const 
   a.early_max_blocks = plan.early_max_blocks;
   const int mt = plan.m_tiles, splits = plan.splits;
   const bool split_ring = plan.split_ring, early = plan.early;
-  const size_t smem = mt == 4 ? Layout<4, false>::kBytes : split_ring ? Layout<1, true>::kBytes : Layout<1, false>::kBytes;
+  size_t smem = mt == 4 ? Layout<4, false>::kBytes : split_ring ? Layout<1, true>::kBytes : Layout<1, false>::kBytes;
+  if (plan.push_recv_bytes > 0) {
+    a.recv_off = int((smem + 15) / 16 * 16);
+    smem = size_t(a.recv_off) + plan.push_recv_bytes;
+  }
   a.splits = splits;
   a.su_cap = int(plan.su_cap);
   static FixedScratch part_of(g_decode_partials);

@@ -63,6 +63,23 @@ TEST(MsaAttentionPlan, DecodeSplitFollowsTheBatch) {
   EXPECT_FALSE(cuda::msa_attention_plan(decode(4, 131072), kH200).push);
   EXPECT_FALSE(cuda::msa_attention_plan(decode(1, 8192), cuda::MsaAttnLimits{132, 8, 8, 8}).push);
   EXPECT_FALSE(cuda::msa_attention_plan(decode(1, 131072, false), kH200).push);  // dense: no push
+  // Beside the ring (one CTA per SM) where the device says all the clusters fit at once: B = 4
+  // (16 clusters of 8, two rows of 16 partials per CTA), 8, 16; not past one CTA per SM (B = 32).
+  cuda::MsaAttnLimits wide = kH200;
+  wide.push_wide_clusters[0] = 66, wide.push_wide_clusters[1] = 33, wide.push_wide_clusters[2] = 16;
+  wide.push_wide_clusters[3] = 8;
+  const MsaAttnPlan p4 = cuda::msa_attention_plan(decode(4, 131072), wide);
+  EXPECT_TRUE(p4.push);
+  EXPECT_EQ(p4.push_recv_bytes, 16u * 2 * 520);
+  EXPECT_NE(cuda::msa_attention_plan_text(p4).find("partials pushed into the folding CTAs' shared memory (17 KB beside "
+                                                   "the ring, one CTA per SM)"),
+            std::string::npos);
+  EXPECT_EQ(cuda::msa_attention_plan(decode(8, 131072), wide).push_recv_bytes, 16u * 4 * 520);
+  EXPECT_EQ(cuda::msa_attention_plan(decode(16, 131072), wide).push_recv_bytes, 16u * 8 * 520);
+  EXPECT_FALSE(cuda::msa_attention_plan(decode(32, 131072), wide).push);
+  wide.push_wide_clusters[2] = 15;  // one 8-CTA cluster short: the global fold
+  EXPECT_FALSE(cuda::msa_attention_plan(decode(4, 131072), wide).push);
+  EXPECT_EQ(cuda::msa_attention_plan(decode(1, 8192), wide).push_recv_bytes, 0u);  // B = 1: the ring's slot
   // Early units only up to 4 sequences, B = 4's 8-CTA clusters taking two blocks per CTA; the
   // fixed partials up to 15 (532 KB per token).
   const MsaAttnPlan four = cuda::msa_attention_plan(decode(4, 8192), kH200);
