@@ -730,7 +730,7 @@ __global__ void __launch_bounds__(kThreads, kSplit ? 2 : 1) msa_attention_kernel
       union_one_tile(false);
       n_fold = s_count;
     }
-    mma_ops::mbar_wait_cluster(bar, 0);
+    mma_ops::mbar_wait<true>(bar, 0);
     M3_TL_MARK(attention, tl_cta, 5);
     for (int e = tid; e < ro * kHeadDim; e += kThreads) {
       const int lr = e / kHeadDim, d = e % kHeadDim, r = split * ro + lr;
@@ -878,6 +878,29 @@ std::vector<MsaFixedBuffer> msa_attention_fixed_buffers() {
 
 namespace {
 
+// How many clusters of `cluster` CTAs of `kernel` with `smem` bytes of dynamic shared memory can
+// be resident at once on this device (0 where it cannot launch them).
+int resident_clusters(const void* kernel, size_t smem, unsigned cluster) {
+  int clusters = 0;
+  if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)) == cudaSuccess &&
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) == cudaSuccess) {
+    cudaLaunchConfig_t cfg{};
+    cfg.gridDim = dim3(cluster);
+    cfg.blockDim = dim3(kThreads);
+    cfg.dynamicSmemBytes = smem;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = cluster;
+    attr[0].val.clusterDim.y = 1;
+    attr[0].val.clusterDim.z = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg) != cudaSuccess) clusters = 0;
+  }
+  cudaGetLastError();
+  return clusters;
+}
+
 // Largest cluster the kernel can be launched with on this device (16 where a GPC can hold it).
 template <int MT, bool kSplit>
 int max_cluster() {
@@ -886,26 +909,8 @@ int max_cluster() {
   M3_CUDA_CHECK(cudaGetDevice(&dev));
   int& c = cached[dev & 63];
   if (c == 0) {
-    c = 8;
-    const auto kernel = msa_attention_kernel<MT, kSplit>;
-    const size_t smem = Layout<MT, kSplit>::kBytes;
-    if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)) == cudaSuccess &&
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) == cudaSuccess) {
-      cudaLaunchConfig_t cfg{};
-      cfg.gridDim = dim3(kMaxCluster);
-      cfg.blockDim = dim3(kThreads);
-      cfg.dynamicSmemBytes = smem;
-      cudaLaunchAttribute attr[1];
-      attr[0].id = cudaLaunchAttributeClusterDimension;
-      attr[0].val.clusterDim.x = kMaxCluster;
-      attr[0].val.clusterDim.y = 1;
-      attr[0].val.clusterDim.z = 1;
-      cfg.attrs = attr;
-      cfg.numAttrs = 1;
-      int clusters = 0;
-      if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg) == cudaSuccess && clusters > 0) c = kMaxCluster;
-    }
-    cudaGetLastError();
+    const void* kernel = reinterpret_cast<const void*>(msa_attention_kernel<MT, kSplit>);
+    c = resident_clusters(kernel, Layout<MT, kSplit>::kBytes, kMaxCluster) > 0 ? kMaxCluster : 8;
   }
   return c;
 }
@@ -914,30 +919,8 @@ int max_cluster() {
 // CTAs per SM leave, so one CTA per SM; how many clusters of 2, 4, 8, 16 fit at once.
 constexpr size_t kPushRecvMax = size_t(72) << 10;  // B = 16 at M3: 16 partials x 8 rows x 520 bytes = 65 KB
 void push_wide_clusters(int (&out)[4]) {
-  const auto kernel = msa_attention_kernel<1, true, false, true>;
-  const size_t smem = Layout<1, true>::kBytes + kPushRecvMax;
-  if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)) != cudaSuccess ||
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess) {
-    cudaGetLastError();
-    return;
-  }
-  for (int i = 0; i < 4; ++i) {
-    const unsigned c = 2u << i;
-    cudaLaunchConfig_t cfg{};
-    cfg.gridDim = dim3(c);
-    cfg.blockDim = dim3(kThreads);
-    cfg.dynamicSmemBytes = smem;
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeClusterDimension;
-    attr[0].val.clusterDim.x = c;
-    attr[0].val.clusterDim.y = 1;
-    attr[0].val.clusterDim.z = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
-    int clusters = 0;
-    if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg) == cudaSuccess) out[i] = clusters;
-  }
-  cudaGetLastError();
+  const void* kernel = reinterpret_cast<const void*>(msa_attention_kernel<1, true, false, true>);
+  for (int i = 0; i < 4; ++i) out[i] = resident_clusters(kernel, Layout<1, true>::kBytes + kPushRecvMax, 2u << i);
 }
 
 }  // namespace
