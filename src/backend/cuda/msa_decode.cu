@@ -24,8 +24,9 @@
 // Small batches split a row group's super-units over the CTAs of a thread-block cluster
 // (up to 16): each writes its super-unit partials, the cluster synchronizes, and each CTA
 // folds a slice of the rows x dims over all partials in order (no serial last-CTA merge); where
-// each CTA has at most one unit (B <= 2 at M3), the partials go straight into the folding CTAs'
-// shared memory (st.async on an mbarrier) instead of through global memory and a cluster barrier.
+// each CTA has at most one unit (B <= 2 at M3), or the grid runs one CTA per SM with all its
+// clusters resident (B = 16 on an H100), the partials go straight into the folding CTAs' shared
+// memory (st.async on an mbarrier) instead of through global memory and a cluster barrier.
 // Early units: a decode token of a small batch whose context is at most top_k blocks (all
 // selected) computes its units (one or several blocks per CTA) before waiting for the indexer,
 // which lets it start early, and folds them after.
