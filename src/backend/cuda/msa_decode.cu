@@ -776,6 +776,55 @@ __global__ void __launch_bounds__(kThreads, kSplit ? 2 : 1) msa_attention_kernel
   constexpr int kFoldBatch = 16;
   const size_t fold_bytes = size_t(n_fold) * kRows * sizeof(float2) + kRows * sizeof(float);
   const size_t ring_bytes = size_t(kStages) * (L::kSplitKV ? kTileBytes : kStageBytes);
+  if constexpr (!kSplit && MT == 1) {
+    // The deep stages (a dense context over few CTAs: up to 128 super-unit partials per row
+    // group at 128K) stage the slice's partials in the drained ring first, every copy in flight
+    // at once, where the loops below load them 8 or 16 at a time, a dependent L2 round trip per
+    // batch. Then the same row chains and element chains as below, from shared memory.
+    const int span = e1 - e0, r_lo = e0 / kHeadDim, nr = span > 0 ? (e1 - 1) / kHeadDim - r_lo + 1 : 0;
+    const size_t o_bytes = size_t(n_fold) * size_t(span) * 4;
+    if (n_fold > 8 && e0 % 4 == 0 && span % 4 == 0 && o_bytes + size_t(n_fold) * nr * 8 + size_t(nr) * 4 <= ring_bytes) {
+      float* const so = reinterpret_cast<float*>(stage_buf);                // [n_fold][span]
+      float2* const fab = reinterpret_cast<float2*>(stage_buf + o_bytes);   // [n_fold][nr]: (max, sum), then factors
+      float* const lrow = reinterpret_cast<float*>(fab + size_t(n_fold) * nr);
+      const int q = span / 4;
+      for (int i = tid; i < n_fold * q; i += kThreads) {
+        const int k = i / q, e = e0 + 4 * (i % q);
+        cp_async16(smem_u32(so + size_t(k) * span + (e - e0)),
+                   a.part_o + (base + int64_t(part_idx(k)) * kRows + e / kHeadDim) * kHeadDim + e % kHeadDim, true);
+      }
+      cp_async_commit();
+      for (int i = tid; i < n_fold * nr; i += kThreads) {
+        const int k = i / nr;
+        fab[i] = __ldcg(&a.part_ml[base + int64_t(part_idx(k)) * kRows + r_lo + i % nr]);
+      }
+      cp_async_wait<0>();
+      __syncthreads();
+      if (tid < nr) {
+        float M = -INFINITY, Ls = 0.0f;
+        for (int k = 0; k < n_fold; ++k) {
+          const float2 ml = fab[k * nr + tid];
+          const FoldScale f = msa::fold_scale(M, ml.x, sl2);
+          Ls = msa::fold_val(Ls, f, ml.y);
+          fab[k * nr + tid] = make_float2(f.a, f.b);
+        }
+        lrow[tid] = Ls;
+      }
+      __syncthreads();
+      for (int e = e0 + tid; e < e1; e += kThreads) {
+        const int r = e / kHeadDim, d = e % kHeadDim, rr = r - r_lo;
+        float O = 0.0f;
+        for (int k = 0; k < n_fold; ++k) {
+          const float2 f = fab[k * nr + rr];
+          O = msa::fold_val(O, FoldScale{f.x, f.y}, so[size_t(k) * span + (e - e0)]);
+        }
+        a.out[(int64_t(t0 + r / G) * a.q_heads + g * G + r % G) * kHeadDim + d] = msa::finish(O, lrow[rr]);
+      }
+      M3_TL_MARK(attention, tl_cta, 6);
+      M3_TL_FINISH(attention, tl_cta, tl_ctas);
+      return;
+    }
+  }
   if (e1 - e0 > kThreads && fold_bytes <= ring_bytes) {  // (so every thread has an element)
     float2* const fab = reinterpret_cast<float2*>(stage_buf);  // [n_fold][kRows] (the tiles are drained)
     float* const lrow = reinterpret_cast<float*>(stage_buf + size_t(n_fold) * kRows * sizeof(float2));

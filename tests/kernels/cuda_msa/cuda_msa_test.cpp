@@ -415,6 +415,9 @@ std::vector<Case> cases() {
   // Three sequences: 8-CTA clusters, two early blocks per CTA (alone: one each, the same bits).
   out.push_back({"tp1_decode_early_two_per_cta", kTp1, {{2047, 1}, {1800, 1}, {1300, 1}}});
   out.push_back({"tp1_decode_short_dense", kTp1, {{0, 1}, {300, 1}, {2100, 1}, {4095, 1}}, Keys::kRandom, DType::kBF16, true});
+  // One dense decode token over 20K keys: the deep stages with 20 super-unit partials per row
+  // group, staged in shared memory before the fold (compared bit for bit with the wgmma kernel).
+  out.push_back({"tp1_decode_long_dense", kTp1, {{20000, 1}}, Keys::kRandom, DType::kBF16, true, false});
   out.push_back({"tp1_multi_token", kTp1, {{2040, 4}, {2046, 4}, {9000, 4}, {300, 3}, {7000, 2}, {4094, 4}}});
   out.push_back({"tp4_multi_token", kTp4, {{2046, 4}, {9000, 7}, {17, 16}, {6000, 3}}});
   out.push_back({"tp1_prefill_chunk", kTp1, {{3000, 37}, {0, 70}, {1990, 100}}});
