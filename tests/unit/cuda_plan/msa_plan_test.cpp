@@ -77,8 +77,15 @@ TEST(MsaAttentionPlan, DecodeSplitFollowsTheBatch) {
   EXPECT_EQ(cuda::msa_attention_plan(decode(8, 131072), wide).push_recv_bytes, 16u * 4 * 520);
   EXPECT_EQ(cuda::msa_attention_plan(decode(16, 131072), wide).push_recv_bytes, 16u * 8 * 520);
   EXPECT_FALSE(cuda::msa_attention_plan(decode(32, 131072), wide).push);
-  wide.push_wide_clusters[2] = 15;  // one 8-CTA cluster short: the global fold
-  EXPECT_FALSE(cuda::msa_attention_plan(decode(4, 131072), wide).push);
+  // The H100 of the sixty-seventh session (66 / 30 / 15 / 7): B = 4 is one 8-CTA cluster short
+  // (the global fold), B = 3's 12 clusters of 8 fit (early units, two blocks per CTA, pushed).
+  const cuda::MsaAttnLimits h100{132, 16, 16, 16, {66, 30, 15, 7}};
+  EXPECT_FALSE(cuda::msa_attention_plan(decode(4, 131072), h100).push);
+  const MsaAttnPlan p3 = cuda::msa_attention_plan(decode(3, 2047), h100);
+  EXPECT_TRUE(p3.early);
+  EXPECT_EQ(p3.splits, 8);
+  EXPECT_EQ(p3.push_recv_bytes, 16u * 2 * 520);
+  EXPECT_TRUE(cuda::msa_attention_plan(decode(16, 131072), h100).push);
   EXPECT_EQ(cuda::msa_attention_plan(decode(1, 8192), wide).push_recv_bytes, 0u);  // B = 1: the ring's slot
   // Early units only up to 4 sequences, B = 4's 8-CTA clusters taking two blocks per CTA; the
   // fixed partials up to 15 (532 KB per token).
