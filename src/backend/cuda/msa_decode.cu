@@ -430,6 +430,10 @@ __global__ void __launch_bounds__(kThreads, kSplit ? 2 : 1) msa_attention_kernel
   };
   // Split ring: tile t (K(u) = 2u, V(u) = 2u + 1) lives in slot t % kStages.
   auto tile_slot = [&](int t) { return stage_buf + (t % kStages) * kTileBytes; };
+  // Pushed partials: the buffer of the ro rows each CTA folds, [su_cap][ro][128] values, then
+  // [su_cap][ro] (max, sum).
+  auto recv_values = [&]() { return reinterpret_cast<float*>(a.recv_off ? smem + a.recv_off : tile_slot(2)); };
+  auto recv_max_sum = [&](int ro) { return reinterpret_cast<float2*>(recv_values() + a.su_cap * ro * kHeadDim); };
   auto load_unit = [&](int i) {
     unsigned char* buf = stage_buf + (i % kStages) * kStageBytes;
     load_tiles(i, buf, buf + kTileBytes);
@@ -478,8 +482,8 @@ __global__ void __launch_bounds__(kThreads, kSplit ? 2 : 1) msa_attention_kernel
   auto end_super_unit = [&](int k) {
     if constexpr (push) {  // (sparse: a super-unit is one unit; MT == 1)
       const int ro = rows / C;  // rows each CTA folds
-      float* const recv_o = reinterpret_cast<float*>(a.recv_off ? smem + a.recv_off : tile_slot(2));  // [su_cap][ro][128]
-      float2* const recv_ml = reinterpret_cast<float2*>(recv_o + a.su_cap * ro * kHeadDim);           // [su_cap][ro]
+      float* const recv_o = recv_values();
+      float2* const recv_ml = recv_max_sum(ro);
       const uint32_t bar = smem_u32(&s_push_bar);
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
@@ -720,8 +724,8 @@ __global__ void __launch_bounds__(kThreads, kSplit ? 2 : 1) msa_attention_kernel
 
   if constexpr (push) {
     const int ro = rows / C;  // rows this CTA folds: [split * ro, split * ro + ro)
-    const float* const recv_o = reinterpret_cast<const float*>(a.recv_off ? smem + a.recv_off : tile_slot(2));
-    const float2* const recv_ml = reinterpret_cast<const float2*>(recv_o + a.su_cap * ro * kHeadDim);
+    const float* const recv_o = recv_values();
+    const float2* const recv_ml = recv_max_sum(ro);
     const uint32_t bar = smem_u32(&s_push_bar);
     if (tid == 0) tma::arrive_expect_tx(bar, uint32_t(n_su * ro) * uint32_t(kHeadDim * 4 + 8));
     int n_fold = n_su;
@@ -952,17 +956,11 @@ int resident_clusters(const void* kernel, size_t smem, unsigned cluster) {
 }
 
 // Largest cluster the kernel can be launched with on this device (16 where a GPC can hold it).
+// Called once per device (msa_attention_limits).
 template <int MT, bool kSplit>
 int max_cluster() {
-  static int cached[64] = {};
-  int dev = 0;
-  M3_CUDA_CHECK(cudaGetDevice(&dev));
-  int& c = cached[dev & 63];
-  if (c == 0) {
-    const void* kernel = reinterpret_cast<const void*>(msa_attention_kernel<MT, kSplit>);
-    c = resident_clusters(kernel, Layout<MT, kSplit>::kBytes, kMaxCluster) > 0 ? kMaxCluster : 8;
-  }
-  return c;
+  const void* kernel = reinterpret_cast<const void*>(msa_attention_kernel<MT, kSplit>);
+  return resident_clusters(kernel, Layout<MT, kSplit>::kBytes, kMaxCluster) > 0 ? kMaxCluster : 8;
 }
 
 // Pushed partials beside the ring: every launch of that form asks for more shared memory than two
