@@ -7,7 +7,10 @@
 #      writing $OUT/<label>.<rep>.json (the benchmarks' --json);
 #   3. tools/bench_ab.py over those files: per row and metric (AB_METRICS, default the *_us
 #      fields) each label's range and its median's change against the first label
-#      -> $OUT/ab_summary.txt, $OUT/ab_summary.json.
+#      -> $OUT/ab_summary.txt, $OUT/ab_summary.json;
+#   4. every per-run file (<label>.<rep>.json and .log, parity_*.log) packed into
+#      $OUT/ab_runs.tar.xz: the device tool returns at most 8 files from $OUT, and the run files
+#      alone would crowd the summary out (AB_PACK=0 leaves them loose).
 #   AB_ARGS="--no-decode --prefill 8192,32768 --index-dtypes bf16 --no-baseline" tools/gpu_ab.sh
 # Exit status: nonzero if any run or parity binary failed.
 set -uo pipefail
@@ -30,14 +33,30 @@ files=()
 for rep in $(seq 1 "$reps"); do
   for l in "${labels[@]}"; do
     # shellcheck disable=SC2086
-    step "$l.$rep" "${AB_TIMEOUT:-300}" "$dir/bin/$l" ${AB_ARGS:-} --json "$out/$l.$rep.json" &&
+    if step "$l.$rep" "${AB_TIMEOUT:-300}" "$dir/bin/$l" ${AB_ARGS:-} --json "$out/$l.$rep.json"; then
       files+=("$out/$l.$rep.json")
+    else
+      tail -n 3 "$out/$l.$rep.log" | sed "s/^/gpu_ab: $l.$rep: /"  # why, in the call's own output
+    fi
   done
 done
 if (( ${#files[@]} > 0 )); then
   python3 "$root/tools/bench_ab.py" --base "${labels[0]}" --metrics "${AB_METRICS:-_us\$}" \
     --json "$out/ab_summary.json" "${files[@]}" > "$out/ab_summary.txt" || status=1
   cat "$out/ab_summary.txt"
+fi
+if [[ ${AB_PACK:-1} == 1 ]]; then
+  runs=()
+  for f in "$out"/parity_*.log; do [[ -f $f ]] && runs+=("$(basename "$f")"); done
+  for rep in $(seq 1 "$reps"); do
+    for l in "${labels[@]}"; do
+      for f in "$out/$l.$rep.json" "$out/$l.$rep.log"; do [[ -f $f ]] && runs+=("$(basename "$f")"); done
+    done
+  done
+  if (( ${#runs[@]} > 0 )) && tar -C "$out" -cJf "$out/ab_runs.tar.xz" "${runs[@]}"; then
+    (cd "$out" && rm -f "${runs[@]}")
+    echo "gpu_ab: ${#runs[@]} run files packed into ab_runs.tar.xz"
+  fi
 fi
 echo "gpu_ab: overall status $status"
 exit "$status"
