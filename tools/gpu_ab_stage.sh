@@ -3,8 +3,11 @@
 # builds of one benchmark program under labels, and test binaries to run once after them, with
 # the host libraries they need, into .dev/ab and the archive .dev/ab.tar.xz (git-ignored: carry
 # the archive).
-#   tools/gpu_ab_stage.sh LABEL=BINARY [LABEL=BINARY ...] [--parity BINARY ...]
+#   tools/gpu_ab_stage.sh LABEL=BINARY [LABEL=BINARY ...] [--parity BINARY ...] [--extra NAME=BINARY ...]
 # Labels: letters, digits, '_' and '-'; the first one is the base the others are compared with.
+# Extras go to .dev/ab/bin/NAME with their libraries but are not timed by gpu_ab.sh: the other
+# programs a call's own script runs after it (decode_bench builds of both sides, m3serve for
+# make-model).
 # A base build of an older commit, e.g.:
 #   git worktree add /tmp/base HEAD~1 && cmake -S /tmp/base -B /tmp/base/build -DCMAKE_BUILD_TYPE=Release \
 #     && cmake --build /tmp/base/build -j2 --target msa_bench
@@ -12,8 +15,9 @@
 #     --parity build/tests/kernels/cuda_msa/kernels_cuda_msa
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-stage=$root/.dev/ab
-usage() { echo "usage: tools/gpu_ab_stage.sh LABEL=BINARY [LABEL=BINARY ...] [--parity BINARY ...]" >&2; exit 2; }
+final=$root/.dev/ab
+stage=$root/.dev/ab.new  # moved over the last stage once complete: a bad argument leaves that one as it was
+usage() { echo "usage: tools/gpu_ab_stage.sh LABEL=BINARY [LABEL=BINARY ...] [--parity BINARY ...] [--extra NAME=BINARY ...]" >&2; exit 2; }
 (( $# > 0 )) || usage
 rm -rf "$stage"
 mkdir -p "$stage/bin" "$stage/parity" "$stage/lib"
@@ -26,16 +30,25 @@ while (( $# > 0 )); do
     shift 2
     continue
   fi
+  extra=0
+  if [[ $1 == --extra ]]; then
+    (( $# > 1 )) || usage
+    extra=1
+    shift
+  fi
   [[ $1 == *=* ]] || usage
   label=${1%%=*} bin=${1#*=}
   [[ $label =~ ^[A-Za-z0-9_-]+$ ]] || { echo "gpu_ab_stage: label '$label': letters, digits, _ and - only" >&2; exit 2; }
   [[ ! -e $stage/bin/$label ]] || { echo "gpu_ab_stage: label '$label' given twice" >&2; exit 2; }
   [[ -x $bin && -f $bin ]] || { echo "gpu_ab_stage: $bin is not an executable file" >&2; exit 2; }
   cp "$bin" "$stage/bin/$label"
-  echo "$label" >> "$stage/labels"
+  (( extra )) || echo "$label" >> "$stage/labels"
   shift
 done
 [[ -s $stage/labels ]] || usage
+rm -rf "$final"
+mv "$stage" "$final"
+stage=$final
 for f in "$stage"/bin/* "$stage"/parity/*; do
   [[ -f $f ]] && { strip --strip-debug "$f" 2>/dev/null || true; }  # scripts stay as they are
 done
