@@ -20,10 +20,12 @@ export M3_GPU_DIR=$root/.dev/ab
 source "$(dirname "$0")/gpu_env.sh"
 [[ -s $dir/labels ]] || { echo "gpu_ab: no labels in $dir (run tools/gpu_ab_stage.sh here)" >&2; exit 2; }
 reps=${AB_REPS:-3}
+runs=()  # every per-run file's name in $out (packed at the end)
 for p in "$dir"/parity/*; do
   [[ -x $p ]] || continue
   name=$(basename "$p")
   step "parity_$name" "${AB_PARITY_TIMEOUT:-300}" "$p"
+  runs+=("parity_$name.log")
   grep -E "^\[  (PASSED|FAILED)|FAILED|Failure" "$out/parity_$name.log" | head -5
 done
 # Read after the parity runs: a parity wrapper script may drop its label from the file (a kernel
@@ -32,6 +34,7 @@ mapfile -t labels < "$dir/labels"
 files=()
 for rep in $(seq 1 "$reps"); do
   for l in "${labels[@]}"; do
+    runs+=("$l.$rep.json" "$l.$rep.log")
     # shellcheck disable=SC2086
     if step "$l.$rep" "${AB_TIMEOUT:-300}" "$dir/bin/$l" ${AB_ARGS:-} --json "$out/$l.$rep.json"; then
       files+=("$out/$l.$rep.json")
@@ -46,13 +49,9 @@ if (( ${#files[@]} > 0 )); then
   cat "$out/ab_summary.txt"
 fi
 if [[ ${AB_PACK:-1} == 1 ]]; then
-  runs=()
-  for f in "$out"/parity_*.log; do [[ -f $f ]] && runs+=("$(basename "$f")"); done
-  for rep in $(seq 1 "$reps"); do
-    for l in "${labels[@]}"; do
-      for f in "$out/$l.$rep.json" "$out/$l.$rep.log"; do [[ -f $f ]] && runs+=("$(basename "$f")"); done
-    done
-  done
+  present=()
+  for f in "${runs[@]}"; do [[ -f $out/$f ]] && present+=("$f"); done  # a failed run wrote no JSON
+  runs=("${present[@]}")
   if (( ${#runs[@]} > 0 )) && tar -C "$out" -cJf "$out/ab_runs.tar.xz" "${runs[@]}"; then
     (cd "$out" && rm -f "${runs[@]}")
     echo "gpu_ab: ${#runs[@]} run files packed into ab_runs.tar.xz"

@@ -46,9 +46,6 @@ while (( $# > 0 )); do
   shift
 done
 [[ -s $stage/labels ]] || usage
-rm -rf "$final"
-mv "$stage" "$final"
-stage=$final
 for f in "$stage"/bin/* "$stage"/parity/*; do
   [[ -f $f ]] && { strip --strip-debug "$f" 2>/dev/null || true; }  # scripts stay as they are
 done
@@ -57,7 +54,9 @@ stage_host_libs "$stage/lib" "$stage"/bin/* "$stage"/parity/*
 # xz with a 192 MiB window: the staged builds share most of their code, and a window spanning all of
 # them packs each shared part once (two msa_bench, a test binary and two m3serve, 156 MB: 18.1 MB
 # at -9's 64 MiB window, 13.0 MB with this one; tar's default -6 packs 26 MB of builds into 21 MB).
+rm -rf "$final"
+mv "$stage" "$final"
 tar -C "$root/.dev" -cf - ab | xz -T1 --lzma2=preset=9e,dict=192MiB > "$root/.dev/ab.tar.xz"
 # The device tool carries at most 64 MiB with the tracked tree.
-echo "gpu_ab_stage: labels $(paste -sd' ' "$stage/labels"); archive $(du -h "$root/.dev/ab.tar.xz" | cut -f1)" \
+echo "gpu_ab_stage: labels $(paste -sd' ' "$final/labels"); archive $(du -h "$root/.dev/ab.tar.xz" | cut -f1)" \
   "(carry .dev/ab.tar.xz; with the tree it must stay under 64 MiB)"
