@@ -3,11 +3,12 @@
 // Decode: for each context and batch, B sequences of `context` cached tokens decode one token
 // each; one layer's whole MSA step (indexer + selection + attention: every launch it needs)
 // runs as a CUDA graph, timed on the GPU with events around each replay and L2 flushed before
-// it (gpu_bench_flush.h: a 256 MB read unless M3_BENCH_FLUSH=memset). Reports the bytes that must move (index-K scanned + the selected K/V
-// keys + queries/outputs/metadata), the achieved bandwidth and its ratio to the
-// device-to-device copy bandwidth measured in the same run, the indexer and attention alone,
-// and the same for the old simple entries (F32 caches, as the engine ran before) as the
-// baseline. --dense also times this engine's attention kernel attending the same caches densely
+// it (gpu_bench_flush.h: a 256 MB read unless M3_BENCH_FLUSH=memset); and again with the
+// attention prologue before the indexer, as a sparse layer runs it (prologue_step_us). Reports
+// the bytes that must move (index-K scanned + the selected K/V keys + queries/outputs/metadata),
+// the achieved bandwidth and its ratio to the device-to-device copy bandwidth measured in the
+// same run, the indexer and attention alone, and the same for the old simple entries (F32
+// caches, as the engine ran before) as the baseline. --dense also times this engine's attention kernel attending the same caches densely
 // (every cached key; what the sparse selection saves).
 // Prefill: one sequence of `context` tokens prefilled from position 0: the indexer (prefill
 // tiles), the KV-block-major and query-major attention alone, and the step (indexer + the
@@ -65,7 +66,7 @@ constexpr int kQHeads = 64, kKvHeads = 4, kHeadDim = 128, kIndexHeads = 4, kInde
 struct Problem {
   int batch = 0, context = 0, blocks_per_seq = 0;
   int64_t pages = 0;
-  Dev query_start, positions, seq_lens, tables;
+  Dev query_start, positions, seq_lens, tables, slot_mapping;
   ops::AttentionMetadata meta;
   Problem(int b, int ctx, std::mt19937& rng, int table_blocks = 0) : batch(b), context(ctx) {
     blocks_per_seq = (ctx + kBlock - 1) / kBlock;
@@ -77,9 +78,13 @@ struct Problem {
     std::iota(perm.begin(), perm.end(), 0);
     std::shuffle(perm.begin(), perm.end(), rng);
     std::vector<int32_t> table(size_t(b) * size_t(width), 0);
-    for (int s = 0; s < b; ++s)
+    std::vector<int64_t> slot(static_cast<size_t>(b));  // the new token's: its sequence's last page
+    for (int s = 0; s < b; ++s) {
       std::copy_n(perm.begin() + int64_t(s) * blocks_per_seq, blocks_per_seq, table.begin() + int64_t(s) * width);
+      slot[size_t(s)] = int64_t(perm[size_t(int64_t(s) * blocks_per_seq + blocks_per_seq - 1)]) * kBlock + (ctx - 1) % kBlock;
+    }
     query_start = upload(qs);
+    slot_mapping = upload(slot);
     positions = upload(pos);
     seq_lens = upload(lens);
     tables = upload(table);
@@ -89,6 +94,7 @@ struct Problem {
     meta.positions = positions.as<int32_t>();
     meta.seq_lens = seq_lens.as<int32_t>();
     meta.block_tables = tables.as<int32_t>();
+    meta.slot_mapping = slot_mapping.as<int64_t>();
     meta.max_blocks_per_seq = width;
     meta.block_size = kBlock;
     meta.qkv_before_previous_kernel = true;  // the step is the indexer then the attention, as in a sparse layer
@@ -427,6 +433,38 @@ int run(int argc, char** argv) {
           auto indexer = [&] { ops::indexer_topk(ctx_t, iqv, ikv, p.meta, ip, sv); };
           auto attention = [&] { ops::attention(ctx_t, qv, kv_, vv, p.meta, sv, kTopK, ov); };
           const Timing step = time_graph([&] { indexer(); attention(); }, stream, flush, iters);
+          // The step as a sparse layer runs it: the attention prologue first (the q, k, v and
+          // index rows' norms and RoPE, this token's K/V and index-K cache writes; every replay
+          // normalises the same rows again), then the indexer and the attention.
+          Dev kn(size_t(batch) * kKvHeads * kHeadDim * 4), vn(kn.bytes()), ikn(size_t(batch) * kIndexDim * 4),
+              norms(size_t(3) * kHeadDim * 4);
+          msa_bench::fill_random(kn.as<void>(), kn.bytes() / 4, Elem::kF32, 6, stream);
+          msa_bench::fill_random(vn.as<void>(), vn.bytes() / 4, Elem::kF32, 7, stream);
+          msa_bench::fill_random(ikn.as<void>(), ikn.bytes() / 4, Elem::kF32, 8, stream);
+          msa_bench::fill_random(norms.as<void>(), norms.bytes() / 4, Elem::kF32, 9, stream);
+          auto norm_w = [&](int i) {
+            return TensorView{norms.as<float>() + i * kHeadDim, DType::kF32, {kHeadDim}, Device::kCuda};
+          };
+          ops::AttnPrologue pro;
+          pro.q = qv;
+          pro.k = TensorView{kn.as<void>(), DType::kF32, {batch, kKvHeads, kHeadDim}, Device::kCuda};
+          pro.v = TensorView{vn.as<void>(), DType::kF32, {batch, kKvHeads, kHeadDim}, Device::kCuda};
+          pro.q_norm = norm_w(0);
+          pro.k_norm = norm_w(1);
+          pro.k_cache = kv_;
+          pro.v_cache = vv;
+          pro.index_q = iqv;
+          pro.index_k = TensorView{ikn.as<void>(), DType::kF32, {batch, 1, kIndexDim}, Device::kCuda};
+          pro.index_q_norm = norm_w(2);
+          pro.index_k_norm = norm_w(2);
+          pro.index_k_cache = ikv;
+          pro.positions = p.meta.positions;
+          pro.slot_mapping = p.meta.slot_mapping;
+          pro.rotary_dim = 64;
+          pro.theta = 5e6;
+          pro.eps = 1e-6f;
+          const Timing layer_step =
+              time_graph([&] { ops::attn_prologue(ctx_t, pro); indexer(); attention(); }, stream, flush, iters);
           // M3_BENCH_WARM_CODE=1 (diagnostic): the step again with the same kernels on a twin
           // problem's buffers replayed after each flush, so that their code (and the twin's data,
           // not the step's) is in L2: what the cold step pays for instruction fetch.
@@ -489,6 +527,8 @@ int run(int argc, char** argv) {
           const double bytes = step_bytes(p, host_sel, Elem::kBF16, ik_elem);
           row["step_us"] = step.median_us;
           row["step_min_us"] = step.min_us;
+          row["prologue_step_us"] = layer_step.median_us;
+          row["prologue_step_min_us"] = layer_step.min_us;
           row["indexer_us"] = ti.median_us;
           row["attention_us"] = ta.median_us;
           row["bytes"] = bytes;
@@ -558,6 +598,8 @@ int run(int argc, char** argv) {
         } else {
           std::printf("%9s %7s %6s %7s | %s\n", "-", "-", "-", "-", target.c_str());
         }
+        std::printf("%-5s %7d %4d | with the attention prologue first (as in a sparse layer): %9.1f us\n", idt.c_str(),
+                    ctx, batch, row["prologue_step_us"].get<double>());
         if (row.contains("dense_us")) {
           std::printf("%-5s %7d %4d | dense attention (this engine's kernel, same caches): %9.1f us %7.0f GB/s %5.1f%%\n",
                       idt.c_str(), ctx, batch, row["dense_us"].get<double>(),

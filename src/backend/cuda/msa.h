@@ -58,6 +58,9 @@ struct MsaIndexerPlan {
   bool unit_counters = false;  // the decode kernel's warps may take units from a counter per group
   size_t row_bytes = 0, score_bytes = 0;
   bool fixed_scores = false;   // score rows in a fixed buffer (no memory node in a graph), else the pool
+  // The decode kernel at pure decode: the previous kernel's (the attention prologue's)
+  // programmatic dependent, its page ids and first key tiles requested before its wait.
+  bool keys_before_wait = false;
 };
 MsaIndexerShape msa_indexer_shape(const TensorView& index_q, const TensorView& index_k_cache,
                                   const ops::AttentionMetadata& meta, int top_k);

@@ -475,6 +475,10 @@ MsaIndexerPlan msa_indexer_plan(const MsaIndexerShape& s, int64_t sms, MsaIndexe
   // faster steps). Prefill slices keep the pool.
   p.score_bytes = size_t(std::min<int64_t>(tokens, p.slice) + p.group_tokens) * p.row_bytes;
   p.fixed_scores = !p.prefill && tokens == s.num_seqs && p.score_bytes <= kFixedScoreBytes;
+  // A decode row scores the blocks before its own, all written by earlier steps, so the keys
+  // may be requested while the prologue (which writes this step's into the row's own block)
+  // runs. With several tokens of a sequence a row's earlier blocks may hold this step's keys.
+  p.keys_before_wait = !p.prefill && !p.tiles && tokens == s.num_seqs;
   return p;
 }
 
@@ -490,6 +494,7 @@ std::string msa_indexer_plan_text(const MsaIndexerPlan& p) {
   if (p.exact_max > 0 && !p.prefill && !p.tiles) s += ", exact scan in CTAs of <= " + std::to_string(p.exact_max) + " (row, block) pairs";
   if (p.launches > 1) s += ", " + std::to_string(p.launches) + " launches (score slices)";
   s += p.fixed_scores ? ", scores in the fixed buffer" : ", scores from the pool";
+  if (p.keys_before_wait) s += ", the prologue's programmatic dependent (page ids and first key tiles requested before its wait)";
   return s;
 }
 
@@ -544,7 +549,7 @@ void launch_msa_indexer_layout(const TensorView& index_q, const TensorView& inde
     a.tok_begin = int(tb);
     a.tok_end = int(std::min<int64_t>(tokens, tb + (tb == 0 ? first : slice)));
     if (prefill) launch_indexer_prefill(a, fp8, index_k_cache.shape[0]);
-    else if (!tiles) launch_indexer_decode(a, fp8, a.group_tokens * a.heads);
+    else if (!tiles) launch_indexer_decode(a, fp8, a.group_tokens * a.heads, plan.keys_before_wait);
     else if (fp8) launch_tiles(msa_indexer_kernel<__nv_fp8_e4m3, 4, 2>, Cfg<__nv_fp8_e4m3, 4, 2>::kBytes);
     else launch_tiles(msa_indexer_kernel<__nv_bfloat16, 4, 2>, Cfg<__nv_bfloat16, 4, 2>::kBytes);
   }

@@ -496,7 +496,9 @@ inline __device__ void select_group(const IndexerArgs& a, int t0, int P, const i
 
 // The decode layout's kernel (msa_indexer_decode.cu), for a slice [a.tok_begin, a.tok_end):
 // at most rows_max (token, head) rows per query group (<= 16), one or two CTAs per SM (decode_ctas_per_sm).
-void launch_indexer_decode(const IndexerArgs& a, bool fp8, int rows_max);
+// `dependent`: launched as the previous kernel's programmatic dependent, with its page ids and
+// first key tiles requested before its wait (pure decode only: MsaIndexerPlan::keys_before_wait).
+void launch_indexer_decode(const IndexerArgs& a, bool fp8, int rows_max, bool dependent);
 // Whether it takes the shape: block size 16..128 (a 16-key tile lies in one block), contexts
 // below 2^24 keys (candidate key ids are 24 bits).
 bool decode_kernel_takes(int bs, int max_blocks);

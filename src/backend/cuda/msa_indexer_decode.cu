@@ -135,6 +135,7 @@ __global__ void __launch_bounds__(kThreadsD, DecCfg<IK, kNN>::kCtasPerSm) msa_in
   const GroupScan gs = group_scan(a, T, s_pos);
   M3_TL_MARK(indexer, tl_cta, 1);
   if (gs.nb == 0) {  // every row takes all its blocks
+    pdl_wait();  // (a programmatic dependent) its dependents are released only once its wait is met
     if (a.early_dependents) pdl_launch_dependents();  // the attention computes them meanwhile (early units)
     if (blockIdx.y == 0) select_group(a, t0, P, s_pos, nullptr, 0, nullptr);
     return;
@@ -158,6 +159,7 @@ __global__ void __launch_bounds__(kThreadsD, DecCfg<IK, kNN>::kCtasPerSm) msa_in
     // counter; -1 past the end. uw[d] is the unit ui + d of the loop below (d <= 3: the ring
     // loads up to kSlots - 1 <= 9 tiles ahead, and pages are requested a unit before that).
     unsigned* const unit_ctr = dyn ? a.unit_counters + t0 : nullptr;
+    if (dyn) pdl_wait();  // the counter was re-armed by the last call's CTAs
     int claims = 0;
     auto claim = [&]() -> int {
       int u = warp + claims++ * kWarpsD;
@@ -180,13 +182,6 @@ __global__ void __launch_bounds__(kThreadsD, DecCfg<IK, kNN>::kCtasPerSm) msa_in
       return u >= 0 && lane < (kUnitKeys >> bs_shift) && blk < b1 ? __ldg(table + blk) : 0;
     };
     int pg_cur = unit_pages(uw[0]), pg_next = unit_pages(uw[1]);  // the units of the tiles being loaded
-    // The rows' q for sigma (rows warp, warp + 8), requested before the tile loads queue up.
-    float4 qv[kMaxRows / kWarpsD];
-#pragma unroll
-    for (int i = 0; i < kMaxRows / kWarpsD; ++i) {
-      const int r = warp + i * kWarpsD;
-      qv[i] = r < P ? *reinterpret_cast<const float4*>(q_row(r) + lane * 4) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    }
     // Tile loads: lane = (16-byte column, key); pass i copies keys i * kPerPass + lane / kChunks.
     // The swizzled destinations repeat every 8 keys: pass i's offset is pass 0's with the key
     // bits i kPerPass and the chunk bits (i kPerPass) & 7 flipped (lkey < kPerPass, so the sums
@@ -227,6 +222,17 @@ __global__ void __launch_bounds__(kThreadsD, DecCfg<IK, kNN>::kCtasPerSm) msa_in
       }
       load_tile(uw[g / kUnitTiles], g % kUnitTiles);
       cp_async_commit();
+    }
+    // Launched as the attention prologue's programmatic dependent (pure decode), the kernel has
+    // its page ids and first tiles in flight before the prologue has ended: those keys are
+    // earlier steps' (a decode row scores the blocks before its own, which the prologue writes
+    // into). The rows' q (for sigma) is the prologue's.
+    pdl_wait();
+    float4 qv[kMaxRows / kWarpsD];
+#pragma unroll
+    for (int i = 0; i < kMaxRows / kWarpsD; ++i) {
+      const int r = warp + i * kWarpsD;
+      qv[i] = r < P ? *reinterpret_cast<const float4*>(q_row(r) + lane * 4) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     }
     // sigma per row (a power of two putting max |q| in the operand's range).
 #pragma unroll
@@ -545,6 +551,9 @@ __global__ void __launch_bounds__(kThreadsD, DecCfg<IK, kNN>::kCtasPerSm) msa_in
   }
   M3_TL_MARK(indexer, tl_cta, 3);
 
+  // Released only past its own wait (a no-op where met): the attention's early units read Q and
+  // K/V before theirs, because everything before this kernel has completed by then.
+  pdl_wait();
   pdl_launch_dependents();  // the attention kernel may start its setup while the selection runs
   if (a.chunks > 1) {
     if (!msa::arrive_last(&a.counters[t0], unsigned(a.chunks), &s_last)) {
@@ -571,12 +580,12 @@ __global__ void __launch_bounds__(kThreadsD, DecCfg<IK, kNN>::kCtasPerSm) msa_in
 }
 
 template <class IK, int kNN>
-void launch_one(const IndexerArgs& a) {
+void launch_one(const IndexerArgs& a, bool dependent) {
   auto kernel = msa_indexer_decode_kernel<IK, kNN>;
   constexpr size_t smem = DecCfg<IK, kNN>::kBytes;
   M3_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
   const dim3 grid{unsigned(a.tok_end - a.tok_begin), unsigned(a.chunks)};
-  kernel<<<grid, kThreadsD, smem, current_stream()>>>(a);
+  launch_kernel(kernel, grid, dim3(kThreadsD), smem, dependent, a);
 }
 
 }  // namespace
@@ -591,14 +600,14 @@ int decode_ctas_per_sm(bool fp8, int rows_max) {
              : (wide ? DecCfg<__nv_bfloat16, 2>::kCtasPerSm : DecCfg<__nv_bfloat16, 1>::kCtasPerSm);
 }
 
-void launch_indexer_decode(const IndexerArgs& a, bool fp8, int rows_max) {
+void launch_indexer_decode(const IndexerArgs& a, bool fp8, int rows_max, bool dependent) {
   const bool wide = rows_max > 8;
   if (fp8) {
-    if (wide) launch_one<__nv_fp8_e4m3, 2>(a);
-    else launch_one<__nv_fp8_e4m3, 1>(a);
+    if (wide) launch_one<__nv_fp8_e4m3, 2>(a, dependent);
+    else launch_one<__nv_fp8_e4m3, 1>(a, dependent);
   } else {
-    if (wide) launch_one<__nv_bfloat16, 2>(a);
-    else launch_one<__nv_bfloat16, 1>(a);
+    if (wide) launch_one<__nv_bfloat16, 2>(a, dependent);
+    else launch_one<__nv_bfloat16, 1>(a, dependent);
   }
 }
 

@@ -222,12 +222,24 @@ TEST(MsaIndexerPlan, DecodeSpreadsThePagesAndPrefillTakesItsKernel) {
   EXPECT_EQ(one.exact_max, cuda::kExactMaxRowBlocks);
   EXPECT_EQ(cuda::msa_indexer_plan_text(one).rfind("warp-streamed decode kernel, 1 query group of 2 tokens x 63 CTAs", 0), 0u)
       << cuda::msa_indexer_plan_text(one);
+  // Pure decode: the prologue's programmatic dependent, keys requested before its wait.
+  EXPECT_TRUE(one.keys_before_wait);
+  EXPECT_NE(cuda::msa_indexer_plan_text(one).find("the prologue's programmatic dependent (page ids and first key tiles"),
+            std::string::npos)
+      << cuda::msa_indexer_plan_text(one);
+  // Four tokens of one sequence (speculative verification): a row's earlier blocks may hold keys
+  // the prologue writes in the same step, so the launch stays plain.
+  const cuda::MsaIndexerPlan verify = cuda::msa_indexer_plan(index_shape(4, 1, 8192), 132);
+  EXPECT_FALSE(verify.prefill);
+  EXPECT_FALSE(verify.keys_before_wait);
+  EXPECT_EQ(cuda::msa_indexer_plan_text(verify).find("programmatic dependent"), std::string::npos);
   // B = 64 at 128K: fewer CTAs per group, still the fixed scores (16 KB per token).
   const cuda::MsaIndexerPlan b64 = cuda::msa_indexer_plan(index_shape(64, 64, 131072, true), 132);
   EXPECT_EQ(b64.groups, 64);
   EXPECT_GE(b64.chunks, 2);
   EXPECT_LE(b64.chunks * b64.groups, 132 * b64.ctas_per_sm);
   EXPECT_TRUE(b64.fixed_scores);
+  EXPECT_TRUE(b64.keys_before_wait);
   // An 8K prefill: the prefill kernel, 64-token groups, four CTAs per SM, pool scores.
   const cuda::MsaIndexerPlan pre = cuda::msa_indexer_plan(index_shape(8192, 1, 8192), 132);
   EXPECT_TRUE(pre.prefill);
@@ -235,6 +247,7 @@ TEST(MsaIndexerPlan, DecodeSpreadsThePagesAndPrefillTakesItsKernel) {
   EXPECT_EQ(pre.groups, 129);
   EXPECT_EQ(pre.chunks, 4);
   EXPECT_FALSE(pre.fixed_scores);
+  EXPECT_FALSE(pre.keys_before_wait);
   EXPECT_EQ(pre.launches, 1);
   EXPECT_TRUE(pre.tma);  // BF16 key blocks by TMA; FP8 ones by cp.async (converted where they land)
   EXPECT_EQ(cuda::msa_indexer_plan_text(pre).rfind("prefill kernel (a warp per 16 rows, whole blocks by TMA), 129 query groups", 0), 0u)
