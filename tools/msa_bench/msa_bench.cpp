@@ -152,6 +152,7 @@ struct Tables {
   Tables() {
     cuda::register_msa(tuned);        // the tuned entries first, as the engine's table has them
     cuda::register_attention(tuned);  // their fallback for shapes they do not take
+    cuda::register_fused_rows(tuned);  // the attention prologue (prologue_step_us)
     cuda::register_attention(base);   // the old simple entries alone
   }
 };
