@@ -59,6 +59,7 @@ std::string kernel_plans_markdown() {
     meta.max_blocks_per_seq = int((context + bs - 1) / bs);
     meta.seq_lens = &seq_len_stub;
     meta.qkv_before_previous_kernel = true;  // an MSA layer's attention right after its own indexer
+    meta.indexer_after_prologue = true;      // and that indexer right after the attention prologue
     return meta;
   };
   // Heads per GPU: TP1 or TP4 (M3's 64 / 4 query / KV heads and 4 index heads over 4 GPUs).

@@ -22,6 +22,12 @@ struct AttentionMetadata {
   // dependent launch); otherwise the kernel before is the one writing them (dense layers, layers
   // sharing an earlier selection) and the attention waits for it first.
   bool qkv_before_previous_kernel = false;
+  // Per indexer call: launched right after the kernel writing its queries and this step's index
+  // keys (the attention prologue; the model sets it for a sparse layer's own indexer). At pure
+  // decode the indexer then becomes that kernel's programmatic dependent and requests the earlier
+  // steps' keys while it drains; launched after anything else (nothing to overlap) it reads its
+  // queries first, as a plain launch. Either way the same bits.
+  bool indexer_after_prologue = false;
 
   int64_t slot_of(int seq, int64_t pos) const {
     return int64_t(block_tables[int64_t(seq) * max_blocks_per_seq + pos / block_size]) * block_size +

@@ -48,6 +48,7 @@ struct MsaIndexerShape {
   int64_t tokens = 0, heads = 0, dim = 0;
   int num_seqs = 0, max_blocks = 0, bs = 0, top_k = 0;
   bool bf16 = true, fp8 = false;  // the index-K cache's type (neither: the generic kernel)
+  bool after_prologue = false;    // AttentionMetadata::indexer_after_prologue
 };
 struct MsaIndexerPlan {
   bool tuned = false;             // else the generic kernel runs
@@ -58,7 +59,7 @@ struct MsaIndexerPlan {
   bool unit_counters = false;  // the decode kernel's warps may take units from a counter per group
   size_t row_bytes = 0, score_bytes = 0;
   bool fixed_scores = false;   // score rows in a fixed buffer (no memory node in a graph), else the pool
-  // The decode kernel at pure decode: the previous kernel's (the attention prologue's)
+  // The decode kernel at pure decode right after the attention prologue: that kernel's
   // programmatic dependent, its page ids and first key tiles requested before its wait.
   bool keys_before_wait = false;
 };

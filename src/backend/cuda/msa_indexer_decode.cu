@@ -103,7 +103,10 @@ struct DecCfg {
 };
 static_assert(kThreadsD == kExactThreads, "the exact scan runs on the decode kernel's threads");
 
-template <class IK, int kNN>
+// kKeysFirst: launched as the previous kernel's programmatic dependent (MsaIndexerPlan::
+// keys_before_wait), with the group scan, page ids and first key tiles before its wait; else a
+// plain launch (no wait), the rows' q requested first.
+template <class IK, int kNN, bool kKeysFirst>
 __global__ void __launch_bounds__(kThreadsD, DecCfg<IK, kNN>::kCtasPerSm) msa_indexer_decode_kernel(IndexerArgs a) {
   using Cf = DecCfg<IK, kNN>;
   using Tr = IkTraits<IK>;
@@ -135,7 +138,7 @@ __global__ void __launch_bounds__(kThreadsD, DecCfg<IK, kNN>::kCtasPerSm) msa_in
   const GroupScan gs = group_scan(a, T, s_pos);
   M3_TL_MARK(indexer, tl_cta, 1);
   if (gs.nb == 0) {  // every row takes all its blocks
-    pdl_wait();  // (a programmatic dependent) its dependents are released only once its wait is met
+    if constexpr (kKeysFirst) pdl_wait();  // its dependents are released only once its wait is met
     if (a.early_dependents) pdl_launch_dependents();  // the attention computes them meanwhile (early units)
     if (blockIdx.y == 0) select_group(a, t0, P, s_pos, nullptr, 0, nullptr);
     return;
@@ -151,7 +154,7 @@ __global__ void __launch_bounds__(kThreadsD, DecCfg<IK, kNN>::kCtasPerSm) msa_in
   const int b0 = dyn ? 0 : gs.b0, b1 = dyn ? gs.nb : gs.b1;
   // A chunk of few (row, block) pairs: every dot exact, all warps on each block (CTA-uniform).
   const bool exact = !dyn && b0 < b1 && b1 - b0 <= kExactMaxChunkBlocks && P * (b1 - b0) <= a.exact_max;
-  if (exact) exact_scan<IK>(a, t0, s, P, s_pos, b0, b1 - b0, smem);
+  if (exact) exact_scan<IK, kKeysFirst>(a, t0, s, P, s_pos, b0, b1 - b0, smem);
   if (b0 < b1 && !exact) {
     const int key_begin = b0 << bs_shift, key_end = b1 << bs_shift;
     const int units = (key_end - key_begin + kUnitKeys - 1) / kUnitKeys;
@@ -159,7 +162,7 @@ __global__ void __launch_bounds__(kThreadsD, DecCfg<IK, kNN>::kCtasPerSm) msa_in
     // counter; -1 past the end. uw[d] is the unit ui + d of the loop below (d <= 3: the ring
     // loads up to kSlots - 1 <= 9 tiles ahead, and pages are requested a unit before that).
     unsigned* const unit_ctr = dyn ? a.unit_counters + t0 : nullptr;
-    if (dyn) pdl_wait();  // the counter was re-armed by the last call's CTAs
+    if (kKeysFirst && dyn) pdl_wait();  // the counter was re-armed by the last call's CTAs
     int claims = 0;
     auto claim = [&]() -> int {
       int u = warp + claims++ * kWarpsD;
@@ -182,6 +185,17 @@ __global__ void __launch_bounds__(kThreadsD, DecCfg<IK, kNN>::kCtasPerSm) msa_in
       return u >= 0 && lane < (kUnitKeys >> bs_shift) && blk < b1 ? __ldg(table + blk) : 0;
     };
     int pg_cur = unit_pages(uw[0]), pg_next = unit_pages(uw[1]);  // the units of the tiles being loaded
+    // The rows' q for sigma (rows warp, warp + 8): a plain launch requests them before the tile
+    // loads queue up.
+    float4 qv[kMaxRows / kWarpsD];
+    auto load_q = [&] {
+#pragma unroll
+      for (int i = 0; i < kMaxRows / kWarpsD; ++i) {
+        const int r = warp + i * kWarpsD;
+        qv[i] = r < P ? *reinterpret_cast<const float4*>(q_row(r) + lane * 4) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      }
+    };
+    if constexpr (!kKeysFirst) load_q();
     // Tile loads: lane = (16-byte column, key); pass i copies keys i * kPerPass + lane / kChunks.
     // The swizzled destinations repeat every 8 keys: pass i's offset is pass 0's with the key
     // bits i kPerPass and the chunk bits (i kPerPass) & 7 flipped (lkey < kPerPass, so the sums
@@ -223,16 +237,13 @@ __global__ void __launch_bounds__(kThreadsD, DecCfg<IK, kNN>::kCtasPerSm) msa_in
       load_tile(uw[g / kUnitTiles], g % kUnitTiles);
       cp_async_commit();
     }
-    // Launched as the attention prologue's programmatic dependent (pure decode), the kernel has
-    // its page ids and first tiles in flight before the prologue has ended: those keys are
-    // earlier steps' (a decode row scores the blocks before its own, which the prologue writes
-    // into). The rows' q (for sigma) is the prologue's.
-    pdl_wait();
-    float4 qv[kMaxRows / kWarpsD];
-#pragma unroll
-    for (int i = 0; i < kMaxRows / kWarpsD; ++i) {
-      const int r = warp + i * kWarpsD;
-      qv[i] = r < P ? *reinterpret_cast<const float4*>(q_row(r) + lane * 4) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    // kKeysFirst (the attention prologue's programmatic dependent, pure decode): the page ids and
+    // first tiles are in flight before the prologue has ended. Those keys are earlier steps' (a
+    // decode row scores the blocks before its own, which the prologue writes into); the rows' q
+    // (for sigma) is the prologue's, read after the wait.
+    if constexpr (kKeysFirst) {
+      pdl_wait();
+      load_q();
     }
     // sigma per row (a power of two putting max |q| in the operand's range).
 #pragma unroll
@@ -551,9 +562,9 @@ __global__ void __launch_bounds__(kThreadsD, DecCfg<IK, kNN>::kCtasPerSm) msa_in
   }
   M3_TL_MARK(indexer, tl_cta, 3);
 
-  // Released only past its own wait (a no-op where met): the attention's early units read Q and
-  // K/V before theirs, because everything before this kernel has completed by then.
-  pdl_wait();
+  // Released only past its own wait (met by now): the attention's early units read Q and K/V
+  // before theirs, because everything before this kernel has completed by then.
+  if constexpr (kKeysFirst) pdl_wait();
   pdl_launch_dependents();  // the attention kernel may start its setup while the selection runs
   if (a.chunks > 1) {
     if (!msa::arrive_last(&a.counters[t0], unsigned(a.chunks), &s_last)) {
@@ -581,7 +592,7 @@ __global__ void __launch_bounds__(kThreadsD, DecCfg<IK, kNN>::kCtasPerSm) msa_in
 
 template <class IK, int kNN>
 void launch_one(const IndexerArgs& a, bool dependent) {
-  auto kernel = msa_indexer_decode_kernel<IK, kNN>;
+  auto kernel = dependent ? msa_indexer_decode_kernel<IK, kNN, true> : msa_indexer_decode_kernel<IK, kNN, false>;
   constexpr size_t smem = DecCfg<IK, kNN>::kBytes;
   M3_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
   const dim3 grid{unsigned(a.tok_end - a.tok_begin), unsigned(a.chunks)};

@@ -36,7 +36,7 @@ struct ExactLayout {  // offsets in the scan's shared-memory area
 // reference's dots over the block's keys (NaN skipped; kKeyMinusInf when none is a number) for
 // the rows whose local block lies past it. All kExactThreads threads call it; `area` holds
 // ExactLayout<IK>::kBytes of shared memory (128-byte aligned), free when it returns.
-template <class IK>
+template <class IK, bool kWait>
 __device__ __forceinline__ void exact_scan(const IndexerArgs& a, int t0, int s, int P, const int* s_pos, int b0,
                                            int nbc, unsigned char* area) {
   using L = ExactLayout<IK>;
@@ -61,7 +61,7 @@ __device__ __forceinline__ void exact_scan(const IndexerArgs& a, int t0, int s, 
   };
   load_block(0, __ldg(table + b0));  // every thread reads the same page id (one request per warp)
   for (int i = 1 + tid; i < nbc; i += kExactThreads) page_s[i] = __ldg(table + b0 + i);
-  pdl_wait();  // the q rows are the previous kernel's (the decode kernel launched as its dependent)
+  if constexpr (kWait) pdl_wait();  // the q rows are the previous kernel's (a dependent launch)
   for (int e = tid; e < P * (kDim / 4); e += kExactThreads) {
     reinterpret_cast<float4*>(q_s)[e] = *reinterpret_cast<const float4*>(group_q_row(a, t0, e / (kDim / 4)) + (e % (kDim / 4)) * 4);
   }

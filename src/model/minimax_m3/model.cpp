@@ -303,9 +303,12 @@ void MiniMaxM3Model::forward(const ops::OpContext& ctx, const ForwardBatch& batc
     ops::AttentionMetadata attn_meta = meta;
     attn_meta.qkv_before_previous_kernel = sparse && own_index;
     if (sparse) {
-      if (own_index)
-        ops::indexer_topk(ctx, iq3, cache.index_k[size_t(l)], meta,
+      if (own_index) {
+        ops::AttentionMetadata index_meta = meta;
+        index_meta.indexer_after_prologue = true;  // the prologue above wrote its queries and keys
+        ops::indexer_topk(ctx, iq3, cache.index_k[size_t(l)], index_meta,
                           ops::IndexerParams{c.index_block_size, c.index_topk_blocks}, sel);
+      }
       if (trace) {
         std::vector<int32_t> host(size_t(sel.numel()));
         runtime_->download(host.data(), sel.data, host.size() * 4);

@@ -597,6 +597,8 @@ bool check_prologue_chain(Harness& h, std::mt19937& rng, std::string& why) {
     pro.eps = 1e-6f;
     ops::AttentionMetadata attn_meta = batch.dev_meta;
     attn_meta.qkv_before_previous_kernel = true;  // as the model: the attention right after its own indexer
+    ops::AttentionMetadata index_meta = batch.dev_meta;
+    index_meta.indexer_after_prologue = true;  // and the indexer right after the prologue
     cuda_test::ScopedStream scoped;
     const cudaStream_t stream = scoped.get();
     auto step = [&](bool sync_after_prologue) {
@@ -605,7 +607,7 @@ bool check_prologue_chain(Harness& h, std::mt19937& rng, std::string& why) {
                                       cudaMemcpyDeviceToDevice, stream));
       ops::attn_prologue(h.gpu(), pro);
       if (sync_after_prologue) M3_CUDA_CHECK(cudaStreamSynchronize(stream));
-      ops::indexer_topk(h.gpu(), pro.index_q, pro.index_k_cache, batch.dev_meta, ops::IndexerParams{sh.bs, sh.top_k},
+      ops::indexer_topk(h.gpu(), pro.index_q, pro.index_k_cache, index_meta, ops::IndexerParams{sh.bs, sh.top_k},
                         dev(dsel, DType::kI32, sel_shape));
       ops::attention(h.gpu(), pro.q, pro.k_cache, pro.v_cache, attn_meta, dev(dsel, DType::kI32, sel_shape), sh.top_k,
                      dev(dout, DType::kF32, qs));

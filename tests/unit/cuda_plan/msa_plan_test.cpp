@@ -222,14 +222,23 @@ TEST(MsaIndexerPlan, DecodeSpreadsThePagesAndPrefillTakesItsKernel) {
   EXPECT_EQ(one.exact_max, cuda::kExactMaxRowBlocks);
   EXPECT_EQ(cuda::msa_indexer_plan_text(one).rfind("warp-streamed decode kernel, 1 query group of 2 tokens x 63 CTAs", 0), 0u)
       << cuda::msa_indexer_plan_text(one);
-  // Pure decode: the prologue's programmatic dependent, keys requested before its wait.
-  EXPECT_TRUE(one.keys_before_wait);
-  EXPECT_NE(cuda::msa_indexer_plan_text(one).find("the prologue's programmatic dependent (page ids and first key tiles"),
+  // Pure decode right after the attention prologue (the model's sparse layers): the prologue's
+  // programmatic dependent, keys requested before its wait. After anything else: a plain launch.
+  EXPECT_FALSE(one.keys_before_wait);
+  EXPECT_EQ(cuda::msa_indexer_plan_text(one).find("programmatic dependent"), std::string::npos);
+  auto after_prologue = [](cuda::MsaIndexerShape s) {
+    s.after_prologue = true;
+    return s;
+  };
+  const cuda::MsaIndexerPlan chained = cuda::msa_indexer_plan(after_prologue(index_shape(1, 1, 8192)), 132);
+  EXPECT_TRUE(chained.keys_before_wait);
+  EXPECT_EQ(chained.chunks, one.chunks);
+  EXPECT_NE(cuda::msa_indexer_plan_text(chained).find("the prologue's programmatic dependent (page ids and first key tiles"),
             std::string::npos)
-      << cuda::msa_indexer_plan_text(one);
+      << cuda::msa_indexer_plan_text(chained);
   // Four tokens of one sequence (speculative verification): a row's earlier blocks may hold keys
   // the prologue writes in the same step, so the launch stays plain.
-  const cuda::MsaIndexerPlan verify = cuda::msa_indexer_plan(index_shape(4, 1, 8192), 132);
+  const cuda::MsaIndexerPlan verify = cuda::msa_indexer_plan(after_prologue(index_shape(4, 1, 8192)), 132);
   EXPECT_FALSE(verify.prefill);
   EXPECT_FALSE(verify.keys_before_wait);
   EXPECT_EQ(cuda::msa_indexer_plan_text(verify).find("programmatic dependent"), std::string::npos);
@@ -239,9 +248,9 @@ TEST(MsaIndexerPlan, DecodeSpreadsThePagesAndPrefillTakesItsKernel) {
   EXPECT_GE(b64.chunks, 2);
   EXPECT_LE(b64.chunks * b64.groups, 132 * b64.ctas_per_sm);
   EXPECT_TRUE(b64.fixed_scores);
-  EXPECT_TRUE(b64.keys_before_wait);
+  EXPECT_TRUE(cuda::msa_indexer_plan(after_prologue(index_shape(64, 64, 131072, true)), 132).keys_before_wait);
   // An 8K prefill: the prefill kernel, 64-token groups, four CTAs per SM, pool scores.
-  const cuda::MsaIndexerPlan pre = cuda::msa_indexer_plan(index_shape(8192, 1, 8192), 132);
+  const cuda::MsaIndexerPlan pre = cuda::msa_indexer_plan(after_prologue(index_shape(8192, 1, 8192)), 132);
   EXPECT_TRUE(pre.prefill);
   EXPECT_EQ(pre.group_tokens, 64);
   EXPECT_EQ(pre.groups, 129);
