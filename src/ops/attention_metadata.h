@@ -17,10 +17,11 @@ struct AttentionMetadata {
   int block_size = 0;                     // tokens per page (= MSA block)
   const int64_t* slot_mapping = nullptr;  // [num_tokens] physical slot each new token is written to
   // Per attention call: Q and the new K/V rows were complete before the kernel launched just
-  // before the attention started (the model sets it for a sparse layer right after its own
-  // indexer). Only then may a decode kernel read them while that kernel drains (programmatic
-  // dependent launch); otherwise the kernel before is the one writing them (dense layers, layers
-  // sharing an earlier selection) and the attention waits for it first.
+  // before the attention let it start (the model sets it for a sparse layer right after its own
+  // indexer, which releases its dependents only past its own wait on the prologue). Only then
+  // may a decode kernel read them while that kernel drains (programmatic dependent launch);
+  // otherwise the kernel before is the one writing them (dense layers, layers sharing an
+  // earlier selection) and the attention waits for it first.
   bool qkv_before_previous_kernel = false;
   // Per indexer call: launched right after the kernel writing its queries and this step's index
   // keys (the attention prologue; the model sets it for a sparse layer's own indexer). At pure

@@ -191,8 +191,9 @@ __global__ void __launch_bounds__(kThreads, kSplit ? 2 : 1) msa_attention_kernel
   if (tid < T) s_pos[tid] = a.positions[t0 + tid];
   if (tid == 0) s_count = 0;
   // Q rows as bf16 hi / lo tiles (rows past the group are zero). Right after the layer's own
-  // indexer (a.early_reads) Q was written before that kernel started, so this overlaps its tail;
-  // otherwise the kernel before is the prologue writing Q: wait for it first.
+  // indexer (a.early_reads) Q was complete before that kernel let this one start (it releases
+  // its dependents past its own wait on the prologue), so this overlaps its tail; otherwise the
+  // kernel before is the prologue writing Q: wait for it first.
   if (!a.early_reads) pdl_wait();
   for (int i = tid; i < kRows * (kHeadDim / 8); i += kThreads) {
     const int row = i / (kHeadDim / 8), ch = i % (kHeadDim / 8);
@@ -919,8 +920,8 @@ __global__ void __launch_bounds__(kThreads, kSplit ? 2 : 1) msa_attention_kernel
 // (H200, 2K-128K), whether the indexer let the attention start before or after its selection
 // (docs/msa_kernels.md, thirty-first round; not understood). Two launches of the attention never
 // overlap on it: partials are written after the kernel's wait (every earlier kernel has then
-// completed) or, for early units, before it, once the indexer (a plain launch, begun after all
-// earlier work had completed) has let the kernel start.
+// completed) or, for early units, before it, once the indexer has let the kernel start (it
+// releases its dependents only past its own wait: all earlier work has then completed).
 __device__ __align__(256) uint4 g_decode_partials[kDecodePartialBytes / 16];
 
 }  // namespace
