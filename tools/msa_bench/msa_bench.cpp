@@ -8,8 +8,9 @@
 // the bytes that must move (index-K scanned + the selected K/V keys + queries/outputs/metadata),
 // the achieved bandwidth and its ratio to the device-to-device copy bandwidth measured in the
 // same run, the indexer and attention alone, and the same for the old simple entries (F32
-// caches, as the engine ran before) as the baseline. --dense also times this engine's attention kernel attending the same caches densely
-// (every cached key; what the sparse selection saves).
+// caches, as the engine ran before) as the baseline. --dense also times this engine's
+// attention kernel attending the same caches densely (every cached key; what the sparse
+// selection saves).
 // Prefill: one sequence of `context` tokens prefilled from position 0: the indexer (prefill
 // tiles), the KV-block-major and query-major attention alone, and the step (indexer + the
 // attention the dispatch picks); TFLOP/s of the attention core from the FLOPs the selections
