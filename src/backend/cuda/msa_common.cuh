@@ -182,6 +182,13 @@ __device__ __forceinline__ FoldScale fold_scale(float& M, float m, float sl2) {
 __device__ __forceinline__ float fold_val(float acc, const FoldScale& f, float x) {
   return __fmaf_rn(acc, f.a, __fmul_rn(x, f.b));
 }
+// A row's step that keeps the factors for its elements' chains (the folds that run the row chain
+// first, then each element's from the stored factors).
+__device__ __forceinline__ float2 fold_row(float& M, float& L, float2 ml, float sl2) {
+  const FoldScale f = fold_scale(M, ml.x, sl2);
+  L = fold_val(L, f, ml.y);
+  return make_float2(f.a, f.b);
+}
 __device__ __forceinline__ float finish(float o, float l) { return l > 0.0f ? __fdiv_rn(o, l) : 0.0f; }
 
 // Probability of a score relative to the unit's max (scaled), the canonical expression: 2^x by

@@ -808,10 +808,7 @@ __global__ void __launch_bounds__(kThreads, kSplit ? 2 : 1) msa_attention_kernel
       if (tid < nr) {
         float M = -INFINITY, Ls = 0.0f;
         for (int k = 0; k < n_fold; ++k) {
-          const float2 ml = fab[k * nr + tid];
-          const FoldScale f = msa::fold_scale(M, ml.x, sl2);
-          Ls = msa::fold_val(Ls, f, ml.y);
-          fab[k * nr + tid] = make_float2(f.a, f.b);
+          fab[k * nr + tid] = msa::fold_row(M, Ls, fab[k * nr + tid], sl2);
         }
         lrow[tid] = Ls;
       }
@@ -853,9 +850,7 @@ __global__ void __launch_bounds__(kThreads, kSplit ? 2 : 1) msa_attention_kernel
 #pragma unroll
         for (int j = 0; j < kFoldBatch; ++j) {
           if (k0 + j < n_fold) {
-            const FoldScale f = msa::fold_scale(M, ml[j].x, sl2);
-            Ls = msa::fold_val(Ls, f, ml[j].y);
-            fab[(k0 + j) * kRows + row] = make_float2(f.a, f.b);
+            fab[(k0 + j) * kRows + row] = msa::fold_row(M, Ls, ml[j], sl2);
           }
         }
       }
