@@ -160,5 +160,38 @@ TEST(MoePlans, EntriesTraceTheirPlan) {
             "row-dot logits, a thread per token selects");
 }
 
+// moe_block's entry: one or two tokens (one select CTA, one routing warp), the W8A16 experts'
+// shapes, an F32 router; everything else runs the two ops.
+TEST(MoePlans, BlockEntryTakesOneOrTwoTokens) {
+  ops::KernelTable table;
+  cuda::register_cuda_kernels(table);
+  ops::Problem p;
+  p.device = Device::kCuda;
+  p.op = "moe_block";
+  p.dtype = DType::kF8E4M3;
+  p.aux_dtype = DType::kF32;
+  p.m = 1, p.n = kInter, p.k = kHidden, p.extra = 4;
+  const ops::KernelEntry<ops::MoeBlockFn>* entry = nullptr;
+  for (const auto& e : table.moe_block.entries())
+    if (e.name == "moe_block.mxfp8_routed_select.sm90") entry = &e;
+  ASSERT_NE(entry, nullptr);
+  EXPECT_EQ(entry->ineligible(p), "");
+  EXPECT_NE(entry->plan(p).find(cuda::moe_mxfp8::plan_text(gemm_plan(Path::kW8A16, 1, kInter, kHidden))), std::string::npos);
+  p.m = 2;
+  EXPECT_EQ(entry->ineligible(p), "");
+  p.extra = 16;  // 32 assignments
+  EXPECT_EQ(entry->ineligible(p), "");
+  p.extra = 17;
+  EXPECT_NE(entry->ineligible(p), "");
+  p.extra = 4, p.m = 3;
+  EXPECT_NE(entry->ineligible(p), "");
+  p.m = 1, p.aux_dtype = DType::kBF16;
+  EXPECT_NE(entry->ineligible(p), "");
+  p.aux_dtype = DType::kF32, p.dtype = DType::kBF16;  // BF16 experts: the grouped row-dot
+  EXPECT_NE(entry->ineligible(p), "");
+  p.dtype = DType::kF8E4M3, p.device = Device::kCpu;
+  EXPECT_NE(entry->ineligible(p), "");
+}
+
 }  // namespace
 }  // namespace m3

@@ -626,6 +626,47 @@ TEST(Dispatch, AddRmsNormWithoutAnEntryIsAddThenRmsNorm) {
   EXPECT_EQ(out, want);
 }
 
+TEST(Dispatch, MoeBlockWithoutAnEntryIsRouterThenExperts) {
+  // 4 routed experts and the shared one, hidden 8, intermediate 4, 3 tokens, top-2 with the bias.
+  const int T = 3, hidden = 8, inter = 4, routed = 4, top_k = 2;
+  std::mt19937 rng(11);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  auto rnd = [&](size_t n) {
+    std::vector<float> v(n);
+    for (auto& x : v) x = nd(rng);
+    return v;
+  };
+  auto x = rnd(T * hidden), router = rnd(routed * hidden), bias = rnd(routed);
+  std::vector<std::vector<float>> g, u, d;
+  std::vector<ops::LinearWeight> gw, uw, dw;
+  for (int e = 0; e <= routed; ++e) g.push_back(rnd(inter * hidden)), u.push_back(rnd(inter * hidden)), d.push_back(rnd(hidden * inter));
+  for (int e = 0; e <= routed; ++e) {
+    gw.push_back({f32(g[size_t(e)], {inter, hidden}), {}, {}});
+    uw.push_back({f32(u[size_t(e)], {inter, hidden}), {}, {}});
+    dw.push_back({f32(d[size_t(e)], {hidden, inter}), {}, {}});
+  }
+  const ops::ExpertWeights experts{routed, true, gw.data(), uw.data(), dw.data()};
+  const ops::RouterParams rp{top_k, 2.0f, true};
+  std::vector<int32_t> ids(T * top_k, -7), want_ids(ids.size());
+  std::vector<float> wts(ids.size()), want_wts(ids.size()), out(T * hidden), want(T * hidden);
+  Fixture r;
+  ops::moe_router(r.ctx, f32(x, {T, hidden}), f32(router, {routed, hidden}), f32(bias, {routed}), rp,
+                  i32(want_ids, {T, top_k}), f32(want_wts, {T, top_k}));
+  ops::moe_experts(r.ctx, f32(x, {T, hidden}), i32(want_ids, {T, top_k}), f32(want_wts, {T, top_k}), experts,
+                   ops::SwigluParams{}, f32(want, {T, hidden}));
+  Fixture f;
+  ops::moe_block(f.ctx, f32(x, {T, hidden}), f32(router, {routed, hidden}), f32(bias, {routed}), rp, i32(ids, {T, top_k}),
+                 f32(wts, {T, top_k}), experts, ops::SwigluParams{}, f32(out, {T, hidden}));
+  EXPECT_EQ(ids, want_ids);
+  EXPECT_EQ(wts, want_wts);
+  EXPECT_EQ(out, want);
+  std::vector<std::string> ops_seen;
+  for (const auto& use : f.stats.first_uses()) ops_seen.push_back(use.op);
+  EXPECT_EQ(std::count(ops_seen.begin(), ops_seen.end(), "moe_block"), 0) << "the CPU table has no fused entry";
+  EXPECT_EQ(std::count(ops_seen.begin(), ops_seen.end(), "moe_router"), 1);
+  EXPECT_EQ(std::count(ops_seen.begin(), ops_seen.end(), "moe_experts"), 1);
+}
+
 TEST(Dispatch, RemoveEntryDropsItFromItsTable) {
   ops::KernelTable table;
   cpu::register_cpu_kernels(table);
