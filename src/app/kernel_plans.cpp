@@ -18,8 +18,9 @@ namespace m3::app {
 #ifdef M3_HAVE_M3_BACKEND_CUDA
 namespace {
 
-// The device the doc describes: an H200 (132 SMs; the attention kernels' largest clusters 16).
-const cuda::MsaAttnLimits kH200{132, 16, 16, 16};
+// The device the doc describes: an H200 (132 SMs; the attention kernels' largest clusters 16;
+// dense decode stripes up to two CTAs per SM).
+const cuda::MsaAttnLimits kH200{132, 16, 16, 16, {0, 0, 0, 0}, 264};
 
 // "`entry`: plan" for the entry the table selects. The MSA entries' own plan functions ask the
 // current device for its limits; here they are kH200's.
@@ -77,12 +78,14 @@ std::string kernel_plans_markdown() {
     return cell(table.indexer_topk, p);
   };
   auto decode_table = [&](std::ostringstream& md) {
-    md << "| context | batch | indexer_topk | indexer_topk, FP8 index-K | attention_sparse |\n|---|---|---|---|---|\n";
+    md << "| context | batch | indexer_topk | indexer_topk, FP8 index-K | attention_sparse | attention_dense (layers "
+          "0-2) |\n|---|---|---|---|---|---|\n";
     for (int64_t context : {int64_t(8192), int64_t(131072)}) {
-      for (int b : {1, 4, 8, 16, 32, 64, 128}) {
+      for (int b : {1, 2, 4, 8, 16, 32, 64, 128}) {
         const ops::AttentionMetadata meta = layout(b, context);
         md << "| " << k_of(context) << " | " << b << " | " << indexer(b, meta) << " | "
-           << indexer(b, meta, DType::kF8E4M3) << " | " << attention(b, meta, true, true) << " |\n";
+           << indexer(b, meta, DType::kF8E4M3) << " | " << attention(b, meta, true, true) << " | "
+           << attention(b, meta, false, true) << " |\n";
       }
     }
   };

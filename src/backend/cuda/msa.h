@@ -94,7 +94,12 @@ struct MsaAttnLimits {
   // Clusters of 2, 4, 8, 16 CTAs of the split ring with pushed partials beside the ring (one CTA
   // per SM) that can be resident at once (0: not asked; those plans keep the global fold).
   int push_wide_clusters[4] = {0, 0, 0, 0};
+  // CTAs a dense pure-decode row group's stripes may take in all (MsaAttnPlan::stripes; 0: no
+  // stripes). The device's two per SM, the split ring's residency; M3_MSA_STRIPE_CTAS overrides.
+  int64_t stripe_ctas = 0;
 };
+// Row groups a launch with stripes may have (one arrival counter each).
+constexpr int kMaxStripeGroups = 256;
 struct MsaAttnPlan {
   bool tuned = false;        // else the generic kernel runs
   bool pure_decode = false;  // one query token per sequence
@@ -106,6 +111,9 @@ struct MsaAttnPlan {
   bool fixed_partials = false;  // the split partials in a fixed buffer (no memory node in a graph), else the pool
   bool push = false;  // split partials stored into the folding CTAs' shared memory
   size_t push_recv_bytes = 0;  // push: 0 = into the ring's third slot (one unit per CTA), else beside the ring
+  // Dense pure decode of a few sequences: clusters per row group (a power of two). Above 1 each
+  // cluster writes its partials and counts in; the last one in folds them all (split ring only).
+  int stripes = 1;
 };
 // Why the query-major kernel does not take a shape ("" when it does; else the generic kernel runs).
 std::string msa_attention_refusal(const MsaAttnShape& shape);

@@ -79,6 +79,12 @@ __device__ __forceinline__ void st_async_f2(uint32_t remote, float x, float y, u
                : "memory");
 }
 
+// A 4-byte store into CTA `rank`'s shared memory (the address from cluster_map); visible to that
+// CTA after a cluster barrier.
+__device__ __forceinline__ void st_cluster_u32(uint32_t remote, uint32_t v) {
+  asm volatile("st.shared::cluster.u32 [%0], %1;\n" ::"r"(remote), "r"(v) : "memory");
+}
+
 // Arrival of one CTA of a group of `expected`; true for the last one, which also re-arms the
 // counter for the next launch. Every CTA's global writes before this call are visible to the
 // last one (fence before arriving, fence after learning it is last).

@@ -35,6 +35,7 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <cstdlib>
 #include <mutex>
 #include <stdexcept>
 #include <string>
@@ -122,7 +123,12 @@ struct AttnArgs {
   bool early_reads;  // Q, K, V complete before the previous kernel began (AttentionMetadata)
   int early_max_blocks;  // early units: contexts of at most this many blocks (<= top_k, splits * kMaxListDecode)
   int recv_off;  // pushed partials: their buffer's offset in dynamic shared memory (0: the ring's third slot)
+  int stripes;   // clusters per row group (MsaAttnPlan::stripes; the kStripes variant only)
 };
+
+// Stripes' arrival counters, one per row group: zero at module load, re-armed by each row group's
+// last cluster, so no memset node per launch (launches never overlap: see g_decode_partials).
+__device__ unsigned g_stripe_arrivals[kMaxStripeGroups];
 
 // Fold state of one thread: rows (g, g+8) of each m-tile, its warp's 16 output dims (2 d-tiles).
 template <int MT>
@@ -152,7 +158,7 @@ struct Fold {
   }
 };
 
-template <int MT, bool kSplit, bool kEarly = false, bool kPush = false>
+template <int MT, bool kSplit, bool kEarly = false, bool kPush = false, bool kStripes = false>
 __global__ void __launch_bounds__(kThreads, kSplit ? 2 : 1) msa_attention_kernel(AttnArgs a) {
   using L = Layout<MT, kSplit>;
   constexpr int kRows = L::kRows;
@@ -179,7 +185,12 @@ __global__ void __launch_bounds__(kThreads, kSplit ? 2 : 1) msa_attention_kernel
   M3_TL_MARK(attention, tl_cta, 0);
   const int C = a.splits;
   const int split = int(blockIdx.x % unsigned(C));  // rank in the cluster (cluster dims (C, 1, 1))
-  const int rg = int(blockIdx.x / unsigned(C));
+  // Stripes: a row group's clusters are consecutive, and its super-units are split over all their
+  // CTAs (S of them) as over one cluster's.
+  static_assert(!kStripes || (kSplit && MT == 1 && !kEarly && !kPush), "stripes: the split ring, dense");
+  const int S = kStripes ? C * a.stripes : C;
+  const int rank = kStripes ? int(blockIdx.x % unsigned(S)) : split;
+  const int rg = int(blockIdx.x / unsigned(S));
   const int t0 = rg / a.kv_heads, g = rg % a.kv_heads;
   const int s = msa::seq_of_token(a.query_start, a.num_seqs, t0);
   const int q_begin = a.query_start[s], q_end = a.query_start[s + 1];
@@ -308,7 +319,7 @@ __global__ void __launch_bounds__(kThreads, kSplit ? 2 : 1) msa_attention_kernel
   // Super-units (dense: 8 units by absolute position; sparse: one each), split over the cluster.
   const int kSu = dense ? kDenseSuUnits : 1;
   const int n_su = (n_units + kSu - 1) / kSu;
-  const int su0 = int(int64_t(split) * n_su / C), su1 = int(int64_t(split + 1) * n_su / C);
+  const int su0 = int(int64_t(rank) * n_su / S), su1 = int(int64_t(rank + 1) * n_su / S);
   const int u_begin = min(su0 * kSu, n_units), u_end = min(su1 * kSu, n_units);
   const int my_units = u_end - u_begin;
   // Pushed partials (MsaAttnPlan::push: the split ring, sparse, whole rows per CTA): each CTA
@@ -769,6 +780,28 @@ __global__ void __launch_bounds__(kThreads, kSplit ? 2 : 1) msa_attention_kernel
   } else {
     msa::cluster_sync();
   }
+  if constexpr (kStripes) {
+    // The cluster counts in once its partials are written (the barrier above: every thread's
+    // fence, then release / acquire at cluster scope, so this thread's fence is cumulative over
+    // them). The last cluster in re-arms the counter for the next launch, tells its CTAs, and
+    // folds every stripe's partials as one cluster does (the same partials in the same order);
+    // the others are done. Nothing waits on another cluster, so residency does not matter.
+    __shared__ unsigned s_last;
+    if (split == 0 && tid == 0) {
+      __threadfence();
+      const unsigned last = atomicAdd(&g_stripe_arrivals[rg], 1u) + 1u == unsigned(a.stripes) ? 1u : 0u;
+      if (last != 0u) {
+        atomicExch(&g_stripe_arrivals[rg], 0u);
+        __threadfence();  // the other clusters' partials are read after this
+      }
+      for (int r = 0; r < C; ++r) msa::st_cluster_u32(msa::cluster_map(smem_u32(&s_last), r), last);
+    }
+    msa::cluster_sync();
+    if (s_last == 0u) {
+      M3_TL_FINISH(attention, tl_cta, tl_ctas);
+      return;
+    }
+  }
   auto part_idx = [&](int k) { return early_units ? list[k] : k; };
   M3_TL_MARK(attention, tl_cta, 5);
   const int E = rows * kHeadDim, per = (E + C - 1) / C;
@@ -781,8 +814,8 @@ __global__ void __launch_bounds__(kThreads, kSplit ? 2 : 1) msa_attention_kernel
   constexpr int kFoldBatch = 16;
   const size_t fold_bytes = size_t(n_fold) * kRows * sizeof(float2) + kRows * sizeof(float);
   const size_t ring_bytes = size_t(kStages) * (L::kSplitKV ? kTileBytes : kStageBytes);
-  if constexpr (!kSplit && MT == 1) {
-    // The deep stages (a dense context over few CTAs: up to 128 super-unit partials per row
+  if constexpr ((!kSplit || kStripes) && MT == 1) {
+    // The deep stages (and stripes, whose one folding cluster has as many partials) (a dense context over few CTAs: up to 128 super-unit partials per row
     // group at 128K) stage the slice's partials in the drained ring first, every copy in flight
     // at once, where the loops below load them 8 or 16 at a time, a dependent L2 round trip per
     // batch. Then the same row chains and element chains as below, from shared memory.
@@ -1027,6 +1060,10 @@ MsaAttnLimits msa_attention_limits() {
     l.cluster_ring = max_cluster<1, true>();
     l.cluster_four = max_cluster<4, false>();
     push_wide_clusters(l.push_wide_clusters);
+    l.stripe_ctas = 2 * l.sms;
+    if (const char* env = std::getenv("M3_MSA_STRIPE_CTAS"); env != nullptr && *env != '\0') {
+      l.stripe_ctas = std::max<int64_t>(0, std::atoll(env));  // a measuring knob (0: no stripes)
+    }
   });
   return cached[size_t(dev)];
 }
@@ -1080,6 +1117,20 @@ MsaAttnPlan msa_attention_plan(const MsaAttnShape& s, const MsaAttnLimits& lim) 
   } else {
     splits = grow(lim.cluster_four, sms);
   }
+  // Stripes: a dense pure-decode row group that already has the largest cluster, in a grid that
+  // would leave SMs idle (B = 1-2 at M3 TP1: 64 and 128 CTAs), takes several clusters of the split
+  // ring: up to lim.stripe_ctas CTAs in all, at least one super-unit per CTA. The fold needs a
+  // cluster barrier, so one cluster alone cannot grow past the cluster limit.
+  int stripes = 1;
+  if (!sparse && p.pure_decode && p.m_tiles == 1 && groups <= kMaxStripeGroups && lim.cluster_ring > 1 &&
+      splits >= lim.cluster_ring) {
+    const int64_t c = lim.cluster_ring;
+    while (groups * c * stripes * 2 <= lim.stripe_ctas && c * stripes * 2 <= su_cap) stripes *= 2;
+    if (stripes > 1) {
+      splits = lim.cluster_ring;
+      p.split_ring = true;
+    }
+  }
   // Early units (a variant of the split-ring kernel, so that the others keep their registers: 118
   // against 128; it checks the context; partial index = block id < top_k, within su_cap).
   // Only where Q and K/V were complete before the previous kernel (the layer's own indexer) began.
@@ -1093,8 +1144,9 @@ MsaAttnPlan msa_attention_plan(const MsaAttnShape& s, const MsaAttnLimits& lim) 
   const size_t rows_pad = size_t(p.m_tiles) * 16;
   p.part_bytes = size_t(tokens) * size_t(kv_heads) * size_t(p.su_cap) * rows_pad * (kHeadDim + 2) * 4;
   if (p.part_bytes > kMaxPartialBytes) splits = 1;
-  if (splits == 1) p.early = false, p.early_max_blocks = 0;
+  if (splits == 1) p.early = false, p.early_max_blocks = 0, stripes = 1;
   p.splits = splits;
+  p.stripes = stripes;
   // Decode batches take the fixed buffer where the partials fit (B <= 15 at M3 TP1): no memory
   // nodes around the launch, so the programmatic edge from the indexer holds in a graph (with
   // the indexer's fixed scores, H200: B = 8 steps 2-6 % faster; the 2-5 % loss at B = 8 and 16
@@ -1106,7 +1158,7 @@ MsaAttnPlan msa_attention_plan(const MsaAttnShape& s, const MsaAttnLimits& lim) 
   // ring where the grid fits one CTA per SM and all its clusters fit at once. H100, attention alone
   // at B = 1 / 2: 15.8-16.1 -> 14.6-14.7 us / 18.2-18.8 -> 17.1-17.3 us (docs/msa_kernels.md,
   // forty-first round).
-  p.ctas = tokens * kv_heads * splits;
+  p.ctas = tokens * kv_heads * splits * stripes;
   const int64_t rows = int64_t(p.tokens_per_group) * group;
   if (splits > 1 && p.split_ring && sparse && p.pure_decode && p.m_tiles == 1 && rows % splits == 0) {
     const size_t recv = size_t(p.su_cap) * size_t(rows / splits) * (kHeadDim * 4 + 8);
@@ -1135,7 +1187,9 @@ std::string msa_attention_plan_text(const MsaAttnPlan& p) {
   }
   s += ", " + std::to_string(p.ctas) + " CTAs";
   if (p.splits > 1) {
-    s += " in clusters of " + std::to_string(p.splits) + ", up to " + std::to_string(p.su_cap) + " super-unit partials per row group (" +
+    s += " in clusters of " + std::to_string(p.splits);
+    if (p.stripes > 1) s += " (" + std::to_string(p.stripes) + " per row group, the last one in folds)";
+    s += ", up to " + std::to_string(p.su_cap) + " super-unit partials per row group (" +
          (p.fixed_partials ? "fixed buffer" : "pool") + ")";
   }
   return s;
@@ -1174,6 +1228,7 @@ void launch_msa_attention(const TensorView& q, const TensorView& k_cache, const 
   a.tokens_per_group = plan.tokens_per_group;
   a.early_reads = shape.early_reads;
   a.early_max_blocks = plan.early_max_blocks;
+  a.stripes = plan.stripes;
   const int mt = plan.m_tiles, splits = plan.splits;
   const bool split_ring = plan.split_ring, early = plan.early;
   size_t smem = mt == 4 ? Layout<4, false>::kBytes : split_ring ? Layout<1, true>::kBytes : Layout<1, false>::kBytes;
@@ -1221,6 +1276,7 @@ void launch_msa_attention(const TensorView& q, const TensorView& k_cache, const 
   };
   if (mt == 4) run(msa_attention_kernel<4, false>);
   else if (early) plan.push ? run(msa_attention_kernel<1, true, true, true>) : run(msa_attention_kernel<1, true, true>);
+  else if (plan.stripes > 1) run(msa_attention_kernel<1, true, false, false, true>);
   else if (split_ring) plan.push ? run(msa_attention_kernel<1, true, false, true>) : run(msa_attention_kernel<1, true>);
   else run(msa_attention_kernel<1, false>);
   M3_CUDA_CHECK_LAUNCH();

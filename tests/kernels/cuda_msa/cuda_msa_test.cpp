@@ -76,6 +76,7 @@ struct Case {
   DType index_dtype = DType::kBF16;
   bool dense = true;         // also compare dense attention (CPU cost grows with the context)
   bool block_major = true;   // also run the KV-block-major and query-major entries directly (bitwise equal)
+  bool stripes = false;      // dense decode: the query-major plan must spread row groups over several clusters
 };
 
 struct Result {
@@ -334,6 +335,13 @@ Result run_case(Harness& h, const Case& c, std::mt19937& rng) {
       const auto ref_dense = cpu_attend(nullptr);
       r.dense_rel = rel_err(out_dense, ref_dense);
       r.dense_fast_rel = rel_err(gpu_attend(nullptr, Via::kDensePrefillFast), ref_dense);
+      if (c.stripes) {  // (the dispatch and the query-major call both launch it: the counters re-arm)
+        const cuda::MsaAttnPlan plan = cuda::msa_attention_plan(
+            cuda::msa_attn_shape(dev(dq, DType::kF32, qs), dev(dk, DType::kBF16, ks), dev(dv, DType::kBF16, ks),
+                                 batch.dev_meta, TensorView{}, 0),
+            cuda::msa_attention_limits());
+        if (plan.stripes < 2) r.error = "no stripes in the plan: " + cuda::msa_attention_plan_text(plan);
+      }
       const auto qm_dense = gpu_attend(nullptr, Via::kQueryMajor), wg_dense = gpu_attend(nullptr, Via::kDensePrefill);
       r.dense_same = same_bits(wg_dense, qm_dense) && same_bits(out_dense, qm_dense);
       if (!r.dense_same) {
@@ -419,6 +427,13 @@ std::vector<Case> cases() {
   // One dense decode token over 20K keys: the deep stages with 20 super-unit partials per row
   // group, staged in shared memory before the fold (compared bit for bit with the wgmma kernel).
   out.push_back({"tp1_decode_long_dense", kTp1, {{20000, 1}}, Keys::kRandom, DType::kBF16, true, false});
+  // Dense decode over 40K keys (40 super-units per row group): two 16-CTA clusters per row group,
+  // the last one in folding both's partials; alone, and beside a second sequence (33K) that gives
+  // some CTAs no unit. Bit for bit with the wgmma kernel, over the dispatch's and the query-major
+  // launches (a counter left un-armed by the first would leave rows of the second unfolded).
+  out.push_back({"tp1_decode_dense_stripes", kTp1, {{40000, 1}}, Keys::kRandom, DType::kBF16, true, false, true});
+  out.push_back({"tp1_decode_dense_stripes_two", kTp1, {{40000, 1}, {33000, 1}}, Keys::kRandom, DType::kBF16, true, false,
+                 true});
   out.push_back({"tp1_multi_token", kTp1, {{2040, 4}, {2046, 4}, {9000, 4}, {300, 3}, {7000, 2}, {4094, 4}}});
   out.push_back({"tp4_multi_token", kTp4, {{2046, 4}, {9000, 7}, {17, 16}, {6000, 3}}});
   out.push_back({"tp1_prefill_chunk", kTp1, {{3000, 37}, {0, 70}, {1990, 100}}});

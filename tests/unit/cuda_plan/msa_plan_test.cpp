@@ -115,6 +115,45 @@ TEST(MsaAttentionPlan, DecodeSplitFollowsTheBatch) {
   EXPECT_EQ(cuda::msa_attention_plan(decode(1, 8192), cuda::MsaAttnLimits{132, 8, 8, 8}).splits, 8);
 }
 
+TEST(MsaAttentionPlan, DenseDecodeStripes) {
+  // The device's two CTAs per SM for stripes (msa_attention_limits' default).
+  cuda::MsaAttnLimits lim = kH200;
+  lim.stripe_ctas = 264;
+  // B = 1 at 128K: four 16-CTA clusters per KV group on the split ring (256 CTAs), 8 super-units each.
+  const MsaAttnPlan one = cuda::msa_attention_plan(decode(1, 131072, false), lim);
+  EXPECT_TRUE(one.split_ring);
+  EXPECT_EQ(one.splits, 16);
+  EXPECT_EQ(one.stripes, 4);
+  EXPECT_EQ(one.ctas, 256);
+  EXPECT_TRUE(one.fixed_partials);
+  EXPECT_EQ(cuda::msa_attention_plan_text(one),
+            "4 row groups of 1 token (1 m-tile), K/V split ring, two CTAs per SM, 256 CTAs in clusters of 16 (4 per row "
+            "group, the last one in folds), up to 128 super-unit partials per row group (fixed buffer)");
+  // At 32K two (32 super-units: one per CTA); at 20K one cluster, the deep stages as before.
+  EXPECT_EQ(cuda::msa_attention_plan(decode(1, 32768, false), lim).stripes, 2);
+  const MsaAttnPlan short1 = cuda::msa_attention_plan(decode(1, 20000, false), lim);
+  EXPECT_EQ(short1.stripes, 1);
+  EXPECT_FALSE(short1.split_ring);
+  EXPECT_EQ(short1.ctas, 64);
+  // B = 2 at 128K: two; from B = 4 the clusters alone fill the device.
+  EXPECT_EQ(cuda::msa_attention_plan(decode(2, 131072, false), lim).stripes, 2);
+  EXPECT_EQ(cuda::msa_attention_plan(decode(2, 131072, false), lim).ctas, 256);
+  EXPECT_EQ(cuda::msa_attention_plan(decode(4, 131072, false), lim).stripes, 1);
+  // Never for sparse layers or prefills, nor without the limit (M3_MSA_STRIPE_CTAS=0).
+  EXPECT_EQ(cuda::msa_attention_plan(decode(1, 131072, true), lim).stripes, 1);
+  MsaAttnShape pre = decode(1, 131072, false);
+  pre.tokens = 2;
+  EXPECT_EQ(cuda::msa_attention_plan(pre, lim).stripes, 1);
+  EXPECT_EQ(cuda::msa_attention_plan(decode(1, 131072, false), kH200).stripes, 1);
+  // Smaller clusters (8): more of them, within the same CTAs.
+  cuda::MsaAttnLimits eight{132, 8, 8, 8};
+  eight.stripe_ctas = 264;
+  const MsaAttnPlan e1 = cuda::msa_attention_plan(decode(1, 131072, false), eight);
+  EXPECT_EQ(e1.splits, 8);
+  EXPECT_EQ(e1.stripes, 8);
+  EXPECT_EQ(e1.ctas, 256);
+}
+
 TEST(MsaAttentionPlan, DenseAndPrefillLayouts) {
   // A dense 128K context alone keeps the deep whole-unit stages; 32 of them take the split ring.
   const MsaAttnPlan dense1 = cuda::msa_attention_plan(decode(1, 131072, false), kH200);
@@ -318,7 +357,8 @@ namespace {
 // super-units; partials fit their buffer; the early units only where the kernel variant exists;
 // the indexer's chunks and score slices cover the work once.
 TEST(MsaPlans, InvariantsOverASweep) {
-  const cuda::MsaAttnLimits limits[] = {{132, 16, 16, 16}, {132, 8, 8, 8}, {114, 16, 8, 8}, {20, 4, 2, 2}};
+  const cuda::MsaAttnLimits limits[] = {{132, 16, 16, 16}, {132, 8, 8, 8}, {114, 16, 8, 8}, {20, 4, 2, 2},
+                                        {132, 16, 16, 16, {66, 30, 15, 7}, 264}};
   struct Heads {
     int64_t q, kv, index;
   };
@@ -351,7 +391,16 @@ TEST(MsaPlans, InvariantsOverASweep) {
               const int cap = p.m_tiles == 4 ? lim.cluster_four : p.split_ring ? lim.cluster_ring : lim.cluster_deep;
               EXPECT_LE(p.splits, std::max(cap, 2)) << at;
               EXPECT_LE(p.splits, std::max<int64_t>(1, p.su_cap)) << at;
-              EXPECT_EQ(p.ctas, s.tokens * s.kv_heads * p.splits) << at;
+              EXPECT_EQ(p.ctas, s.tokens * s.kv_heads * p.splits * p.stripes) << at;
+              EXPECT_GE(p.stripes, 1) << at;
+              EXPECT_EQ(p.stripes & (p.stripes - 1), 0) << at;
+              if (p.stripes > 1) {  // the kernel variant's domain: dense decode on the ring, a counter per row group
+                EXPECT_TRUE(!sparse && p.pure_decode && p.split_ring && p.m_tiles == 1) << at;
+                EXPECT_EQ(p.splits, lim.cluster_ring) << at;
+                EXPECT_LE(p.groups, cuda::kMaxStripeGroups) << at;
+                EXPECT_LE(p.ctas, lim.stripe_ctas) << at;
+                EXPECT_LE(int64_t(p.splits) * p.stripes, p.su_cap) << at;  // a super-unit per CTA at the longest context
+              }
               EXPECT_GE(int64_t(p.tokens_per_group) * (sparse ? kTopK : 0), 0);
               if (sparse) {
                 EXPECT_LE(int64_t(p.tokens_per_group) * kTopK, 512) << at;
@@ -401,7 +450,7 @@ TEST(MsaPlans, InvariantsOverASweep) {
       }
     }
   }
-  EXPECT_EQ(checked, 4 * 4 * 8 * 11 * 3 * 2);
+  EXPECT_EQ(checked, 5 * 4 * 8 * 11 * 3 * 2);
 }
 
 }  // namespace

@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# Dense decode over several clusters per row group (MsaAttnPlan::stripes) on the GPU machine, in
+# one device call, from one staged build (tools/gpu_stage.sh): M3_MSA_STRIPE_CTAS=0 is the plan
+# without stripes, so "off" and "on" are the same binary.
+#   1. kernels_cuda_msa on the dense decode cases (stripes, deep stages, short contexts): bit for
+#      bit with the wgmma dense kernel, within 2e-3 of the CPU reference;
+#   2. msa_bench --dense: the attention alone at 32K / 128K, B = 1, 2, 4, off / on alternating
+#      M3_STRIPE_REPS times (default 2) -> msa_off_N.json / msa_on_N.json;
+#   3. with M3_BENCH_LAYERS > 0 (default 2: a dense layer and an MSA layer), decode_bench's step
+#      at M3_BENCH_CONTEXTS (default 131072), B = M3_BENCH_BATCHES (default 1,2), off / on;
+#   4. with M3_STRIPE_FULL=1, every kernels_cuda_msa case and kernels_cuda_parity.
+# Results go to $OUT. Exit status: nonzero if any step failed.
+set -uo pipefail
+source "$(dirname "$0")/gpu_env.sh"
+M3_MSA_CASES=tp1_decode_dense_stripes,tp1_decode_dense_stripes_two,tp1_decode_long_dense,tp1_decode_short_dense \
+  step msa_parity 200 "$dir/kernels_cuda_msa"
+sed -n '/^case /,/^wrote/p' "$out/msa_parity.log"
+grep -E "FAILED|Failure|no stripes" "$out/msa_parity.log" | head -20
+for rep in $(seq 1 "${M3_STRIPE_REPS:-2}"); do
+  for knob in off on; do
+    ctas=0
+    [[ $knob == on ]] && ctas=""
+    step "msa_${knob}_$rep" 200 env M3_MSA_STRIPE_CTAS="$ctas" "$dir/msa_bench" --contexts 32768,131072 \
+      --batches "${M3_STRIPE_BATCHES:-1,2,4}" --index-dtypes bf16 --dense --no-baseline --no-layouts --prefill none \
+      --iters "${M3_STRIPE_ITERS:-20}" --json "$out/msa_${knob}_$rep.json"
+    grep -E "dense attention|stripes|clusters of" "$out/msa_${knob}_$rep.log" | sed "s/^/$knob #$rep: /" | head -12
+  done
+done
+layers=${M3_BENCH_LAYERS:-2}
+if [[ $layers -gt 0 ]]; then
+  ckpt=${TMPDIR:-/tmp}/m3-layers-$layers-mxfp8
+  [[ -f $ckpt/config.json ]] || step make_model 300 "$dir/m3serve" make-model --preset "m3-layers:$layers" --mxfp8 \
+    --seed 0 --out "$ckpt"
+  IFS=',' read -r -a contexts <<< "${M3_BENCH_CONTEXTS:-131072}"
+  for ctx in "${contexts[@]}"; do
+    for knob in off on; do
+      ctas=0
+      [[ $knob == on ]] && ctas=""
+      step "decode_${knob}_$ctx" 240 env M3_MSA_STRIPE_CTAS="$ctas" "$dir/decode_bench" --model "$ckpt" \
+        --batch-sizes "${M3_BENCH_BATCHES:-1,2}" --context "$ctx" --iters "${M3_BENCH_ITERS:-10}" \
+        --json "$out/decode_${knob}_$ctx.json"
+      grep -E "graph step|roofline|attention" "$out/decode_${knob}_$ctx.log" | sed "s/^/$knob $ctx: /" | head -12
+    done
+  done
+fi
+if [[ ${M3_STRIPE_FULL:-0} == 1 ]]; then
+  step kernels_cuda_msa 240 "$dir/kernels_cuda_msa"
+  sed -n '/^case /,/^wrote/p' "$out/kernels_cuda_msa.log" | tail -45
+  step kernels_cuda_parity 240 "$dir/kernels_cuda_parity"
+  grep -E "^(attention|indexer)|FAILED|Failure" "$out/kernels_cuda_parity.log" | head -20
+fi
+echo "gpu_dense_stripes: overall status $status"
+exit $status
