@@ -6,8 +6,10 @@
 #      bit with the wgmma dense kernel, within 2e-3 of the CPU reference;
 #   2. msa_bench --dense: the attention alone at 32K / 128K, B = 1, 2, 4, off / on alternating
 #      M3_STRIPE_REPS times (default 2) -> msa_off_N.json / msa_on_N.json;
-#   3. with M3_BENCH_LAYERS > 0 (default 2: a dense layer and an MSA layer), decode_bench's step
-#      at M3_BENCH_CONTEXTS (default 131072), B = M3_BENCH_BATCHES (default 1,2), off / on;
+#   3. with M3_BENCH_LAYERS > 0 (default 2: a dense-attention layer and an MSA + MoE layer),
+#      decode_bench's step at M3_BENCH_CONTEXTS (default 131072), B = M3_BENCH_BATCHES (default
+#      1,2), off / on alternating M3_BENCH_REPS times (default 1); M3_OFF_DISABLE=entry[,entry]
+#      also removes those dispatch entries from "off" (another change measured in the same runs);
 #   4. with M3_STRIPE_FULL=1, every kernels_cuda_msa case and kernels_cuda_parity.
 # Results go to $OUT. Exit status: nonzero if any step failed.
 set -uo pipefail
@@ -33,13 +35,21 @@ if [[ $layers -gt 0 ]]; then
     --seed 0 --out "$ckpt"
   IFS=',' read -r -a contexts <<< "${M3_BENCH_CONTEXTS:-131072}"
   for ctx in "${contexts[@]}"; do
-    for knob in off on; do
-      ctas=0
-      [[ $knob == on ]] && ctas=""
-      step "decode_${knob}_$ctx" 240 env M3_MSA_STRIPE_CTAS="$ctas" "$dir/decode_bench" --model "$ckpt" \
-        --batch-sizes "${M3_BENCH_BATCHES:-1,2}" --context "$ctx" --iters "${M3_BENCH_ITERS:-10}" \
-        --json "$out/decode_${knob}_$ctx.json"
-      grep -E "graph step|roofline|attention" "$out/decode_${knob}_$ctx.log" | sed "s/^/$knob $ctx: /" | head -12
+    for rep in $(seq 1 "${M3_BENCH_REPS:-1}"); do
+      for knob in off on; do
+        ctas=0
+        extra=()
+        if [[ $knob == on ]]; then
+          ctas=""
+        elif [[ -n ${M3_OFF_DISABLE:-} ]]; then
+          extra=(--disable-entries "$M3_OFF_DISABLE")
+        fi
+        name=decode_${knob}_${ctx}_$rep
+        step "$name" 240 env M3_MSA_STRIPE_CTAS="$ctas" "$dir/decode_bench" --model "$ckpt" \
+          --batch-sizes "${M3_BENCH_BATCHES:-1,2}" --context "$ctx" --iters "${M3_BENCH_ITERS:-10}" \
+          --json "$out/$name.json" "${extra[@]}"
+        grep -E "graph step|roofline|^  [0-9]" "$out/$name.log" | sed "s/^/$knob $ctx #$rep: /" | head -16
+      done
     done
   done
 fi
