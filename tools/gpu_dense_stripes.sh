@@ -1,15 +1,16 @@
 #!/usr/bin/env bash
 # Dense decode over several clusters per row group (MsaAttnPlan::stripes) on the GPU machine, in
-# one device call, from one staged build (tools/gpu_stage.sh): M3_MSA_STRIPE_CTAS=0 is the plan
-# without stripes, so "off" and "on" are the same binary.
+# one device call, from one staged build (tools/gpu_stage.sh). The stripes are off unless
+# M3_MSA_STRIPE_CTAS=N: "off" runs with 0, "on" with M3_STRIPE_ON (default 264: two CTAs per SM of
+# a 132-SM H100 / H200), the same binary.
 #   1. kernels_cuda_msa on the dense decode cases (stripes, deep stages, short contexts): bit for
 #      bit with the wgmma dense kernel, within 2e-3 of the CPU reference;
 #   2. msa_bench --dense: the attention alone at 32K / 128K, B = 1, 2, 4, off / on alternating
 #      M3_STRIPE_REPS times (default 2) -> msa_off_N.json / msa_on_N.json;
 #   3. with M3_BENCH_LAYERS > 0 (default 2: a dense-attention layer and an MSA + MoE layer),
 #      decode_bench's step at M3_BENCH_CONTEXTS (default 131072), B = M3_BENCH_BATCHES (default
-#      1,2), off / on alternating M3_BENCH_REPS times (default 1); M3_OFF_DISABLE=entry[,entry]
-#      also removes those dispatch entries from "off" (another change measured in the same runs);
+#      1,2), off / on alternating M3_BENCH_REPS times (default 1); M3_ON_ENV="VAR=1 ..." adds
+#      environment to "on" (another switch measured in the same runs, e.g. M3_MOE_HAND_OFF=1);
 #   4. with M3_STRIPE_FULL=1, every kernels_cuda_msa case and kernels_cuda_parity.
 # Results go to $OUT. Exit status: nonzero if any step failed.
 set -uo pipefail
@@ -21,7 +22,7 @@ grep -E "FAILED|Failure|no stripes" "$out/msa_parity.log" | head -20
 for rep in $(seq 1 "${M3_STRIPE_REPS:-2}"); do
   for knob in off on; do
     ctas=0
-    [[ $knob == on ]] && ctas=""
+    [[ $knob == on ]] && ctas=${M3_STRIPE_ON:-264}
     step "msa_${knob}_$rep" 200 env M3_MSA_STRIPE_CTAS="$ctas" "$dir/msa_bench" --contexts 32768,131072 \
       --batches "${M3_STRIPE_BATCHES:-1,2,4}" --index-dtypes bf16 --dense --no-baseline --no-layouts --prefill none \
       --iters "${M3_STRIPE_ITERS:-20}" --json "$out/msa_${knob}_$rep.json"
@@ -38,16 +39,15 @@ if [[ $layers -gt 0 ]]; then
     for rep in $(seq 1 "${M3_BENCH_REPS:-1}"); do
       for knob in off on; do
         ctas=0
-        extra=()
+        on_env=()
         if [[ $knob == on ]]; then
-          ctas=""
-        elif [[ -n ${M3_OFF_DISABLE:-} ]]; then
-          extra=(--disable-entries "$M3_OFF_DISABLE")
+          ctas=${M3_STRIPE_ON:-264}
+          read -r -a on_env <<< "${M3_ON_ENV:-}"
         fi
         name=decode_${knob}_${ctx}_$rep
-        step "$name" 240 env M3_MSA_STRIPE_CTAS="$ctas" "$dir/decode_bench" --model "$ckpt" \
+        step "$name" 240 env M3_MSA_STRIPE_CTAS="$ctas" "${on_env[@]}" "$dir/decode_bench" --model "$ckpt" \
           --batch-sizes "${M3_BENCH_BATCHES:-1,2}" --context "$ctx" --iters "${M3_BENCH_ITERS:-10}" \
-          --json "$out/$name.json" "${extra[@]}"
+          --json "$out/$name.json"
         grep -E "graph step|roofline|^  [0-9]" "$out/$name.log" | sed "s/^/$knob $ctx #$rep: /" | head -16
       done
     done

@@ -19,8 +19,8 @@ namespace m3::app {
 namespace {
 
 // The device the doc describes: an H200 (132 SMs; the attention kernels' largest clusters 16;
-// dense decode stripes up to two CTAs per SM).
-const cuda::MsaAttnLimits kH200{132, 16, 16, 16, {0, 0, 0, 0}, 264};
+// no dense decode stripes: off unless M3_MSA_STRIPE_CTAS is set).
+const cuda::MsaAttnLimits kH200{132, 16, 16, 16};
 
 // "`entry`: plan" for the entry the table selects. The MSA entries' own plan functions ask the
 // current device for its limits; here they are kH200's.

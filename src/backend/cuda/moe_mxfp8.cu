@@ -22,6 +22,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
@@ -1919,7 +1920,15 @@ void w8a16_entry(const TensorView& x, const TensorView& ids, const TensorView& w
 // routes its selection into their workspace (RouterHandOff), so the GEMMs follow it directly: one
 // launch (the routing + prep kernel) less between the router and the experts. The same kernels'
 // arithmetic as moe_router then moe_experts: the same bits.
+// Off unless M3_MOE_HAND_OFF=1: built and tested, not yet measured on a GPU (read per eager call:
+// tests and benchmarks turn it on in-process).
+bool hand_off_enabled() {
+  const char* env = std::getenv("M3_MOE_HAND_OFF");
+  return env != nullptr && std::string(env) == "1";
+}
+
 std::string need_block(const ops::Problem& p) {
+  if (!hand_off_enabled()) return "off unless M3_MOE_HAND_OFF=1 (not yet measured on a GPU)";
   std::string why = need_mxfp8_moe(p);
   if (!why.empty()) return why;
   if (p.aux_dtype != DType::kF32) return "the router weight is not F32";
@@ -1992,7 +2001,8 @@ void register_moe_mxfp8(ops::KernelTable& table) {
                  "combine in the CPU's order; no host sync",
                  need_mxfp8_moe, w8a16_entry, plan_moe<moe_mxfp8::Path::kW8A16>});
   table.moe_block.add({"moe_block.mxfp8_routed_select.sm90",
-                       "device MXFP8 experts as moe_experts.mxfp8_w8a16_mma.sm90 takes them, an F32 router weight, "
+                       "M3_MOE_HAND_OFF=1 (off by default: not yet measured on a GPU); device MXFP8 experts as "
+                       "moe_experts.mxfp8_w8a16_mma.sm90 takes them, an F32 router weight, "
                        "<= 2 tokens and <= 32 assignments: moe_router.sigmoid_bias_topk.sm90's two kernels, the select "
                        "kernel also converting x to f16 (before its wait) and routing its selection into the experts' "
                        "workspace (one warp), then the W8A16 GEMMs and the combine; no routing launch between them; the "

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <cstdlib>
 #include <string>
 
 #include "backend/cuda/cuda_backend.h"
@@ -163,6 +164,7 @@ TEST(MoePlans, EntriesTraceTheirPlan) {
 // moe_block's entry: one or two tokens (one select CTA, one routing warp), the W8A16 experts'
 // shapes, an F32 router; everything else runs the two ops.
 TEST(MoePlans, BlockEntryTakesOneOrTwoTokens) {
+  ::unsetenv("M3_MOE_HAND_OFF");  // off by default
   ops::KernelTable table;
   cuda::register_cuda_kernels(table);
   ops::Problem p;
@@ -175,6 +177,8 @@ TEST(MoePlans, BlockEntryTakesOneOrTwoTokens) {
   for (const auto& e : table.moe_block.entries())
     if (e.name == "moe_block.mxfp8_routed_select.sm90") entry = &e;
   ASSERT_NE(entry, nullptr);
+  EXPECT_NE(entry->ineligible(p).find("M3_MOE_HAND_OFF=1"), std::string::npos);
+  ::setenv("M3_MOE_HAND_OFF", "1", 1);
   EXPECT_EQ(entry->ineligible(p), "");
   EXPECT_NE(entry->plan(p).find(cuda::moe_mxfp8::plan_text(gemm_plan(Path::kW8A16, 1, kInter, kHidden))), std::string::npos);
   p.m = 2;
@@ -191,6 +195,7 @@ TEST(MoePlans, BlockEntryTakesOneOrTwoTokens) {
   EXPECT_NE(entry->ineligible(p), "");
   p.dtype = DType::kF8E4M3, p.device = Device::kCpu;
   EXPECT_NE(entry->ineligible(p), "");
+  ::unsetenv("M3_MOE_HAND_OFF");
 }
 
 }  // namespace

@@ -116,7 +116,7 @@ TEST(MsaAttentionPlan, DecodeSplitFollowsTheBatch) {
 }
 
 TEST(MsaAttentionPlan, DenseDecodeStripes) {
-  // The device's two CTAs per SM for stripes (msa_attention_limits' default).
+  // Two CTAs per SM for the stripes (M3_MSA_STRIPE_CTAS=264; msa_attention_limits' default is none).
   cuda::MsaAttnLimits lim = kH200;
   lim.stripe_ctas = 264;
   // B = 1 at 128K: four 16-CTA clusters per KV group on the split ring (256 CTAs), 8 super-units each.
