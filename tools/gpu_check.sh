@@ -74,9 +74,7 @@ fi
 
 layers=${M3_BENCH_LAYERS:-4}
 if [[ $layers -gt 0 ]]; then
-  ckpt=${TMPDIR:-/tmp}/m3-layers-$layers-mxfp8
-  [[ -f $ckpt/config.json ]] || step make_model 300 "$dir/m3serve" make-model --preset "m3-layers:$layers" --mxfp8 \
-    --seed 0 --out "$ckpt"
+  layers_ckpt "$layers"
   tail -3 "$out/make_model.log" 2>/dev/null
   # The engine on it: a decode step's kernels (graph replays count the captured selections).
   step generate_m3_layers 180 "$dir/m3serve" generate --model "$ckpt" --device cuda --trace-dispatch --print-steps \

@@ -23,9 +23,7 @@ elif [[ ! -x $base_bin ]]; then
   base_bin=$base/decode_bench
 fi
 layers=${M3_BENCH_LAYERS:-2}
-ckpt=${TMPDIR:-/tmp}/m3-layers-$layers-mxfp8
-[[ -f $ckpt/config.json ]] || step make_model 300 "$dir/m3serve" make-model --preset "m3-layers:$layers" --mxfp8 \
-  --seed 0 --out "$ckpt"
+layers_ckpt "$layers"
 IFS=',' read -r -a contexts <<< "${M3_BENCH_CONTEXTS:-32768,131072}"
 for ctx in "${contexts[@]}"; do
   for rep in $(seq 1 "${M3_BENCH_REPS:-1}"); do

@@ -9,9 +9,7 @@
 set -uo pipefail
 source "$(dirname "$0")/gpu_env.sh"
 layers=${M3_BENCH_LAYERS:-2}
-ckpt=${TMPDIR:-/tmp}/m3-layers-$layers-mxfp8
-[[ -f $ckpt/config.json ]] || step make_model 300 "$dir/m3serve" make-model --preset "m3-layers:$layers" --mxfp8 \
-  --seed 0 --out "$ckpt"
+layers_ckpt "$layers"
 IFS=',' read -r -a contexts <<< "${M3_BENCH_CONTEXTS:-4096}"
 reps=${M3_BENCH_REPS:-2}
 for ctx in "${contexts[@]}"; do

@@ -31,9 +31,7 @@ for rep in $(seq 1 "${M3_STRIPE_REPS:-2}"); do
 done
 layers=${M3_BENCH_LAYERS:-2}
 if [[ $layers -gt 0 ]]; then
-  ckpt=${TMPDIR:-/tmp}/m3-layers-$layers-mxfp8
-  [[ -f $ckpt/config.json ]] || step make_model 300 "$dir/m3serve" make-model --preset "m3-layers:$layers" --mxfp8 \
-    --seed 0 --out "$ckpt"
+  layers_ckpt "$layers"
   IFS=',' read -r -a contexts <<< "${M3_BENCH_CONTEXTS:-131072}"
   for ctx in "${contexts[@]}"; do
     for rep in $(seq 1 "${M3_BENCH_REPS:-1}"); do

@@ -39,3 +39,10 @@ step() {
   [[ $rc == 0 ]] || status=1
   return $rc
 }
+# `layers_ckpt N`: sets $ckpt to the m3-layers:N MXFP8 checkpoint (seed 0) under $TMPDIR, made with
+# the staged m3serve if this machine has none yet (a `make_model` step).
+layers_ckpt() {
+  ckpt=${TMPDIR:-/tmp}/m3-layers-$1-mxfp8
+  [[ -f $ckpt/config.json ]] || step make_model 300 "$dir/m3serve" make-model --preset "m3-layers:$1" --mxfp8 \
+    --seed 0 --out "$ckpt"
+}

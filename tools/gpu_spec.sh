@@ -18,9 +18,7 @@ for graphs in 0 1; do
   grep -E "batch" "$out/spec_small_g$graphs.log" | sed "s/^/graphs=$graphs /"
 done
 layers=${M3_SPEC_LAYERS:-2}
-ckpt=${TMPDIR:-/tmp}/m3-layers-$layers-mxfp8
-[[ -f $ckpt/config.json ]] || step make_model 300 "$dir/m3serve" make-model --preset "m3-layers:$layers" --mxfp8 \
-  --seed 0 --out "$ckpt"
+layers_ckpt "$layers"
 step spec_layers 300 "$dir/spec_bench" --model "$ckpt" --tokenizer "$root/models/m3-small" --corpus "$corpus" \
   --device cuda --batch-sizes "$batches" --draft-lens 0,3 --output-len 64 --spec-graphs 1 --json "$out/spec_layers.json"
 grep -E "batch" "$out/spec_layers.log"

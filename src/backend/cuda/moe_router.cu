@@ -578,8 +578,8 @@ void launch_fused_router_hand_off(const float* x, int64_t ldx, int64_t tokens, c
   if (tokens > kHandOffMaxTokens || tokens * top_k > 32) {
     throw std::runtime_error("moe_router: the hand-off takes at most 2 tokens and 32 assignments");
   }
-  if (!fused_router_problem(experts, hidden, top_k, x, ldx, w).empty()) {
-    throw std::runtime_error("moe_router: " + fused_router_problem(experts, hidden, top_k, x, ldx, w));
+  if (const std::string why = fused_router_problem(experts, hidden, top_k, x, ldx, w); !why.empty()) {
+    throw std::runtime_error("moe_router: " + why);
   }
   const HandOffArgs ho{x, ldx, int(hidden), hand_off};
   launch_router(x, ldx, tokens, w, experts, hidden, bias, top_k, scale, ids, weights, &ho);

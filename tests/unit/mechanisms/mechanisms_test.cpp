@@ -60,6 +60,13 @@ struct OneSeq {
 
 TensorView f32(std::vector<float>& v, Shape s) { return TensorView{v.data(), DType::kF32, std::move(s), Device::kCpu}; }
 TensorView i32(std::vector<int32_t>& v, Shape s) { return TensorView{v.data(), DType::kI32, std::move(s), Device::kCpu}; }
+// n standard normal values (the dispatch tests' random operands).
+std::vector<float> normal_values(std::mt19937& rng, size_t n) {
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<float> v(n);
+  for (auto& x : v) x = nd(rng);
+  return v;
+}
 
 // Index keys with a chosen score per token: dim 1 keys, query 1.0, so score = key value.
 struct IndexerCase {
@@ -558,12 +565,7 @@ TEST(Dispatch, AttnPrologueWithoutAnEntryRunsTheSeparateOpsInOrder) {
   const int T = 3, hq = 2, hkv = 1, d = 8, hi = 1, di = 8, rot = 4, slots = 6;
   const double theta = 1e4;
   std::mt19937 rng(3);
-  std::normal_distribution<float> nd(0.0f, 1.0f);
-  auto rnd = [&](size_t n) {
-    std::vector<float> v(n);
-    for (auto& x : v) x = nd(rng);
-    return v;
-  };
+  auto rnd = [&](size_t n) { return normal_values(rng, n); };
   auto q = rnd(T * hq * d), k = rnd(T * hkv * d), v = rnd(T * hkv * d), iq = rnd(T * hi * di), ik = rnd(T * di);
   auto qn = rnd(d), kn = rnd(d), iqn = rnd(di), ikn = rnd(di);
   std::vector<float> kc(slots * hkv * d, -9.0f), vc(kc.size(), -9.0f), ikc(slots * di, -9.0f);
@@ -630,12 +632,7 @@ TEST(Dispatch, MoeBlockWithoutAnEntryIsRouterThenExperts) {
   // 4 routed experts and the shared one, hidden 8, intermediate 4, 3 tokens, top-2 with the bias.
   const int T = 3, hidden = 8, inter = 4, routed = 4, top_k = 2;
   std::mt19937 rng(11);
-  std::normal_distribution<float> nd(0.0f, 1.0f);
-  auto rnd = [&](size_t n) {
-    std::vector<float> v(n);
-    for (auto& x : v) x = nd(rng);
-    return v;
-  };
+  auto rnd = [&](size_t n) { return normal_values(rng, n); };
   auto x = rnd(T * hidden), router = rnd(routed * hidden), bias = rnd(routed);
   std::vector<std::vector<float>> g, u, d;
   std::vector<ops::LinearWeight> gw, uw, dw;
