@@ -33,7 +33,6 @@ struct Problem {
   // entry is selected, never kept (recorded selections drop it).
   const AttentionMetadata* attention = nullptr;
   int64_t kv_heads = 0;
-  DType aux_dtype = DType::kF32;  // a second operand's type (moe_block: the router weight's)
   std::string shape_class() const;  // bucketed (M, N, K) used for first-use tracing
 };
 // The problem an op builds (the ops:: functions, and documents that ask the tables what runs a

@@ -107,21 +107,6 @@ void moe_experts(const OpContext& ctx, const TensorView& x, const TensorView& ex
   e.fn(x, expert_ids, expert_weights, experts, act, out);
 }
 
-void moe_block(const OpContext& ctx, const TensorView& x, const TensorView& router_w, const TensorView& bias,
-               const RouterParams& params, const TensorView& expert_ids, const TensorView& expert_weights,
-               const ExpertWeights& experts, const SwigluParams& act, const TensorView& out) {
-  // m tokens, n the first expert's intermediate size, k hidden, extra top_k; aux the router's type.
-  Problem p = problem(ctx, "moe_block", experts.gate[0].data.dtype, x.shape[0], experts.gate[0].out_features(),
-                      x.shape[1], params.top_k);
-  p.aux_dtype = router_w.dtype;
-  if (auto* e = ctx.kernels->moe_block.find(p, ctx.stats)) {
-    e->fn(x, router_w, bias, params, expert_ids, expert_weights, experts, act, out);
-    return;
-  }
-  moe_router(ctx, x, router_w, bias, params, expert_ids, expert_weights);
-  moe_experts(ctx, x, expert_ids, expert_weights, experts, act, out);
-}
-
 void dense_mlp(const OpContext& ctx, const TensorView& x, const LinearWeight& gate, const LinearWeight& up,
                const LinearWeight& down, const SwigluParams& act, const TensorView& out) {
   auto& e = ctx.kernels->mlp.select(problem(ctx, "dense_mlp", gate.data.dtype, x.shape[0], gate.out_features(), x.shape[1]), ctx.stats);

@@ -74,10 +74,6 @@ using RouterFn = void (*)(const TensorView& x, const TensorView& router_w, const
                           const RouterParams& params, const TensorView& expert_ids, const TensorView& expert_weights);
 using MoeFn = void (*)(const TensorView& x, const TensorView& expert_ids, const TensorView& expert_weights,
                        const ExpertWeights& experts, const SwigluParams& act, const TensorView& out);
-// The router and the experts of one MoE layer (moe_router, then moe_experts, in one entry).
-using MoeBlockFn = void (*)(const TensorView& x, const TensorView& router_w, const TensorView& bias,
-                            const RouterParams& params, const TensorView& expert_ids, const TensorView& expert_weights,
-                            const ExpertWeights& experts, const SwigluParams& act, const TensorView& out);
 using MlpFn = void (*)(const TensorView& x, const LinearWeight& gate, const LinearWeight& up,
                        const LinearWeight& down, const SwigluParams& act, const TensorView& out);
 using AddFn = void (*)(const TensorView& x, const TensorView& y);  // x += y
@@ -137,7 +133,6 @@ struct KernelTable {
   OpTable<IndexerTopkFn> indexer_topk{"indexer_topk"};
   OpTable<RouterFn> router{"moe_router"};
   OpTable<MoeFn> moe{"moe_experts"};
-  OpTable<MoeBlockFn> moe_block{"moe_block"};
   OpTable<MlpFn> mlp{"dense_mlp"};
   OpTable<AddFn> add{"add"};
   OpTable<AddRmsNormFn> add_rms_norm{"add_rms_norm"};
@@ -159,7 +154,7 @@ struct KernelTable {
   template <class Self, class F>
   static void each_table(Self& t, F& f) {
     f(t.embedding), f(t.rms_norm), f(t.rope), f(t.linear), f(t.linear_group), f(t.kv_write), f(t.attention);
-    f(t.indexer_topk), f(t.router), f(t.moe), f(t.moe_block), f(t.mlp), f(t.add), f(t.add_rms_norm), f(t.attn_prologue), f(t.sample);
+    f(t.indexer_topk), f(t.router), f(t.moe), f(t.mlp), f(t.add), f(t.add_rms_norm), f(t.attn_prologue), f(t.sample);
   }
 };
 
@@ -207,11 +202,6 @@ void moe_router(const OpContext& ctx, const TensorView& x, const TensorView& rou
 void moe_experts(const OpContext& ctx, const TensorView& x, const TensorView& expert_ids,
                  const TensorView& expert_weights, const ExpertWeights& experts, const SwigluParams& act,
                  const TensorView& out);
-// moe_router then moe_experts (expert_ids / expert_weights are written as by moe_router). One
-// entry where a backend fuses them (the bits of the two ops), else those two ops.
-void moe_block(const OpContext& ctx, const TensorView& x, const TensorView& router_w, const TensorView& bias,
-               const RouterParams& params, const TensorView& expert_ids, const TensorView& expert_weights,
-               const ExpertWeights& experts, const SwigluParams& act, const TensorView& out);
 void dense_mlp(const OpContext& ctx, const TensorView& x, const LinearWeight& gate, const LinearWeight& up,
                const LinearWeight& down, const SwigluParams& act, const TensorView& out);
 void add(const OpContext& ctx, const TensorView& x, const TensorView& y);

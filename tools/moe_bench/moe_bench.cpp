@@ -6,10 +6,8 @@
 //   gemms_<path>    the grouped GEMMs alone (gate+up with SwiGLU, [W8A8: h quantisation], down);
 //   router          the router alone (logits + selection);
 //   (paths: w8a16 = mma.sync, w8a8 = wgmma e4m3, w8a16_wgmma = w8a16's bits on wgmma, from T = 128)
-//   dispatch        ops::moe_block through the engine's table (what the model calls: the router's
-//                   select kernel hands the experts their routing at T <= 2; batch invariance off);
+//   dispatch        router + ops::moe_experts through the engine's table (batch invariance off);
 //   dispatch_invariant  the same with batch invariance on (the engine's default);
-//   dispatch_two_ops    ops::moe_router then ops::moe_experts (invariance on): moe_block's baseline;
 //   rowdot          the existing grouped row-dot entry (experts alone);
 //   shared_*        the fused shared expert against the routed experts plus the shared expert run
 //                   separately (our kernels as a one-expert group, and the dense_mlp entry) + add;
@@ -495,23 +493,17 @@ int run(int argc, char** argv) {
       emit(t, "router", tr, router_bytes + double(t) * hidden * 4, 2.0 * double(t) * routed * hidden, "",
            entries_of(stats));
     }
-    // The engine's table (moe_block, as the model calls it), with batch invariance off and on (the
-    // engine's default), then the router and the experts as two ops (its baseline, in this run).
+    // The engine's table (router + experts), with batch invariance off and on (the engine's default).
     for (const bool invariant : {false, true}) {
       if (!want(invariant ? "dispatch_invariant" : "dispatch")) continue;
       const ops::OpContext dctx{&table, &stats, Device::kCuda, invariant};
-      const Timing td = time_graph([&] { ops::moe_block(dctx, xv, rw, rb, rp, riv, rwv, all, act, ov); }, stream, flush, it);
-      emit(t, invariant ? "dispatch_invariant" : "dispatch", td, bytes + router_bytes, flops, "", entries_of(stats));
-    }
-    if (want("dispatch_two_ops")) {
-      const ops::OpContext dctx{&table, &stats, Device::kCuda, true};
       const Timing td = time_graph(
           [&] {
             ops::moe_router(dctx, xv, rw, rb, rp, riv, rwv);
             ops::moe_experts(dctx, xv, riv, rwv, all, act, ov);
           },
           stream, flush, it);
-      emit(t, "dispatch_two_ops", td, bytes + router_bytes, flops, "", entries_of(stats));
+      emit(t, invariant ? "dispatch_invariant" : "dispatch", td, bytes + router_bytes, flops, "", entries_of(stats));
     }
     // Shared expert fused vs separate, on the path the table takes at this T.
     if (want("shared")) {

@@ -300,11 +300,6 @@ std::string plan_router(const ops::Problem& p) {
 
 }  // namespace
 
-void run_router(const TensorView& x, const TensorView& router_w, const TensorView& bias, const ops::RouterParams& params,
-                const TensorView& expert_ids, const TensorView& expert_weights) {
-  router_entry(x, router_w, bias, params, expert_ids, expert_weights);
-}
-
 void register_moe(ops::KernelTable& table) {
   table.router.add({"moe_router.sigmoid_bias_topk.sm90",
                     "device F32 router weight and bias; logits as fixed-order FMA chains over 192-wide segments "

@@ -22,7 +22,6 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
-#include <cstdlib>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
@@ -33,7 +32,6 @@
 #include "backend/cuda/moe_route.cuh"
 #include "backend/cuda/mma_operands.cuh"
 #include "backend/cuda/moe_mxfp8.h"
-#include "backend/cuda/moe_quant.cuh"
 #include "backend/cuda/moe_timeline.cuh"
 #include "backend/cuda/pdl.cuh"
 #include "backend/cuda/tile_queue.cuh"
@@ -93,6 +91,65 @@ __device__ __forceinline__ uint4 ld_stream16(const void* p) {
 // assignments; prefill-sized calls spend well under 1% of the block here).
 constexpr int kRouteThreads = 1024;
 constexpr int kRouteWarps = kRouteThreads / 32;
+
+// The mma.sync W8A16 grid (items of <= 64 rows) lists the shared expert's items first: they hold
+// the most rows, so a grid of a CTA per item starts the heaviest ones first (T = 128: 1959-1962 ->
+// 1946-1951 us); the persistent wgmma kernels (128-row items) balance better with its heavy tiles
+// among the routed ones (W8A16 wgmma T = 512: 2240-2246 -> 2282-2292 us first).
+__device__ __forceinline__ bool shared_items_first(int rows_per_item) { return rows_per_item <= 64; }
+
+// route_body's result for at most 32 assignments (decode: tokens * top_k <= 32), by one warp
+// with lane a holding assignment a: no shared memory and no CTA barrier (the general path's scan,
+// item pass and rank round are ~10 barriers of 1024 threads, a few microseconds on the critical
+// path of every small decode step). Same perm, pos, items and meta as the general path.
+__device__ __forceinline__ void route_warp(const int32_t* ids, int tokens, int top_k, int routed, int has_shared,
+                                           int rows_per_item, int32_t* perm, int32_t* pos, int4* items, int* meta) {
+  const int lane = int(threadIdx.x) & 31, n_assign = tokens * top_k;
+  const int e0 = lane < n_assign ? ids[lane] : -1;
+  const bool valid = e0 >= 0 && e0 < routed;
+  const int e = valid ? e0 : -1;
+  const unsigned peers = __match_any_sync(0xffffffffu, e);
+  const int rank = __popc(peers & ((1u << lane) - 1u)), count = __popc(peers);
+  const bool leader = valid && rank == 0;
+  const int ni = leader ? (count + rows_per_item - 1) / rows_per_item : 0;  // this expert's items
+  // Rows and items of the experts below e: sums over the other lanes (leaders for the items).
+  int below_rows = 0, below_items = 0, n_valid = 0;
+  for (int j = 0; j < 32; ++j) {
+    const int ej = __shfl_sync(0xffffffffu, e, j), nij = __shfl_sync(0xffffffffu, ni, j);
+    n_valid += ej >= 0;
+    below_rows += (ej >= 0 && ej < e);
+    below_items += (ej >= 0 && ej < e) ? nij : 0;
+  }
+  int routed_items = ni;
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) routed_items += __shfl_xor_sync(0xffffffffu, routed_items, off);
+  const int shared_items = has_shared ? (tokens + rows_per_item - 1) / rows_per_item : 0;
+  const bool shared_first = shared_items_first(rows_per_item);
+  if (valid) {
+    const int p = below_rows + rank;
+    perm[p] = lane / top_k;
+    pos[lane] = p;
+    if (leader) {
+      const int i0 = below_items + (shared_first ? shared_items : 0);
+      for (int g = 0; g < ni; ++g) {
+        items[i0 + g] = expert_item(e, below_rows, count, g, rows_per_item);
+      }
+    }
+  } else if (lane < n_assign) {
+    pos[lane] = -1;
+  }
+  if (has_shared) {
+    const int i0 = shared_first ? 0 : routed_items;
+    for (int g = lane; g < shared_items; g += 32) {
+      items[i0 + g] = expert_item(routed, n_valid, tokens, g, rows_per_item);
+    }
+    for (int t = lane; t < tokens; t += 32) perm[n_valid + t] = t;
+  }
+  if (lane == 0) {
+    meta[0] = routed_items + shared_items;
+    meta[1] = n_valid;
+  }
+}
 
 // Needs exactly kRouteThreads threads.
 __device__ __forceinline__ void route_body(const int32_t* ids, int tokens, int top_k, int routed, int has_shared,
@@ -158,6 +215,97 @@ __global__ void __launch_bounds__(kRouteThreads) route_kernel(const int32_t* ids
 }
 
 // ---------------------------------------------------------------------------------------------
+// Row conversion with a power-of-two scale per row (one CTA per row): out = x * 2^k as f16 (|.|
+// < 2^15) or e4m3 (|.| <= 448), scale[row] = 2^-k. Power-of-two scaling is exact, so the only
+// rounding is the conversion itself; a row's result depends on that row alone.
+constexpr int kQuantThreads = 256;
+
+template <class In>
+__device__ __forceinline__ float4 load4(const In* p) {
+  if constexpr (std::is_same<In, float>::value) {
+    return *reinterpret_cast<const float4*>(p);
+  } else {
+    const uint2 u = *reinterpret_cast<const uint2*>(p);
+    const float2 lo = __half22float2(*reinterpret_cast<const __half2*>(&u.x));
+    const float2 hi = __half22float2(*reinterpret_cast<const __half2*>(&u.y));
+    return make_float4(lo.x, lo.y, hi.x, hi.y);
+  }
+}
+
+// The power of two k a row with this amax is multiplied by: |x| * 2^k < 2^15 (f16) or <= 448 (e4m3).
+template <bool kFp8>
+__device__ __forceinline__ int row_scale_exp(float amax) {
+  int k = 0;
+  if (amax > 0.0f && amax <= 3.0e38f) {  // zero, inf or NaN rows keep scale 1 (and propagate)
+    int ex = 0;
+    frexpf(amax, &ex);  // amax in [2^(ex-1), 2^ex)
+    k = kFp8 ? 9 - ex : 15 - ex;
+    if (kFp8 && ldexpf(amax, k) > 448.0f) --k;
+    k = max(-126, min(126, k));
+  }
+  return k;
+}
+
+// One row by the whole CTA (any multiple of 32 threads up to 1024). kPerm (f16 only): columns in
+// the wgmma W8A16 operand order (wg_col). Rows of up to kQuantCache float4 per thread are loaded
+// once, all before the amax (one memory round trip), and converted from registers; longer rows
+// are read twice.
+constexpr int kQuantCache = 8;
+template <class In, bool kFp8, bool kPerm = false>
+__device__ __forceinline__ void quant_row(const In* xr, int cols, void* out_row, float* scale) {
+  const int nt = int(blockDim.x), tid = int(threadIdx.x);
+  const bool cached = cols <= 4 * nt * kQuantCache;
+  auto amax4 = [](float a, const float4& v) {
+    return fmaxf(a, fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w))));
+  };
+  float amax = 0.0f;
+  float4 cache[kQuantCache];
+  if (cached) {
+#pragma unroll
+    for (int i = 0; i < kQuantCache; ++i) {
+      const int c = 4 * (tid + i * nt);
+      if (c < cols) cache[i] = load4(xr + c);
+    }
+#pragma unroll
+    for (int i = 0; i < kQuantCache; ++i) {
+      if (4 * (tid + i * nt) < cols) amax = amax4(amax, cache[i]);
+    }
+  } else {
+    for (int c = 4 * tid; c < cols; c += 4 * nt) amax = amax4(amax, load4(xr + c));
+  }
+  amax = cta_amax(amax, nt / 32);
+  const int k = row_scale_exp<kFp8>(amax);
+  const float mul = ldexpf(1.0f, k);
+  if (tid == 0) *scale = ldexpf(1.0f, -k);
+  auto put = [&](int c, const float4& v) {
+    if constexpr (kFp8) {
+      const __nv_fp8x2_storage_t lo = __nv_cvt_float2_to_fp8x2(make_float2(v.x * mul, v.y * mul), __NV_SATFINITE, __NV_E4M3);
+      const __nv_fp8x2_storage_t hi = __nv_cvt_float2_to_fp8x2(make_float2(v.z * mul, v.w * mul), __NV_SATFINITE, __NV_E4M3);
+      *reinterpret_cast<uint32_t*>(static_cast<uint8_t*>(out_row) + c) = uint32_t(lo) | (uint32_t(hi) << 16);
+    } else {
+      const __half2 lo = __floats2half2_rn(v.x * mul, v.y * mul), hi = __floats2half2_rn(v.z * mul, v.w * mul);
+      if constexpr (kPerm) {
+        *reinterpret_cast<__half2*>(static_cast<__half*>(out_row) + wg_col(c)) = lo;
+        *reinterpret_cast<__half2*>(static_cast<__half*>(out_row) + wg_col(c + 2)) = hi;
+      } else {
+        uint2 u;
+        u.x = *reinterpret_cast<const uint32_t*>(&lo);
+        u.y = *reinterpret_cast<const uint32_t*>(&hi);
+        *reinterpret_cast<uint2*>(static_cast<__half*>(out_row) + c) = u;
+      }
+    }
+  };
+  if (cached) {
+#pragma unroll
+    for (int i = 0; i < kQuantCache; ++i) {
+      const int c = 4 * (tid + i * nt);
+      if (c < cols) put(c, cache[i]);
+    }
+  } else {
+    for (int c = 4 * tid; c < cols; c += 4 * nt) put(c, load4(xr + c));
+  }
+}
+
 template <class In, bool kFp8, bool kPerm = false>
 __global__ void __launch_bounds__(kQuantThreads) quant_rows_kernel(const In* x, int64_t ldx, int cols, void* out,
                                                                     int64_t ldo, float* scale) {
@@ -1679,23 +1827,6 @@ size_t workspace_bytes(int64_t tokens, int64_t top_k, const ops::ExpertWeights& 
   return plan(tokens, top_k, experts, hidden, path).bytes;
 }
 
-RouterHandOff hand_off(int64_t tokens, int64_t top_k, const ops::ExpertWeights& experts, int64_t hidden,
-                       void* workspace) {
-  const Layout l = plan(tokens, top_k, experts, hidden, Path::kW8A16);
-  char* ws = static_cast<char*>(workspace);
-  RouterHandOff h;
-  h.xc = ws + l.xc;
-  h.xs = reinterpret_cast<float*>(ws + l.xs);
-  h.routed = experts.num_routed;
-  h.has_shared = experts.has_shared;
-  h.rows_per_item = l.bt;
-  h.perm = reinterpret_cast<int32_t*>(ws + l.perm);
-  h.pos = reinterpret_cast<int32_t*>(ws + l.pos);
-  h.items = ws + l.item;
-  h.meta = reinterpret_cast<int*>(ws + l.meta);
-  return h;
-}
-
 void route(const int32_t* ids, int tokens, int top_k, int routed, bool has_shared, int rpi, int32_t* perm,
            int32_t* pos, void* items, int* meta) {
   route_kernel<<<1, kRouteThreads, 0, current_stream()>>>(ids, tokens, top_k, routed, has_shared ? 1 : 0, rpi, perm,
@@ -1718,9 +1849,6 @@ void run(const TensorView& x, const TensorView& expert_ids, const TensorView& ex
   }
   if (!aligned(x.data, 16) || !aligned(out.data, 16)) fail("x and out must be 16-byte aligned");
   if (tokens * (top_k + 1) > (int64_t(1) << 30)) fail("too many tokens");
-  if ((stages & kRouted) && (path != Path::kW8A16 || (stages & (kRoute | kPrep)))) {
-    fail("kRouted: the router's hand-off feeds the W8A16 GEMMs only, in place of the routing and the prep");
-  }
   const Layout l = plan(tokens, top_k, experts, hidden, path);
   if (l.items > 65535 * 64 || hidden / 64 > 65535 || l.inter / 32 > 65535) fail("problem too large for the grid");
   char* ws = static_cast<char*>(workspace);
@@ -1777,9 +1905,9 @@ void run(const TensorView& x, const TensorView& expert_ids, const TensorView& ex
       dn.tile_ctr = tile_ctr + 1;
       launch_wg<false>(dn);
     } else if (!w8) {
-      // The arrival counters (items[i].w) start at 0 from the routing (or the router's hand-off);
-      // a call without either (the GEMMs alone, on items routed before) clears them first.
-      if (!(stages & (kRoute | kRouted))) M3_CUDA_CHECK(cudaMemset2DAsync(reinterpret_cast<int*>(items) + 3, sizeof(int4), 0, sizeof(int),
+      // The arrival counters (items[i].w) start at 0 from the routing; a call without it (the
+      // GEMMs alone, on items routed before) clears them first.
+      if (!(stages & kRoute)) M3_CUDA_CHECK(cudaMemset2DAsync(reinterpret_cast<int*>(items) + 3, sizeof(int4), 0, sizeof(int),
                                                              size_t(l.items), stream));
       const W16Args gu = grouped_args<W16Args>(reinterpret_cast<const __half*>(ws + l.xc), perm, hidden, xs, hscale,
                                                h16, l.inter, items, meta, a, g_gu);
@@ -1916,55 +2044,6 @@ void w8a16_entry(const TensorView& x, const TensorView& ids, const TensorView& w
   run_entry(x, ids, wts, experts, act, out, moe_mxfp8::Path::kW8A16);
 }
 
-// moe_block at one or two tokens: the router's select kernel converts x for the W8A16 GEMMs and
-// routes its selection into their workspace (RouterHandOff), so the GEMMs follow it directly: one
-// launch (the routing + prep kernel) less between the router and the experts. The same kernels'
-// arithmetic as moe_router then moe_experts: the same bits.
-// Off unless M3_MOE_HAND_OFF=1: built and tested, not yet measured on a GPU (read per eager call:
-// tests and benchmarks turn it on in-process).
-bool hand_off_enabled() {
-  const char* env = std::getenv("M3_MOE_HAND_OFF");
-  return env != nullptr && std::string(env) == "1";
-}
-
-std::string need_block(const ops::Problem& p) {
-  if (!hand_off_enabled()) return "off unless M3_MOE_HAND_OFF=1 (not yet measured on a GPU)";
-  std::string why = need_mxfp8_moe(p);
-  if (!why.empty()) return why;
-  if (p.aux_dtype != DType::kF32) return "the router weight is not F32";
-  if (p.m > kHandOffMaxTokens) return "more than 2 tokens (the hand-off is one select CTA and one routing warp)";
-  if (p.extra > 32 || p.m * p.extra > 32) return "more than 32 assignments (top_k <= 32)";
-  return "";
-}
-
-void block_entry(const TensorView& x, const TensorView& router_w, const TensorView& bias,
-                 const ops::RouterParams& params, const TensorView& ids, const TensorView& wts,
-                 const ops::ExpertWeights& experts, const ops::SwigluParams& act, const TensorView& out) {
-  if (x.shape.rank() != 2 || x.shape[0] == 0) return;
-  const int64_t tokens = x.shape[0], hidden = x.shape[1], n_experts = router_w.shape[0];
-  // What the fused router does not take (misaligned rows, > 256 experts): the two ops' entries.
-  if (!fused_router_problem(n_experts, hidden, params.top_k, x.as<const float>(), hidden, router_w.as<const float>())
-           .empty()) {
-    run_router(x, router_w, bias, params, ids, wts);
-    run_entry(x, ids, wts, experts, act, out, moe_mxfp8::Path::kW8A16);
-    return;
-  }
-  // (run() checks the experts, as moe_experts' entry would after the router.)
-  static FixedScratch ws_of(g_moe_workspace);
-  Scratch ws(moe_mxfp8::workspace_bytes(tokens, params.top_k, experts, hidden, moe_mxfp8::Path::kW8A16), ws_of);
-  const float* b = params.use_bias && bias.data ? bias.as<const float>() : nullptr;
-  launch_fused_router_hand_off(x.as<const float>(), hidden, tokens, router_w.as<const float>(), n_experts, hidden, b,
-                               params.top_k, params.routed_scale, ids.as<int32_t>(), wts.as<float>(),
-                               moe_mxfp8::hand_off(tokens, params.top_k, experts, hidden, ws.as<void>()));
-  moe_mxfp8::run(x, ids, wts, experts, act, out, moe_mxfp8::Path::kW8A16, ws.as<void>(),
-                 moe_mxfp8::kGemms | moe_mxfp8::kCombine | moe_mxfp8::kRouted);
-}
-
-std::string plan_block(const ops::Problem& p) {
-  return "router: segment logits, then one select CTA that also converts x and routes for the experts; experts: " +
-         moe_mxfp8::plan_text(moe_mxfp8::gemm_plan(moe_mxfp8::Path::kW8A16, p.m, p.n, p.k));
-}
-
 // The trace's account of a call: moe_experts problems carry tokens (m), the first expert's
 // intermediate size (n), hidden (k) and top_k (extra).
 template <moe_mxfp8::Path kPath>
@@ -1999,14 +2078,6 @@ void register_moe_mxfp8(ops::KernelTable& table) {
                  "fp32 accumulation, many CTAs per expert over N, fused gate+up SwiGLU-OAI, device routing, "
                  "combine in the CPU's order; no host sync",
                  need_mxfp8_moe, w8a16_entry, plan_moe<moe_mxfp8::Path::kW8A16>});
-  table.moe_block.add({"moe_block.mxfp8_routed_select.sm90",
-                       "M3_MOE_HAND_OFF=1 (off by default: not yet measured on a GPU); device MXFP8 experts as "
-                       "moe_experts.mxfp8_w8a16_mma.sm90 takes them, an F32 router weight, "
-                       "<= 2 tokens and <= 32 assignments: moe_router.sigmoid_bias_topk.sm90's two kernels, the select "
-                       "kernel also converting x to f16 (before its wait) and routing its selection into the experts' "
-                       "workspace (one warp), then the W8A16 GEMMs and the combine; no routing launch between them; the "
-                       "bits of moe_router then moe_experts",
-                       need_block, block_entry, plan_block});
 }
 
 }  // namespace m3::cuda

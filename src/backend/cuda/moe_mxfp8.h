@@ -15,7 +15,6 @@
 #include <cstdint>
 #include <string>
 
-#include "backend/cuda/moe_router.h"
 #include "ops/ops.h"
 
 namespace m3::cuda {
@@ -45,19 +44,11 @@ constexpr int64_t kW8A8MinTokens = 256;
 // intermediate size multiples of 128, 16-byte aligned data, <= 256 experts, 1 <= top_k <= 64.
 std::string check(const ops::ExpertWeights& experts, int64_t hidden, int64_t top_k);
 
-// Which parts of the block `run` launches (the benchmark times the GEMMs alone). kRouted: the
-// routing and the prep were written by the router's select kernel launched just before (the
-// hand-off, W8A16 only), so the GEMMs follow it directly and find the items' counters at zero.
-enum Stage : unsigned { kRoute = 1u, kPrep = 2u, kGemms = 4u, kCombine = 8u, kAll = 15u, kRouted = 16u };
+// Which parts of the block `run` launches (the benchmark times the GEMMs alone).
+enum Stage : unsigned { kRoute = 1u, kPrep = 2u, kGemms = 4u, kCombine = 8u, kAll = 15u };
 
 // Device workspace `run` needs (a function of shapes only).
 size_t workspace_bytes(int64_t tokens, int64_t top_k, const ops::ExpertWeights& experts, int64_t hidden, Path path);
-
-// Where the router's select kernel writes what a W8A16 call's routing and prep would (its
-// workspace's perm, pos, items, meta and f16 rows; RouterHandOff), for run(..., kGemms |
-// kCombine | kRouted) on the same workspace.
-RouterHandOff hand_off(int64_t tokens, int64_t top_k, const ops::ExpertWeights& experts, int64_t hidden,
-                       void* workspace);
 
 // out[t] = sum over t's experts (ascending id, shared last with weight 1) of w * expert(x[t]).
 // x, out: F32 [tokens, hidden] device; ids I32, weights F32 [tokens, top_k]. On current_stream();

@@ -1,6 +1,5 @@
 #pragma once
-// The part of MoE routing the grouped-expert paths share (moe.cu, moe_mxfp8.cu, and the router's
-// select kernel where it routes for the experts: moe_router.cu): from the
+// The part of MoE routing both grouped-expert paths share (moe.cu, moe_mxfp8.cu): from the
 // per-expert row counts, the expert-major row offsets and the work items (rows_per_item rows
 // of one expert each). Kept C++17 (included by .cu files only).
 #include <cuda_runtime.h>
@@ -97,65 +96,6 @@ __device__ __forceinline__ int combine_rows(const int32_t* ids, const int32_t* p
     ++n;
   }
   return n;
-}
-
-// The mma.sync W8A16 grid (items of <= 64 rows) lists the shared expert's items first: they hold
-// the most rows, so a grid of a CTA per item starts the heaviest ones first (T = 128: 1959-1962 ->
-// 1946-1951 us); the persistent wgmma kernels (128-row items) balance better with its heavy tiles
-// among the routed ones (W8A16 wgmma T = 512: 2240-2246 -> 2282-2292 us first).
-__device__ __forceinline__ bool shared_items_first(int rows_per_item) { return rows_per_item <= 64; }
-
-// route_body's result for at most 32 assignments (decode: tokens * top_k <= 32), by one warp
-// with lane a holding assignment a: no shared memory and no CTA barrier (the general path's scan,
-// item pass and rank round are ~10 barriers of 1024 threads, a few microseconds on the critical
-// path of every small decode step). Same perm, pos, items and meta as the general path.
-__device__ __forceinline__ void route_warp(const int32_t* ids, int tokens, int top_k, int routed, int has_shared,
-                                           int rows_per_item, int32_t* perm, int32_t* pos, int4* items, int* meta) {
-  const int lane = int(threadIdx.x) & 31, n_assign = tokens * top_k;
-  const int e0 = lane < n_assign ? ids[lane] : -1;
-  const bool valid = e0 >= 0 && e0 < routed;
-  const int e = valid ? e0 : -1;
-  const unsigned peers = __match_any_sync(0xffffffffu, e);
-  const int rank = __popc(peers & ((1u << lane) - 1u)), count = __popc(peers);
-  const bool leader = valid && rank == 0;
-  const int ni = leader ? (count + rows_per_item - 1) / rows_per_item : 0;  // this expert's items
-  // Rows and items of the experts below e: sums over the other lanes (leaders for the items).
-  int below_rows = 0, below_items = 0, n_valid = 0;
-  for (int j = 0; j < 32; ++j) {
-    const int ej = __shfl_sync(0xffffffffu, e, j), nij = __shfl_sync(0xffffffffu, ni, j);
-    n_valid += ej >= 0;
-    below_rows += (ej >= 0 && ej < e);
-    below_items += (ej >= 0 && ej < e) ? nij : 0;
-  }
-  int routed_items = ni;
-#pragma unroll
-  for (int off = 16; off > 0; off >>= 1) routed_items += __shfl_xor_sync(0xffffffffu, routed_items, off);
-  const int shared_items = has_shared ? (tokens + rows_per_item - 1) / rows_per_item : 0;
-  const bool shared_first = shared_items_first(rows_per_item);
-  if (valid) {
-    const int p = below_rows + rank;
-    perm[p] = lane / top_k;
-    pos[lane] = p;
-    if (leader) {
-      const int i0 = below_items + (shared_first ? shared_items : 0);
-      for (int g = 0; g < ni; ++g) {
-        items[i0 + g] = expert_item(e, below_rows, count, g, rows_per_item);
-      }
-    }
-  } else if (lane < n_assign) {
-    pos[lane] = -1;
-  }
-  if (has_shared) {
-    const int i0 = shared_first ? 0 : routed_items;
-    for (int g = lane; g < shared_items; g += 32) {
-      items[i0 + g] = expert_item(routed, n_valid, tokens, g, rows_per_item);
-    }
-    for (int t = lane; t < tokens; t += 32) perm[n_valid + t] = t;
-  }
-  if (lane == 0) {
-    meta[0] = routed_items + shared_items;
-    meta[1] = n_valid;
-  }
 }
 
 }  // namespace m3::cuda

@@ -24,8 +24,6 @@
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/cuda_internal.h"
-#include "backend/cuda/moe_quant.cuh"
-#include "backend/cuda/moe_route.cuh"
 #include "backend/cuda/moe_router.h"
 #include "backend/cuda/moe_timeline.cuh"
 #include "backend/cuda/mma_operands.cuh"
@@ -87,17 +85,8 @@ struct LogitsArgs {
 // 8 dependent round trips); then warp tt < kTPC selects for token tt. Wide batches (<= 8 group
 // partials per pair) take 8 tokens per CTA.
 constexpr int kSelThreads = 256, kFoldBatch = 32, kWideTPC = 8;
-
-// The hand-off to the MXFP8 experts (RouterHandOff; one CTA of at most two tokens).
-struct HandOffArgs {
-  const float* x;
-  int64_t ldx;
-  int hidden;
-  RouterHandOff h;
-};
-
-template <int kTPC, bool kHandOff>
-__device__ __forceinline__ void select_body(SelectArgs a, HandOffArgs ho) {
+template <int kTPC>
+__global__ void __launch_bounds__(kSelThreads) router_select_kernel(SelectArgs a) {
   constexpr int kPer = kMaxExperts / 32;
   static_assert(kTPC <= kSelThreads / 32, "a warp per token");
   M3_MOE_TL_SCOPE(moe_tl::kSelect);
@@ -112,16 +101,6 @@ __device__ __forceinline__ void select_body(SelectArgs a, HandOffArgs ho) {
   // 11.6 us at one token on the H100 against the reverse (logits releasing at its start, this
   // kernel after its wait; docs/moe_kernels.md, sixty-third session).
   pdl_launch_dependents();
-  if constexpr (kHandOff) {
-    // x's rows for the experts, converted as their prep kernel does (the same bits), before the
-    // wait: x was complete before the logits kernel released this one (it does so only past its
-    // own wait on x's writer); read through L2, as this kernel did not wait for that writer.
-    for (int t = 0; t < a.tokens; ++t) {
-      if (t > 0) __syncthreads();  // the CTA reduction's slots of the previous row
-      moe_mxfp8::quant_row<float, false, false, true>(ho.x + t * ho.ldx, ho.hidden,
-                                                      static_cast<__half*>(ho.h.xc) + int64_t(t) * ho.hidden, ho.h.xs + t);
-    }
-  }
   pdl_wait();  // the partials
   M3_MOE_TL_WAITED(moe_tl::kSelect);
   const int t0 = int(blockIdx.x) * kTPC, nt = min(kTPC, a.tokens - t0);
@@ -229,29 +208,6 @@ __device__ __forceinline__ void select_body(SelectArgs a, HandOffArgs ho) {
     a.ids[int64_t(t) * top_k + lane] = picked_id;
     a.weights[int64_t(t) * top_k + lane] = picked_p / sum * a.scale;
   }
-  if constexpr (kHandOff) {
-    // The selecting warps (0 .. nt - 1; the others have returned) have written their ids; warp 0
-    // routes them into the experts' workspace as their routing kernel would.
-    if (nt > 1) {
-      asm volatile("bar.sync 1, %0;\n" ::"r"(32 * nt) : "memory");
-    } else {
-      __syncwarp();
-    }
-    if (tt == 0) {
-      route_warp(a.ids, a.tokens, top_k, ho.h.routed, ho.h.has_shared ? 1 : 0, ho.h.rows_per_item, ho.h.perm, ho.h.pos,
-                 static_cast<int4*>(ho.h.items), ho.h.meta);
-    }
-  }
-}
-
-template <int kTPC>
-__global__ void __launch_bounds__(kSelThreads) router_select_kernel(SelectArgs a) {
-  select_body<kTPC, false>(a, HandOffArgs{});
-}
-
-// The selection of at most two tokens (one CTA) with the hand-off (moe_block).
-__global__ void __launch_bounds__(kSelThreads) router_select_hand_off_kernel(SelectArgs a, HandOffArgs ho) {
-  select_body<2, true>(a, ho);
 }
 
 // CTA (32 experts from 32 blockIdx.x, segment blockIdx.y, kTok tokens from kTok blockIdx.z): the
@@ -533,10 +489,9 @@ std::string fused_router_plan_text(const RouterPlan& p) {
   return s;
 }
 
-namespace {
-// The logits kernel, then the selection (with the hand-off where `ho` is given).
-void launch_router(const float* x, int64_t ldx, int64_t tokens, const float* w, int64_t experts, int64_t hidden,
-                   const float* bias, int top_k, float scale, int32_t* ids, float* weights, const HandOffArgs* ho) {
+void launch_fused_router(const float* x, int64_t ldx, int64_t tokens, const float* w, int64_t experts, int64_t hidden,
+                         const float* bias, int top_k, float scale, int32_t* ids, float* weights) {
+  if (tokens == 0) return;
   if (tokens > INT32_MAX / 2) throw std::runtime_error("moe_router: too many tokens");
   const RouterPlan p = fused_router_plan(tokens, experts, hidden);
   static FixedScratch partials_of(g_router_partials);
@@ -555,34 +510,11 @@ void launch_router(const float* x, int64_t ldx, int64_t tokens, const float* w, 
   M3_CUDA_CHECK_LAUNCH();
   // The selection is launched while the logits drain (it waits before reading them).
   const unsigned sel_ctas = unsigned((tokens + p.select_tokens_per_cta - 1) / p.select_tokens_per_cta);
-  if (ho != nullptr) {
-    launch_kernel(router_select_hand_off_kernel, dim3(sel_ctas), dim3(kSelThreads), 0, true, sel, *ho);
-  } else if (p.select_tokens_per_cta == kWideTPC) {
+  if (p.select_tokens_per_cta == kWideTPC) {
     launch_kernel(router_select_kernel<kWideTPC>, dim3(sel_ctas), dim3(kSelThreads), 0, true, sel);
   } else {
     launch_kernel(router_select_kernel<2>, dim3(sel_ctas), dim3(kSelThreads), 0, true, sel);
   }
-}
-}  // namespace
-
-void launch_fused_router(const float* x, int64_t ldx, int64_t tokens, const float* w, int64_t experts, int64_t hidden,
-                         const float* bias, int top_k, float scale, int32_t* ids, float* weights) {
-  if (tokens == 0) return;
-  launch_router(x, ldx, tokens, w, experts, hidden, bias, top_k, scale, ids, weights, nullptr);
-}
-
-void launch_fused_router_hand_off(const float* x, int64_t ldx, int64_t tokens, const float* w, int64_t experts,
-                                  int64_t hidden, const float* bias, int top_k, float scale, int32_t* ids,
-                                  float* weights, const RouterHandOff& hand_off) {
-  if (tokens == 0) return;
-  if (tokens > kHandOffMaxTokens || tokens * top_k > 32) {
-    throw std::runtime_error("moe_router: the hand-off takes at most 2 tokens and 32 assignments");
-  }
-  if (const std::string why = fused_router_problem(experts, hidden, top_k, x, ldx, w); !why.empty()) {
-    throw std::runtime_error("moe_router: " + why);
-  }
-  const HandOffArgs ho{x, ldx, int(hidden), hand_off};
-  launch_router(x, ldx, tokens, w, experts, hidden, bias, top_k, scale, ids, weights, &ho);
 }
 
 }  // namespace m3::cuda

@@ -325,20 +325,18 @@ void MiniMaxM3Model::forward(const ops::OpContext& ctx, const ForwardBatch& batc
     ops::add_rms_norm(ctx, hv, yv, L.post_norm, c.rms_norm_eps, xv);
     tap(l, "mlp_in", xv);
     if (c.is_moe_layer(l)) {
-      // The router and the experts as one op: a backend may hand the selection to the experts
-      // inside one kernel (the CUDA one at one or two tokens), with the bits of the two ops.
-      ops::ExpertWeights experts{c.num_local_experts, c.n_shared_experts > 0, L.expert_gate.data(), L.expert_up.data(),
-                                 L.expert_down.data()};
-      ops::moe_block(ctx, xv, L.router, L.router_bias,
-                     ops::RouterParams{c.num_experts_per_tok, c.routed_scaling_factor, c.use_routing_bias}, ids, wts,
-                     experts, act, yv);
-      tap(l, "expert_ids", ids);
-      tap(l, "expert_weights", wts);
+      ops::moe_router(ctx, xv, L.router, L.router_bias,
+                      ops::RouterParams{c.num_experts_per_tok, c.routed_scaling_factor, c.use_routing_bias}, ids, wts);
+    tap(l, "expert_ids", ids);
+    tap(l, "expert_weights", wts);
       if (trace) {
         std::vector<int32_t> host(size_t(ids.numel()));
         runtime_->download(host.data(), ids.data, host.size() * 4);
         trace->expert_ids.push_back(std::move(host));
       }
+      ops::ExpertWeights experts{c.num_local_experts, c.n_shared_experts > 0, L.expert_gate.data(), L.expert_up.data(),
+                                 L.expert_down.data()};
+      ops::moe_experts(ctx, xv, ids, wts, experts, act, yv);
     } else {
       ops::dense_mlp(ctx, xv, L.mlp_gate, L.mlp_up, L.mlp_down, act, yv);
     }

@@ -3,7 +3,6 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
-#include <cstdlib>
 #include <string>
 
 #include "backend/cuda/cuda_backend.h"
@@ -159,43 +158,6 @@ TEST(MoePlans, EntriesTraceTheirPlan) {
   p.n = 300;  // more experts than the fused router takes
   EXPECT_EQ(plan_of(table.router.entries(), "moe_router.sigmoid_bias_topk.sm90", p),
             "row-dot logits, a thread per token selects");
-}
-
-// moe_block's entry: one or two tokens (one select CTA, one routing warp), the W8A16 experts'
-// shapes, an F32 router; everything else runs the two ops.
-TEST(MoePlans, BlockEntryTakesOneOrTwoTokens) {
-  ::unsetenv("M3_MOE_HAND_OFF");  // off by default
-  ops::KernelTable table;
-  cuda::register_cuda_kernels(table);
-  ops::Problem p;
-  p.device = Device::kCuda;
-  p.op = "moe_block";
-  p.dtype = DType::kF8E4M3;
-  p.aux_dtype = DType::kF32;
-  p.m = 1, p.n = kInter, p.k = kHidden, p.extra = 4;
-  const ops::KernelEntry<ops::MoeBlockFn>* entry = nullptr;
-  for (const auto& e : table.moe_block.entries())
-    if (e.name == "moe_block.mxfp8_routed_select.sm90") entry = &e;
-  ASSERT_NE(entry, nullptr);
-  EXPECT_NE(entry->ineligible(p).find("M3_MOE_HAND_OFF=1"), std::string::npos);
-  ::setenv("M3_MOE_HAND_OFF", "1", 1);
-  EXPECT_EQ(entry->ineligible(p), "");
-  EXPECT_NE(entry->plan(p).find(cuda::moe_mxfp8::plan_text(gemm_plan(Path::kW8A16, 1, kInter, kHidden))), std::string::npos);
-  p.m = 2;
-  EXPECT_EQ(entry->ineligible(p), "");
-  p.extra = 16;  // 32 assignments
-  EXPECT_EQ(entry->ineligible(p), "");
-  p.extra = 17;
-  EXPECT_NE(entry->ineligible(p), "");
-  p.extra = 4, p.m = 3;
-  EXPECT_NE(entry->ineligible(p), "");
-  p.m = 1, p.aux_dtype = DType::kBF16;
-  EXPECT_NE(entry->ineligible(p), "");
-  p.aux_dtype = DType::kF32, p.dtype = DType::kBF16;  // BF16 experts: the grouped row-dot
-  EXPECT_NE(entry->ineligible(p), "");
-  p.dtype = DType::kF8E4M3, p.device = Device::kCpu;
-  EXPECT_NE(entry->ineligible(p), "");
-  ::unsetenv("M3_MOE_HAND_OFF");
 }
 
 }  // namespace

@@ -60,13 +60,6 @@ struct OneSeq {
 
 TensorView f32(std::vector<float>& v, Shape s) { return TensorView{v.data(), DType::kF32, std::move(s), Device::kCpu}; }
 TensorView i32(std::vector<int32_t>& v, Shape s) { return TensorView{v.data(), DType::kI32, std::move(s), Device::kCpu}; }
-// n standard normal values (the dispatch tests' random operands).
-std::vector<float> normal_values(std::mt19937& rng, size_t n) {
-  std::normal_distribution<float> nd(0.0f, 1.0f);
-  std::vector<float> v(n);
-  for (auto& x : v) x = nd(rng);
-  return v;
-}
 
 // Index keys with a chosen score per token: dim 1 keys, query 1.0, so score = key value.
 struct IndexerCase {
@@ -565,7 +558,12 @@ TEST(Dispatch, AttnPrologueWithoutAnEntryRunsTheSeparateOpsInOrder) {
   const int T = 3, hq = 2, hkv = 1, d = 8, hi = 1, di = 8, rot = 4, slots = 6;
   const double theta = 1e4;
   std::mt19937 rng(3);
-  auto rnd = [&](size_t n) { return normal_values(rng, n); };
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  auto rnd = [&](size_t n) {
+    std::vector<float> v(n);
+    for (auto& x : v) x = nd(rng);
+    return v;
+  };
   auto q = rnd(T * hq * d), k = rnd(T * hkv * d), v = rnd(T * hkv * d), iq = rnd(T * hi * di), ik = rnd(T * di);
   auto qn = rnd(d), kn = rnd(d), iqn = rnd(di), ikn = rnd(di);
   std::vector<float> kc(slots * hkv * d, -9.0f), vc(kc.size(), -9.0f), ikc(slots * di, -9.0f);
@@ -626,42 +624,6 @@ TEST(Dispatch, AddRmsNormWithoutAnEntryIsAddThenRmsNorm) {
   ops::add_rms_norm(f.ctx, f32(x, {2, 4}), f32(y, {2, 4}), f32(w, {4}), 1e-6f, f32(out, {2, 4}));
   EXPECT_EQ(x, want_x);
   EXPECT_EQ(out, want);
-}
-
-TEST(Dispatch, MoeBlockWithoutAnEntryIsRouterThenExperts) {
-  // 4 routed experts and the shared one, hidden 8, intermediate 4, 3 tokens, top-2 with the bias.
-  const int T = 3, hidden = 8, inter = 4, routed = 4, top_k = 2;
-  std::mt19937 rng(11);
-  auto rnd = [&](size_t n) { return normal_values(rng, n); };
-  auto x = rnd(T * hidden), router = rnd(routed * hidden), bias = rnd(routed);
-  std::vector<std::vector<float>> g, u, d;
-  std::vector<ops::LinearWeight> gw, uw, dw;
-  for (int e = 0; e <= routed; ++e) g.push_back(rnd(inter * hidden)), u.push_back(rnd(inter * hidden)), d.push_back(rnd(hidden * inter));
-  for (int e = 0; e <= routed; ++e) {
-    gw.push_back({f32(g[size_t(e)], {inter, hidden}), {}, {}});
-    uw.push_back({f32(u[size_t(e)], {inter, hidden}), {}, {}});
-    dw.push_back({f32(d[size_t(e)], {hidden, inter}), {}, {}});
-  }
-  const ops::ExpertWeights experts{routed, true, gw.data(), uw.data(), dw.data()};
-  const ops::RouterParams rp{top_k, 2.0f, true};
-  std::vector<int32_t> ids(T * top_k, -7), want_ids(ids.size());
-  std::vector<float> wts(ids.size()), want_wts(ids.size()), out(T * hidden), want(T * hidden);
-  Fixture r;
-  ops::moe_router(r.ctx, f32(x, {T, hidden}), f32(router, {routed, hidden}), f32(bias, {routed}), rp,
-                  i32(want_ids, {T, top_k}), f32(want_wts, {T, top_k}));
-  ops::moe_experts(r.ctx, f32(x, {T, hidden}), i32(want_ids, {T, top_k}), f32(want_wts, {T, top_k}), experts,
-                   ops::SwigluParams{}, f32(want, {T, hidden}));
-  Fixture f;
-  ops::moe_block(f.ctx, f32(x, {T, hidden}), f32(router, {routed, hidden}), f32(bias, {routed}), rp, i32(ids, {T, top_k}),
-                 f32(wts, {T, top_k}), experts, ops::SwigluParams{}, f32(out, {T, hidden}));
-  EXPECT_EQ(ids, want_ids);
-  EXPECT_EQ(wts, want_wts);
-  EXPECT_EQ(out, want);
-  std::vector<std::string> ops_seen;
-  for (const auto& use : f.stats.first_uses()) ops_seen.push_back(use.op);
-  EXPECT_EQ(std::count(ops_seen.begin(), ops_seen.end(), "moe_block"), 0) << "the CPU table has no fused entry";
-  EXPECT_EQ(std::count(ops_seen.begin(), ops_seen.end(), "moe_router"), 1);
-  EXPECT_EQ(std::count(ops_seen.begin(), ops_seen.end(), "moe_experts"), 1);
 }
 
 TEST(Dispatch, RemoveEntryDropsItFromItsTable) {
