@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Dense decode over several clusters per row group (MsaAttnPlan::stripes) on the GPU machine, in
-# one device call, from one staged build (tools/gpu_stage.sh). The stripes are off unless
-# M3_MSA_STRIPE_CTAS=N: "off" runs with 0, "on" with M3_STRIPE_ON (default 264: two CTAs per SM of
-# a 132-SM H100 / H200), the same binary.
-#   1. kernels_cuda_msa on the dense decode cases (stripes, deep stages, short contexts): bit for
-#      bit with the wgmma dense kernel, within 2e-3 of the CPU reference;
+# one device call, from one staged build (tools/gpu_stage.sh). The stripes are on by default (two
+# CTAs per SM); "off" runs with M3_MSA_STRIPE_CTAS=0, "on" with M3_STRIPE_ON (default 264: two CTAs
+# per SM of a 132-SM H100 / H200), the same binary.
+#   1. kernels_cuda_msa on the dense decode cases (stripes at TP1 / TP4, in the fixed buffer and the
+#      pool, deep stages, short contexts): bit for bit with the wgmma dense kernel, within 2e-3 of
+#      the CPU reference;
 #   2. msa_bench --dense: the attention alone at 32K / 128K, B = 1, 2, 4, off / on alternating
 #      M3_STRIPE_REPS times (default 2) -> msa_off_N.json / msa_on_N.json;
 #   3. with M3_BENCH_LAYERS > 0 (default 2: a dense-attention layer and an MSA + MoE layer),
@@ -15,7 +16,7 @@
 # Results go to $OUT. Exit status: nonzero if any step failed.
 set -uo pipefail
 source "$(dirname "$0")/gpu_env.sh"
-M3_MSA_CASES=tp1_decode_dense_stripes,tp1_decode_dense_stripes_two,tp1_decode_long_dense,tp1_decode_short_dense \
+M3_MSA_CASES=tp1_decode_dense_stripes,tp1_decode_dense_stripes_two,tp4_decode_dense_stripes_128k,tp1_decode_dense_stripes_pool,tp1_decode_long_dense,tp1_decode_short_dense \
   step msa_parity 200 "$dir/kernels_cuda_msa"
 sed -n '/^case /,/^wrote/p' "$out/msa_parity.log"
 grep -E "FAILED|Failure|no stripes" "$out/msa_parity.log" | head -20

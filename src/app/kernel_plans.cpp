@@ -19,8 +19,12 @@ namespace m3::app {
 namespace {
 
 // The device the doc describes: an H200 (132 SMs; the attention kernels' largest clusters 16;
-// no dense decode stripes: off unless M3_MSA_STRIPE_CTAS is set).
-const cuda::MsaAttnLimits kH200{132, 16, 16, 16};
+// dense decode stripes over up to two CTAs per SM, as msa_attention_limits sets).
+const cuda::MsaAttnLimits kH200 = [] {
+  cuda::MsaAttnLimits l{132, 16, 16, 16};
+  l.stripe_ctas = 2 * l.sms;
+  return l;
+}();
 
 // "`entry`: plan" for the entry the table selects. The MSA entries' own plan functions ask the
 // current device for its limits; here they are kH200's.

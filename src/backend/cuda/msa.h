@@ -95,8 +95,8 @@ struct MsaAttnLimits {
   // per SM) that can be resident at once (0: not asked; those plans keep the global fold).
   int push_wide_clusters[4] = {0, 0, 0, 0};
   // CTAs a dense pure-decode row group's stripes may take in all (MsaAttnPlan::stripes; 0: no
-  // stripes). msa_attention_limits: 0 unless M3_MSA_STRIPE_CTAS=N (two per SM, 2 x SMs, is the
-  // split ring's residency): the stripes are built and tested, not yet measured on a GPU.
+  // stripes). msa_attention_limits: two per SM, the split ring's residency (M3_MSA_STRIPE_CTAS=N
+  // overrides it).
   int64_t stripe_ctas = 0;
 };
 // Row groups a launch with stripes may have (one arrival counter each).

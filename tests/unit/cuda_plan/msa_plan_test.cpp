@@ -116,7 +116,7 @@ TEST(MsaAttentionPlan, DecodeSplitFollowsTheBatch) {
 }
 
 TEST(MsaAttentionPlan, DenseDecodeStripes) {
-  // Two CTAs per SM for the stripes (M3_MSA_STRIPE_CTAS=264; msa_attention_limits' default is none).
+  // Two CTAs per SM for the stripes (msa_attention_limits' default on a 132-SM device).
   cuda::MsaAttnLimits lim = kH200;
   lim.stripe_ctas = 264;
   // B = 1 at 128K: four 16-CTA clusters per KV group on the split ring (256 CTAs), 8 super-units each.
@@ -145,6 +145,14 @@ TEST(MsaAttentionPlan, DenseDecodeStripes) {
   pre.tokens = 2;
   EXPECT_EQ(cuda::msa_attention_plan(pre, lim).stripes, 1);
   EXPECT_EQ(cuda::msa_attention_plan(decode(1, 131072, false), kH200).stripes, 1);
+  // TP4 (16 query heads over 1 KV head): B = 1 at 128K spreads its one row group over 8 clusters
+  // (128 super-units: one per CTA), from the 16 CTAs of one cluster.
+  MsaAttnShape tp4 = decode(1, 131072, false);
+  tp4.q_heads = 16;
+  tp4.kv_heads = 1;
+  const MsaAttnPlan t4 = cuda::msa_attention_plan(tp4, lim);
+  EXPECT_EQ(t4.stripes, 8);
+  EXPECT_EQ(t4.ctas, 128);
   // Smaller clusters (8): more of them, within the same CTAs.
   cuda::MsaAttnLimits eight{132, 8, 8, 8};
   eight.stripe_ctas = 264;
