@@ -139,6 +139,8 @@ TEST(MsaAttentionPlan, DenseDecodeStripes) {
   EXPECT_EQ(cuda::msa_attention_plan(decode(2, 131072, false), lim).stripes, 2);
   EXPECT_EQ(cuda::msa_attention_plan(decode(2, 131072, false), lim).ctas, 256);
   EXPECT_EQ(cuda::msa_attention_plan(decode(4, 131072, false), lim).stripes, 1);
+  // B = 2 at 32K: two (one super-unit per CTA; measured neither faster nor slower).
+  EXPECT_EQ(cuda::msa_attention_plan(decode(2, 32768, false), lim).stripes, 2);
   // Never for sparse layers or prefills, nor without the limit (M3_MSA_STRIPE_CTAS=0).
   EXPECT_EQ(cuda::msa_attention_plan(decode(1, 131072, true), lim).stripes, 1);
   MsaAttnShape pre = decode(1, 131072, false);
