@@ -11,7 +11,7 @@
 #   3. with M3_BENCH_LAYERS > 0 (default 2: a dense-attention layer and an MSA + MoE layer),
 #      decode_bench's step at M3_BENCH_CONTEXTS (default 131072), B = M3_BENCH_BATCHES (default
 #      1,2), off / on alternating M3_BENCH_REPS times (default 1); M3_ON_ENV="VAR=1 ..." adds
-#      environment to "on" (another switch measured in the same runs, e.g. M3_MOE_HAND_OFF=1);
+#      environment to "on" (another switch measured in the same runs);
 #   4. with M3_STRIPE_FULL=1, every kernels_cuda_msa case and kernels_cuda_parity.
 # Results go to $OUT. Exit status: nonzero if any step failed.
 set -uo pipefail
