@@ -22,7 +22,7 @@ namespace {
 // dense decode stripes over up to two CTAs per SM, as msa_attention_limits sets).
 const cuda::MsaAttnLimits kH200 = [] {
   cuda::MsaAttnLimits l{132, 16, 16, 16};
-  l.stripe_ctas = 2 * l.sms;
+  l.stripe_ctas = cuda::default_stripe_ctas(l.sms);
   return l;
 }();
 

@@ -99,6 +99,8 @@ struct MsaAttnLimits {
   // overrides it).
   int64_t stripe_ctas = 0;
 };
+// The stripes' default cap: two CTAs per SM, the split ring's residency (msa_attention_limits).
+constexpr int64_t default_stripe_ctas(int64_t sms) { return 2 * sms; }
 // Row groups a launch with stripes may have (one arrival counter each).
 constexpr int kMaxStripeGroups = 256;
 struct MsaAttnPlan {

@@ -815,10 +815,11 @@ __global__ void __launch_bounds__(kThreads, kSplit ? 2 : 1) msa_attention_kernel
   const size_t fold_bytes = size_t(n_fold) * kRows * sizeof(float2) + kRows * sizeof(float);
   const size_t ring_bytes = size_t(kStages) * (L::kSplitKV ? kTileBytes : kStageBytes);
   if constexpr ((!kSplit || kStripes) && MT == 1) {
-    // The deep stages (and stripes, whose one folding cluster has as many partials) (a dense context over few CTAs: up to 128 super-unit partials per row
-    // group at 128K) stage the slice's partials in the drained ring first, every copy in flight
-    // at once, where the loops below load them 8 or 16 at a time, a dependent L2 round trip per
-    // batch. Then the same row chains and element chains as below, from shared memory.
+    // The deep stages (a dense context over few CTAs: up to 128 super-unit partials per row group
+    // at 128K), and the stripes' folding cluster, which has as many, stage the slice's partials in
+    // the drained ring first, every copy in flight at once, where the loops below load them 8 or 16
+    // at a time, a dependent L2 round trip per batch. Then the same row chains and element chains
+    // as below, from shared memory.
     const int span = e1 - e0, r_lo = e0 / kHeadDim, nr = span > 0 ? (e1 - 1) / kHeadDim - r_lo + 1 : 0;
     const size_t o_bytes = size_t(n_fold) * size_t(span) * 4;
     if (n_fold > 8 && e0 % 4 == 0 && span % 4 == 0 && o_bytes + size_t(n_fold) * nr * 8 + size_t(nr) * 4 <= ring_bytes) {
@@ -1062,7 +1063,7 @@ MsaAttnLimits msa_attention_limits() {
     push_wide_clusters(l.push_wide_clusters);
     // Two CTAs per SM (the split ring's residency). Measured (H100, attention alone, 128K): B = 1
     // 185.6 -> 143.9 us, B = 2 290.8 -> 259.1 us. M3_MSA_STRIPE_CTAS=N overrides it (0: none).
-    l.stripe_ctas = 2 * l.sms;
+    l.stripe_ctas = default_stripe_ctas(l.sms);
     if (const char* env = std::getenv("M3_MSA_STRIPE_CTAS"); env != nullptr && *env != '\0') {
       l.stripe_ctas = std::max<int64_t>(0, std::atoll(env));
     }

@@ -118,7 +118,7 @@ TEST(MsaAttentionPlan, DecodeSplitFollowsTheBatch) {
 TEST(MsaAttentionPlan, DenseDecodeStripes) {
   // Two CTAs per SM for the stripes (msa_attention_limits' default on a 132-SM device).
   cuda::MsaAttnLimits lim = kH200;
-  lim.stripe_ctas = 264;
+  lim.stripe_ctas = cuda::default_stripe_ctas(lim.sms);
   // B = 1 at 128K: four 16-CTA clusters per KV group on the split ring (256 CTAs), 8 super-units each.
   const MsaAttnPlan one = cuda::msa_attention_plan(decode(1, 131072, false), lim);
   EXPECT_TRUE(one.split_ring);
