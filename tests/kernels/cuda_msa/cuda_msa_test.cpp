@@ -431,11 +431,12 @@ std::vector<Case> cases() {
   // group, staged in shared memory before the fold (compared bit for bit with the wgmma kernel).
   out.push_back({"tp1_decode_long_dense", kTp1, {{20000, 1}}, Keys::kRandom, DType::kBF16, true, false});
   // Dense decode over 40K keys (40 super-units per row group): two 16-CTA clusters per row group,
-  // the last one in folding both's partials; alone, and beside a second sequence (33K) that gives
-  // some CTAs no unit. Bit for bit with the wgmma kernel, over the dispatch's and the query-major
-  // launches (a counter left un-armed by the first would leave rows of the second unfolded).
+  // the last one in folding both's partials. Two sequences take stripes from 64 super-units (a
+  // second CTA per SM needs two per CTA): 70K, beside 20K that gives some CTAs no unit. Bit for
+  // bit with the wgmma kernel, over the dispatch's and the query-major launches (a counter left
+  // un-armed by the first would leave rows of the second unfolded).
   out.push_back({"tp1_decode_dense_stripes", kTp1, {{40000, 1}}, Keys::kRandom, DType::kBF16, true, false, true});
-  out.push_back({"tp1_decode_dense_stripes_two", kTp1, {{40000, 1}, {33000, 1}}, Keys::kRandom, DType::kBF16, true, false,
+  out.push_back({"tp1_decode_dense_stripes_two", kTp1, {{70000, 1}, {20000, 1}}, Keys::kRandom, DType::kBF16, true, false,
                  true});
   // 128K: TP4's one row group over 8 clusters (128 CTAs); TP1's two sequences with the partials in
   // the pool (past the fixed buffer) over 2 clusters per row group.

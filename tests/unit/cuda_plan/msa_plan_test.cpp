@@ -139,8 +139,13 @@ TEST(MsaAttentionPlan, DenseDecodeStripes) {
   EXPECT_EQ(cuda::msa_attention_plan(decode(2, 131072, false), lim).stripes, 2);
   EXPECT_EQ(cuda::msa_attention_plan(decode(2, 131072, false), lim).ctas, 256);
   EXPECT_EQ(cuda::msa_attention_plan(decode(4, 131072, false), lim).stripes, 1);
-  // B = 2 at 32K: two (one super-unit per CTA; measured neither faster nor slower).
-  EXPECT_EQ(cuda::msa_attention_plan(decode(2, 32768, false), lim).stripes, 2);
+  // Past one CTA per SM only with two super-units per CTA: B = 2 at 64K takes two (256 CTAs),
+  // at 32K none (it would keep one; measured 1-1.5 % slower).
+  EXPECT_EQ(cuda::msa_attention_plan(decode(2, 65536, false), lim).stripes, 2);
+  EXPECT_EQ(cuda::msa_attention_plan(decode(2, 32768, false), lim).stripes, 1);
+  EXPECT_EQ(cuda::msa_attention_plan(decode(2, 70000, false), lim).stripes, 2);  // kernels_cuda_msa's pair
+  // B = 1 at 64K: two (128 CTAs), not four (256 CTAs of one super-unit each: measured no faster).
+  EXPECT_EQ(cuda::msa_attention_plan(decode(1, 65536, false), lim).stripes, 2);
   // Never for sparse layers or prefills, nor without the limit (M3_MSA_STRIPE_CTAS=0).
   EXPECT_EQ(cuda::msa_attention_plan(decode(1, 131072, true), lim).stripes, 1);
   MsaAttnShape pre = decode(1, 131072, false);
@@ -155,6 +160,19 @@ TEST(MsaAttentionPlan, DenseDecodeStripes) {
   const MsaAttnPlan t4 = cuda::msa_attention_plan(tp4, lim);
   EXPECT_EQ(t4.stripes, 8);
   EXPECT_EQ(t4.ctas, 128);
+  // TP4 B = 2 at 128K: four (128 CTAs; eight would leave one super-unit per CTA), B = 8 two;
+  // B = 8 at 32K none.
+  auto tp4_batch = [&](int64_t b, int64_t ctx) {
+    MsaAttnShape s = decode(b, ctx, false);
+    s.q_heads = 16;
+    s.kv_heads = 1;
+    return cuda::msa_attention_plan(s, lim);
+  };
+  EXPECT_EQ(tp4_batch(2, 131072).stripes, 4);
+  EXPECT_EQ(tp4_batch(2, 131072).ctas, 128);
+  EXPECT_EQ(tp4_batch(4, 131072).stripes, 4);
+  EXPECT_EQ(tp4_batch(8, 131072).stripes, 2);
+  EXPECT_EQ(tp4_batch(8, 32768).stripes, 1);
   // Smaller clusters (8): more of them, within the same CTAs.
   cuda::MsaAttnLimits eight{132, 8, 8, 8};
   eight.stripe_ctas = 264;
