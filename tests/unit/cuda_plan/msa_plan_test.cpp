@@ -154,20 +154,17 @@ TEST(MsaAttentionPlan, DenseDecodeStripes) {
   EXPECT_EQ(cuda::msa_attention_plan(decode(1, 131072, false), kH200).stripes, 1);
   // TP4 (16 query heads over 1 KV head): B = 1 at 128K spreads its one row group over 8 clusters
   // (128 super-units: one per CTA), from the 16 CTAs of one cluster.
-  MsaAttnShape tp4 = decode(1, 131072, false);
-  tp4.q_heads = 16;
-  tp4.kv_heads = 1;
-  const MsaAttnPlan t4 = cuda::msa_attention_plan(tp4, lim);
-  EXPECT_EQ(t4.stripes, 8);
-  EXPECT_EQ(t4.ctas, 128);
-  // TP4 B = 2 at 128K: four (128 CTAs; eight would leave one super-unit per CTA), B = 8 two;
-  // B = 8 at 32K none.
   auto tp4_batch = [&](int64_t b, int64_t ctx) {
     MsaAttnShape s = decode(b, ctx, false);
     s.q_heads = 16;
     s.kv_heads = 1;
     return cuda::msa_attention_plan(s, lim);
   };
+  const MsaAttnPlan t4 = tp4_batch(1, 131072);
+  EXPECT_EQ(t4.stripes, 8);
+  EXPECT_EQ(t4.ctas, 128);
+  // TP4 B = 2 at 128K: four (128 CTAs; eight would leave one super-unit per CTA), B = 8 two;
+  // B = 8 at 32K none.
   EXPECT_EQ(tp4_batch(2, 131072).stripes, 4);
   EXPECT_EQ(tp4_batch(2, 131072).ctas, 128);
   EXPECT_EQ(tp4_batch(4, 131072).stripes, 4);
