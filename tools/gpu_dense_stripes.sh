@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Dense decode over several clusters per row group (MsaAttnPlan::stripes) on the GPU machine, in
 # one device call, from one staged build (tools/gpu_stage.sh). The stripes are on by default (two
-# CTAs per SM); "off" runs with M3_MSA_STRIPE_CTAS=0, "on" with M3_STRIPE_ON (default 264: two CTAs
-# per SM of a 132-SM H100 / H200), the same binary.
+# CTAs per SM); "off" runs with M3_MSA_STRIPE_CTAS=0, "on" with the engine's default, or
+# M3_MSA_STRIPE_CTAS=$M3_STRIPE_ON where that is set: the same binary.
 #   1. kernels_cuda_msa on the dense decode cases (stripes at TP1 / TP4, in the fixed buffer and the
 #      pool, deep stages, short contexts): bit for bit with the wgmma dense kernel, within 2e-3 of
 #      the CPU reference;
@@ -20,11 +20,14 @@ M3_MSA_CASES=tp1_decode_dense_stripes,tp1_decode_dense_stripes_two,tp4_decode_de
   step msa_parity 200 "$dir/kernels_cuda_msa"
 sed -n '/^case /,/^wrote/p' "$out/msa_parity.log"
 grep -E "FAILED|Failure|no stripes" "$out/msa_parity.log" | head -20
+# knob_env off|on: the environment of that side in $kenv.
+knob_env() {
+  if [[ $1 == on ]]; then kenv=(${M3_STRIPE_ON:+M3_MSA_STRIPE_CTAS=$M3_STRIPE_ON}); else kenv=(M3_MSA_STRIPE_CTAS=0); fi
+}
 for rep in $(seq 1 "${M3_STRIPE_REPS:-2}"); do
   for knob in off on; do
-    ctas=0
-    [[ $knob == on ]] && ctas=${M3_STRIPE_ON:-264}
-    step "msa_${knob}_$rep" 200 env M3_MSA_STRIPE_CTAS="$ctas" "$dir/msa_bench" --contexts 32768,131072 \
+    knob_env "$knob"
+    step "msa_${knob}_$rep" 200 env "${kenv[@]}" "$dir/msa_bench" --contexts 32768,131072 \
       --batches "${M3_STRIPE_BATCHES:-1,2,4}" --index-dtypes bf16 --dense --no-baseline --no-layouts --prefill none \
       --iters "${M3_STRIPE_ITERS:-20}" --json "$out/msa_${knob}_$rep.json"
     grep -E "dense attention|stripes|clusters of" "$out/msa_${knob}_$rep.log" | sed "s/^/$knob #$rep: /" | head -12
@@ -37,14 +40,11 @@ if [[ $layers -gt 0 ]]; then
   for ctx in "${contexts[@]}"; do
     for rep in $(seq 1 "${M3_BENCH_REPS:-1}"); do
       for knob in off on; do
-        ctas=0
+        knob_env "$knob"
         on_env=()
-        if [[ $knob == on ]]; then
-          ctas=${M3_STRIPE_ON:-264}
-          read -r -a on_env <<< "${M3_ON_ENV:-}"
-        fi
+        [[ $knob == on ]] && read -r -a on_env <<< "${M3_ON_ENV:-}"
         name=decode_${knob}_${ctx}_$rep
-        step "$name" 240 env M3_MSA_STRIPE_CTAS="$ctas" "${on_env[@]}" "$dir/decode_bench" --model "$ckpt" \
+        step "$name" 240 env "${kenv[@]}" "${on_env[@]}" "$dir/decode_bench" --model "$ckpt" \
           --batch-sizes "${M3_BENCH_BATCHES:-1,2}" --context "$ctx" --iters "${M3_BENCH_ITERS:-10}" \
           --json "$out/$name.json"
         grep -E "graph step|roofline|^  [0-9]" "$out/$name.log" | sed "s/^/$knob $ctx #$rep: /" | head -16

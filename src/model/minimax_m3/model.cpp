@@ -327,8 +327,8 @@ void MiniMaxM3Model::forward(const ops::OpContext& ctx, const ForwardBatch& batc
     if (c.is_moe_layer(l)) {
       ops::moe_router(ctx, xv, L.router, L.router_bias,
                       ops::RouterParams{c.num_experts_per_tok, c.routed_scaling_factor, c.use_routing_bias}, ids, wts);
-    tap(l, "expert_ids", ids);
-    tap(l, "expert_weights", wts);
+      tap(l, "expert_ids", ids);
+      tap(l, "expert_weights", wts);
       if (trace) {
         std::vector<int32_t> host(size_t(ids.numel()));
         runtime_->download(host.data(), ids.data, host.size() * 4);
